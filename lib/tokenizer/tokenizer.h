@@ -1,0 +1,55 @@
+/*
+ * Byte-level BPE tokenizer of DeepSeek V4 / V4.1 (model-spec.md §6), built from the GGUF
+ * vocabulary (docs/model-files.md §2.6). docs/tokenizer.md describes the algorithm.
+ *
+ * Ownership: the model loader calls dsii_tokenizer_load() once with the open GGUF reader
+ * and keeps the result in the model (freed with dsii_tokenizer_free). The tokenizer copies
+ * everything it needs, so the dsii_gguf may be closed afterwards. A loaded tokenizer is
+ * immutable: every const function here is [thread-safe].
+ */
+#ifndef DSI_TOKENIZER_TOKENIZER_H
+#define DSI_TOKENIZER_TOKENIZER_H
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dsii_tokenizer dsii_tokenizer;
+
+/* Reads tokenizer.ggml.{model,pre,tokens,token_type,merges,*_token_id} from `g`.
+ * Status: BAD_FORMAT (message names the key / entry and the value: missing tokens or
+ * merges, model != "gpt2", a merge that is not "a b" or names an unknown token, a token
+ * spelling that is not in the GPT-2 byte alphabet, a *_token_id out of range, …),
+ * UNSUPPORTED (a pre-tokenizer other than "joyai-llm" / absent / "deepseek-v3" family,
+ * see docs/tokenizer.md), OUT_OF_HOST_MEMORY. `ctx` may be NULL (C allocator). On failure
+ * *out is NULL. */
+dsi_status dsii_tokenizer_load(const dsi_context *ctx, const dsii_gguf *g,
+                               dsii_tokenizer **out, dsii_error *err);
+
+/* NULL accepted. */
+void dsii_tokenizer_free(dsii_tokenizer *tok);
+
+/* Number of tokens in the vocabulary. */
+int32_t dsii_tokenizer_n_vocab(const dsii_tokenizer *tok);
+
+/* Tokenizes `len` bytes (any bytes). flags: DSI_TOKENIZE_*. Two-call pattern exactly as
+ * dsi_tokenize: *n_needed always set on OK / too-small; INVALID_ARGUMENT when cap is too
+ * small (nothing written); OUT_OF_HOST_MEMORY. */
+dsi_status dsii_tokenize(const dsii_tokenizer *tok, const char *text, size_t len,
+                         uint32_t flags, dsi_token *tokens, size_t cap, size_t *n_needed,
+                         dsii_error *err);
+
+/* Raw bytes of token `id` (NULL if out of range); *len receives the byte count. The
+ * pointer is owned by the tokenizer. Special (control) tokens decode to their text. */
+const uint8_t *dsii_tokenizer_token_bytes(const dsii_tokenizer *tok, dsi_token id,
+                                          size_t *len);
+
+/* Id of a special token (DSI_SPECIAL_*), or -1 if the vocabulary lacks it. */
+dsi_token dsii_tokenizer_special(const dsii_tokenizer *tok, int32_t which);
+
+/* 1 if `id` is a control / user-defined (special) token, else 0. */
+int dsii_tokenizer_is_special(const dsii_tokenizer *tok, dsi_token id);
+
+#endif /* DSI_TOKENIZER_TOKENIZER_H */
