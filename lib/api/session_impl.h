@@ -1,0 +1,57 @@
+/*
+ * Internal definition of dsi_session (lib/api/session.c) and the hooks generate.c uses.
+ *
+ * Cancellation: dsi_session_cancel only sets `cancel` (atomic, async-signal-safe). Every
+ * public mutating call starts with dsii_session_begin_call(), which clears the flag; the
+ * internal *_nc variants below do NOT clear it, so dsi_session_generate can call begin_call
+ * once and then sync/append several times without losing a cancel that arrives between
+ * those internal calls.
+ */
+#ifndef DSI_SESSION_IMPL_H
+#define DSI_SESSION_IMPL_H
+
+#include "base/base.h"
+#include "arch/arch.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+struct dsi_session {
+    dsi_model *model;
+    const dsi_context *ctx;
+    const dsii_arch *arch;
+    dsii_arch_state *st;
+    dsii_arch_params params;     /* effective n_ctx, n_batch, flags, rewind margin */
+    int32_t n_vocab;
+
+    dsi_token *tokens;           /* timeline, capacity params.n_ctx */
+    uint32_t n_tokens;           /* evaluated tokens (state matches tokens[0..n_tokens)) */
+
+    float *logits;               /* n_vocab floats: logits of tokens[n_tokens-1] */
+    int32_t has_logits;
+
+    atomic_int cancel;           /* set by dsi_session_cancel */
+    dsii_error last_error;
+};
+
+/* Clears the cancel flag; called once at the start of every public call on the session. */
+void dsii_session_begin_call(dsi_session *s);
+/* True once dsi_session_cancel was called since the last begin_call. */
+int dsii_session_cancel_requested(const dsi_session *s);
+
+/* Non-clearing variants of dsi_session_sync / dsi_session_append (same contracts, errors
+ * recorded in s->last_error). */
+dsi_status dsii_session_sync_nc(dsi_session *s, const dsi_token *tokens, size_t n,
+                                size_t *n_reused);
+dsi_status dsii_session_append_nc(dsi_session *s, const dsi_token *tokens, size_t n);
+
+/* Test hook: like append_nc but also copies the logits of EVERY appended token into
+ * all_logits (n × n_vocab floats). Chunking follows n_batch as usual. */
+dsi_status dsii_session_append_all_logits(dsi_session *s, const dsi_token *tokens, size_t n,
+                                          float *all_logits);
+
+/* Records `st`/message on the session (and the thread error); returns st. */
+dsi_status dsii_session_fail(dsi_session *s, dsi_status st, const char *fmt, ...)
+    DSII_PRINTF(3, 4);
+
+#endif /* DSI_SESSION_IMPL_H */

@@ -1,0 +1,73 @@
+/*
+ * lib/arch/arch.h — the internal per-architecture interface the session layer calls.
+ *
+ * One dsii_arch table per GGUF architecture (deepseek4: dsv4.c, deepseek41: dsv41.c). The
+ * session layer (lib/api/session.c) owns the token timeline, chunking into prefill steps,
+ * cancellation and logits; an architecture owns the per-session model state (window rings,
+ * compressed rows, index keys, compressor state, Engram history, ...) which lives in
+ * backend buffers, and evaluates tokens by calling backend ops only (backends/backend.h).
+ *
+ * Rewind rule (docs/internals.md "Rewinds"): all per-session state is either append-only
+ * arrays indexed by position (compressed rows, index keys) or rings that keep the last
+ * (span + margin) positions (window ring, compressor token rows). Truncating the timeline
+ * from `cur` to `len` tokens is exact iff cur − len <= the state's rewind margin; otherwise
+ * the session layer resets the state and re-evaluates the kept prefix ("rebuild").
+ */
+#ifndef DSI_ARCH_H
+#define DSI_ARCH_H
+
+#include "base/base.h"
+
+#include <stdint.h>
+
+typedef struct dsii_arch_state dsii_arch_state; /* per-session, defined by each arch */
+
+/* Session-level parameters handed to state_create. */
+typedef struct dsii_arch_params {
+    uint32_t n_ctx;          /* maximum timeline length */
+    uint32_t n_batch;        /* maximum tokens per eval call */
+    uint32_t flags;          /* DSI_SESSION_FLAG_* */
+    uint32_t rewind_margin;  /* extra ring rows kept for exact rewinds (0 = default) */
+} dsii_arch_params;
+
+/* Logits requested from eval. */
+enum {
+    DSII_LOGITS_NONE = 0,    /* no readback (intermediate prefill chunks) */
+    DSII_LOGITS_LAST = 1,    /* the last token's row: n_vocab floats */
+    DSII_LOGITS_ALL = 2      /* every evaluated token: n × n_vocab floats */
+};
+
+typedef struct dsii_arch {
+    const char *name;        /* "deepseek4" / "deepseek41" */
+
+    /* Allocates per-session state (all device buffers sized for p->n_ctx / p->n_batch). */
+    dsi_status (*state_create)(dsi_model *model, const dsii_arch_params *p,
+                               dsii_arch_state **out, dsii_error *e);
+    void (*state_free)(dsii_arch_state *st);
+
+    /* Evaluates tokens[pos .. pos+n) at positions pos .. pos+n-1; tokens[0 .. pos) is the
+     * timeline already evaluated (history for Engram hashing). 1 <= n <= n_batch,
+     * pos + n <= n_ctx, every token id < n_vocab (the session layer validated all of it).
+     * `which` DSII_LOGITS_*; `logits` is host memory of the matching size (NULL for NONE).
+     * On failure the state is undefined: the session layer resets it. */
+    dsi_status (*eval)(dsii_arch_state *st, const dsi_token *tokens, uint32_t pos,
+                       uint32_t n, int32_t which, float *logits, dsii_error *e);
+
+    /* Forgets everything (timeline length 0). Cheap: no device work needed. */
+    void (*reset)(dsii_arch_state *st);
+
+    /* Largest exact rewind in tokens: truncating cur -> len is exact iff cur - len <= it
+     * (and len > 0). */
+    uint32_t (*rewind_limit)(const dsii_arch_state *st);
+
+    /* Truncates the state from `cur` to `len` tokens (cur - len <= rewind_limit). */
+    dsi_status (*truncate)(dsii_arch_state *st, uint32_t cur, uint32_t len, dsii_error *e);
+} dsii_arch;
+
+extern const dsii_arch dsii_arch_dsv4;   /* lib/arch/dsv4.c */
+extern const dsii_arch dsii_arch_dsv41;  /* lib/arch/dsv41.c */
+
+/* The table for a loaded model's architecture (lib/arch/arch.c); NULL if unsupported. */
+const dsii_arch *dsii_arch_for_model(const dsi_model *model);
+
+#endif /* DSI_ARCH_H */
