@@ -1,0 +1,123 @@
+/*
+ * Engram (DeepSeek V4.1, model-spec §4.6): n-gram hashing and table access.
+ *
+ * Two halves:
+ *   - hashing: pure functions from token ids to table row ids. The layout (compressed token
+ *     map, odd multipliers, prime moduli, offsets) comes from the model file; the prime search
+ *     that produced the release values is here too so that tests (and the model writer) can
+ *     recompute them from engram_vocab_size.
+ *   - table access: a small interface that gathers rows from wherever the table lives and
+ *     returns them dequantized and rounded to bf16. Placements: host memory used in place
+ *     (mmapped file, CPU backend) and pread from the model file; device / pinned-host
+ *     placements plug in behind the same call later.
+ *
+ * See docs/engram.md.
+ */
+#ifndef DSI_ENGRAM_ENGRAM_H
+#define DSI_ENGRAM_ENGRAM_H
+
+#include "base/base.h"
+#include "base/file.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DSII_ENGRAM_MAX_NGRAM 8   /* release: 4 */
+#define DSII_ENGRAM_MAX_HEADS 64  /* release: 8 */
+#define DSII_ENGRAM_MAX_COLS ((DSII_ENGRAM_MAX_NGRAM - 1) * DSII_ENGRAM_MAX_HEADS)
+
+/* Hash layout of one Engram layer. `cmap` is borrowed (the model owns it). */
+typedef struct dsii_engram_layout {
+    int32_t n_heads;                  /* hash heads per n-gram size */
+    int32_t max_ngram;                /* largest n (n-grams 2..max_ngram) */
+    int32_t n_cols;                   /* (max_ngram - 1) * n_heads; col = (n-2)*n_heads + head */
+    int32_t pad_cid;                  /* COMPRESSED id used beyond the sequence start
+                                         (= cmap[pad token]; the file stores it, model-files.md §2.4) */
+    int64_t compressed_vocab;         /* number of distinct compressed ids */
+    int64_t n_vocab;                  /* entries of cmap */
+    const int32_t *cmap;              /* raw token id -> compressed id */
+    uint64_t n_rows;                  /* rows of the layer's table */
+    uint64_t multipliers[DSII_ENGRAM_MAX_NGRAM]; /* one per look-back k = 0..max_ngram-1 */
+    uint64_t primes[DSII_ENGRAM_MAX_COLS];
+    uint64_t offsets[DSII_ENGRAM_MAX_COLS];
+} dsii_engram_layout;
+
+/* Validates a layout read from a file (BAD_FORMAT naming `what` and the offending value):
+ * sizes within the limits above, n_cols consistent, every cmap entry in
+ * [0, compressed_vocab), pad_cid in [0, compressed_vocab), multipliers odd with
+ * multiplier * (compressed_vocab - 1) representable in int64 (§4.6 "no overflow by
+ * construction"), primes >= 2, every column range [offset, offset + prime) inside n_rows,
+ * n_rows <= UINT32_MAX (row ids are 32-bit on every backend). */
+dsi_status dsii_engram_layout_check(const dsii_engram_layout *l, const char *what,
+                                    dsii_error *err);
+
+/* Multiplier bound of §4.6: (INT64_MAX / compressed_vocab) / 2. Release: 46539438283891. */
+uint64_t dsii_engram_multiplier_bound(int64_t compressed_vocab);
+
+/* Deterministic primality test for n < 2^64. */
+int dsii_engram_is_prime(uint64_t n);
+
+/* The prime layout of §4.6 for `n_layers` Engram layers (in layer order): for each layer,
+ * for each n-gram size 2..max_ngram, the search restarts at vocab_size - 1 and, for each
+ * head, takes the next prime above the previous one that no earlier column of any layer
+ * used. Writes n_layers * (max_ngram - 1) * n_heads primes to `out` (layer-major, then
+ * column order). Returns 0 on bad arguments, 1 on success. */
+int dsii_engram_find_primes(uint64_t vocab_size, int32_t n_layers, int32_t max_ngram,
+                            int32_t n_heads, uint64_t *out);
+
+/* Row ids for `n` consecutive positions (§4.6 "Hash per position").
+ * `hist` holds the n_hist raw tokens immediately before tokens[0], oldest first
+ * (n_hist <= max_ngram - 1; fewer than max_ngram - 1 means the sequence starts there, so
+ * farther look-backs are pad_cid). Tokens must be valid ids (< n_vocab; the caller
+ * checked them). Writes rows[i * n_cols + col]. */
+void dsii_engram_hash(const dsii_engram_layout *l, const int32_t *hist, int32_t n_hist,
+                      const int32_t *tokens, int64_t n, uint32_t *rows);
+
+/* The n-gram history a session carries across calls: the last (max_ngram - 1) raw tokens of
+ * the timeline, oldest first. */
+typedef struct dsii_engram_history {
+    int32_t n;                                 /* valid entries */
+    int32_t tok[DSII_ENGRAM_MAX_NGRAM - 1];
+} dsii_engram_history;
+
+/* Rebuilds the history from the last tokens of a timeline tokens[0..n). */
+void dsii_engram_history_set(dsii_engram_history *h, int32_t max_ngram, const int32_t *tokens,
+                             int64_t n);
+/* Appends tokens (keeps the last max_ngram - 1). */
+void dsii_engram_history_push(dsii_engram_history *h, int32_t max_ngram,
+                              const int32_t *tokens, int64_t n);
+
+/* ---- table access --------------------------------------------------------------------- */
+
+enum {
+    DSII_ENGRAM_PLACE_HOST = 0,  /* rows readable in place (mmap / memory) */
+    DSII_ENGRAM_PLACE_PREAD = 1  /* rows read from the file on demand */
+};
+
+typedef struct dsii_engram_table {
+    int32_t placement;     /* DSII_ENGRAM_PLACE_* */
+    int32_t type;          /* storage type of a row (DSI_TYPE_*; release: FP8_E4M3_B32) */
+    int64_t row_elems;     /* elements per row (engram head_dim) */
+    uint64_t n_rows;
+    uint64_t row_bytes;
+    const uint8_t *host;   /* PLACE_HOST: first row */
+    const dsii_file *file; /* PLACE_PREAD */
+    uint64_t file_offset;
+} dsii_engram_table;
+
+/* A table whose rows lie in host memory (e.g. the mapped model file). */
+dsi_status dsii_engram_table_host(dsii_engram_table *t, int32_t type, int64_t row_elems,
+                                  uint64_t n_rows, const void *data, dsii_error *err);
+/* A table read from `f` at `offset` with positioned reads (any dsii_file mode). */
+dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t row_elems,
+                                  uint64_t n_rows, const dsii_file *f, uint64_t offset,
+                                  dsii_error *err);
+
+/* Gathers rows[0..n) into dst[n][row_elems]: each row dequantized to f32 and then rounded to
+ * bf16 (RNE), as the reference's bf16 embedding does (§4.6 step 1). A row id >= n_rows is
+ * INTERNAL (the hash never produces one for a checked layout). `ctx` is used for the
+ * scratch of the pread placement (may be NULL). */
+dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
+                              const uint32_t *rows, size_t n, float *dst, dsii_error *err);
+
+#endif /* DSI_ENGRAM_ENGRAM_H */
