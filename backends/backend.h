@@ -339,16 +339,22 @@ struct dsib_ops {
                             const dsib_weight *sinks, float scale, dsib_view out,
                             uint32_t ldo);
 
+    /* x[t][0:width] += table row ((pos0 + t) mod period) (table: weight [period][width],
+     * e.g. the compressor's `ape`, §3.4). */
+    dsi_status (*add_rows_periodic)(dsib_instance *inst, dsib_view x, uint32_t ldx,
+                                    uint32_t n, uint32_t width, const dsib_weight *table,
+                                    int64_t pos0, uint32_t period);
+
     /* ---- MoE (§3.5) ------------------------------------------------------------------- */
 
     /* Router: logits [n][E] (ldl) → s = sqrt(softplus(l)); selection: tid2eid != NULL:
      * sel = tid2eid row ids[t] (int32 weight [V][k]); else top-k of s + bias (bias f32 [E]
-     * or NULL; ties: lower expert id first). weights_k = s[sel_k]/max(Σ s[sel], norm_floor)
-     * · route_scale (norm_floor: the denominator floor; 0 = none). sel int32 [n][k], wts f32
-     * [n][k] (both row stride k), in selection order. */
+     * or NULL; ties: lower expert id first; order: best first). weights_k =
+     * s[sel_k] / (Σ_k s[sel_k] + norm_add) · route_scale (Σ in k order; V4: norm_add 0,
+     * V4.1: 1e-20). sel int32 [n][k], wts f32 [n][k] (both row stride k). */
     dsi_status (*moe_route)(dsib_instance *inst, dsib_view logits, uint32_t ldl, uint32_t E,
                             uint32_t k, const dsib_weight *bias, const dsib_weight *tid2eid,
-                            dsib_view ids, float norm_floor, float route_scale, uint32_t n,
+                            dsib_view ids, float norm_add, float route_scale, uint32_t n,
                             dsib_view sel, dsib_view wts);
 
     /* Routed experts: y[t] = Σ_{k ascending} W2_e(silu(min(g,lim))·clamp(u,±lim)·wts[t][k])
