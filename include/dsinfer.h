@@ -1,0 +1,630 @@
+/*
+ * dsinfer.h — the public C API of libdsinfer.
+ *
+ * libdsinfer runs DeepSeek V4 Flash (GGUF arch "deepseek4") and DeepSeek V4.1 Flash
+ * ("deepseek41") behind four opaque handles:
+ *
+ *   dsi_context   runtime root: log sink, allocator hooks, backends, CPU threads.
+ *   dsi_model     immutable weights + tokenizer; shared by many sessions.
+ *   dsi_session   one timeline: KV cache, Engram n-gram history, logits.
+ *   dsi_sampler   sampling settings + RNG.
+ *
+ * ABI rules (see docs/api.md):
+ *   - Every options/info struct starts with `uint32_t struct_size`, is filled by its
+ *     `*_init()` function, is passed by pointer and only ever grows at the end. The library
+ *     reads only the fields that `struct_size` covers and uses defaults for the rest.
+ *   - No struct is passed or returned by value; public structs hold only fixed-width
+ *     integers, floats, doubles, pointers and fixed-size char arrays.
+ *   - Every function returns a `dsi_status` unless it is a trivial getter.
+ *   - The library never prints, never exits, never aborts, never installs signal handlers.
+ *     Messages reach the application only through the context's log callback.
+ *
+ * Thread-safety is stated per function as [thread-safe], [per-handle] (one thread at a time
+ * per handle; different handles may be used concurrently) or [any-thread] (callable at any
+ * time from any thread, including while another call on the same handle is running).
+ *
+ * Valid as C99 and later, and as C++98 and later.
+ */
+#ifndef DSINFER_H
+#define DSINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32) && !defined(DSI_STATIC)
+#  if defined(DSI_BUILDING_LIBRARY)
+#    define DSI_API __declspec(dllexport)
+#  else
+#    define DSI_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && __GNUC__ >= 4
+#  define DSI_API __attribute__((visibility("default")))
+#else
+#  define DSI_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Versions                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+#define DSI_VERSION_MAJOR 0
+#define DSI_VERSION_MINOR 1
+#define DSI_VERSION_PATCH 0
+#define DSI_VERSION_STRING "0.1.0"
+
+/* The ABI this header describes. Bumped when a function or struct field is appended
+ * (compatible) — the SONAME major (libdsinfer.so.0) changes only on an incompatible break. */
+#define DSI_ABI_VERSION 1
+
+/* [thread-safe] Library version "MAJOR.MINOR.PATCH"; static storage. */
+DSI_API const char *dsi_version_string(void);
+/* [thread-safe] Library version numbers; any pointer may be NULL. */
+DSI_API void dsi_version(uint32_t *major, uint32_t *minor, uint32_t *patch);
+/* [thread-safe] The ABI version the library implements (DSI_ABI_VERSION it was built with). */
+DSI_API uint32_t dsi_abi_version(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Status codes and errors                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+typedef int32_t dsi_status;
+
+enum {
+    DSI_OK = 0,
+    DSI_ERR_INVALID_ARGUMENT = -1,
+    DSI_ERR_OUT_OF_HOST_MEMORY = -2,
+    DSI_ERR_OUT_OF_DEVICE_MEMORY = -3,
+    DSI_ERR_IO = -4,
+    DSI_ERR_BAD_FORMAT = -5,
+    DSI_ERR_UNSUPPORTED = -6,
+    DSI_ERR_BACKEND = -7,
+    DSI_ERR_CANCELLED = -8,
+    DSI_ERR_CONTEXT_FULL = -9,
+    DSI_ERR_STATE_MISMATCH = -10,
+    DSI_ERR_ABI_MISMATCH = -11,
+    DSI_ERR_BUSY = -12,
+    DSI_ERR_NOT_FOUND = -13,
+    DSI_ERR_INTERNAL = -14
+};
+
+/* [thread-safe] A short static description of a status code ("unknown status" otherwise). */
+DSI_API const char *dsi_status_string(dsi_status status);
+
+/* [thread-safe] The message of the last failed call on this thread that had no handle to
+ * keep it on (constructors: dsi_context_create, dsi_model_load, dsi_session_create,
+ * dsi_sampler_create, …). Valid until the next failing call on this thread; "" if none. */
+DSI_API const char *dsi_last_error(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Handles                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct dsi_context dsi_context;
+typedef struct dsi_model dsi_model;
+typedef struct dsi_session dsi_session;
+typedef struct dsi_sampler dsi_sampler;
+typedef struct dsi_detokenizer dsi_detokenizer;
+
+typedef int32_t dsi_token;
+
+/* ------------------------------------------------------------------------------------ */
+/* Context                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+enum {
+    DSI_LOG_DEBUG = 0,
+    DSI_LOG_INFO = 1,
+    DSI_LOG_WARN = 2,
+    DSI_LOG_ERROR = 3,
+    DSI_LOG_NONE = 4
+};
+
+/* Log sink. Called on the thread that called into the library, never from internal worker
+ * threads. `message` is UTF-8, NUL-terminated, without a trailing newline. */
+typedef void (*dsi_log_fn)(int32_t level, const char *message, void *user_data);
+
+/* Host allocator hooks: all three or none. `realloc_fn(NULL, n)` must behave like malloc. */
+typedef void *(*dsi_malloc_fn)(size_t size, void *user_data);
+typedef void *(*dsi_realloc_fn)(void *ptr, size_t size, void *user_data);
+typedef void (*dsi_free_fn)(void *ptr, void *user_data);
+
+typedef struct dsi_context_options {
+    uint32_t struct_size;      /* sizeof(dsi_context_options), set by init */
+    uint32_t abi_version;      /* the DSI_ABI_VERSION the caller was compiled with */
+    dsi_log_fn log_fn;         /* NULL: nothing is logged anywhere (default) */
+    void *log_user_data;
+    int32_t log_level;         /* minimum level delivered; default DSI_LOG_INFO */
+    int32_t n_threads;         /* CPU worker threads; 0 = number of online CPUs (default) */
+    dsi_malloc_fn malloc_fn;   /* NULL: the C library's malloc/realloc/free */
+    dsi_realloc_fn realloc_fn;
+    dsi_free_fn free_fn;
+    void *alloc_user_data;
+    const char *backend;       /* "cpu", "vulkan", "cuda" or "auto"; NULL = "cpu" (default) */
+    const char *backend_dir;   /* directory of backend modules; NULL = built-in search path */
+    int32_t device_index;      /* device of the chosen backend; -1 = best (default) */
+    uint32_t flags;            /* reserved, must be 0 */
+} dsi_context_options;
+
+/* [thread-safe] Fills `opt` with defaults. `abi_version` must be DSI_ABI_VERSION (bindings
+ * pass the version they were written against); dsi_context_create refuses a newer one with
+ * DSI_ERR_ABI_MISMATCH. Does nothing if `opt` is NULL. */
+DSI_API void dsi_context_options_init(dsi_context_options *opt, uint32_t abi_version);
+
+/* [thread-safe] Creates a context. `opt` may be NULL for all defaults. On failure `*out` is
+ * set to NULL and dsi_last_error() says why. Status: INVALID_ARGUMENT (bad struct_size,
+ * bad enum value, partial allocator hooks, unknown backend name), ABI_MISMATCH,
+ * UNSUPPORTED / BACKEND (requested backend unavailable), OUT_OF_HOST_MEMORY. */
+DSI_API dsi_status dsi_context_create(const dsi_context_options *opt, dsi_context **out);
+
+/* [per-handle] Frees a context. NULL is accepted. All models created from it must have been
+ * freed first (otherwise DSI_ERR_BUSY is returned and nothing is freed). */
+DSI_API dsi_status dsi_context_free(dsi_context *ctx);
+
+/* [thread-safe] The last error message recorded on this context; "" if none. The pointer
+ * stays valid until the next failing call on this context from the same thread. */
+DSI_API const char *dsi_context_last_error(const dsi_context *ctx);
+
+/* [thread-safe] Name of the backend the context runs on ("cpu", "vulkan", "cuda"). */
+DSI_API const char *dsi_context_backend(const dsi_context *ctx);
+
+/* [thread-safe] Effective CPU thread count. */
+DSI_API int32_t dsi_context_n_threads(const dsi_context *ctx);
+
+enum {
+    DSI_DEVICE_CPU = 0,
+    DSI_DEVICE_DISCRETE_GPU = 1,
+    DSI_DEVICE_INTEGRATED_GPU = 2,
+    DSI_DEVICE_VIRTUAL_GPU = 3,
+    DSI_DEVICE_SOFTWARE = 4,   /* e.g. Mesa lavapipe */
+    DSI_DEVICE_OTHER = 5
+};
+
+/* Device feature bits (dsi_device_info.features). */
+#define DSI_DEVICE_FEATURE_FP16        (1u << 0)
+#define DSI_DEVICE_FEATURE_STORAGE_16  (1u << 1)
+#define DSI_DEVICE_FEATURE_STORAGE_8   (1u << 2)
+#define DSI_DEVICE_FEATURE_SUBGROUPS   (1u << 3)
+#define DSI_DEVICE_FEATURE_INT_DOT     (1u << 4)
+#define DSI_DEVICE_FEATURE_BF16        (1u << 5)
+#define DSI_DEVICE_FEATURE_COOPMAT     (1u << 6)
+#define DSI_DEVICE_FEATURE_AVX2        (1u << 16)
+#define DSI_DEVICE_FEATURE_AVX512      (1u << 17)
+
+typedef struct dsi_device_info {
+    uint32_t struct_size;      /* caller sets sizeof(dsi_device_info) (or use the init) */
+    int32_t type;              /* DSI_DEVICE_* */
+    char backend[16];          /* "cpu", "vulkan", "cuda" */
+    char name[256];            /* UTF-8, NUL-terminated */
+    uint64_t memory_total;     /* bytes of device-local memory (host RAM for the CPU) */
+    uint64_t memory_free;      /* bytes, 0 if unknown */
+    uint64_t max_buffer_size;  /* largest single storage binding, bytes */
+    uint32_t features;         /* DSI_DEVICE_FEATURE_* */
+    uint32_t subgroup_size;    /* 0 if not applicable */
+    int32_t index;             /* index within its backend */
+    int32_t reserved;
+} dsi_device_info;
+
+/* [thread-safe] Sets struct_size and zeroes the rest. */
+DSI_API void dsi_device_info_init(dsi_device_info *info);
+
+/* [thread-safe] Number of devices visible to this context across all backends that could be
+ * loaded (the CPU is always device 0). */
+DSI_API dsi_status dsi_context_device_count(dsi_context *ctx, int32_t *count);
+
+/* [thread-safe] Information on device `i` (0 <= i < count). NOT_FOUND for a bad index. */
+DSI_API dsi_status dsi_context_device_info(dsi_context *ctx, int32_t i, dsi_device_info *info);
+
+/* ------------------------------------------------------------------------------------ */
+/* Model                                                                                 */
+/* ------------------------------------------------------------------------------------ */
+
+enum {
+    DSI_ACCESS_MMAP = 0,   /* default: weights used in place from the mapping */
+    DSI_ACCESS_PREAD = 1,  /* buffered reads into library-owned memory */
+    DSI_ACCESS_READER = 2  /* set implicitly by dsi_model_load_from_reader */
+};
+
+enum {
+    DSI_LOAD_STAGE_HEADER = 0,
+    DSI_LOAD_STAGE_VALIDATE = 1,
+    DSI_LOAD_STAGE_TENSORS = 2,
+    DSI_LOAD_STAGE_UPLOAD = 3,
+    DSI_LOAD_STAGE_DONE = 4
+};
+
+/* Progress callback: return nonzero to continue, 0 to abort loading (the load then fails
+ * with DSI_ERR_CANCELLED and frees everything it allocated). Runs on the loading thread. */
+typedef int32_t (*dsi_progress_fn)(int32_t stage, uint64_t done, uint64_t total,
+                                   void *user_data);
+
+typedef struct dsi_model_options {
+    uint32_t struct_size;
+    int32_t access;               /* DSI_ACCESS_MMAP (default) or DSI_ACCESS_PREAD */
+    dsi_progress_fn progress_fn;  /* may be NULL */
+    void *progress_user_data;
+    uint32_t flags;               /* reserved, must be 0 */
+    uint32_t reserved;
+} dsi_model_options;
+
+/* [thread-safe] Fills `opt` with defaults. */
+DSI_API void dsi_model_options_init(dsi_model_options *opt);
+
+/* Reader callbacks for models stored in an application's own containers. `pread_fn` reads
+ * exactly `size` bytes at `offset` into `buf` and returns 0, or nonzero on failure.
+ * `close_fn` (may be NULL) is called once when the model no longer needs the reader —
+ * also when loading fails. */
+typedef struct dsi_reader {
+    uint32_t struct_size;
+    uint32_t reserved;
+    uint64_t size;  /* total bytes */
+    int32_t (*pread_fn)(void *user_data, void *buf, uint64_t size, uint64_t offset);
+    void (*close_fn)(void *user_data);
+    void *user_data;
+} dsi_reader;
+
+/* [thread-safe] Sets struct_size and zeroes the rest. */
+DSI_API void dsi_reader_init(dsi_reader *reader);
+
+/* [thread-safe] Loads a GGUF model. Status: INVALID_ARGUMENT, IO, BAD_FORMAT (message names
+ * the key or tensor and the offending value), UNSUPPORTED (unknown arch or tensor type),
+ * OUT_OF_HOST_MEMORY, OUT_OF_DEVICE_MEMORY, CANCELLED. On failure *out is NULL. */
+DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path,
+                                  const dsi_model_options *opt, dsi_model **out);
+
+/* [thread-safe] Same, reading through callbacks. */
+DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader *reader,
+                                              const dsi_model_options *opt, dsi_model **out);
+
+/* [per-handle] Frees a model. NULL accepted. Returns DSI_ERR_BUSY (and frees nothing) while
+ * sessions created from it are alive. */
+DSI_API dsi_status dsi_model_free(dsi_model *model);
+
+/* [thread-safe] Last error recorded on this model; "". */
+DSI_API const char *dsi_model_last_error(const dsi_model *model);
+
+enum {
+    DSI_ARCH_UNKNOWN = 0,
+    DSI_ARCH_DEEPSEEK4 = 1,   /* DeepSeek V4 Flash */
+    DSI_ARCH_DEEPSEEK41 = 2   /* DeepSeek V4.1 Flash */
+};
+
+typedef struct dsi_model_info {
+    uint32_t struct_size;
+    int32_t arch;             /* DSI_ARCH_* */
+    char arch_name[32];       /* "deepseek4" / "deepseek41" */
+    char name[128];           /* general.name, or "" */
+    int32_t n_layers;         /* backbone layers */
+    int32_t n_embd;
+    int32_t n_vocab;
+    int32_t n_heads;
+    int32_t n_ctx_train;
+    int32_t n_experts;
+    int32_t n_experts_used;
+    int32_t n_draft_layers;   /* MTP (V4) or DSpark (V4.1) blocks; 0 if none */
+    int32_t has_mtp;          /* 1 if a V4 MTP block is present */
+    int32_t has_dspark;       /* 1 if V4.1 DSpark blocks are present */
+    int32_t has_engram;       /* 1 if Engram tables are present */
+    int32_t reserved;
+    uint64_t n_params;        /* elements over all bound tensors */
+    uint64_t weight_bytes;    /* bytes of all bound tensors as stored */
+    uint8_t fingerprint[32];  /* hash over architecture, hyperparameters, tensor layout and
+                                 types (not the weight values); used to key saved state */
+} dsi_model_info;
+
+/* [thread-safe] Sets struct_size and zeroes the rest. */
+DSI_API void dsi_model_info_init(dsi_model_info *info);
+
+/* [thread-safe] Fills `info` (as far as info->struct_size covers). */
+DSI_API dsi_status dsi_model_get_info(const dsi_model *model, dsi_model_info *info);
+
+/* Tensor storage types; the values are ggml's type ids where ggml has one. */
+enum {
+    DSI_TYPE_F32 = 0,
+    DSI_TYPE_F16 = 1,
+    DSI_TYPE_Q8_0 = 8,
+    DSI_TYPE_Q2_K = 10,
+    DSI_TYPE_Q4_K = 12,
+    DSI_TYPE_IQ2_XXS = 16,
+    DSI_TYPE_I8 = 24,
+    DSI_TYPE_I16 = 25,
+    DSI_TYPE_I32 = 26,
+    DSI_TYPE_I64 = 27,
+    DSI_TYPE_F64 = 28,
+    DSI_TYPE_BF16 = 30,
+    DSI_TYPE_MXFP4 = 39,
+    DSI_TYPE_FP8_E4M3_B128 = 1024, /* libdsinfer extension: see docs/model-files.md */
+    DSI_TYPE_FP8_E4M3_B32 = 1025,
+    DSI_TYPE_FP8_E4M3_R32 = 1026
+};
+
+/* [thread-safe] Static name of a tensor type ("f32", "q4_k", …) or NULL if unknown. */
+DSI_API const char *dsi_type_name(int32_t type);
+
+/* [thread-safe] Bytes of bound tensors stored as `type` (0 if none). */
+DSI_API dsi_status dsi_model_type_bytes(const dsi_model *model, int32_t type, uint64_t *bytes);
+
+/* [thread-safe] Metadata enumeration. Strings use the two-call pattern: `*needed` receives
+ * the length without the NUL; the text (NUL-terminated, truncated if needed) is written only
+ * when `buf` is non-NULL and `cap` > 0. Values are rendered as text: numbers in decimal,
+ * strings verbatim, arrays as "[a, b, …]" (at most 64 elements shown, then "…"). */
+DSI_API dsi_status dsi_model_meta_count(const dsi_model *model, int32_t *count);
+DSI_API dsi_status dsi_model_meta_key(const dsi_model *model, int32_t i,
+                                      char *buf, size_t cap, size_t *needed);
+DSI_API dsi_status dsi_model_meta_value(const dsi_model *model, int32_t i,
+                                        char *buf, size_t cap, size_t *needed);
+/* [thread-safe] Looks a key up by name; NOT_FOUND if absent. */
+DSI_API dsi_status dsi_model_meta_find(const dsi_model *model, const char *key,
+                                       char *buf, size_t cap, size_t *needed);
+
+/* ------------------------------------------------------------------------------------ */
+/* Tokenizer                                                                             */
+/* ------------------------------------------------------------------------------------ */
+
+#define DSI_TOKENIZE_PARSE_SPECIAL (1u << 0) /* match special-token text literally */
+#define DSI_TOKENIZE_ADD_BOS       (1u << 1) /* prepend BOS */
+
+/* [thread-safe] Tokenizes `len` bytes of `text` (any bytes; invalid UTF-8 is tokenized
+ * byte-wise). Writes at most `cap` ids to `tokens` (may be NULL with cap 0) and sets
+ * `*n_needed` to the full count; returns DSI_OK when all fit, DSI_ERR_INVALID_ARGUMENT
+ * with `*n_needed` set when `cap` was too small (nothing is written then). */
+DSI_API dsi_status dsi_tokenize(const dsi_model *model, const char *text, size_t len,
+                                uint32_t flags, dsi_token *tokens, size_t cap,
+                                size_t *n_needed);
+
+/* [thread-safe] Raw bytes of one token (may be part of a UTF-8 character). Two-call pattern
+ * as dsi_tokenize: `*n_needed` always set; bytes written only when they all fit.
+ * INVALID_ARGUMENT for a token outside the vocabulary. */
+DSI_API dsi_status dsi_token_to_bytes(const dsi_model *model, dsi_token token,
+                                      char *buf, size_t cap, size_t *n_needed);
+
+/* [thread-safe] Concatenated bytes of `n` tokens (not NUL-terminated). Two-call pattern. */
+DSI_API dsi_status dsi_detokenize(const dsi_model *model, const dsi_token *tokens, size_t n,
+                                  char *buf, size_t cap, size_t *n_needed);
+
+enum {
+    DSI_SPECIAL_BOS = 0,
+    DSI_SPECIAL_EOS = 1,
+    DSI_SPECIAL_PAD = 2,
+    DSI_SPECIAL_USER = 3,
+    DSI_SPECIAL_ASSISTANT = 4,
+    DSI_SPECIAL_THINK_BEGIN = 5,
+    DSI_SPECIAL_THINK_END = 6
+};
+
+/* [thread-safe] Id of a special token; NOT_FOUND if the vocabulary lacks it. */
+DSI_API dsi_status dsi_model_special_token(const dsi_model *model, int32_t which,
+                                           dsi_token *token);
+
+/* [thread-safe] Incremental decoder: turns a stream of tokens into complete UTF-8 pieces,
+ * holding back the bytes of an unfinished character. Invalid sequences are passed through
+ * as U+FFFD. */
+DSI_API dsi_status dsi_detokenizer_create(const dsi_model *model, dsi_detokenizer **out);
+/* [per-handle] Feeds one token; writes the text that became complete. Two-call pattern: if
+ * `cap` is too small nothing is consumed and INVALID_ARGUMENT is returned with *n_needed. */
+DSI_API dsi_status dsi_detokenizer_feed(dsi_detokenizer *d, dsi_token token,
+                                        char *buf, size_t cap, size_t *n_needed);
+/* [per-handle] Emits whatever is held back (as U+FFFD for an unfinished character). */
+DSI_API dsi_status dsi_detokenizer_flush(dsi_detokenizer *d, char *buf, size_t cap,
+                                         size_t *n_needed);
+/* [per-handle] NULL accepted. */
+DSI_API void dsi_detokenizer_free(dsi_detokenizer *d);
+
+/* ------------------------------------------------------------------------------------ */
+/* Chat rendering (DeepSeek V4 encoding, model-spec.md §6)                               */
+/* ------------------------------------------------------------------------------------ */
+
+enum {
+    DSI_ROLE_SYSTEM = 0,
+    DSI_ROLE_USER = 1,
+    DSI_ROLE_ASSISTANT = 2,
+    DSI_ROLE_TOOL = 3        /* a tool result; rendered inside user content */
+};
+
+typedef struct dsi_chat_message {
+    uint32_t struct_size;
+    int32_t role;            /* DSI_ROLE_* */
+    const char *content;     /* UTF-8, NUL-terminated; NULL = "" */
+    const char *reasoning;   /* assistant's thinking text, or NULL */
+} dsi_chat_message;
+
+enum {
+    DSI_THINKING_OFF = 0,
+    DSI_THINKING_ON = 1,
+    DSI_THINKING_MAX = 2
+};
+
+typedef struct dsi_chat_options {
+    uint32_t struct_size;
+    int32_t thinking;               /* DSI_THINKING_*; default OFF */
+    int32_t add_generation_prompt;  /* 1 (default): end with the assistant prefix */
+    int32_t add_bos;                /* 1 (default) */
+} dsi_chat_options;
+
+/* [thread-safe] */
+DSI_API void dsi_chat_message_init(dsi_chat_message *msg);
+/* [thread-safe] */
+DSI_API void dsi_chat_options_init(dsi_chat_options *opt);
+
+/* [thread-safe] Renders a conversation (array of `n` pointers) as text, two-call pattern;
+ * the text contains special tokens literally, so tokenize it with
+ * DSI_TOKENIZE_PARSE_SPECIAL. */
+DSI_API dsi_status dsi_chat_render(const dsi_model *model,
+                                   const dsi_chat_message *const *messages, size_t n,
+                                   const dsi_chat_options *opt,
+                                   char *buf, size_t cap, size_t *n_needed);
+
+/* ------------------------------------------------------------------------------------ */
+/* Session                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+/* Debug switch (model-spec.md §10.4): turns the FP8/FP4 fake-quant rounding off (clamp and
+ * rescale only), for tight comparisons between implementations. Not the model's graph. */
+#define DSI_SESSION_FLAG_NO_FAKE_QUANT (1u << 0)
+
+typedef struct dsi_session_options {
+    uint32_t struct_size;
+    uint32_t n_ctx;          /* maximum timeline length; 0 = min(4096, trained context) */
+    uint32_t n_batch;        /* prefill chunk size in tokens; 0 = 256 */
+    uint32_t flags;          /* DSI_SESSION_FLAG_* */
+} dsi_session_options;
+
+/* [thread-safe] */
+DSI_API void dsi_session_options_init(dsi_session_options *opt);
+
+/* [thread-safe] Creates a session on a model; several sessions of one model may run on
+ * different threads at once. */
+DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_options *opt,
+                                      dsi_session **out);
+/* [per-handle] NULL accepted. */
+DSI_API void dsi_session_free(dsi_session *session);
+/* [per-handle] Last error recorded on this session; "". */
+DSI_API const char *dsi_session_last_error(const dsi_session *session);
+
+/* [per-handle] Makes the timeline equal to tokens[0..n): keeps the longest common prefix
+ * with the current timeline, evaluates the rest, and leaves the logits of the last token
+ * available. `n_reused` (may be NULL) receives how many tokens were kept.
+ * INVALID_ARGUMENT for a token outside the vocabulary or n == 0; CONTEXT_FULL if n exceeds
+ * n_ctx; CANCELLED if dsi_session_cancel was called (the session then holds a valid prefix,
+ * see dsi_session_position). On INVALID_ARGUMENT / CONTEXT_FULL the session is unchanged. */
+DSI_API dsi_status dsi_session_sync(dsi_session *session, const dsi_token *tokens, size_t n,
+                                    size_t *n_reused);
+
+/* [per-handle] Evaluates `n` more tokens at the end of the timeline. Errors as sync. */
+DSI_API dsi_status dsi_session_append(dsi_session *session, const dsi_token *tokens,
+                                      size_t n);
+
+/* [per-handle] Logits of the last evaluated token (n_vocab floats); valid until the next
+ * mutating call on the session. NOT_FOUND if nothing was evaluated yet. */
+DSI_API dsi_status dsi_session_logits(dsi_session *session, const float **logits,
+                                      int32_t *n_vocab);
+
+/* [per-handle] Number of tokens in the timeline. */
+DSI_API dsi_status dsi_session_position(const dsi_session *session, uint32_t *pos);
+
+/* [per-handle] Copies the timeline's tokens, two-call pattern (count in *n_needed). */
+DSI_API dsi_status dsi_session_tokens(const dsi_session *session, dsi_token *tokens,
+                                      size_t cap, size_t *n_needed);
+
+/* [per-handle] Empties the timeline. */
+DSI_API dsi_status dsi_session_reset(dsi_session *session);
+
+/* [any-thread] Asks the running call on this session to stop at the next token or prefill
+ * chunk; it then returns DSI_ERR_CANCELLED. Only sets an atomic flag (async-signal-safe).
+ * The flag is cleared when the next call on the session starts. */
+DSI_API void dsi_session_cancel(dsi_session *session);
+
+/* ------------------------------------------------------------------------------------ */
+/* Sampler                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+typedef struct dsi_logit_bias {
+    dsi_token token;
+    float bias;
+} dsi_logit_bias;
+
+typedef struct dsi_sampler_options {
+    uint32_t struct_size;
+    float temperature;          /* 0 = greedy; must be >= 0; default 1.0 */
+    int32_t top_k;              /* 0 = off (default); must be >= 0 */
+    float top_p;                /* in (0, 1]; 1 = off (default) */
+    float min_p;                /* in [0, 1); 0 = off (default) */
+    float repetition_penalty;   /* > 0; 1 = off (default) */
+    float frequency_penalty;    /* 0 = off (default) */
+    float presence_penalty;     /* 0 = off (default) */
+    int32_t penalty_last_n;     /* window of past tokens for penalties; default 64; >= 0 */
+    uint32_t reserved;
+    uint64_t seed;              /* RNG seed; default 0 */
+    const dsi_logit_bias *logit_bias; /* copied at creation */
+    size_t n_logit_bias;
+} dsi_sampler_options;
+
+/* [thread-safe] */
+DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt);
+/* [thread-safe] INVALID_ARGUMENT (with a message naming the field) for bad options. */
+DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out);
+/* [per-handle] NULL accepted. */
+DSI_API void dsi_sampler_free(dsi_sampler *sampler);
+/* [per-handle] */
+DSI_API const char *dsi_sampler_last_error(const dsi_sampler *sampler);
+/* [per-handle] Samples a token from `logits` (n_vocab floats; not modified) and records it
+ * in the penalty history. Same seed and inputs give the same token on every platform. */
+DSI_API dsi_status dsi_sampler_sample(dsi_sampler *sampler, const float *logits,
+                                      int32_t n_vocab, dsi_token *token);
+/* [per-handle] Adds a token to the penalty history without sampling (e.g. prompt tokens). */
+DSI_API dsi_status dsi_sampler_accept(dsi_sampler *sampler, dsi_token token);
+/* [per-handle] Clears history and re-seeds the RNG with the creation seed. */
+DSI_API dsi_status dsi_sampler_reset(dsi_sampler *sampler);
+/* [per-handle] The probability distribution (n_vocab floats, zeros outside the kept set)
+ * the last dsi_sampler_sample drew from; valid until the next call on the sampler.
+ * For greedy sampling it is one-hot. */
+DSI_API dsi_status dsi_sampler_probs(dsi_sampler *sampler, const float **probs,
+                                     int32_t *n_vocab);
+
+/* ------------------------------------------------------------------------------------ */
+/* Generation                                                                            */
+/* ------------------------------------------------------------------------------------ */
+
+/* Called for each generated token with its bytes (complete UTF-8 pieces; bytes of an
+ * unfinished character are held back to the next call). Return nonzero to continue, 0 to
+ * stop (finish reason DSI_FINISH_CALLBACK). Runs on the calling thread. */
+typedef int32_t (*dsi_token_fn)(dsi_token token, const char *text, size_t text_len,
+                                void *user_data);
+
+typedef struct dsi_generate_options {
+    uint32_t struct_size;
+    int32_t max_tokens;                 /* default 256; must be >= 0 */
+    const dsi_token *prompt;            /* if non-NULL, synced first (prefix reused) */
+    size_t n_prompt;
+    const dsi_token *stop_tokens;       /* in addition to EOS */
+    size_t n_stop_tokens;
+    const char *const *stop_strings;    /* generation stops when the text ends with one */
+    size_t n_stop_strings;
+    dsi_token_fn on_token;
+    void *user_data;
+    uint32_t flags;                     /* reserved, must be 0 */
+    uint32_t reserved;
+} dsi_generate_options;
+
+enum {
+    DSI_FINISH_NONE = 0,
+    DSI_FINISH_LENGTH = 1,
+    DSI_FINISH_EOS = 2,
+    DSI_FINISH_STOP_TOKEN = 3,
+    DSI_FINISH_STOP_STRING = 4,
+    DSI_FINISH_CALLBACK = 5,
+    DSI_FINISH_CANCELLED = 6,
+    DSI_FINISH_CONTEXT_FULL = 7
+};
+
+typedef struct dsi_generate_result {
+    uint32_t struct_size;
+    int32_t finish_reason;   /* DSI_FINISH_* */
+    uint64_t n_prompt;
+    uint64_t n_reused;
+    uint64_t n_generated;
+    double prefill_ms;
+    double decode_ms;
+} dsi_generate_result;
+
+/* [thread-safe] */
+DSI_API void dsi_generate_options_init(dsi_generate_options *opt);
+/* [thread-safe] */
+DSI_API void dsi_generate_result_init(dsi_generate_result *result);
+
+/* [per-handle: session and sampler] Generates up to max_tokens tokens. Returns DSI_OK for
+ * every normal finish (see result->finish_reason), DSI_ERR_CANCELLED when cancelled (the
+ * session keeps every token evaluated so far, a later call continues from it), or an
+ * error. `result` may be NULL. */
+DSI_API dsi_status dsi_session_generate(dsi_session *session, dsi_sampler *sampler,
+                                        const dsi_generate_options *opt,
+                                        dsi_generate_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSINFER_H */

@@ -1,0 +1,158 @@
+/* Internal base layer: errors, thread-local last error, allocation hooks, logging. */
+#define _GNU_SOURCE
+#include "base/base.h"
+#include "base/context_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- errors -------------------------------------------------------------------------- */
+
+dsi_status dsii_fail(dsii_error *e, dsi_status status, const char *fmt, ...) {
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        e->status = status;
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+void dsii_error_clear(dsii_error *e) {
+    if (e) {
+        e->status = DSI_OK;
+        e->msg[0] = '\0';
+    }
+}
+
+static _Thread_local char g_thread_error[DSII_ERROR_MSG_MAX];
+
+void dsii_set_thread_error(const char *msg) {
+    snprintf(g_thread_error, sizeof g_thread_error, "%s", msg ? msg : "");
+}
+
+dsi_status dsii_thread_fail(dsi_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_thread_error, sizeof g_thread_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+DSI_API const char *dsi_last_error(void) { return g_thread_error; }
+
+/* ---- allocation ---------------------------------------------------------------------- */
+
+void *dsii_malloc(const dsi_context *ctx, size_t size) {
+    if (size == 0) size = 1;
+    if (ctx && ctx->opt.malloc_fn) return ctx->opt.malloc_fn(size, ctx->opt.alloc_user_data);
+    return malloc(size);
+}
+
+void *dsii_calloc(const dsi_context *ctx, size_t n, size_t size) {
+    size_t total;
+    if (!dsii_mul_size(n, size, &total)) return NULL;
+    void *p = dsii_malloc(ctx, total);
+    if (p) memset(p, 0, total ? total : 1);
+    return p;
+}
+
+void *dsii_realloc(const dsi_context *ctx, void *ptr, size_t size) {
+    if (size == 0) size = 1;
+    if (ctx && ctx->opt.realloc_fn) return ctx->opt.realloc_fn(ptr, size, ctx->opt.alloc_user_data);
+    return realloc(ptr, size);
+}
+
+void dsii_free(const dsi_context *ctx, void *ptr) {
+    if (!ptr) return;
+    if (ctx && ctx->opt.free_fn) {
+        ctx->opt.free_fn(ptr, ctx->opt.alloc_user_data);
+        return;
+    }
+    free(ptr);
+}
+
+/* Aligned blocks are carved out of a larger plain allocation; the original pointer is kept
+ * just below the aligned address. */
+void *dsii_malloc_aligned(const dsi_context *ctx, size_t size, size_t alignment) {
+    if (alignment < sizeof(void *)) alignment = sizeof(void *);
+    if ((alignment & (alignment - 1)) != 0 || alignment > 4096) return NULL;
+    size_t total;
+    if (!dsii_add_size(size, alignment + sizeof(void *), &total)) return NULL;
+    unsigned char *raw = dsii_malloc(ctx, total);
+    if (!raw) return NULL;
+    uintptr_t p = (uintptr_t)(raw + sizeof(void *));
+    p = (p + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    memcpy((void *)(p - sizeof(void *)), &raw, sizeof raw);
+    return (void *)p;
+}
+
+void dsii_free_aligned(const dsi_context *ctx, void *ptr) {
+    if (!ptr) return;
+    void *raw;
+    memcpy(&raw, (unsigned char *)ptr - sizeof(void *), sizeof raw);
+    dsii_free(ctx, raw);
+}
+
+char *dsii_strdup(const dsi_context *ctx, const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = dsii_malloc(ctx, n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* ---- logging ------------------------------------------------------------------------- */
+
+void dsii_logv(const dsi_context *ctx, int32_t level, const char *fmt, va_list ap) {
+    if (!ctx || !ctx->opt.log_fn || level < ctx->opt.log_level) return;
+    char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    size_t n = strlen(buf);
+    while (n > 0 && buf[n - 1] == '\n') buf[--n] = '\0';
+    ctx->opt.log_fn(level, buf, ctx->opt.log_user_data);
+}
+
+void dsii_log(const dsi_context *ctx, int32_t level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dsii_logv(ctx, level, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- misc ---------------------------------------------------------------------------- */
+
+uint64_t dsii_time_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int32_t dsii_cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 1024) n = 1024;
+    return (int32_t)n;
+}
+
+dsi_status dsii_read_options(void *defaults_and_out, size_t full_size, const void *src,
+                             const char *what, dsii_error *e) {
+    if (!src) return DSI_OK;
+    uint32_t declared;
+    memcpy(&declared, src, sizeof declared);
+    if (declared < sizeof(uint32_t) || declared > full_size) {
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                         "%s.struct_size is %u; expected between %zu and %zu "
+                         "(initialise the struct with its *_init function)",
+                         what, declared, sizeof(uint32_t), full_size);
+    }
+    memcpy(defaults_and_out, src, declared);
+    /* The effective struct describes the full current layout. */
+    uint32_t full = (uint32_t)full_size;
+    memcpy(defaults_and_out, &full, sizeof full);
+    return DSI_OK;
+}

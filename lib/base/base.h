@@ -1,0 +1,97 @@
+/*
+ * Internal base layer: error records, logging, allocation through the context's hooks.
+ * Every internal module uses these; none of it is exported (symbols use the dsii_ prefix
+ * and hidden visibility).
+ */
+#ifndef DSI_BASE_H
+#define DSI_BASE_H
+
+#include "dsinfer.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define DSII_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define DSII_PRINTF(a, b)
+#endif
+
+#define DSII_ERROR_MSG_MAX 512
+
+/* An error record filled by internal functions and copied into a handle's last error by
+ * the API layer. Functions that fail return the status they store here. */
+typedef struct dsii_error {
+    dsi_status status;
+    char msg[DSII_ERROR_MSG_MAX];
+} dsii_error;
+
+/* Records status + formatted message in `e` (may be NULL) and returns `status`. */
+dsi_status dsii_fail(dsii_error *e, dsi_status status, const char *fmt, ...) DSII_PRINTF(3, 4);
+/* Clears `e` (status DSI_OK, empty message). */
+void dsii_error_clear(dsii_error *e);
+
+/* Thread-local last error (dsi_last_error()). */
+void dsii_set_thread_error(const char *msg);
+dsi_status dsii_thread_fail(dsi_status status, const char *fmt, ...) DSII_PRINTF(2, 3);
+
+/* ---- allocation ---------------------------------------------------------------------- */
+/* All host memory the library owns goes through these. `ctx` may be NULL (tools, unit
+ * tests): then the C library allocator is used. Sizes of 0 return a unique non-NULL
+ * pointer-like allocation of 1 byte. */
+void *dsii_malloc(const dsi_context *ctx, size_t size);
+void *dsii_calloc(const dsi_context *ctx, size_t n, size_t size); /* overflow-checked */
+void *dsii_realloc(const dsi_context *ctx, void *ptr, size_t size);
+void dsii_free(const dsi_context *ctx, void *ptr);
+/* Aligned allocation (alignment a power of two, <= 4096), freed with dsii_free_aligned. */
+void *dsii_malloc_aligned(const dsi_context *ctx, size_t size, size_t alignment);
+void dsii_free_aligned(const dsi_context *ctx, void *ptr);
+char *dsii_strdup(const dsi_context *ctx, const char *s);
+
+/* Overflow-safe size arithmetic: return 0 on overflow, 1 on success. */
+static inline int dsii_mul_size(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+static inline int dsii_add_size(size_t a, size_t b, size_t *out) {
+    if (b > SIZE_MAX - a) return 0;
+    *out = a + b;
+    return 1;
+}
+static inline int dsii_mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a != 0 && b > UINT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+static inline int dsii_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+    if (b > UINT64_MAX - a) return 0;
+    *out = a + b;
+    return 1;
+}
+
+/* ---- logging ------------------------------------------------------------------------- */
+/* Delivers a message to the context's log callback if its level passes; `ctx` may be NULL
+ * (then nothing happens). Never prints. */
+void dsii_log(const dsi_context *ctx, int32_t level, const char *fmt, ...) DSII_PRINTF(3, 4);
+void dsii_logv(const dsi_context *ctx, int32_t level, const char *fmt, va_list ap);
+
+/* ---- misc ---------------------------------------------------------------------------- */
+/* Monotonic clock in nanoseconds. */
+uint64_t dsii_time_ns(void);
+/* Number of online CPUs (>= 1). */
+int32_t dsii_cpu_count(void);
+
+/* Reads the options struct a caller passed, honouring its struct_size: copies the covered
+ * prefix over `defaults_and_out` (which holds the defaults on entry). Returns
+ * DSI_ERR_INVALID_ARGUMENT (recorded in `e`) if `src` is non-NULL and its struct_size is 0,
+ * smaller than 4, or larger than `full_size`. `what` names the struct in the message. */
+dsi_status dsii_read_options(void *defaults_and_out, size_t full_size, const void *src,
+                             const char *what, dsii_error *e);
+
+/* True if a struct of declared size `struct_size` covers the field ending at `field_end`
+ * (use DSII_FIELD_END(type, field)). */
+#define DSII_FIELD_END(type, field) (offsetof(type, field) + sizeof(((type *)0)->field))
+
+#endif /* DSI_BASE_H */
