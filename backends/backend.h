@@ -373,6 +373,38 @@ struct dsib_ops {
                          uint32_t width, float limit);
 
     /* (The V4.1 engineer appends the V4.1-specific ops below this line.) */
+
+    /* ==== V4.1 ops (DeepSeek V4.1 Flash, model-spec §4) — owned by the V4.1 engineer ==== */
+
+    /* Two-level indexer top-k (§4.3, §10.2). For token t at p = pos0 + t with
+     * nvis = (p+1)/ratio visible compressed positions: score_c = Σ_h relu(q[t][h]·k_c)·w[t][h]
+     * (h ascending; dot in index order, f32) for c < nvis; q: [n][heads][hd] (ldq),
+     * w: [n][heads] (ldw), keys: [rows][hd] contiguous.
+     *  - cand_out.buf != NULL (candidate source): block scores B_b = max of score_c over the
+     *    visible c of block b = c / cand_block (unmasked scores); the block holding c = nvis−1
+     *    is forced to +inf; the min(cand_k, n_blocks) best blocks (ties: lower block first)
+     *    are written ascending to cand_out[t][0:cand_k] (int32, row stride cand_k), rest −1.
+     *  - cand_in.buf != NULL (masked index source): only positions whose block c / cand_block
+     *    is listed in cand_in[t][0:cand_k] (ascending, −1 padded) can be selected; the others
+     *    score −inf and are never selected.
+     * idx[t][0:topk] (int32, row stride topk) = the min(topk, n_allowed) best allowed
+     * positions (ties: lower position first), in ascending position order; rest −1. */
+    dsi_status (*indexer_topk_v41)(dsib_instance *inst, dsib_view q, uint32_t ldq,
+                                   dsib_view w, uint32_t ldw, dsib_view keys, uint32_t heads,
+                                   uint32_t hd, int64_t pos0, uint32_t n, uint32_t ratio,
+                                   uint32_t topk, dsib_view idx, dsib_view cand_in,
+                                   dsib_view cand_out, uint32_t cand_block, uint32_t cand_k);
+
+    /* Engram gate (§4.6 steps 3–5), in place on the HC state X: [n][n_hc][D] (row stride
+     * n_hc·D). kv: [n][(n_hc+1)·D] (ldkv): key_h = kv[t][h·D, (h+1)·D), value =
+     * kv[t][n_hc·D, (n_hc+1)·D). qw, kw: weights ne = [D, n_hc] (q_weight, k_weight).
+     * Per stream h (d ascending, f32): a = Σ X[h][d]², b = Σ key_h[d]²,
+     * c = Σ X[h][d]·(qw[h][d]·kw[h][d])·key_h[d];
+     * dot = c · rsqrt(a/D + eps) · rsqrt(b/D + eps) / √D;
+     * g = sigmoid(sign(dot)·sqrt(max(|dot|, 1e-6))); X[h][d] += g·value[d]. */
+    dsi_status (*engram_gate)(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+                              uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
+                              const dsib_weight *kw, float eps);
 };
 
 #endif /* DSI_BACKEND_H */
