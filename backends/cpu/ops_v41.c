@@ -1,0 +1,310 @@
+/*
+ * backends/cpu/ops_v41.c — CPU implementations of the V4.1 ops (backends/backend.h,
+ * "V4.1 ops" sub-section; model-spec §4.3, §4.6).
+ *
+ * Determinism: every output row (token) is computed by one task with a fixed operation
+ * order that does not depend on how many tokens the call carries, so chunked prefill,
+ * whole-prompt prefill and decode agree bit for bit (§10.4).
+ */
+#include "backends/cpu/cpu_impl.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* Declarations for the op table in ops.c (which lists these two entries). */
+dsi_status dsib_cpu_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq,
+                                     dsib_view w, uint32_t ldw, dsib_view keys, uint32_t heads,
+                                     uint32_t hd, int64_t pos0, uint32_t n, uint32_t ratio,
+                                     uint32_t topk, dsib_view idx, dsib_view cand_in,
+                                     dsib_view cand_out, uint32_t cand_block, uint32_t cand_k);
+dsi_status dsib_cpu_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+                                uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
+                                const dsib_weight *kw, float eps);
+
+/* ---- top-k with "lower position first" ties (§10.2) ---------------------------------- */
+
+/* a is better than b: higher score, or equal score and lower index. */
+static inline int better(float sa, int32_t a, float sb, int32_t b) {
+    return sa > sb || (sa == sb && a < b);
+}
+
+/* Min-heap of the k best (root = worst kept). */
+typedef struct topk_heap {
+    int32_t *id;
+    float *sc;
+    uint32_t n, cap;
+} topk_heap;
+
+static void heap_sift_down(topk_heap *h, uint32_t i) {
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        /* the worst of (i, l, r) goes up */
+        if (l < h->n && better(h->sc[m], h->id[m], h->sc[l], h->id[l])) m = l;
+        if (r < h->n && better(h->sc[m], h->id[m], h->sc[r], h->id[r])) m = r;
+        if (m == i) return;
+        int32_t ti = h->id[i];
+        float ts = h->sc[i];
+        h->id[i] = h->id[m];
+        h->sc[i] = h->sc[m];
+        h->id[m] = ti;
+        h->sc[m] = ts;
+        i = m;
+    }
+}
+
+static void heap_offer(topk_heap *h, int32_t id, float sc) {
+    if (h->cap == 0) return;
+    if (h->n < h->cap) {
+        uint32_t i = h->n++;
+        h->id[i] = id;
+        h->sc[i] = sc;
+        while (i > 0) { /* sift up: the worse goes up */
+            uint32_t p = (i - 1) / 2;
+            if (!better(h->sc[p], h->id[p], h->sc[i], h->id[i])) break;
+            int32_t ti = h->id[i];
+            float ts = h->sc[i];
+            h->id[i] = h->id[p];
+            h->sc[i] = h->sc[p];
+            h->id[p] = ti;
+            h->sc[p] = ts;
+            i = p;
+        }
+        return;
+    }
+    if (better(sc, id, h->sc[0], h->id[0])) {
+        h->id[0] = id;
+        h->sc[0] = sc;
+        heap_sift_down(h, 0);
+    }
+}
+
+static void sort_i32(int32_t *a, uint32_t n) { /* insertion sort; n <= topk (small) */
+    for (uint32_t i = 1; i < n; i++) {
+        int32_t v = a[i];
+        uint32_t j = i;
+        while (j > 0 && a[j - 1] > v) {
+            a[j] = a[j - 1];
+            j--;
+        }
+        a[j] = v;
+    }
+}
+
+static void sort_i32_big(int32_t *a, uint32_t n) { /* heap sort for larger outputs */
+    if (n < 64) {
+        sort_i32(a, n);
+        return;
+    }
+    for (uint32_t s = n / 2; s-- > 0;) {
+        uint32_t i = s;
+        for (;;) {
+            uint32_t l = 2 * i + 1, r = l + 1, m = i;
+            if (l < n && a[l] > a[m]) m = l;
+            if (r < n && a[r] > a[m]) m = r;
+            if (m == i) break;
+            int32_t t = a[i]; a[i] = a[m]; a[m] = t;
+            i = m;
+        }
+    }
+    for (uint32_t e = n; e-- > 1;) {
+        int32_t t = a[0]; a[0] = a[e]; a[e] = t;
+        uint32_t i = 0;
+        for (;;) {
+            uint32_t l = 2 * i + 1, r = l + 1, m = i;
+            if (l < e && a[l] > a[m]) m = l;
+            if (r < e && a[r] > a[m]) m = r;
+            if (m == i) break;
+            int32_t u = a[i]; a[i] = a[m]; a[m] = u;
+            i = m;
+        }
+    }
+}
+
+/* ---- indexer_topk_v41 ------------------------------------------------------------------ */
+
+typedef struct idx_args {
+    dsib_instance *inst;
+    const float *q, *w, *keys;
+    uint32_t ldq, ldw, heads, hd, ratio, topk, cand_block, cand_k;
+    int64_t pos0;
+    int32_t *idx;
+    const int32_t *cand_in;
+    int32_t *cand_out;
+    atomic_int failed;
+} idx_args;
+
+static void idx_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    idx_args *a = (idx_args *)arg;
+    const int64_t p = a->pos0 + t;
+    const int64_t nvis64 = (p + 1) / (int64_t)a->ratio;
+    const uint32_t nvis = (uint32_t)nvis64;
+    int32_t *idx = a->idx + (size_t)t * a->topk;
+    int32_t *cout = a->cand_out ? a->cand_out + (size_t)t * a->cand_k : NULL;
+    for (uint32_t i = 0; i < a->topk; i++) idx[i] = -1;
+    if (cout)
+        for (uint32_t i = 0; i < a->cand_k; i++) cout[i] = -1;
+    if (nvis == 0) return;
+
+    const uint32_t heap_cap = a->topk > a->cand_k ? a->topk : a->cand_k;
+    size_t bytes = (size_t)nvis * sizeof(float) + (size_t)heap_cap * (sizeof(int32_t) + sizeof(float));
+    uint8_t *mem = (uint8_t *)dsib_cpu_malloc(a->inst, bytes);
+    if (!mem) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    float *score = (float *)(void *)mem;
+    topk_heap h;
+    h.id = (int32_t *)(void *)(mem + (size_t)nvis * sizeof(float));
+    h.sc = (float *)(void *)(mem + (size_t)nvis * sizeof(float) + (size_t)heap_cap * sizeof(int32_t));
+
+    const float *q = a->q + (size_t)t * a->ldq;
+    const float *wt = a->w + (size_t)t * a->ldw;
+    for (uint32_t c = 0; c < nvis; c++) {
+        const float *k = a->keys + (size_t)c * a->hd;
+        float s = 0.0f;
+        for (uint32_t hh = 0; hh < a->heads; hh++) {
+            const float *qh = q + (size_t)hh * a->hd;
+            float d = 0.0f;
+            for (uint32_t i = 0; i < a->hd; i++) d += qh[i] * k[i];
+            s += (d > 0.0f ? d : 0.0f) * wt[hh];
+        }
+        score[c] = s;
+    }
+
+    /* Candidate blocks (§4.3): block max, newest block forced +inf, top cand_k by score
+     * (> −inf only), ascending. */
+    if (cout) {
+        const uint32_t cb = a->cand_block;
+        const uint32_t n_blocks = (nvis + cb - 1) / cb;
+        h.n = 0;
+        h.cap = a->cand_k < n_blocks ? a->cand_k : n_blocks;
+        for (uint32_t b = 0; b < n_blocks; b++) {
+            float m = -INFINITY;
+            uint32_t end = (b + 1) * cb < nvis ? (b + 1) * cb : nvis;
+            for (uint32_t c = b * cb; c < end; c++) m = score[c] > m ? score[c] : m;
+            if (b == n_blocks - 1) m = INFINITY;
+            if (m > -INFINITY) heap_offer(&h, (int32_t)b, m);
+        }
+        for (uint32_t i = 0; i < h.n; i++) cout[i] = h.id[i];
+        sort_i32_big(cout, h.n);
+    }
+
+    /* Own top-k over the allowed positions. */
+    h.n = 0;
+    h.cap = a->topk;
+    if (a->cand_in) {
+        const int32_t *cin = a->cand_in + (size_t)t * a->cand_k;
+        uint32_t j = 0;
+        for (uint32_t c = 0; c < nvis; c++) {
+            int32_t b = (int32_t)(c / a->cand_block);
+            while (j < a->cand_k && cin[j] >= 0 && cin[j] < b) j++;
+            if (j >= a->cand_k || cin[j] != b) continue; /* masked out: −inf, never chosen */
+            heap_offer(&h, (int32_t)c, score[c]);
+        }
+    } else {
+        for (uint32_t c = 0; c < nvis; c++) heap_offer(&h, (int32_t)c, score[c]);
+    }
+    for (uint32_t i = 0; i < h.n; i++) idx[i] = h.id[i];
+    sort_i32_big(idx, h.n);
+    dsib_cpu_free(a->inst, mem);
+}
+
+dsi_status dsib_cpu_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq,
+                                     dsib_view w, uint32_t ldw, dsib_view keys, uint32_t heads,
+                                     uint32_t hd, int64_t pos0, uint32_t n, uint32_t ratio,
+                                     uint32_t topk, dsib_view idx, dsib_view cand_in,
+                                     dsib_view cand_out, uint32_t cand_block, uint32_t cand_k) {
+    if (n == 0) return DSI_OK;
+    if (!inst || !q.buf || !w.buf || !keys.buf || !idx.buf || ratio == 0 || pos0 < 0 ||
+        ((cand_in.buf || cand_out.buf) && (cand_block == 0 || cand_k == 0)))
+        return DSI_ERR_INVALID_ARGUMENT;
+    idx_args a;
+    memset(&a, 0, sizeof a);
+    a.inst = inst;
+    a.q = dsib_cpu_f32(q);
+    a.w = dsib_cpu_f32(w);
+    a.keys = dsib_cpu_f32(keys);
+    a.ldq = ldq;
+    a.ldw = ldw;
+    a.heads = heads;
+    a.hd = hd;
+    a.ratio = ratio;
+    a.topk = topk;
+    a.cand_block = cand_block;
+    a.cand_k = (cand_in.buf || cand_out.buf) ? cand_k : 0;
+    a.pos0 = pos0;
+    a.idx = dsib_cpu_i32(idx);
+    a.cand_in = cand_in.buf ? dsib_cpu_i32(cand_in) : NULL;
+    a.cand_out = cand_out.buf ? dsib_cpu_i32(cand_out) : NULL;
+    atomic_init(&a.failed, 0);
+    dsib_parallel_for(inst->pool, n, idx_task, &a);
+    return atomic_load(&a.failed) ? DSI_ERR_OUT_OF_HOST_MEMORY : DSI_OK;
+}
+
+/* ---- engram_gate ----------------------------------------------------------------------- */
+
+typedef struct gate_args {
+    dsib_instance *inst;
+    float *X;
+    const float *kv;
+    uint32_t n_hc, D, ldkv;
+    const float *w; /* [n_hc][D] = qw ⊙ kw */
+    float eps;
+} gate_args;
+
+static void gate_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    gate_args *a = (gate_args *)arg;
+    const uint32_t D = a->D;
+    float *X = a->X + (size_t)t * a->n_hc * D;
+    const float *kv = a->kv + (size_t)t * a->ldkv;
+    const float *value = kv + (size_t)a->n_hc * D;
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+    for (uint32_t h = 0; h < a->n_hc; h++) {
+        float *x = X + (size_t)h * D;
+        const float *key = kv + (size_t)h * D;
+        const float *w = a->w + (size_t)h * D;
+        float sx = 0.0f, sk = 0.0f, c = 0.0f;
+        for (uint32_t d = 0; d < D; d++) {
+            sx += x[d] * x[d];
+            sk += key[d] * key[d];
+            c += x[d] * w[d] * key[d];
+        }
+        float rx = 1.0f / sqrtf(sx / (float)D + a->eps);
+        float rk = 1.0f / sqrtf(sk / (float)D + a->eps);
+        float dot = c * rx * rk * inv_sqrt_d;
+        float mag = sqrtf(fabsf(dot) > 1e-6f ? fabsf(dot) : 1e-6f);
+        float sgn = dot > 0.0f ? 1.0f : (dot < 0.0f ? -1.0f : 0.0f);
+        float g = 1.0f / (1.0f + expf(-(sgn * mag)));
+        for (uint32_t d = 0; d < D; d++) x[d] += g * value[d];
+    }
+}
+
+dsi_status dsib_cpu_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+                                uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
+                                const dsib_weight *kw, float eps) {
+    if (n == 0) return DSI_OK;
+    if (!inst || !X.buf || !kv.buf || !qw || !kw || n_hc == 0 || D == 0 ||
+        ldkv < (n_hc + 1) * D || qw->ne[0] != (int64_t)D || kw->ne[0] != (int64_t)D ||
+        qw->ne[1] < (int64_t)n_hc || kw->ne[1] < (int64_t)n_hc)
+        return DSI_ERR_INVALID_ARGUMENT;
+    size_t cnt = (size_t)n_hc * D;
+    float *w = (float *)dsib_cpu_malloc(inst, 2 * cnt * sizeof(float));
+    if (!w) return DSI_ERR_OUT_OF_HOST_MEMORY;
+    float *tmp = w + cnt;
+    dsi_status st = DSI_OK;
+    for (uint32_t h = 0; h < n_hc && st == DSI_OK; h++) {
+        st = dsib_cpu_weight_row(qw, 0, h, w + (size_t)h * D);
+        if (st == DSI_OK) st = dsib_cpu_weight_row(kw, 0, h, tmp);
+        /* only the product q_weight ⊙ k_weight enters the model (§4.6 step 3) */
+        for (uint32_t d = 0; st == DSI_OK && d < D; d++) w[(size_t)h * D + d] *= tmp[d];
+    }
+    if (st == DSI_OK) {
+        gate_args a = {inst, dsib_cpu_f32(X), dsib_cpu_f32(kv), n_hc, D, ldkv, w, eps};
+        dsib_parallel_for(inst->pool, n, gate_task, &a);
+    }
+    dsib_cpu_free(inst, w);
+    return st;
+}
