@@ -121,22 +121,31 @@ dsi_status dsii_backend_module_load(dsi_context *ctx, const char *name,
     if (!name || !*name || strlen(name) > 15 || strchr(name, '/'))
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "bad backend module name");
 
-    enum { N_DIRS = 6 };
+    enum { N_DIRS = 7 };
     const char *dirs[N_DIRS];
     int nd = 0;
     char build_dir[512], self_dir[512];
     if (ctx && ctx->backend_dir && *ctx->backend_dir) dirs[nd++] = ctx->backend_dir;
     const char *env = getenv("DSINFER_BACKEND_DIR");
     if (env && *env) dirs[nd++] = env;
-#ifdef DSI_BUILD_ROOT
-    snprintf(build_dir, sizeof build_dir, "%s/backends/%s", DSI_BUILD_ROOT, name);
-    dirs[nd++] = build_dir;
+#ifdef DSI_MODULE_BUILD_DIR
+    /* The build tree: CMake puts modules in DSI_MODULE_BUILD_DIR (<build>/lib/dsinfer);
+     * Meson cannot, its modules stay in <build>/backends/<name>/. */
+    dirs[nd++] = DSI_MODULE_BUILD_DIR;
+    {
+        const char *bd = DSI_MODULE_BUILD_DIR;
+        size_t bl = strlen(bd), sl = strlen("/lib/dsinfer");
+        if (bl > sl && strcmp(bd + bl - sl, "/lib/dsinfer") == 0 &&
+            snprintf(build_dir, sizeof build_dir, "%.*s/backends/%s", (int)(bl - sl), bd,
+                     name) < (int)sizeof build_dir)
+            dirs[nd++] = build_dir;
+    }
 #else
     build_dir[0] = 0;
     (void)build_dir;
 #endif
-#ifdef DSI_INSTALL_MODULE_DIR
-    dirs[nd++] = DSI_INSTALL_MODULE_DIR;
+#ifdef DSI_MODULE_INSTALL_DIR
+    dirs[nd++] = DSI_MODULE_INSTALL_DIR;
 #endif
     if (self_module_dir(self_dir, sizeof self_dir)) dirs[nd++] = self_dir;
 

@@ -6,10 +6,11 @@
  * Module search order (first directory holding libdsinfer-<name>.so wins; docs/backends.md):
  *   1. the context's `backend_dir` option,
  *   2. the DSINFER_BACKEND_DIR environment variable (documented in docs/backends.md),
- *   3. the build tree: <DSI_BUILD_ROOT>/backends/<name>/ (compile-time define, optional —
- *      lets tests and tools run from the build tree without installing),
- *   4. $libdir/dsinfer: DSI_INSTALL_MODULE_DIR (compile-time define, optional) and, at run
- *      time, "<directory of the object that holds libdsinfer>/dsinfer" (relocatable installs).
+ *   3. the build tree: DSI_MODULE_BUILD_DIR (compile-time define, <build>/lib/dsinfer, where
+ *      CMake puts modules) and <build>/backends/<name>/ (where Meson leaves them) — lets
+ *      tests and tools run from the build tree without installing,
+ *   4. $libdir/dsinfer: DSI_MODULE_INSTALL_DIR (compile-time define) and, at run time,
+ *      "<directory of the object that holds libdsinfer>/dsinfer" (relocatable installs).
  *
  * A module is accepted only if it exports DSIB_ENTRY_SYMBOL, its table's api_version equals
  * DSIB_API_VERSION and its struct_size covers every field of struct dsib_backend this core
