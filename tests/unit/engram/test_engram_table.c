@@ -1,0 +1,112 @@
+/* Engram table access (§4.6 step 1): host and pread placements give the same rows,
+ * dequantised from FP8 E4M3 with per-32 UE8M0 scales and rounded to bf16. Expected values
+ * are worked out by hand from the format definitions (model-spec §2.1). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "engram/engram.h"
+
+#include <string.h>
+
+/* 3 rows × 64 elements of fp8_e4m3_r32: per block of 32 one E8M0 byte then 32 E4M3 bytes.
+ * Row r, block b: scale byte 127 + r (scale 2^r); element j of the block has code
+ * 0x38 + (j % 8) (1.0, 1.125, …, 1.875) with the sign bit set for odd blocks. */
+static uint8_t table_fp8[3 * 2 * 33];
+
+static void build_fp8(void) {
+    for (int r = 0; r < 3; r++)
+        for (int b = 0; b < 2; b++) {
+            uint8_t *p = table_fp8 + (r * 2 + b) * 33;
+            p[0] = (uint8_t)(127 + r);
+            for (int j = 0; j < 32; j++) p[1 + j] = (uint8_t)((b ? 0x80 : 0) | (0x38 + (j % 8)));
+        }
+}
+
+static float want_fp8(int r, int e) {
+    int b = e / 32, j = e % 32;
+    float v = (1.0f + 0.125f * (float)(j % 8)) * (float)(1 << r);
+    return b ? -v : v; /* all exactly representable in bf16 (4 significant bits) */
+}
+
+static void test_fp8_host_and_pread(void **state) {
+    (void)state;
+    build_fp8();
+    dsii_error e;
+    dsii_engram_table th, tp;
+    assert_int_equal(dsii_engram_table_host(&th, DSI_TYPE_FP8_E4M3_R32, 64, 3, table_fp8, &e),
+                     DSI_OK);
+    assert_int_equal(th.row_bytes, 66);
+    dsii_file *f = NULL;
+    /* the table sits 5 bytes into a "file" */
+    static uint8_t file_bytes[5 + sizeof table_fp8];
+    memset(file_bytes, 0xEE, 5);
+    memcpy(file_bytes + 5, table_fp8, sizeof table_fp8);
+    assert_int_equal(dsii_file_open_memory(NULL, file_bytes, sizeof file_bytes, &f, &e), DSI_OK);
+    assert_int_equal(dsii_engram_table_file(&tp, DSI_TYPE_FP8_E4M3_R32, 64, 3, f, 5, &e), DSI_OK);
+    /* a table that would run past the end of the file is refused */
+    dsii_engram_table bad;
+    assert_int_equal(dsii_engram_table_file(&bad, DSI_TYPE_FP8_E4M3_R32, 64, 4, f, 5, &e),
+                     DSI_ERR_BAD_FORMAT);
+
+    const uint32_t rows[4] = {2, 0, 2, 1};
+    float a[4 * 64], b[4 * 64];
+    assert_int_equal(dsii_engram_gather(NULL, &th, rows, 4, a, &e), DSI_OK);
+    assert_int_equal(dsii_engram_gather(NULL, &tp, rows, 4, b, &e), DSI_OK);
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 64; k++) {
+            assert_true(a[i * 64 + k] == want_fp8((int)rows[i], k));
+            assert_true(b[i * 64 + k] == a[i * 64 + k]);
+        }
+    const uint32_t oob = 3;
+    assert_int_equal(dsii_engram_gather(NULL, &th, &oob, 1, a, &e), DSI_ERR_INTERNAL);
+    assert_int_equal(dsii_engram_gather(NULL, &tp, &oob, 1, a, &e), DSI_ERR_INTERNAL);
+    dsii_file_close(f);
+}
+
+static void test_f32_rounds_to_bf16(void **state) {
+    (void)state;
+    /* bf16 keeps 8 significant bits: ulp(1) = 2^-7.
+     * 1 + 2^-8 is a tie → even (1.0); 1 + 3·2^-8 is a tie → even (1 + 2^-6);
+     * 1 + 2^-8 + 2^-12 is above the tie → 1 + 2^-7; -3.0 exact. */
+    static float tab[2][4] = {{1.0f + 0.00390625f, 1.0f + 3 * 0.00390625f,
+                               1.0f + 0.00390625f + 0.000244140625f, -3.0f},
+                              {0.0f, -0.0f, 65504.0f, 1e-30f}};
+    dsii_error e;
+    dsii_engram_table t;
+    assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_F32, 4, 2, tab, &e), DSI_OK);
+    const uint32_t rows[2] = {0, 1};
+    float out[8];
+    assert_int_equal(dsii_engram_gather(NULL, &t, rows, 2, out, &e), DSI_OK);
+    assert_true(out[0] == 1.0f);
+    assert_true(out[1] == 1.015625f);
+    assert_true(out[2] == 1.0078125f);
+    assert_true(out[3] == -3.0f);
+    assert_true(out[4] == 0.0f);
+    assert_true(out[6] == 65536.0f); /* 65504 = 0x477FE000: above the half-ulp of bf16 → 2^16 */
+}
+
+static void test_bad_tables(void **state) {
+    (void)state;
+    dsii_error e;
+    dsii_engram_table t;
+    static uint8_t dummy[64];
+    assert_int_equal(dsii_engram_table_host(&t, 12345, 4, 2, dummy, &e), DSI_ERR_UNSUPPORTED);
+    assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_F32, 0, 2, dummy, &e),
+                     DSI_ERR_BAD_FORMAT);
+    assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_F32, 4, 0, dummy, &e),
+                     DSI_ERR_BAD_FORMAT);
+    assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_F32, 4, 2, NULL, &e),
+                     DSI_ERR_INVALID_ARGUMENT);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_host_and_pread),
+        cmocka_unit_test(test_f32_rounds_to_bf16),
+        cmocka_unit_test(test_bad_tables),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
