@@ -1,0 +1,904 @@
+#!/usr/bin/python3
+"""Independent NumPy reference forward pass for DeepSeek V4 Flash (`deepseek4`) and
+DeepSeek V4.1 Flash (`deepseek41`), written from docs/model-spec.md (§3, §4, §10) only.
+
+Token by token, one position at a time, keeping the per-layer window rings,
+compressor state, compressed rows and index keys exactly as the spec describes.
+Math in float64; the FP8/FP4 fake-quant recipes of §10.1 run in float32.
+See docs/reference.md.
+
+CLI:
+  /usr/bin/python3 tests/reference/dsref.py --model M.gguf (--tokens 1,2,3 | --tokens-file F)
+      --out LOGITS.bin [--no-fake-quant] [--positions all|last]
+writes little-endian float32 [n_positions][n_vocab].
+
+Library:
+  from dsref import Model
+  m = Model("tiny-v4.gguf", fake_quant=True)
+  logits = m.forward([1, 2, 3])            # float64 [3][n_vocab]
+"""
+
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_reader as gr  # noqa: E402
+
+F32 = np.float32
+F64 = np.float64
+
+# ============================================================================
+# §10.1 fake-quant primitives (float32 semantics)
+# ============================================================================
+
+E4M3_MAX = F32(448.0)
+E2M1_MAX = F32(6.0)
+
+
+def pow2_ceil(v):
+    """2^ceil(log2 v) for positive float32 v, exact (a power of two maps to itself)."""
+    v = np.asarray(v, dtype=F32)
+    m, e = np.frexp(v)                 # v = m * 2^e, m in [0.5, 1)
+    e = np.where(m == 0.5, e - 1, e)   # exact power of two
+    return np.ldexp(np.ones_like(v), e).astype(F32)
+
+
+def e4m3_rne(v):
+    """Round float32 values (|v| <= 448) to the E4M3FN grid, round-to-nearest-even.
+    Normal binade [2^k, 2^(k+1)) has step 2^(k-3); below 2^-6 the subnormal step is 2^-9."""
+    v = np.asarray(v, dtype=F32)
+    _, e = np.frexp(v)                 # |v| in [2^(e-1), 2^e)
+    ulp = np.ldexp(np.ones_like(v), np.maximum(e - 4, -9)).astype(F32)
+    return (np.rint(v / ulp) * ulp).astype(F32)
+
+
+def e2m1_rne(v):
+    """Round float32 values (|v| <= 6) to the E2M1 grid {0,.5,1,1.5,2,3,4,6}, RNE.
+    Binade [2^k, 2^(k+1)) (k >= 0) has step 2^(k-1); below 1 the step is 0.5."""
+    v = np.asarray(v, dtype=F32)
+    _, e = np.frexp(v)
+    ulp = np.ldexp(np.ones_like(v), np.maximum(e - 2, -1)).astype(F32)
+    return (np.rint(v / ulp) * ulp).astype(F32)
+
+
+def bf16_rne(v):
+    """Round float32 values to bfloat16 (round-to-nearest-even), returned as float32."""
+    v = np.ascontiguousarray(np.asarray(v, dtype=F32))
+    u = v.view(np.uint32).astype(np.uint64)
+    lsb = (u >> 16) & 1
+    u = (u + 0x7FFF + lsb) >> 16 << 16
+    out = u.astype(np.uint32).view(F32)
+    return np.where(np.isnan(v), v, out)
+
+
+def fq_fp8_ue8m0(x, block, fake=True):
+    """§10.1 e4m3 with UE8M0 (power-of-two) block scale.  x: 1-D, len % block == 0."""
+    x32 = np.asarray(x, dtype=F32).reshape(-1, block)
+    amax = np.maximum(np.abs(x32).max(axis=1), F32(1e-4))
+    s = pow2_ceil((amax * F32(1.0 / 448.0)).astype(F32))[:, None]
+    y = np.clip((x32 / s).astype(F32), -E4M3_MAX, E4M3_MAX)
+    if fake:
+        y = e4m3_rne(y)
+    return (y * s).astype(F32).reshape(np.shape(x))
+
+
+def fq_fp4_ue8m0(x, block, fake=True):
+    """§10.1 e2m1 with UE8M0 block scale (indexer q/k)."""
+    x32 = np.asarray(x, dtype=F32).reshape(-1, block)
+    amax = np.maximum(np.abs(x32).max(axis=1), F32(6.0 * 2.0 ** -126))
+    s = pow2_ceil((amax * F32(1.0 / 6.0)).astype(F32))[:, None]
+    y = np.clip((x32 / s).astype(F32), -E2M1_MAX, E2M1_MAX)
+    if fake:
+        y = e2m1_rne(y)
+    return (y * s).astype(F32).reshape(np.shape(x))
+
+
+def fq_fp4_e4m3(x, block, fake=True):
+    """§10.1 e2m1 with E4M3 block scale (V4.1 compressed KV rows, block 16).
+    The scale is always rounded to e4m3 (it is a stored format, not an activation
+    rounding); --no-fake-quant only drops the e2m1 rounding of x/s (§10.4)."""
+    x32 = np.asarray(x, dtype=F32).reshape(-1, block)
+    amax = np.maximum(np.abs(x32).max(axis=1), F32(6.0 * 2.0 ** -9))
+    s = e4m3_rne(np.minimum((amax / F32(6.0)).astype(F32), E4M3_MAX))[:, None]
+    y = np.clip((x32 / s).astype(F32), -E2M1_MAX, E2M1_MAX)
+    if fake:
+        y = e2m1_rne(y)
+    return (y * s).astype(F32).reshape(np.shape(x))
+
+
+# ============================================================================
+# other primitives (float64)
+# ============================================================================
+
+def rmsnorm(x, w, eps):
+    x = np.asarray(x, dtype=F64)
+    r = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return r * w if w is not None else r
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def silu(x):
+    return x * sigmoid(x)
+
+
+def hadamard_matrix(n):
+    """Normalised Walsh-Hadamard matrix (Sylvester order), H @ H = I."""
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    if h.shape[0] != n:
+        raise ValueError("Hadamard size must be a power of two")
+    return h / math.sqrt(n)
+
+
+def rope_freqs(rd, base, yarn=None):
+    """Per-pair frequencies f_i, i = 0..rd/2-1 (§3.9).  yarn = (factor, L0, beta_fast,
+    beta_slow) or None.  No mscale."""
+    i = np.arange(rd // 2, dtype=F64)
+    f = base ** (-2.0 * i / rd)
+    if yarn is not None:
+        factor, L0, bfast, bslow = yarn
+        lo, hi = yarn_low_high(rd, base, L0, bfast, bslow)
+        if lo == hi:
+            hi = hi + 0.001
+        ramp = np.clip((i - lo) / (hi - lo), 0.0, 1.0)
+        f = f / factor * ramp + f * (1.0 - ramp)
+    return f
+
+
+def yarn_low_high(rd, base, L0, bfast, bslow):
+    def corr(b):
+        return rd * math.log(L0 / (2.0 * math.pi * b)) / (2.0 * math.log(base))
+    lo = max(math.floor(corr(bfast)), 0)
+    hi = min(math.ceil(corr(bslow)), rd - 1)
+    return lo, hi
+
+
+def rope_tail(x, pos, freqs, inverse=False):
+    """Interleaved-pair RoPE on the last 2*len(freqs) dims of x (last axis)."""
+    rd = 2 * len(freqs)
+    x = np.array(x, dtype=F64, copy=True)
+    t = x[..., -rd:]
+    th = pos * freqs
+    c = np.cos(th)
+    s = np.sin(th)
+    if inverse:
+        s = -s
+    x0 = t[..., 0::2].copy()
+    x1 = t[..., 1::2].copy()
+    t[..., 0::2] = x0 * c - x1 * s
+    t[..., 1::2] = x0 * s + x1 * c
+    x[..., -rd:] = t
+    return x
+
+
+def topk_lowest_first(scores, k):
+    """Indices of the k largest scores; equal scores: lowest index first (§10.2)."""
+    order = np.argsort(-np.asarray(scores, dtype=F64), kind="stable")
+    return order[:k]
+
+
+def sinkhorn_split(mix, scale, base, n_hc, iters, eps):
+    """§3.3 hc_split_sinkhorn.  mix: [(2+n_hc)*n_hc]."""
+    pre = sigmoid(mix[0:n_hc] * scale[0] + base[0:n_hc]) + eps
+    post = 2.0 * sigmoid(mix[n_hc:2 * n_hc] * scale[1] + base[n_hc:2 * n_hc])
+    c = (mix[2 * n_hc:] * scale[2] + base[2 * n_hc:]).reshape(n_hc, n_hc)
+    c = c - c.max(axis=1, keepdims=True)
+    c = np.exp(c)
+    c = c / c.sum(axis=1, keepdims=True) + eps
+    c = c / (c.sum(axis=0, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (c.sum(axis=1, keepdims=True) + eps)
+        c = c / (c.sum(axis=0, keepdims=True) + eps)
+    return pre, post, c
+
+
+def sink_attention(q, rows, sink, scale):
+    """q [H, hd], rows [N, hd] (K = V), sink [H] -> o [H, hd]."""
+    z = (q @ rows.T) * scale
+    m = np.maximum(sink, z.max(axis=1))
+    e = np.exp(z - m[:, None])
+    den = np.exp(sink - m) + e.sum(axis=1)
+    return (e @ rows) / den[:, None]
+
+
+# ============================================================================
+# GGUF naming (docs/model-files.md)
+# ============================================================================
+
+class ModelError(Exception):
+    pass
+
+
+def _blk(il, s):
+    return "blk.%d.%s" % (il, s)
+
+
+# ============================================================================
+# Model
+# ============================================================================
+
+class Model:
+    def __init__(self, path, fake_quant=True):
+        self.path = path
+        self.fake = bool(fake_quant)
+        self.g = gr.GGUFFile(path)
+        self.arch = self.g.kv.get("general.architecture")
+        if self.arch not in ("deepseek4", "deepseek41"):
+            raise ModelError("unsupported general.architecture %r" % (self.arch,))
+        self._cache = {}
+        self._read_config()
+        self._validate_tensors()
+
+    # ------------------------------------------------------------------ metadata
+    # alternative spellings accepted (docs/model-files.md §2.2)
+    _ALT = {
+        "hyper_connection.sinkhorn_iterations": ["hyper_connection.sinkhorn_iters"],
+        "attention.indexer.head_count": ["indexer.head_count"],
+        "attention.indexer.key_length": ["attention.indexer.head_dim", "indexer.key_length",
+                                         "indexer.head_dim"],
+        "attention.indexer.top_k": ["indexer.top_k"],
+    }
+
+    def _k(self, key, default=None, required=True):
+        for kk in [key] + self._ALT.get(key, []):
+            full = "%s.%s" % (self.arch, kk)
+            if full in self.g.kv:
+                return self.g.kv[full]
+        if required and default is None:
+            raise ModelError("missing metadata key %s.%s" % (self.arch, key))
+        return default
+
+    def n_vocab_meta(self):
+        return int(self.g.tensors["token_embd.weight"].ne[1])
+
+    def _read_config(self):
+        k = self._k
+        emb = self.g.tensors.get("token_embd.weight")
+        if emb is None or len(emb.ne) != 2:
+            raise ModelError("missing or malformed tensor token_embd.weight")
+        self.n_vocab = int(emb.ne[1])
+        vs = k("vocab_size", None, required=False)
+        if vs is not None and int(vs) != self.n_vocab:
+            raise ModelError("vocab_size %d != token_embd rows %d" % (int(vs), self.n_vocab))
+        self.n_layer = int(k("block_count"))
+        # llama.cpp nextn convention: MTP block counted in block_count (model-files.md §4.1)
+        nn = int(k("nextn_predict_layers", 0, required=False) or 0)
+        if nn > 0 and self.g.has("blk.%d.nextn.eh_proj.weight" % (self.n_layer - 1)):
+            self.n_layer -= nn
+        self.dim = int(k("embedding_length"))
+        self.n_head = int(k("attention.head_count"))
+        self.hd = int(k("attention.key_length"))
+        vl = int(k("attention.value_length", self.hd))
+        if vl != self.hd:
+            raise ModelError("value_length != key_length")
+        self.rd = int(k("rope.dimension_count"))
+        self.q_lora = int(k("attention.q_lora_rank"))
+        self.o_lora = int(k("attention.output_lora_rank"))
+        self.o_groups = int(k("attention.output_group_count"))
+        self.window = int(k("attention.sliding_window"))
+        self.n_exp = int(k("expert_count"))
+        self.n_used = int(k("expert_used_count"))
+        self.inter = int(k("expert_feed_forward_length"))
+        self.n_shared = int(k("expert_shared_count", 1))
+        self.idx_heads = int(k("attention.indexer.head_count"))
+        self.idx_dim = int(k("attention.indexer.key_length"))
+        self.idx_topk = int(k("attention.indexer.top_k"))
+        self.n_hc = int(k("hyper_connection.count"))
+        self.sk_iters = int(k("hyper_connection.sinkhorn_iterations"))
+        self.hc_eps = float(k("hyper_connection.epsilon"))
+        self.rms_eps = float(k("attention.layer_norm_rms_epsilon"))
+        self.rope_base = float(k("rope.freq_base"))
+        self.crope_base = float(k("attention.compress_rope_freq_base"))
+        self.yarn_factor = float(k("rope.scaling.factor", 1.0))
+        self.yarn_L0 = float(k("rope.scaling.original_context_length", 0.0))
+        self.yarn_bfast = float(k("rope.scaling.yarn_beta_fast", 32.0))
+        self.yarn_bslow = float(k("rope.scaling.yarn_beta_slow", 1.0))
+        self.route_scale = float(k("expert_weights_scale", 1.0))
+        ratios = [int(x) for x in k("attention.compress_ratios")]
+        if len(ratios) < self.n_layer:
+            raise ModelError("compress_ratios has %d entries < block_count %d"
+                             % (len(ratios), self.n_layer))
+        self.ratios = ratios
+        clamp = k("swiglu_clamp_exp", None, required=False)
+        if clamp is None:
+            self.swiglu_limit = [10.0] * self.n_layer
+        elif np.ndim(clamp) == 0:
+            self.swiglu_limit = [float(clamp)] * self.n_layer
+        else:
+            self.swiglu_limit = [float(x) for x in clamp]
+        clamp_sh = k("swiglu_clamp_shexp", None, required=False)
+        if clamp_sh is None:
+            self.swiglu_limit_sh = list(self.swiglu_limit)
+        elif np.ndim(clamp_sh) == 0:
+            self.swiglu_limit_sh = [float(clamp_sh)] * self.n_layer
+        else:
+            self.swiglu_limit_sh = [float(x) for x in clamp_sh]
+        if self.arch == "deepseek4":
+            self.n_hash = int(k("hash_layer_count", 0))
+        else:
+            self.n_hash = 0
+            self.kv_sources = [int(x) for x in k("kv_source_layer_ids")]
+            self.index_sources = [int(x) for x in k("index_source_layer_ids")]
+            self.cand_source = int(k("attention.candidate_source_layer_id", -1))
+            if self.cand_source >= 0:
+                self.cand_block = int(k("attention.candidate_block_size"))
+                self.cand_topk = int(k("attention.candidate_topk_blocks"))
+            self.engram_layers = [int(x) for x in k("engram.layer_ids", [], required=False)]
+            if len(self.engram_layers):
+                self.eg_heads = int(k("engram.head_count"))
+                self.eg_dim = int(k("engram.key_length"))
+                self.eg_max_ngram = int(k("engram.max_ngram_size"))
+                self.eg_pad = int(k("engram.pad_id"))          # already a compressed id
+                self.eg_mult = np.asarray(k("engram.multipliers"), dtype=np.uint64)
+                self.eg_primes = np.asarray(k("engram.primes"), dtype=np.uint64)
+                self.eg_offsets = np.asarray(k("engram.offsets"), dtype=np.uint64)
+                self.eg_token_map = np.asarray(k("engram.token_map"), dtype=np.int64)
+                N, H, ne = self.eg_max_ngram, self.eg_heads, len(self.engram_layers)
+                if N < 2 or H < 1:
+                    raise ModelError("bad engram max_ngram_size / head_count")
+                if (len(self.eg_mult) != ne * N or len(self.eg_primes) != ne * (N - 1) * H
+                        or len(self.eg_offsets) != ne * (N - 1) * H):
+                    raise ModelError("engram multipliers/primes/offsets have wrong length")
+                if len(self.eg_token_map) != self.n_vocab_meta():
+                    raise ModelError("engram.token_map length != vocabulary size")
+        if emb.ne[0] != self.dim:
+            raise ModelError("token_embd.weight width %d != embedding_length" % emb.ne[0])
+        if self.n_head * self.hd % self.o_groups:
+            raise ModelError("heads*head_dim not divisible by output_group_count")
+        # RoPE tables per layer (§3.9: per layer, not per tensor)
+        yarn = None
+        if self.yarn_factor > 1.0 and self.yarn_L0 > 0:
+            yarn = (self.yarn_factor, self.yarn_L0, self.yarn_bfast, self.yarn_bslow)
+        self.freqs = []
+        for il in range(self.n_layer):
+            if self.ratios[il] > 0:
+                self.freqs.append(rope_freqs(self.rd, self.crope_base, yarn))
+            else:
+                self.freqs.append(rope_freqs(self.rd, self.rope_base, None))
+        self.hadamard = hadamard_matrix(self.idx_dim) if self.arch == "deepseek4" else None
+        if self.arch == "deepseek41":
+            self._plan_v41()
+
+    def _plan_v41(self):
+        """§4.3 roles: most recent source in stack order."""
+        self.key_owners = [s for s in self.kv_sources if self.g.has(_blk(s, self.N_IDX_K))]
+        self.kv_src_of = {}
+        self.idx_src_of = {}
+        self.key_src_of = {}
+        for il in range(self.n_layer):
+            if self.ratios[il] <= 0:
+                continue
+            ks = [s for s in self.kv_sources if s <= il]
+            xs = [s for s in self.index_sources if s <= il]
+            if not ks:
+                raise ModelError("layer %d has ratio > 0 but no preceding KV source" % il)
+            self.kv_src_of[il] = ks[-1]
+            self.idx_src_of[il] = xs[-1] if xs else None
+        self.cand_masked = set()
+        for s in self.index_sources:
+            # model-files.md §2.3: an index source after the candidate source that is not a
+            # KV source has its scores masked to the candidate blocks
+            if self.cand_source >= 0 and s > self.cand_source and s not in self.kv_sources:
+                if self.kv_src_of.get(s) != self.cand_source:
+                    raise ModelError("index source %d after the candidate source reads KV "
+                                     "of %s, not of the candidate source" % (s, self.kv_src_of.get(s)))
+                self.cand_masked.add(s)
+            if s in self.key_owners:
+                self.key_src_of[s] = s          # §10.3: an owner reads its own keys
+            else:
+                ow = [o for o in self.key_owners if o <= s]
+                if not ow:
+                    raise ModelError("index source %d has no index-key owner before it" % s)
+                self.key_src_of[s] = ow[-1]
+            if self.ratios[s] <= 0:
+                raise ModelError("index source %d has ratio 0" % s)
+        for s in self.kv_sources:
+            if self.ratios[s] <= 0:
+                raise ModelError("KV source %d has ratio 0" % s)
+
+    # ------------------------------------------------------------------ tensors
+    # tensor-name suffixes (docs/model-files.md); V4 follows ds4 / llama.cpp (§5.1)
+    N_IDX_K = "indexer.attn_k.weight"
+    N_IDX_K_NORM = "indexer.k_norm.weight"
+
+    def w(self, name, required=True):
+        if name in self._cache:
+            return self._cache[name]
+        if not self.g.has(name):
+            if required:
+                raise ModelError("missing tensor %s" % name)
+            return None
+        v = self.g.tensor(name, dtype=F64)
+        self._cache[name] = v
+        return v
+
+    def lw(self, il, suffix, required=True):
+        return self.w(_blk(il, suffix), required)
+
+    def _validate_tensors(self):
+        need = ["token_embd.weight", "output.weight", "output_norm.weight"]
+        if self.arch == "deepseek4":
+            need += ["output_hc_fn.weight", "output_hc_base.weight", "output_hc_scale.weight"]
+        for n in need:
+            if not self.g.has(n):
+                raise ModelError("missing tensor %s" % n)
+        for il in range(self.n_layer):
+            for s in ("attn_norm.weight", "ffn_norm.weight", "attn_q_a.weight",
+                      "attn_q_b.weight", "attn_kv.weight", "attn_sinks.weight",
+                      "attn_output_a.weight", "attn_output_b.weight",
+                      "hc_attn_fn.weight", "hc_ffn_fn.weight", "ffn_gate_inp.weight"):
+                if not self.g.has(_blk(il, s)):
+                    raise ModelError("missing tensor %s" % _blk(il, s))
+
+    # ------------------------------------------------------------------ state
+    def new_state(self):
+        st = {"pos": 0, "tokens": [], "layers": [dict() for _ in range(self.n_layer)]}
+        for il in range(self.n_layer):
+            L = st["layers"][il]
+            L["win"] = []               # window KV rows (all positions; last `window` used)
+            L["ckv"] = []               # compressor per-token kv projections
+            L["csc"] = []               # compressor per-token scores
+            L["crows"] = []             # compressed rows (post-norm, RoPE, fake-quant)
+            L["ikv"] = []               # V4 indexer compressor
+            L["isc"] = []
+            L["irows"] = []             # index keys
+        if self.arch == "deepseek41":
+            st["pre_mix"] = None
+        return st
+
+    # ------------------------------------------------------------------ mHC
+    def hc_mixes(self, X, fn, scale, base):
+        flat = X.reshape(-1)
+        r = 1.0 / math.sqrt(float(np.mean(flat * flat)) + self.rms_eps)
+        mix = (fn @ flat) * r
+        return sinkhorn_split(mix, scale, base, self.n_hc, self.sk_iters, self.hc_eps)
+
+    @staticmethod
+    def hc_post(f, R, post, comb):
+        # X'[j] = post[j] * f + sum_i comb[i][j] * R[i]
+        return post[:, None] * f[None, :] + comb.T @ R
+
+    # ------------------------------------------------------------------ attention
+    def _q_path(self, il, x):
+        qr = rmsnorm(self.lw(il, "attn_q_a.weight") @ x, self.lw(il, "attn_q_a_norm.weight"),
+                     self.rms_eps)
+        q = (self.lw(il, "attn_q_b.weight") @ qr).reshape(self.n_head, self.hd)
+        return qr, q
+
+    def _kv_window(self, il, x, pos):
+        kv = rmsnorm(self.lw(il, "attn_kv.weight") @ x, self.lw(il, "attn_kv_a_norm.weight"),
+                     self.rms_eps)
+        kv = rope_tail(kv, pos, self.freqs[il])
+        if self.arch == "deepseek4":
+            nope = self.hd - self.rd
+            # §3.4 step 3: FP8 on the nope dims only, blocks of 64; RoPE dims untouched
+            kv[:nope] = fq_fp8_ue8m0(kv[:nope], 64, self.fake)
+        else:
+            # §4.3: whole vector, blocks of 32
+            kv = fq_fp8_ue8m0(kv, 32, self.fake).astype(F64)
+        return kv
+
+    def _attend(self, il, q, pos, win_rows, comp_rows):
+        rows = win_rows if comp_rows is None or len(comp_rows) == 0 else \
+            np.concatenate([win_rows, comp_rows], axis=0)
+        sink = self.lw(il, "attn_sinks.weight")
+        o = sink_attention(q, rows, sink, 1.0 / math.sqrt(self.hd))
+        o = rope_tail(o, pos, self.freqs[il], inverse=True)
+        # grouped output projection
+        G = self.o_groups
+        og = o.reshape(G, -1)                                  # [G, H*hd/G]
+        wa = self.lw(il, "attn_output_a.weight").reshape(G, self.o_lora, -1)
+        low = np.einsum("grd,gd->gr", wa, og).reshape(-1)      # [G*o_lora]
+        return self.lw(il, "attn_output_b.weight") @ low
+
+    # ---- V4 compressor (§3.4): overlapping lanes for ratio 4, plain for others
+    def _v4_compress(self, kvs, scs, ratio, width, w):
+        """Pool window w.  kvs/scs: lists of per-token rows (coff*width)."""
+        if ratio == 4:
+            cand_kv = [kvs[4 * w + t][width:] for t in range(4)]
+            cand_sc = [scs[4 * w + t][width:] for t in range(4)]
+            if w > 0:
+                cand_kv = [kvs[4 * (w - 1) + t][:width] for t in range(4)] + cand_kv
+                cand_sc = [scs[4 * (w - 1) + t][:width] for t in range(4)] + cand_sc
+        else:
+            cand_kv = kvs[ratio * w:ratio * (w + 1)]
+            cand_sc = scs[ratio * w:ratio * (w + 1)]
+        K = np.stack(cand_kv)
+        S = np.stack(cand_sc)
+        S = S - S.max(axis=0, keepdims=True)
+        P = np.exp(S)
+        P /= P.sum(axis=0, keepdims=True)
+        return (P * K).sum(axis=0)
+
+    def _v4_attention(self, il, L, x, pos, token):
+        qr, q = self._q_path(il, x)
+        q = rmsnorm(q, None, self.rms_eps)                    # per-head weight-less RMSNorm
+        q = rope_tail(q, pos, self.freqs[il])
+        L["win"].append(self._kv_window(il, x, pos))
+        lo = max(0, pos - self.window + 1)
+        win_rows = np.stack(L["win"][lo:pos + 1])
+        ratio = self.ratios[il]
+        comp = None
+        if ratio > 0:
+            coff = 2 if ratio == 4 else 1
+            ape = self.lw(il, "attn_compressor_ape.weight")    # [ratio, coff*hd]
+            L["ckv"].append(self.lw(il, "attn_compressor_kv.weight") @ x)
+            L["csc"].append(self.lw(il, "attn_compressor_gate.weight") @ x + ape[pos % ratio])
+            if ratio == 4:
+                iape = self.lw(il, "indexer_compressor_ape.weight")
+                L["ikv"].append(self.lw(il, "indexer_compressor_kv.weight") @ x)
+                L["isc"].append(self.lw(il, "indexer_compressor_gate.weight") @ x
+                                + iape[pos % ratio])
+            if (pos + 1) % ratio == 0:
+                wi = pos // ratio
+                pooled = self._v4_compress(L["ckv"], L["csc"], ratio, self.hd, wi)
+                c = rmsnorm(pooled, self.lw(il, "attn_compressor_norm.weight"), self.rms_eps)
+                c = rope_tail(c, wi * ratio, self.freqs[il])
+                nope = self.hd - self.rd
+                c[:nope] = fq_fp8_ue8m0(c[:nope], 64, self.fake)
+                L["crows"].append(c)
+                if ratio == 4:
+                    pk = self._v4_compress(L["ikv"], L["isc"], 4, self.idx_dim, wi)
+                    k = rmsnorm(pk, self.lw(il, "indexer_compressor_norm.weight"), self.rms_eps)
+                    k = rope_tail(k, wi * ratio, self.freqs[il])
+                    k = self.hadamard @ k
+                    L["irows"].append(fq_fp4_ue8m0(k, 32, self.fake).astype(F64))
+            n_vis = (pos + 1) // ratio
+            if n_vis > 0:
+                rows = np.stack(L["crows"][:n_vis])
+                if ratio == 4 and n_vis > self.idx_topk:
+                    qi = (self.lw(il, "indexer.attn_q_b.weight") @ qr).reshape(
+                        self.idx_heads, self.idx_dim)
+                    qi = rope_tail(qi, pos, self.freqs[il])
+                    qi = qi @ self.hadamard.T
+                    qi = fq_fp4_ue8m0(qi, 32, self.fake).astype(F64)
+                    wts = (self.lw(il, "indexer.proj.weight") @ x) \
+                        * (1.0 / math.sqrt(self.idx_dim)) * (1.0 / math.sqrt(self.idx_heads))
+                    keys = np.stack(L["irows"][:n_vis])
+                    sc = (np.maximum(qi @ keys.T, 0.0) * wts[:, None]).sum(axis=0)
+                    sel = np.sort(topk_lowest_first(sc, self.idx_topk))
+                    rows = rows[sel]
+                comp = rows
+        return self._attend(il, q, pos, win_rows, comp)
+
+    # ---- V4.1 attention (§4.3)
+    def _v41_source_step(self, il, L, x, pos):
+        """KV source compressor: emit latent row / index key when the group completes."""
+        ratio = self.ratios[il]
+        kvp = self.lw(il, "attn_compressor_kv.weight") @ x
+        if ratio == 1:
+            pooled = kvp
+        else:
+            L["ckv"].append(kvp)
+            L["csc"].append(self.lw(il, "attn_compressor_gate.weight") @ x)
+            if (pos + 1) % ratio:
+                return
+            K = np.stack(L["ckv"][-ratio:])
+            S = np.stack(L["csc"][-ratio:])
+            S = S - S.max(axis=0, keepdims=True)
+            P = np.exp(S)
+            P /= P.sum(axis=0, keepdims=True)
+            pooled = (P * K).sum(axis=0)
+            L["ckv"].clear()
+            L["csc"].clear()
+        j = pos // ratio
+        latent = rmsnorm(pooled, self.lw(il, "attn_compressor_norm.weight"), self.rms_eps)
+        if il in self.key_owners:
+            k = rmsnorm(self.lw(il, self.N_IDX_K) @ latent, self.lw(il, self.N_IDX_K_NORM),
+                        self.rms_eps)
+            k = rope_tail(k, j * ratio, self.freqs[il])
+            L["irows"].append(fq_fp4_ue8m0(k, 32, self.fake).astype(F64))
+        c = rope_tail(latent, j * ratio, self.freqs[il])
+        L["crows"].append(fq_fp4_e4m3(c, 16, self.fake).astype(F64))
+
+    def _v41_index_scores(self, il, qr, x, pos, keys):
+        qi = (self.lw(il, "indexer.attn_q_b.weight") @ qr).reshape(self.idx_heads, self.idx_dim)
+        qi = rope_tail(qi, pos, self.freqs[il])
+        qi = fq_fp4_ue8m0(qi, 32, self.fake).astype(F64)
+        wts = (self.lw(il, "indexer.proj.weight") @ x) \
+            * (1.0 / math.sqrt(self.idx_dim)) * (1.0 / math.sqrt(self.idx_heads))
+        return (np.maximum(qi @ keys.T, 0.0) * wts[:, None]).sum(axis=0)
+
+    def _v41_attention(self, il, st, x, pos):
+        L = st["layers"][il]
+        tok = st["tok"]
+        qr, q = self._q_path(il, x)
+        q = rope_tail(q, pos, self.freqs[il])
+        L["win"].append(self._kv_window(il, x, pos))
+        lo = max(0, pos - self.window + 1)
+        win_rows = np.stack(L["win"][lo:pos + 1])
+        comp = None
+        if self.ratios[il] > 0:
+            if il in self.kv_sources:
+                self._v41_source_step(il, L, x, pos)
+            src = self.kv_src_of[il]
+            S = st["layers"][src]
+            ratio = self.ratios[src]
+            n_vis = (pos + 1) // ratio
+            if il in self.index_sources:
+                sel = None
+                if n_vis > 0:
+                    ks = self.key_src_of[il]
+                    keys = np.stack(st["layers"][ks]["irows"][:n_vis])
+                    sc = self._v41_index_scores(il, qr, x, pos, keys)
+                    if il == self.cand_source:
+                        tok["cand"] = self._candidate_mask(sc, n_vis)
+                    elif il in self.cand_masked:
+                        mask = tok.get("cand")
+                        if mask is None or len(mask) != n_vis:
+                            raise ModelError("layer %d: candidate mask unavailable" % il)
+                        sc = np.where(mask, sc, -np.inf)
+                    k = min(self.idx_topk, n_vis)
+                    sel = topk_lowest_first(sc, k)
+                    # entries masked to -inf are not attended (see docs/reference.md)
+                    sel = np.sort(sel[sc[sel] > -np.inf])
+                tok["topk"] = sel
+            if n_vis > 0:
+                sel = tok.get("topk")
+                if self.idx_src_of.get(il) is None:
+                    sel = np.arange(n_vis)
+                elif sel is None:
+                    raise ModelError("layer %d: no top-k from its index source" % il)
+                comp = np.stack(S["crows"][:n_vis])[sel]
+        return self._attend(il, q, pos, win_rows, comp)
+
+    def _candidate_mask(self, sc, n_vis):
+        """§4.3 two-level candidates at the candidate source."""
+        B = self.cand_block
+        nb = (n_vis + B - 1) // B
+        pad = np.full(nb * B, -np.inf)
+        pad[:n_vis] = sc
+        bs = pad.reshape(nb, B).max(axis=1)
+        bs[(n_vis - 1) // B] = np.inf
+        k = min(self.cand_topk, nb)
+        chosen = topk_lowest_first(bs, k)
+        chosen = chosen[bs[chosen] > -np.inf]
+        mask = np.zeros(nb * B, dtype=bool)
+        for b in chosen:
+            mask[b * B:(b + 1) * B] = True
+        return mask[:n_vis]
+
+    # ------------------------------------------------------------------ MoE (§3.5, §4.4)
+    def _moe(self, il, y, token):
+        lim = self.swiglu_limit[il]
+        logits = self.lw(il, "ffn_gate_inp.weight") @ y
+        s = np.sqrt(softplus(logits))
+        if il < self.n_hash:
+            idx = self.lw(il, "ffn_gate_tid2eid.weight")[token].astype(np.int64)
+            if np.any(idx < 0) or np.any(idx >= self.n_exp):
+                raise ModelError("tid2eid out of range")
+        else:
+            bias = self.lw(il, "exp_probs_b.bias", required=False)
+            sel = s + bias if bias is not None else s
+            idx = topk_lowest_first(sel, self.n_used)
+        wsel = s[idx]
+        if self.arch == "deepseek41":
+            wsel = wsel / (wsel.sum() + 1e-20)
+        else:
+            wsel = wsel / wsel.sum()
+        wsel = wsel * self.route_scale
+        Wg = self.lw(il, "ffn_gate_exps.weight")    # [E, inter, D]
+        Wu = self.lw(il, "ffn_up_exps.weight")
+        Wd = self.lw(il, "ffn_down_exps.weight")    # [E, D, inter]
+        out = np.zeros(self.dim)
+        if lim <= 0:
+            lim = np.inf                          # 0 = no clamp (model-files.md §2.2)
+        for e, wk in zip(idx, wsel):
+            g = np.minimum(Wg[e] @ y, lim)
+            u = np.clip(Wu[e] @ y, -lim, lim)
+            out += Wd[e] @ (silu(g) * u * wk)
+        if self.g.has(_blk(il, "ffn_gate_shexp.weight")):
+            lsh = self.swiglu_limit_sh[il]
+            if lsh <= 0:
+                lsh = np.inf
+            g = np.minimum(self.lw(il, "ffn_gate_shexp.weight") @ y, lsh)
+            u = np.clip(self.lw(il, "ffn_up_shexp.weight") @ y, -lsh, lsh)
+            out += self.lw(il, "ffn_down_shexp.weight") @ (silu(g) * u)
+        return out
+
+    # ------------------------------------------------------------------ Engram (§4.6)
+    def _engram_rows(self, e_i, st):
+        """24-style row ids for the current position of engram layer index e_i."""
+        N = self.eg_max_ngram
+        H = self.eg_heads
+        toks = st["tokens"]
+        p = len(toks) - 1
+        cm = self.eg_token_map
+        def cmap(t):
+            return int(cm[t])
+        pad = self.eg_pad                        # stored already compressed (model-files §2.4)
+        mult = self.eg_mult.reshape(-1, N)[e_i]
+        ncol = (N - 1) * H
+        primes = self.eg_primes.reshape(-1, ncol)[e_i]
+        offs = self.eg_offsets.reshape(-1, ncol)[e_i]
+        tk = []
+        for k in range(N):
+            tk.append(cmap(toks[p - k]) if p - k >= 0 else pad)
+        r = tk[0] * int(mult[0])
+        rows = []
+        for k in range(1, N):
+            r ^= tk[k] * int(mult[k])
+            for h in range(H):
+                col = (k - 1) * H + h
+                rows.append(r % int(primes[col]) + int(offs[col]))
+        return rows
+
+    def _engram(self, il, st, X):
+        e_i = self.engram_layers.index(il)
+        rows = self._engram_rows(e_i, st)
+        E = np.concatenate([self._engram_table_row(il, r) for r in rows]).astype(F64)
+        kv = self.lw(il, "engram.wkv.weight") @ E
+        D = self.dim
+        H = self.n_hc
+        key = kv[:H * D].reshape(H, D)
+        value = kv[H * D:(H + 1) * D]
+        wqk = self.lw(il, "engram.q.weight") * self.lw(il, "engram.k.weight")   # [H, D]
+        eps = self.rms_eps
+        out = X.copy()
+        for h in range(H):
+            rx = 1.0 / math.sqrt(float(np.mean(X[h] * X[h])) + eps)
+            rk = 1.0 / math.sqrt(float(np.mean(key[h] * key[h])) + eps)
+            dot = float(np.sum(X[h] * wqk[h] * key[h])) * rx * rk / math.sqrt(D)
+            g = sigmoid(float(np.sign(dot)) * math.sqrt(max(abs(dot), 1e-6)))
+            out[h] = X[h] + g * value
+        return out
+
+    def _engram_table_row(self, il, row):
+        name = _blk(il, "engram.embd.weight")
+        ti = self.g.tensors.get(name)
+        if ti is None:
+            raise ModelError("missing tensor %s" % name)
+        if row < 0 or row >= ti.ne[1]:
+            raise ModelError("engram row %d out of range" % row)
+        v = gr.read_row(self.g, name, row).astype(F32)
+        if ti.type in gr.FP8_TYPES:
+            # §4.6 / §5.2: FP8 rows are dequantised, then rounded to bf16 (RNE).
+            # F32/F16/BF16 "debug" tables are used as stored (docs/reference.md).
+            v = bf16_rne(v)
+        return v
+
+    # ------------------------------------------------------------------ blocks
+    def forward_token(self, st, token, want_logits=True):
+        if token < 0 or token >= self.n_vocab:
+            raise ModelError("token id %d out of range [0, %d)" % (token, self.n_vocab))
+        pos = st["pos"]
+        st["tokens"].append(token)
+        st["tok"] = {}
+        e = self.g_embed(token)
+        X = np.tile(e, (self.n_hc, 1))
+        if self.arch == "deepseek4":
+            X = self._v4_layers(st, X, pos, token)
+            y = self._v4_head(X)
+        else:
+            X, pre_mix = self._v41_layers(st, X, pos, token)
+            y = pre_mix @ X
+        st["pos"] = pos + 1
+        if not want_logits:
+            return None
+        yn = rmsnorm(y, self.w("output_norm.weight"), self.rms_eps)
+        return self.w("output.weight") @ yn
+
+    def g_embed(self, token):
+        ti = self.g.tensors["token_embd.weight"]
+        if "token_embd.weight" in self._cache:
+            return self._cache["token_embd.weight"][token]
+        return gr.read_row(self.g, "token_embd.weight", token).astype(F64)
+
+    def _v4_layers(self, st, X, pos, token):
+        for il in range(self.n_layer):
+            L = st["layers"][il]
+            R = X
+            pre, post, comb = self.hc_mixes(X, self.lw(il, "hc_attn_fn.weight"),
+                                            self.lw(il, "hc_attn_scale.weight"),
+                                            self.lw(il, "hc_attn_base.weight"))
+            x_in = pre @ X
+            a = self._v4_attention(il, L, rmsnorm(x_in, self.lw(il, "attn_norm.weight"),
+                                                  self.rms_eps), pos, token)
+            X = self.hc_post(a, R, post, comb)
+            R = X
+            pre, post, comb = self.hc_mixes(X, self.lw(il, "hc_ffn_fn.weight"),
+                                            self.lw(il, "hc_ffn_scale.weight"),
+                                            self.lw(il, "hc_ffn_base.weight"))
+            x_in = pre @ X
+            f = self._moe(il, rmsnorm(x_in, self.lw(il, "ffn_norm.weight"), self.rms_eps), token)
+            X = self.hc_post(f, R, post, comb)
+        return X
+
+    def _v4_head(self, X):
+        flat = X.reshape(-1)
+        r = 1.0 / math.sqrt(float(np.mean(flat * flat)) + self.rms_eps)
+        mix = (self.w("output_hc_fn.weight") @ flat) * r
+        pre = sigmoid(mix * self.w("output_hc_scale.weight").reshape(-1)[0]
+                      + self.w("output_hc_base.weight")) + self.hc_eps
+        return pre @ X
+
+    def _v41_layers(self, st, X, pos, token):
+        pre_mix = np.zeros(self.n_hc)
+        pre_mix[0] = 1.0                                   # make_identity_pre_mix
+        for il in range(self.n_layer):
+            if il in self.engram_layers:
+                X = self._engram(il, st, X)
+            R = X
+            a_pre, a_post, a_comb = self.hc_mixes(X, self.lw(il, "hc_attn_fn.weight"),
+                                                  self.lw(il, "hc_attn_scale.weight"),
+                                                  self.lw(il, "hc_attn_base.weight"))
+            x = pre_mix @ X
+            a = self._v41_attention(il, st, rmsnorm(x, self.lw(il, "attn_norm.weight"),
+                                                    self.rms_eps), pos)
+            X = self.hc_post(a, R, a_post, a_comb)
+            R = X
+            f_pre, f_post, f_comb = self.hc_mixes(X, self.lw(il, "hc_ffn_fn.weight"),
+                                                  self.lw(il, "hc_ffn_scale.weight"),
+                                                  self.lw(il, "hc_ffn_base.weight"))
+            x = a_pre @ X
+            f = self._moe(il, rmsnorm(x, self.lw(il, "ffn_norm.weight"), self.rms_eps), token)
+            X = self.hc_post(f, R, f_post, f_comb)
+            pre_mix = f_pre
+        return X, pre_mix
+
+    # ------------------------------------------------------------------ driver
+    def forward(self, tokens, positions="all"):
+        st = self.new_state()
+        out = []
+        n = len(tokens)
+        for i, t in enumerate(tokens):
+            want = positions == "all" or i == n - 1
+            lg = self.forward_token(st, int(t), want_logits=want)
+            if want:
+                out.append(lg)
+        return np.array(out, dtype=F64).reshape(len(out), self.n_vocab)
+
+
+# ============================================================================
+# CLI
+# ============================================================================
+
+def _parse_tokens(args):
+    if args.tokens is not None:
+        s = args.tokens.strip()
+        if not s:
+            return []
+        return [int(t) for t in s.split(",") if t.strip() != ""]
+    with open(args.tokens_file, "r") as fh:
+        return [int(t) for t in fh.read().split()]
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="NumPy reference forward pass (deepseek4/deepseek41)")
+    ap.add_argument("--model", required=True)
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tokens")
+    g.add_argument("--tokens-file")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--no-fake-quant", action="store_true")
+    ap.add_argument("--positions", choices=("all", "last"), default="all")
+    args = ap.parse_args(argv)
+    try:
+        toks = _parse_tokens(args)
+        if not toks:
+            raise ModelError("no tokens given")
+        m = Model(args.model, fake_quant=not args.no_fake_quant)
+        lg = m.forward(toks, args.positions)
+        if not np.all(np.isfinite(lg)):
+            raise ModelError("non-finite logits")
+        lg.astype("<f4").tofile(args.out)
+    except (ModelError, gr.GGUFError, OSError, ValueError) as ex:
+        print("dsref: error: %s" % ex, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
