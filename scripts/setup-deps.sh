@@ -3,7 +3,7 @@
 # Idempotent: installs only what is missing. Run as root (or with sudo available).
 set -euo pipefail
 pkgs=(gcc g++ clang cmake ninja-build meson pkg-config binutils make
-      libcmocka-dev python3 python3-numpy python3-regex unicode-data
+      libcmocka-dev libclang-rt-14-dev python3 python3-numpy python3-regex unicode-data
       mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev)
 missing=()
 for p in "${pkgs[@]}"; do
