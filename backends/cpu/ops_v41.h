@@ -1,0 +1,22 @@
+/*
+ * backends/cpu/ops_v41.h — the V4.1 ops of the CPU backend (ops_v41.c), spliced into the op
+ * table of ops.c through DSIB_CPU_OPS_V41_INIT. Contracts: backends/backend.h, "V4.1 ops".
+ */
+#ifndef DSIB_CPU_OPS_V41_H
+#define DSIB_CPU_OPS_V41_H
+
+#include "backends/backend.h"
+
+dsi_status dsib_cpu_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq,
+                                     dsib_view w, uint32_t ldw, dsib_view keys, uint32_t heads,
+                                     uint32_t hd, int64_t pos0, uint32_t n, uint32_t ratio,
+                                     uint32_t topk, dsib_view idx, dsib_view cand_in,
+                                     dsib_view cand_out, uint32_t cand_block, uint32_t cand_k);
+dsi_status dsib_cpu_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+                                uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
+                                const dsib_weight *kw, float eps);
+
+#define DSIB_CPU_OPS_V41_INIT                                                                  \
+    .indexer_topk_v41 = dsib_cpu_indexer_topk_v41, .engram_gate = dsib_cpu_engram_gate,
+
+#endif /* DSIB_CPU_OPS_V41_H */
