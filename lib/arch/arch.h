@@ -64,6 +64,36 @@ typedef struct dsii_arch {
     dsi_status (*truncate)(dsii_arch_state *st, uint32_t cur, uint32_t len, dsii_error *e);
 } dsii_arch;
 
+/* ---- helpers shared by the architectures (arch.c) --------------------------------------- */
+
+struct dsii_tensor;          /* lib/model/model.h */
+struct dsib_backend;         /* backends/backend.h */
+struct dsib_instance;
+struct dsib_buffer;
+struct dsib_weight;
+
+/* The backend a model's sessions run on: the context's backend slot. */
+dsi_status dsii_arch_backend(const dsi_model *model, const struct dsib_backend **be,
+                             struct dsib_instance **inst, dsii_error *e);
+
+/* Device-side references to model weights. Today every session binds its own set: on the
+ * CPU backend a binding wraps the (mmapped) host bytes in place — no copy; a backend
+ * without buffer_wrap_host gets an allocated buffer plus an upload.
+ * (docs/internals.md: moving these to a per-model set is the GPU-residency step.) */
+typedef struct dsii_wset {
+    const struct dsib_backend *be;
+    struct dsib_instance *inst;
+    const dsi_context *ctx;
+    struct dsib_buffer **bufs;
+    uint32_t n, cap;
+} dsii_wset;
+
+/* Binds tensor `t` (NULL: *out is zeroed, buf NULL — "absent") as a dsib_weight with
+ * ne = t->ne[0..2], nb1 = row_stride, nb2 = ne[1]·row_stride. */
+dsi_status dsii_wset_bind(dsii_wset *ws, const struct dsii_tensor *t, struct dsib_weight *out,
+                          dsii_error *e);
+void dsii_wset_free(dsii_wset *ws);
+
 extern const dsii_arch dsii_arch_dsv4;   /* lib/arch/dsv4.c */
 extern const dsii_arch dsii_arch_dsv41;  /* lib/arch/dsv41.c */
 

@@ -1,0 +1,90 @@
+/*
+ * lib/arch/arch.c — architecture dispatch and the helpers both forward passes share
+ * (backend lookup, weight binding).
+ */
+#include "arch/arch.h"
+
+#include "api/backend_loader.h"
+#include "backends/backend.h"
+#include "base/context_impl.h"
+#include "model/model.h"
+
+#include <string.h>
+
+/* Weak so that a build without lib/arch/dsv41.c (areas land independently) still links; such
+ * a build reports deepseek41 models as unsupported at session creation. */
+#if defined(__GNUC__)
+extern const dsii_arch dsii_arch_dsv41 __attribute__((weak));
+#endif
+
+const dsii_arch *dsii_arch_for_model(const dsi_model *model) {
+    if (!model) return NULL;
+    switch (model->hp.arch) {
+    case DSI_ARCH_DEEPSEEK4: return &dsii_arch_dsv4;
+    case DSI_ARCH_DEEPSEEK41: return &dsii_arch_dsv41 ? &dsii_arch_dsv41 : NULL;
+    default: return NULL;
+    }
+}
+
+dsi_status dsii_arch_backend(const dsi_model *model, const dsib_backend **be,
+                             dsib_instance **inst, dsii_error *e) {
+    const dsi_context *ctx = model->ctx;
+    if (!ctx || !ctx->backend || !ctx->backend->backend || !ctx->backend->inst)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "the model's context has no backend instance");
+    const dsib_backend *b = ctx->backend->backend;
+    if (!b->ops || b->ops->struct_size < sizeof(dsib_ops))
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED,
+                         "backend '%s' does not implement the model ops of this build",
+                         b->name ? b->name : "?");
+    *be = b;
+    *inst = ctx->backend->inst;
+    return DSI_OK;
+}
+
+dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out, dsii_error *e) {
+    memset(out, 0, sizeof *out);
+    if (!t) return DSI_OK;
+    if (!t->data)
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "tensor '%s' is not resident (lazy)",
+                         t->name ? t->name : "?");
+    if (ws->n == ws->cap) {
+        uint32_t nc = ws->cap ? ws->cap * 2 : 256;
+        dsib_buffer **nb = dsii_realloc(ws->ctx, ws->bufs, sizeof *nb * nc);
+        if (!nb) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+        ws->bufs = nb;
+        ws->cap = nc;
+    }
+    dsib_error be = {{0}};
+    dsib_buffer *buf = NULL;
+    dsi_status st;
+    if (ws->be->buffer_wrap_host) {
+        st = ws->be->buffer_wrap_host(ws->inst, (void *)(uintptr_t)t->data, t->nbytes,
+                                      DSIB_BUFFER_WEIGHTS, &buf, &be);
+    } else {
+        st = ws->be->buffer_alloc(ws->inst, t->nbytes, DSIB_BUFFER_WEIGHTS, &buf, &be);
+        if (st == DSI_OK) {
+            st = ws->be->upload(ws->inst, buf, 0, t->data, t->nbytes, &be);
+            if (st != DSI_OK) ws->be->buffer_free(ws->inst, buf);
+        }
+    }
+    if (st != DSI_OK)
+        return dsii_fail(e, st, "binding tensor '%s': %s", t->name ? t->name : "?", be.msg);
+    ws->bufs[ws->n++] = buf;
+    out->buf = buf;
+    out->offset = 0;
+    out->type = t->type;
+    out->ne[0] = t->ne[0];
+    out->ne[1] = t->ne[1];
+    out->ne[2] = t->ne[2];
+    out->nb1 = t->row_stride;
+    out->nb2 = (uint64_t)t->ne[1] * t->row_stride;
+    return DSI_OK;
+}
+
+void dsii_wset_free(dsii_wset *ws) {
+    if (!ws) return;
+    for (uint32_t i = 0; i < ws->n; i++) ws->be->buffer_free(ws->inst, ws->bufs[i]);
+    dsii_free(ws->ctx, ws->bufs);
+    ws->bufs = NULL;
+    ws->n = ws->cap = 0;
+}

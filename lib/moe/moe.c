@@ -1,0 +1,30 @@
+/* lib/moe/moe.c — see moe.h. */
+#include "moe/moe.h"
+
+#define CK(call, what)                                                                      \
+    do {                                                                                    \
+        dsi_status st_ = (call);                                                            \
+        if (st_ != DSI_OK) return dsii_fail(e, st_, "moe: %s failed", what);                \
+    } while (0)
+
+dsi_status dsii_moe_forward(const dsib_ops *ops, dsib_instance *inst, const dsii_moe_weights *w,
+                            const dsii_moe_scratch *s, dsib_view x, uint32_t ldx, dsib_view ids,
+                            uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e) {
+    uint32_t E = w->n_expert, k = w->k;
+    CK(ops->matmul(inst, &w->gate_inp, 0, x, ldx, s->logits, E, n), "router matmul");
+    CK(ops->moe_route(inst, s->logits, E, E, k, w->bias.buf ? &w->bias : NULL,
+                      w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n,
+                      s->sel, s->wts),
+       "routing");
+    CK(ops->moe_experts(inst, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
+                        s->routed, D),
+       "routed experts");
+    if (!w->sh_gate.buf) return ops->copy_rows(inst, s->routed, D, out, ldo, n, D);
+    uint32_t F = (uint32_t)w->sh_gate.ne[1];
+    CK(ops->matmul(inst, &w->sh_gate, 0, x, ldx, s->sh_g, F, n), "shared gate");
+    CK(ops->matmul(inst, &w->sh_up, 0, x, ldx, s->sh_u, F, n), "shared up");
+    CK(ops->swiglu(inst, s->sh_g, F, s->sh_u, F, s->sh_g, F, n, F, w->limit_shared), "swiglu");
+    CK(ops->matmul(inst, &w->sh_down, 0, s->sh_g, F, s->sh_out, D, n), "shared down");
+    CK(ops->add(inst, s->routed, D, s->sh_out, D, out, ldo, n, D), "add");
+    return DSI_OK;
+}

@@ -1,0 +1,38 @@
+/*
+ * lib/moe — the mixture-of-experts FFN of a block (model-spec §3.5, §4.4), issued as backend
+ * ops: router logits → sqrt-softplus scores → selection (hash via tid2eid, or top-k with the
+ * selection bias) → normalised weights × route scale (device index/weight buffers) →
+ * grouped routed experts with the SwiGLU clamp (router weight before the down projection)
+ * → plus the shared expert.
+ */
+#ifndef DSI_MOE_H
+#define DSI_MOE_H
+
+#include "backends/backend.h"
+#include "base/base.h"
+
+typedef struct dsii_moe_weights {
+    dsib_weight gate_inp;        /* router [D → E] */
+    dsib_weight bias;            /* selection bias [E] (buf NULL: none) */
+    dsib_weight tid2eid;         /* hash routing [V][k] I32 (buf NULL: score routing) */
+    dsib_weight w1, w3, w2;      /* routed experts gate / up / down */
+    dsib_weight sh_gate, sh_up, sh_down; /* shared expert (sh_gate.buf NULL: none) */
+    uint32_t n_expert, k;
+    float limit, limit_shared;   /* SwiGLU clamps (0: none) */
+    float route_scale;           /* 1.5 */
+    float norm_add;              /* V4: 0, V4.1: 1e-20 */
+} dsii_moe_weights;
+
+/* Scratch views, each sized for n rows: logits [n][E], sel int32 [n][k], wts [n][k],
+ * routed [n][D], sh_g / sh_u [n][F_shared], sh_out [n][D]. */
+typedef struct dsii_moe_scratch {
+    dsib_view logits, sel, wts, routed, sh_g, sh_u, sh_out;
+} dsii_moe_scratch;
+
+/* out[t] = routed(x[t]) + shared(x[t]); x is the ffn-normed input [n][D] (ldx); ids: the
+ * step's token ids (int32 [n], for hash routing). out may not alias x. */
+dsi_status dsii_moe_forward(const dsib_ops *ops, dsib_instance *inst, const dsii_moe_weights *w,
+                            const dsii_moe_scratch *s, dsib_view x, uint32_t ldx, dsib_view ids,
+                            uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e);
+
+#endif /* DSI_MOE_H */
