@@ -26,12 +26,12 @@
 
 /* Limits (docs/gguf.md): a file beyond them is rejected with DSI_ERR_BAD_FORMAT. */
 #define DSII_GGUF_MAX_KV (1u << 20)              /* metadata entries */
-#define DSII_GGUF_MAX_TENSORS (1u << 24)         /* tensor infos */
+#define DSII_GGUF_MAX_TENSORS (1u << 20)         /* tensor infos */
 #define DSII_GGUF_MAX_KEY_LEN 65535u             /* key / tensor name bytes */
 #define DSII_GGUF_MAX_STRING_LEN (64u << 20)     /* one string value */
 #define DSII_GGUF_MAX_ARRAY_LEN (1ull << 32)     /* elements of one array */
 #define DSII_GGUF_MAX_ARRAY_DEPTH 4              /* nesting of arrays in arrays */
-#define DSII_GGUF_MAX_HEADER_BYTES (2ull << 30)  /* metadata + tensor infos */
+#define DSII_GGUF_MAX_HEADER_BYTES (512ull << 20) /* magic .. end of tensor infos */
 #define DSII_GGUF_MAX_ALIGNMENT (1u << 20)
 
 /* GGUF metadata value types (the on-disk ids). */
@@ -106,9 +106,9 @@ uint32_t dsii_gguf_kv_type(const dsii_gguf *g, int64_t i);
 
 /* Typed getters by key. Status: OK; NOT_FOUND ("key X not found") if absent; BAD_FORMAT
  * "key X has type T, expected U" on a type mismatch, or "key X value V out of range for U".
- * Integer getters accept any integer type (u8…i64, and bool for none) whose value fits the
- * target; get_f32 / get_f64 accept f32 and f64; get_bool only bool; get_string only
- * string. Nothing is stored on failure. */
+ * Integer getters accept any integer type (u8…i64) and bool (0/1) whose value fits the
+ * target; get_f32 / get_f64 accept f32 and f64 (f64 → f32 rounds); get_bool accepts bool
+ * and integers equal to 0 or 1; get_string only string. Nothing is stored on failure. */
 dsi_status dsii_gguf_get_u32(const dsii_gguf *g, const char *key, uint32_t *out,
                              dsii_error *err);
 dsi_status dsii_gguf_get_i32(const dsii_gguf *g, const char *key, int32_t *out,
