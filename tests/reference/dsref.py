@@ -74,12 +74,34 @@ def bf16_rne(v):
     return np.where(np.isnan(v), v, out)
 
 
+# Midpoint tracing (--trace-midpoints): when TRACE is a list, every fake-quant call appends
+# (tag, margin) where margin = min over elements of | frac(x/s / step) - 0.5 |, i.e. how far
+# (in grid steps) the closest element sat from a rounding midpoint (0 = exactly on one).
+TRACE = None
+TRACE_TAG = ""
+
+
+def _trace(y, kind):
+    if TRACE is None:
+        return
+    y = np.asarray(y, dtype=F32)
+    _, e = np.frexp(y)
+    if kind == "e4m3":
+        step = np.ldexp(np.ones_like(y), np.maximum(e - 4, -9))
+    else:
+        step = np.ldexp(np.ones_like(y), np.maximum(e - 2, -1))
+    t = (y / step).astype(F64)
+    frac = t - np.floor(t)
+    TRACE.append((TRACE_TAG + "/" + kind, float(np.min(np.abs(frac - 0.5)))))
+
+
 def fq_fp8_ue8m0(x, block, fake=True):
     """§10.1 e4m3 with UE8M0 (power-of-two) block scale.  x: 1-D, len % block == 0."""
     x32 = np.asarray(x, dtype=F32).reshape(-1, block)
     amax = np.maximum(np.abs(x32).max(axis=1), F32(1e-4))
     s = pow2_ceil((amax * F32(1.0 / 448.0)).astype(F32))[:, None]
     y = np.clip((x32 / s).astype(F32), -E4M3_MAX, E4M3_MAX)
+    _trace(y, "e4m3")
     if fake:
         y = e4m3_rne(y)
     return (y * s).astype(F32).reshape(np.shape(x))
@@ -91,6 +113,7 @@ def fq_fp4_ue8m0(x, block, fake=True):
     amax = np.maximum(np.abs(x32).max(axis=1), F32(6.0 * 2.0 ** -126))
     s = pow2_ceil((amax * F32(1.0 / 6.0)).astype(F32))[:, None]
     y = np.clip((x32 / s).astype(F32), -E2M1_MAX, E2M1_MAX)
+    _trace(y, "e2m1")
     if fake:
         y = e2m1_rne(y)
     return (y * s).astype(F32).reshape(np.shape(x))
@@ -102,8 +125,11 @@ def fq_fp4_e4m3(x, block, fake=True):
     rounding); --no-fake-quant only drops the e2m1 rounding of x/s (§10.4)."""
     x32 = np.asarray(x, dtype=F32).reshape(-1, block)
     amax = np.maximum(np.abs(x32).max(axis=1), F32(6.0 * 2.0 ** -9))
-    s = e4m3_rne(np.minimum((amax / F32(6.0)).astype(F32), E4M3_MAX))[:, None]
+    sc = np.minimum((amax / F32(6.0)).astype(F32), E4M3_MAX)
+    _trace(sc, "e4m3-scale")
+    s = e4m3_rne(sc)[:, None]
     y = np.clip((x32 / s).astype(F32), -E2M1_MAX, E2M1_MAX)
+    _trace(y, "e2m1")
     if fake:
         y = e2m1_rne(y)
     return (y * s).astype(F32).reshape(np.shape(x))
@@ -476,7 +502,14 @@ class Model:
         q = (self.lw(il, "attn_q_b.weight") @ qr).reshape(self.n_head, self.hd)
         return qr, q
 
+    @staticmethod
+    def _tag(pos, il, what):
+        global TRACE_TAG
+        if TRACE is not None:
+            TRACE_TAG = "pos %d layer %d %s" % (pos, il, what)
+
     def _kv_window(self, il, x, pos):
+        self._tag(pos, il, "window-kv")
         kv = rmsnorm(self.lw(il, "attn_kv.weight") @ x, self.lw(il, "attn_kv_a_norm.weight"),
                      self.rms_eps)
         kv = rope_tail(kv, pos, self.freqs[il])
@@ -546,6 +579,7 @@ class Model:
                 c = rmsnorm(pooled, self.lw(il, "attn_compressor_norm.weight"), self.rms_eps)
                 c = rope_tail(c, wi * ratio, self.freqs[il])
                 nope = self.hd - self.rd
+                self._tag(pos, il, "compressed-kv")
                 c[:nope] = fq_fp8_ue8m0(c[:nope], 64, self.fake)
                 L["crows"].append(c)
                 if ratio == 4:
@@ -553,6 +587,7 @@ class Model:
                     k = rmsnorm(pk, self.lw(il, "indexer_compressor_norm.weight"), self.rms_eps)
                     k = rope_tail(k, wi * ratio, self.freqs[il])
                     k = self.hadamard @ k
+                    self._tag(pos, il, "index-key")
                     L["irows"].append(fq_fp4_ue8m0(k, 32, self.fake).astype(F64))
             n_vis = (pos + 1) // ratio
             if n_vis > 0:
@@ -562,6 +597,7 @@ class Model:
                         self.idx_heads, self.idx_dim)
                     qi = rope_tail(qi, pos, self.freqs[il])
                     qi = qi @ self.hadamard.T
+                    self._tag(pos, il, "index-q")
                     qi = fq_fp4_ue8m0(qi, 32, self.fake).astype(F64)
                     wts = (self.lw(il, "indexer.proj.weight") @ x) \
                         * (1.0 / math.sqrt(self.idx_dim)) * (1.0 / math.sqrt(self.idx_heads))
@@ -598,13 +634,16 @@ class Model:
             k = rmsnorm(self.lw(il, self.N_IDX_K) @ latent, self.lw(il, self.N_IDX_K_NORM),
                         self.rms_eps)
             k = rope_tail(k, j * ratio, self.freqs[il])
+            self._tag(pos, il, "index-key")
             L["irows"].append(fq_fp4_ue8m0(k, 32, self.fake).astype(F64))
         c = rope_tail(latent, j * ratio, self.freqs[il])
+        self._tag(pos, il, "compressed-kv")
         L["crows"].append(fq_fp4_e4m3(c, 16, self.fake).astype(F64))
 
     def _v41_index_scores(self, il, qr, x, pos, keys):
         qi = (self.lw(il, "indexer.attn_q_b.weight") @ qr).reshape(self.idx_heads, self.idx_dim)
         qi = rope_tail(qi, pos, self.freqs[il])
+        self._tag(pos, il, "index-q")
         qi = fq_fp4_ue8m0(qi, 32, self.fake).astype(F64)
         wts = (self.lw(il, "indexer.proj.weight") @ x) \
             * (1.0 / math.sqrt(self.idx_dim)) * (1.0 / math.sqrt(self.idx_heads))
@@ -884,7 +923,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--no-fake-quant", action="store_true")
     ap.add_argument("--positions", choices=("all", "last"), default="all")
+    ap.add_argument("--trace-midpoints", metavar="FILE",
+                    help="write, per fake-quant call, how close its nearest element sat to a "
+                         "rounding midpoint (grid steps), smallest first (§10.4)")
     args = ap.parse_args(argv)
+    global TRACE
+    TRACE = [] if args.trace_midpoints else None
     try:
         toks = _parse_tokens(args)
         if not toks:
@@ -894,9 +938,19 @@ def main(argv=None):
         if not np.all(np.isfinite(lg)):
             raise ModelError("non-finite logits")
         lg.astype("<f4").tofile(args.out)
+        if TRACE is not None:
+            with open(args.trace_midpoints, "w") as fh:
+                fh.write("# margin_in_grid_steps  call (0 = exactly on a midpoint)\n")
+                for tag, mg in sorted(TRACE, key=lambda t: t[1]):
+                    fh.write("%.6g  %s\n" % (mg, tag))
     except (ModelError, gr.GGUFError, OSError, ValueError) as ex:
         print("dsref: error: %s" % ex, file=sys.stderr)
         return 1
+    except Exception as ex:  # noqa: BLE001 - report, never a traceback-less success
+        print("dsref: internal error: %s: %s" % (type(ex).__name__, ex), file=sys.stderr)
+        return 1
+    finally:
+        TRACE = None
     return 0
 
 

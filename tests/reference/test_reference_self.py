@@ -215,7 +215,46 @@ def sink_attention_hand():
     close(o, [[e[0] / den, e[1] / den]], 1e-15, "sink attention")
 
 
+@check
+def candidate_blocks_hand():
+    class M:
+        cand_block = 2
+        cand_topk = 2
+    sc = np.array([1.0, 5.0, 2.0, 0.0, 3.0])
+    # blocks: max(1,5)=5, max(2,0)=2, [3,-inf] newest -> +inf; keep 2 -> blocks 2 and 0
+    eq(dsref.Model._candidate_mask(M, sc, 5), [1, 1, 0, 0, 1], "candidate mask")
+    # tie between blocks 0 and 1 (both 5): lowest block first
+    sc = np.array([5.0, 0.0, 5.0, 1.0, 0.0, 0.0])
+    eq(dsref.Model._candidate_mask(M, sc, 6), [1, 1, 0, 0, 1, 1], "candidate tie")
+
+
 # ---------------------------------------------------------------------------- engram
+@check
+def engram_hash_hand():
+    class M:
+        eg_max_ngram = 3
+        eg_heads = 2
+        eg_pad = 7
+        eg_token_map = np.array([10, 11, 12, 13, 14, 15, 16, 17, 18, 19])
+        eg_mult = np.array([1, 3, 5, 7, 9, 11, 13, 15, 17], dtype=np.uint64)  # 3 layers x 3
+        eg_primes = np.array([11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53], dtype=np.uint64)
+        eg_offsets = np.array([0, 11, 24, 41, 0, 23, 52, 83, 0, 41, 84, 131], dtype=np.uint64)
+    st = {"tokens": [4, 9]}
+    # layer index 1: m = [7, 9, 11], primes [23, 29 | 31, 37], offsets [0, 23 | 52, 83]
+    # position 1: tok = [cmap(9)=19, cmap(4)=14, pad=7]
+    r = 19 * 7 ^ 14 * 9
+    want = [r % 23, r % 29 + 23]
+    r ^= 7 * 11
+    want += [r % 31 + 52, r % 37 + 83]
+    eq(dsref.Model._engram_rows(M, 1, st), want, "engram rows")
+    st = {"tokens": [4]}
+    r = 14 * 7 ^ 7 * 9
+    want = [r % 23, r % 29 + 23]
+    r ^= 7 * 11
+    want += [r % 31 + 52, r % 37 + 83]
+    eq(dsref.Model._engram_rows(M, 1, st), want, "engram rows at position 0 (padding)")
+
+
 RELEASE_PRIMES = {
     1: [[16000057, 16000079, 16000081, 16000097, 16000121, 16000129, 16000133, 16000183],
         [16000189, 16000207, 16000211, 16000253, 16000277, 16000289, 16000307, 16000321],
