@@ -1,0 +1,316 @@
+/*
+ * Public session functions (include/dsinfer.h "Session") and the internal hooks of
+ * session_impl.h. The session owns the token timeline, prefill chunking, cancellation and
+ * the last logits; the per-architecture state and the forward pass are lib/arch/.
+ *
+ * Mutating calls validate every argument before touching anything, so INVALID_ARGUMENT and
+ * CONTEXT_FULL leave the session exactly as it was. Rewinds (sync to a shorter or diverging
+ * timeline) are exact when they go back at most the architecture's rewind limit (its ring
+ * margin, arch.h); otherwise the state is rebuilt by re-evaluating the kept prefix.
+ */
+#include "api/session_impl.h"
+#include "base/context_impl.h"
+#include "model/model.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DSII_SESSION_DEFAULT_CTX 4096u
+#define DSII_SESSION_DEFAULT_BATCH 256u
+
+dsi_status dsii_session_fail(dsi_session *s, dsi_status st, const char *fmt, ...) {
+    char msg[DSII_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (s) dsii_fail(&s->last_error, st, "%s", msg);
+    dsii_set_thread_error(msg);
+    return st;
+}
+
+static dsi_status session_fail_e(dsi_session *s, const dsii_error *e) {
+    s->last_error = *e;
+    dsii_set_thread_error(e->msg);
+    return e->status;
+}
+
+DSI_API void dsi_session_options_init(dsi_session_options *opt) {
+    if (!opt) return;
+    memset(opt, 0, sizeof *opt);
+    opt->struct_size = sizeof *opt;
+}
+
+DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_options *user_opt,
+                                      dsi_session **out) {
+    dsii_error e;
+    dsii_error_clear(&e);
+    if (out) *out = NULL;
+    if (!model || !out)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_create: %s is NULL",
+                                !model ? "model" : "out");
+    dsi_session_options opt;
+    dsi_session_options_init(&opt);
+    if (dsii_read_options(&opt, sizeof opt, user_opt, "dsi_session_options", &e) != DSI_OK)
+        return dsii_thread_fail(e.status, "%s", e.msg);
+    if (opt.flags & ~(uint32_t)DSI_SESSION_FLAG_NO_FAKE_QUANT)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_options.flags has unknown bits 0x%x", opt.flags);
+    const dsii_hparams *hp = &model->hp;
+    uint32_t train = hp->n_ctx_train ? hp->n_ctx_train : DSII_SESSION_DEFAULT_CTX;
+    uint32_t n_ctx = opt.n_ctx ? opt.n_ctx
+                               : (train < DSII_SESSION_DEFAULT_CTX ? train : DSII_SESSION_DEFAULT_CTX);
+    if (n_ctx > train)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_options.n_ctx %u exceeds the trained context %u",
+                                n_ctx, train);
+    uint32_t n_batch = opt.n_batch ? opt.n_batch : DSII_SESSION_DEFAULT_BATCH;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    const dsii_arch *arch = dsii_arch_for_model(model);
+    if (!arch)
+        return dsii_thread_fail(DSI_ERR_UNSUPPORTED,
+                                "dsi_session_create: no forward pass for this architecture in "
+                                "this build");
+    const dsi_context *ctx = model->ctx;
+    dsi_session *s = dsii_calloc(ctx, 1, sizeof *s);
+    if (!s) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    s->model = model;
+    s->ctx = ctx;
+    s->arch = arch;
+    s->params.n_ctx = n_ctx;
+    s->params.n_batch = n_batch;
+    s->params.flags = opt.flags;
+    s->params.rewind_margin = 0;
+    s->n_vocab = (int32_t)hp->n_vocab;
+    atomic_init(&s->cancel, 0);
+    dsii_error_clear(&s->last_error);
+    s->tokens = dsii_calloc(ctx, n_ctx, sizeof(dsi_token));
+    s->logits = dsii_calloc(ctx, hp->n_vocab ? hp->n_vocab : 1, sizeof(float));
+    if (!s->tokens || !s->logits) {
+        dsii_free(ctx, s->tokens);
+        dsii_free(ctx, s->logits);
+        dsii_free(ctx, s);
+        return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    dsi_status st = arch->state_create(model, &s->params, &s->st, &e);
+    if (st != DSI_OK) {
+        dsii_free(ctx, s->tokens);
+        dsii_free(ctx, s->logits);
+        dsii_free(ctx, s);
+        return dsii_thread_fail(st, "%s", e.msg);
+    }
+    dsii_model_session_acquire(model);
+    *out = s;
+    return DSI_OK;
+}
+
+DSI_API void dsi_session_free(dsi_session *s) {
+    if (!s) return;
+    const dsi_context *ctx = s->ctx;
+    s->arch->state_free(s->st);
+    dsii_model_session_release(s->model);
+    dsii_free(ctx, s->tokens);
+    dsii_free(ctx, s->logits);
+    dsii_free(ctx, s);
+}
+
+DSI_API const char *dsi_session_last_error(const dsi_session *s) {
+    return s ? s->last_error.msg : "";
+}
+
+void dsii_session_begin_call(dsi_session *s) {
+    if (s) atomic_store_explicit(&s->cancel, 0, memory_order_release);
+}
+
+int dsii_session_cancel_requested(const dsi_session *s) {
+    return s && atomic_load_explicit(&((dsi_session *)(uintptr_t)s)->cancel,
+                                     memory_order_acquire) != 0;
+}
+
+DSI_API void dsi_session_cancel(dsi_session *s) {
+    /* Only a lock-free atomic store: async-signal-safe. */
+    if (s) atomic_store_explicit(&s->cancel, 1, memory_order_release);
+}
+
+/* ---- evaluation ------------------------------------------------------------------------ */
+
+static dsi_status check_tokens(dsi_session *s, const dsi_token *tokens, size_t n,
+                               const char *fn) {
+    if (!tokens || n == 0)
+        return dsii_session_fail(s, DSI_ERR_INVALID_ARGUMENT, "%s: %s", fn,
+                                 !tokens ? "tokens is NULL" : "n is 0");
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->n_vocab)
+            return dsii_session_fail(s, DSI_ERR_INVALID_ARGUMENT,
+                                     "%s: token %d at index %zu is outside the vocabulary (%d)",
+                                     fn, tokens[i], i, s->n_vocab);
+    return DSI_OK;
+}
+
+/* Forgets the whole timeline (state included). */
+static void session_clear(dsi_session *s) {
+    s->arch->reset(s->st);
+    s->n_tokens = 0;
+    s->has_logits = 0;
+}
+
+/* Evaluates s->tokens[s->n_tokens .. end) in chunks of n_batch. `all` (may be NULL) receives
+ * the logits of every evaluated token. Stops before a chunk when cancel is requested. */
+static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
+    dsii_error e;
+    dsii_error_clear(&e);
+    uint32_t start = s->n_tokens;
+    while (s->n_tokens < end) {
+        if (dsii_session_cancel_requested(s))
+            return dsii_session_fail(s, DSI_ERR_CANCELLED,
+                                     "cancelled after %u of %u tokens (timeline holds %u)",
+                                     s->n_tokens - start, end - start, s->n_tokens);
+        uint32_t n = end - s->n_tokens;
+        if (n > s->params.n_batch) n = s->params.n_batch;
+        int last = s->n_tokens + n == end;
+        int32_t which = all ? DSII_LOGITS_ALL : last ? DSII_LOGITS_LAST : DSII_LOGITS_NONE;
+        float *dst = all ? all + (size_t)(s->n_tokens - start) * (size_t)s->n_vocab : s->logits;
+        s->has_logits = 0;
+        dsi_status st = s->arch->eval(s->st, s->tokens, s->n_tokens, n, which, dst, &e);
+        if (st != DSI_OK) {
+            /* the state may be half-updated: forget everything rather than keep a lie */
+            session_clear(s);
+            return session_fail_e(s, &e);
+        }
+        s->n_tokens += n;
+        if (all && last)
+            memcpy(s->logits, dst + (size_t)(n - 1) * (size_t)s->n_vocab,
+                   sizeof(float) * (size_t)s->n_vocab);
+        if (last) s->has_logits = 1;
+    }
+    return DSI_OK;
+}
+
+/* Truncates the timeline to `keep` tokens, exactly when the architecture can, else by
+ * forgetting everything (the caller re-evaluates the prefix). Returns the kept length. */
+static uint32_t rewind_to(dsi_session *s, uint32_t keep) {
+    if (keep >= s->n_tokens) return s->n_tokens;
+    uint32_t back = s->n_tokens - keep;
+    if (keep > 0 && back <= s->arch->rewind_limit(s->st)) {
+        dsii_error e;
+        dsii_error_clear(&e);
+        if (s->arch->truncate(s->st, s->n_tokens, keep, &e) == DSI_OK) {
+            s->n_tokens = keep;
+            s->has_logits = 0;
+            return keep;
+        }
+    }
+    session_clear(s);
+    return 0;
+}
+
+dsi_status dsii_session_sync_nc(dsi_session *s, const dsi_token *tokens, size_t n,
+                                size_t *n_reused) {
+    if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_sync: session is NULL");
+    dsi_status st = check_tokens(s, tokens, n, "dsi_session_sync");
+    if (st != DSI_OK) return st;
+    if (n > s->params.n_ctx)
+        return dsii_session_fail(s, DSI_ERR_CONTEXT_FULL,
+                                 "dsi_session_sync: %zu tokens exceed n_ctx %u", n,
+                                 s->params.n_ctx);
+    /* --- validated; from here on the session may change --- */
+    uint32_t c = 0;
+    while (c < s->n_tokens && c < n && s->tokens[c] == tokens[c]) c++;
+    if (c == n && c == s->n_tokens && s->has_logits) {
+        if (n_reused) *n_reused = n;
+        return DSI_OK;
+    }
+    /* the last token must be evaluated to have its logits */
+    uint32_t keep = c < n ? c : (uint32_t)n - 1;
+    keep = rewind_to(s, keep);
+    if (n_reused) *n_reused = keep;
+    memcpy(s->tokens + keep, tokens + keep, sizeof(dsi_token) * (n - keep));
+    return eval_to(s, (uint32_t)n, NULL);
+}
+
+static dsi_status append_impl(dsi_session *s, const dsi_token *tokens, size_t n, float *all,
+                              const char *fn) {
+    if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+    dsi_status st = check_tokens(s, tokens, n, fn);
+    if (st != DSI_OK) return st;
+    if (n > (size_t)(s->params.n_ctx - s->n_tokens))
+        return dsii_session_fail(s, DSI_ERR_CONTEXT_FULL,
+                                 "%s: %u + %zu tokens exceed n_ctx %u", fn, s->n_tokens, n,
+                                 s->params.n_ctx);
+    memcpy(s->tokens + s->n_tokens, tokens, sizeof(dsi_token) * n);
+    return eval_to(s, s->n_tokens + (uint32_t)n, all);
+}
+
+dsi_status dsii_session_append_nc(dsi_session *s, const dsi_token *tokens, size_t n) {
+    return append_impl(s, tokens, n, NULL, "dsi_session_append");
+}
+
+dsi_status dsii_session_append_all_logits(dsi_session *s, const dsi_token *tokens, size_t n,
+                                          float *all_logits) {
+    return append_impl(s, tokens, n, all_logits, "dsii_session_append_all_logits");
+}
+
+DSI_API dsi_status dsi_session_sync(dsi_session *s, const dsi_token *tokens, size_t n,
+                                    size_t *n_reused) {
+    dsii_session_begin_call(s);
+    return dsii_session_sync_nc(s, tokens, n, n_reused);
+}
+
+DSI_API dsi_status dsi_session_append(dsi_session *s, const dsi_token *tokens, size_t n) {
+    dsii_session_begin_call(s);
+    return dsii_session_append_nc(s, tokens, n);
+}
+
+DSI_API dsi_status dsi_session_logits(dsi_session *s, const float **logits, int32_t *n_vocab) {
+    if (!s || !logits)
+        return dsii_session_fail(s, DSI_ERR_INVALID_ARGUMENT, "dsi_session_logits: %s is NULL",
+                                 !s ? "session" : "logits");
+    /* not a mutating call: leaves a pending cancel alone (generate.c reads logits between
+     * its internal sync/append calls) */
+    if (!s->has_logits) {
+        *logits = NULL;
+        if (n_vocab) *n_vocab = 0;
+        return dsii_session_fail(s, DSI_ERR_NOT_FOUND,
+                                 "dsi_session_logits: no token has been evaluated since the "
+                                 "timeline last changed");
+    }
+    *logits = s->logits;
+    if (n_vocab) *n_vocab = s->n_vocab;
+    return DSI_OK;
+}
+
+DSI_API dsi_status dsi_session_position(const dsi_session *s, uint32_t *pos) {
+    if (!s || !pos)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_position: %s is NULL",
+                                !s ? "session" : "pos");
+    *pos = s->n_tokens;
+    return DSI_OK;
+}
+
+DSI_API dsi_status dsi_session_tokens(const dsi_session *s, dsi_token *tokens, size_t cap,
+                                      size_t *n_needed) {
+    if (!s || !n_needed)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_tokens: %s is NULL",
+                                !s ? "session" : "n_needed");
+    *n_needed = s->n_tokens;
+    if (cap < s->n_tokens) {
+        if (s->n_tokens == 0) return DSI_OK;
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_tokens: capacity %zu < %u tokens", cap,
+                                s->n_tokens);
+    }
+    if (s->n_tokens) {
+        if (!tokens)
+            return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_tokens: tokens is NULL");
+        memcpy(tokens, s->tokens, sizeof(dsi_token) * s->n_tokens);
+    }
+    return DSI_OK;
+}
+
+DSI_API dsi_status dsi_session_reset(dsi_session *s) {
+    if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_reset: session is NULL");
+    dsii_session_begin_call(s);
+    session_clear(s);
+    return DSI_OK;
+}
