@@ -113,8 +113,9 @@ dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t ro
                                   uint64_t n_rows, const dsii_file *f, uint64_t offset,
                                   dsii_error *err);
 
-/* Gathers rows[0..n) into dst[n][row_elems]: each row dequantized to f32 and then rounded to
- * bf16 (RNE), as the reference's bf16 embedding does (§4.6 step 1). A row id >= n_rows is
+/* Gathers rows[0..n) into dst[n][row_elems]: each row dequantized to f32; rows of FP8 tables
+ * are then rounded to bf16 (RNE), as the reference's bf16 embedding does (§4.6 step 1);
+ * F32 / F16 / BF16 tables (debug files) are used as stored. A row id >= n_rows is
  * INTERNAL (the hash never produces one for a checked layout). `ctx` is used for the
  * scratch of the pread placement (may be NULL). */
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,

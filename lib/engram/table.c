@@ -69,6 +69,8 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
         scratch = (uint8_t *)dsii_malloc(ctx, (size_t)t->row_bytes);
         if (!scratch) return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram gather: scratch");
     }
+    const int round_bf16 = t->type == DSI_TYPE_FP8_E4M3_R32 || t->type == DSI_TYPE_FP8_E4M3_B32 ||
+                           t->type == DSI_TYPE_FP8_E4M3_B128;
     dsi_status st = DSI_OK;
     for (size_t i = 0; i < n; i++) {
         if ((uint64_t)rows[i] >= t->n_rows) {
@@ -87,9 +89,11 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
         }
         float *d = dst + i * (size_t)t->row_elems;
         tr->dequantize_row(src, d, t->row_elems);
-        /* The reference's table is a bf16 embedding: dequantised values are rounded to bf16
-         * before the wkv projection (ds4_engram.c does the same). */
-        for (int64_t j = 0; j < t->row_elems; j++) d[j] = dsii_bf16_rne(d[j]);
+        /* FP8 rows are dequantised to bf16 (§4.6 step 1, as ds4_engram.c does). E4M3 times a
+         * power-of-two scale is exact in bf16 except below bf16's normal range, so this only
+         * matters at the edges; F32/F16/BF16 (debug) tables are used as stored. */
+        if (round_bf16)
+            for (int64_t j = 0; j < t->row_elems; j++) d[j] = dsii_bf16_rne(d[j]);
     }
     dsii_free(ctx, scratch);
     return st;

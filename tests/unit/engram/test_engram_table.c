@@ -66,26 +66,53 @@ static void test_fp8_host_and_pread(void **state) {
     dsii_file_close(f);
 }
 
-static void test_f32_rounds_to_bf16(void **state) {
+static void test_debug_tables_as_stored(void **state) {
     (void)state;
-    /* bf16 keeps 8 significant bits: ulp(1) = 2^-7.
-     * 1 + 2^-8 is a tie → even (1.0); 1 + 3·2^-8 is a tie → even (1 + 2^-6);
-     * 1 + 2^-8 + 2^-12 is above the tie → 1 + 2^-7; -3.0 exact. */
-    static float tab[2][4] = {{1.0f + 0.00390625f, 1.0f + 3 * 0.00390625f,
-                               1.0f + 0.00390625f + 0.000244140625f, -3.0f},
-                              {0.0f, -0.0f, 65504.0f, 1e-30f}};
+    /* F32 / F16 (debug) tables are used as stored: no bf16 rounding (1 + 2^-8 would round
+     * to 1.0 in bf16). */
+    static float tab[2][4] = {{1.0f + 0.00390625f, 1.0f + 3 * 0.00390625f, -3.0f, 65504.0f},
+                              {0.0f, -0.0f, 1e-30f, 0.1f}};
     dsii_error e;
     dsii_engram_table t;
     assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_F32, 4, 2, tab, &e), DSI_OK);
-    const uint32_t rows[2] = {0, 1};
+    const uint32_t rows[2] = {1, 0};
     float out[8];
     assert_int_equal(dsii_engram_gather(NULL, &t, rows, 2, out, &e), DSI_OK);
-    assert_true(out[0] == 1.0f);
-    assert_true(out[1] == 1.015625f);
-    assert_true(out[2] == 1.0078125f);
-    assert_true(out[3] == -3.0f);
-    assert_true(out[4] == 0.0f);
-    assert_true(out[6] == 65536.0f); /* 65504 = 0x477FE000: above the half-ulp of bf16 → 2^16 */
+    assert_memory_equal(out, tab[1], sizeof tab[1]);
+    assert_memory_equal(out + 4, tab[0], sizeof tab[0]);
+    /* f16 row: 0x3C01 = 1 + 2^-10, kept (bf16 would give 1.0) */
+    static uint16_t h[4] = {0x3C01, 0xC000, 0x0000, 0x7BFF};
+    assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_F16, 4, 1, h, &e), DSI_OK);
+    const uint32_t r0 = 0;
+    assert_int_equal(dsii_engram_gather(NULL, &t, &r0, 1, out, &e), DSI_OK);
+    assert_true(out[0] == 1.0f + 0x1p-10f);
+    assert_true(out[1] == -2.0f);
+    assert_true(out[3] == 65504.0f);
+}
+
+static void test_fp8_bf16_edge(void **state) {
+    (void)state;
+    /* An FP8 row whose value falls below bf16's precision: E4M3 subnormal 0x07 (7·2^-9)
+     * times scale 2^-120 = 7·2^-129, an f32 subnormal with mantissa bits below bf16's 16
+     * kept bits → bf16 RNE gives 2^-127·... : compute the expectation independently:
+     * f32 bits of 7·2^-129 = 7 << 20 (subnormal: value = m·2^-149, m = 7·2^20);
+     * bf16 keeps bits 16..31 → m = 0x700000 exactly (low 16 bits are zero) → unchanged.
+     * And 0x01 (2^-9) with scale 2^-127 = 2^-136: m = 2^13 → low 16 bits 0x2000 < 0x8000
+     * → rounds to 0. */
+    static uint8_t row[2][33];
+    memset(row, 0, sizeof row);
+    row[0][0] = 7;     /* 2^-120 */
+    row[0][1] = 0x07;
+    row[1][0] = 0;     /* 2^-127 */
+    row[1][1] = 0x01;
+    dsii_error e;
+    dsii_engram_table t;
+    assert_int_equal(dsii_engram_table_host(&t, DSI_TYPE_FP8_E4M3_R32, 32, 2, row, &e), DSI_OK);
+    const uint32_t rows[2] = {0, 1};
+    float out[64];
+    assert_int_equal(dsii_engram_gather(NULL, &t, rows, 2, out, &e), DSI_OK);
+    assert_true(out[0] == 7.0f * 0x1p-129f);
+    assert_true(out[32] == 0.0f);
 }
 
 static void test_bad_tables(void **state) {
@@ -105,7 +132,8 @@ static void test_bad_tables(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_host_and_pread),
-        cmocka_unit_test(test_f32_rounds_to_bf16),
+        cmocka_unit_test(test_debug_tables_as_stored),
+        cmocka_unit_test(test_fp8_bf16_edge),
         cmocka_unit_test(test_bad_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
