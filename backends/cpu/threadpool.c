@@ -1,0 +1,281 @@
+/*
+ * CPU worker pool (see threadpool.h).
+ *
+ * Jobs live on the submitter's stack and are linked into the pool's list of open jobs
+ * while they still have unclaimed tasks. A worker takes a reference on a job under the
+ * pool mutex, claims tasks with an atomic counter, and drops the reference under the
+ * mutex again; the submitter unlinks its job once every task is claimed and returns only
+ * when all tasks are done and no worker holds a reference, so the stack job is never
+ * touched after it returns.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "backends/cpu/threadpool.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DSIB_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define DSIB_CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define DSIB_CPU_RELAX() ((void)0)
+#endif
+
+/* How long an idle worker spins before sleeping, and how long a submitter spins waiting
+ * for helpers before sleeping. The decode loop submits a job every few microseconds. */
+#define DSIB_POOL_SPIN_NS 200000ull
+
+typedef struct dsib_job {
+    dsib_task_fn fn;
+    void *arg;
+    int64_t n_tasks;
+    atomic_llong next;   /* next unclaimed task */
+    atomic_llong done;   /* finished tasks */
+    atomic_int slots;    /* next slot id for a helper (the submitter is 0) */
+    int refs;            /* helpers inside the job (pool mutex) */
+    int linked;          /* in the open list (pool mutex) */
+    int waiting;         /* submitter sleeps on cv_done (pool mutex) */
+    struct dsib_job *prev, *nextj;
+} dsib_job;
+
+struct dsib_threadpool {
+    int32_t n_threads;
+    int32_t n_workers;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;
+    pthread_cond_t cv_done;
+    dsib_job *head;       /* open jobs (pool mutex) */
+    atomic_int n_open;    /* jobs with unclaimed tasks (read without the mutex while spinning) */
+    int n_sleeping;       /* workers in cv_wait (pool mutex) */
+    int stop;             /* (pool mutex) */
+    dsib_pool_alloc alloc;
+};
+
+static uint64_t pool_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *pool_malloc(const dsib_pool_alloc *a, size_t n) {
+    return a->malloc_fn ? a->malloc_fn(a->alloc_ctx, n) : malloc(n);
+}
+static void pool_free(const dsib_pool_alloc *a, void *p) {
+    if (a->free_fn)
+        a->free_fn(a->alloc_ctx, p);
+    else
+        free(p);
+}
+
+static void set_msg(char *msg, size_t msg_size, const char *text) {
+    if (msg && msg_size) snprintf(msg, msg_size, "%s", text);
+}
+
+/* Runs tasks of `j` until none are left to claim. */
+static void job_run(dsib_threadpool *p, dsib_job *j, int32_t slot) {
+    for (;;) {
+        long long t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (t >= j->n_tasks) {
+            /* Exactly one claim sees n_tasks: the job stops being claimable. */
+            if (t == j->n_tasks) atomic_fetch_sub_explicit(&p->n_open, 1, memory_order_relaxed);
+            break;
+        }
+        j->fn(j->arg, (int64_t)t, slot);
+        atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+    }
+}
+
+/* An open job with unclaimed tasks, or NULL (pool mutex held). */
+static dsib_job *pool_pick(dsib_threadpool *p) {
+    for (dsib_job *j = p->head; j; j = j->nextj) {
+        if (atomic_load_explicit(&j->next, memory_order_relaxed) < j->n_tasks) return j;
+    }
+    return NULL;
+}
+
+static void pool_unlink(dsib_threadpool *p, dsib_job *j) {
+    if (!j->linked) return;
+    if (j->prev)
+        j->prev->nextj = j->nextj;
+    else
+        p->head = j->nextj;
+    if (j->nextj) j->nextj->prev = j->prev;
+    j->prev = j->nextj = NULL;
+    j->linked = 0;
+}
+
+static void *worker_main(void *arg) {
+    dsib_threadpool *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (p->stop) break;
+        dsib_job *j = pool_pick(p);
+        if (!j) {
+            /* Spin outside the mutex for a while: new work usually follows at once. */
+            pthread_mutex_unlock(&p->mu);
+            uint64_t t0 = pool_now_ns();
+            int seen = 0;
+            for (unsigned it = 0;; it++) {
+                if (atomic_load_explicit(&p->n_open, memory_order_acquire) > 0) {
+                    seen = 1;
+                    break;
+                }
+                DSIB_CPU_RELAX();
+                if ((it & 255u) == 255u && pool_now_ns() - t0 > DSIB_POOL_SPIN_NS) break;
+            }
+            pthread_mutex_lock(&p->mu);
+            if (seen || p->stop) continue;
+            j = pool_pick(p);
+            if (!j) {
+                p->n_sleeping++;
+                pthread_cond_wait(&p->cv_work, &p->mu);
+                p->n_sleeping--;
+                continue;
+            }
+        }
+        j->refs++;
+        pthread_mutex_unlock(&p->mu);
+
+        int32_t slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
+        job_run(p, j, slot);
+
+        pthread_mutex_lock(&p->mu);
+        pool_unlink(p, j); /* nothing left to claim */
+        j->refs--;
+        if (j->refs == 0 && j->waiting) pthread_cond_broadcast(&p->cv_done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+dsi_status dsib_threadpool_create(int32_t n_threads, const dsib_pool_alloc *alloc,
+                                  dsib_threadpool **out, char *msg, size_t msg_size) {
+    if (!out) {
+        set_msg(msg, msg_size, "threadpool: out is NULL");
+        return DSI_ERR_INVALID_ARGUMENT;
+    }
+    *out = NULL;
+    if (n_threads < 1 || n_threads > 1024) {
+        if (msg && msg_size)
+            snprintf(msg, msg_size, "threadpool: thread count %d outside 1..1024",
+                     (int)n_threads);
+        return DSI_ERR_INVALID_ARGUMENT;
+    }
+    dsib_pool_alloc a = {0};
+    if (alloc) {
+        if ((alloc->malloc_fn == NULL) != (alloc->free_fn == NULL)) {
+            set_msg(msg, msg_size, "threadpool: allocator needs both malloc_fn and free_fn");
+            return DSI_ERR_INVALID_ARGUMENT;
+        }
+        a = *alloc;
+    }
+    dsib_threadpool *p = pool_malloc(&a, sizeof *p);
+    if (!p) {
+        set_msg(msg, msg_size, "threadpool: out of host memory");
+        return DSI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    memset(p, 0, sizeof *p);
+    p->alloc = a;
+    p->n_threads = n_threads;
+    atomic_init(&p->n_open, 0);
+    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+        pool_free(&a, p);
+        set_msg(msg, msg_size, "threadpool: pthread_mutex_init failed");
+        return DSI_ERR_INTERNAL;
+    }
+    pthread_cond_init(&p->cv_work, NULL);
+    pthread_cond_init(&p->cv_done, NULL);
+    if (n_threads > 1) {
+        p->threads = pool_malloc(&a, sizeof(pthread_t) * (size_t)(n_threads - 1));
+        if (!p->threads) {
+            dsib_threadpool_free(p);
+            set_msg(msg, msg_size, "threadpool: out of host memory");
+            return DSI_ERR_OUT_OF_HOST_MEMORY;
+        }
+        for (int32_t i = 0; i < n_threads - 1; i++) {
+            if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
+                dsib_threadpool_free(p);
+                set_msg(msg, msg_size, "threadpool: pthread_create failed");
+                return DSI_ERR_INTERNAL;
+            }
+            p->n_workers++;
+        }
+    }
+    *out = p;
+    return DSI_OK;
+}
+
+void dsib_threadpool_free(dsib_threadpool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv_work);
+    pthread_mutex_unlock(&p->mu);
+    for (int32_t i = 0; i < p->n_workers; i++) pthread_join(p->threads[i], NULL);
+    if (p->threads) pool_free(&p->alloc, p->threads);
+    pthread_cond_destroy(&p->cv_work);
+    pthread_cond_destroy(&p->cv_done);
+    pthread_mutex_destroy(&p->mu);
+    dsib_pool_alloc a = p->alloc;
+    pool_free(&a, p);
+}
+
+int32_t dsib_threadpool_n_threads(const dsib_threadpool *p) { return p ? p->n_threads : 1; }
+
+void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, void *arg) {
+    if (n_tasks <= 0 || !fn) return;
+    if (!p || p->n_workers == 0 || n_tasks == 1) {
+        for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
+        return;
+    }
+    dsib_job j;
+    j.fn = fn;
+    j.arg = arg;
+    j.n_tasks = n_tasks;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.done, 0);
+    atomic_init(&j.slots, 1);
+    j.refs = 0;
+    j.waiting = 0;
+    j.prev = NULL;
+
+    pthread_mutex_lock(&p->mu);
+    j.nextj = p->head;
+    if (p->head) p->head->prev = &j;
+    p->head = &j;
+    j.linked = 1;
+    atomic_fetch_add_explicit(&p->n_open, 1, memory_order_release);
+    if (p->n_sleeping > 0) pthread_cond_broadcast(&p->cv_work);
+    pthread_mutex_unlock(&p->mu);
+
+    job_run(p, &j, 0);
+
+    /* Every task is claimed; wait (spin, then sleep) for the helpers' tasks to finish. */
+    uint64_t t0 = 0;
+    for (unsigned it = 0;; it++) {
+        if (atomic_load_explicit(&j.done, memory_order_acquire) >= n_tasks) break;
+        DSIB_CPU_RELAX();
+        if ((it & 255u) == 255u) {
+            if (!t0)
+                t0 = pool_now_ns();
+            else if (pool_now_ns() - t0 > DSIB_POOL_SPIN_NS)
+                break;
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    pool_unlink(p, &j);
+    while (j.refs > 0 || atomic_load_explicit(&j.done, memory_order_acquire) < n_tasks) {
+        j.waiting = 1;
+        pthread_cond_wait(&p->cv_done, &p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,653 @@
+/*
+ * backends/cpu/kernels: every type × ISA path × odd shapes against a double-precision dot
+ * computed here from weights decoded by this test's own decoders (written from the block
+ * definitions and checked against hand-computed blocks), and bit-identity of y across
+ * n_tok (GEMV vs GEMM rows), row chunking, thread counts and the MoE gather path
+ * (model-spec §10.4).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/kernels/kernels.h"
+#include "backends/cpu/threadpool.h"
+
+/* ---- random numbers -------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rndu(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+static unsigned rndi(unsigned n) { return (unsigned)(rnd() % n); }
+
+/* ---- independent decoders (double) ------------------------------------------------------ */
+
+static double dec_f16(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : ldexp(1.0 + m / 1024.0, e - 15);
+    return s ? -v : v;
+}
+static double dec_bf16(uint16_t h) {
+    int s = h >> 15, e = (h >> 7) & 255, m = h & 127;
+    double v = e == 0 ? ldexp(m, -133) : ldexp(1.0 + m / 128.0, e - 127);
+    return s ? -v : v;
+}
+static double dec_e8m0(uint8_t e) { return ldexp(1.0, (int)e - 127); }
+static double dec_e4m3(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, e - 7);
+    return s ? -v : v;
+}
+static double dec_e2m1(uint8_t n) {
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (n & 8) ? -mag[n & 7] : mag[n & 7];
+}
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* Decodes one row of n elements of `type` from `row` into dst (double). */
+static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst) {
+    switch (type) {
+    case DSI_TYPE_F32:
+        for (int64_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, row + 4 * i, 4);
+            dst[i] = f;
+        }
+        break;
+    case DSI_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = dec_f16(rd16(row + 2 * i));
+        break;
+    case DSI_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = dec_bf16(rd16(row + 2 * i));
+        break;
+    case DSI_TYPE_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++) {
+            const uint8_t *blk = row + 34 * b;
+            for (int j = 0; j < 32; j++) dst[32 * b + j] = dec_f16(rd16(blk)) * (int8_t)blk[2 + j];
+        }
+        break;
+    case DSI_TYPE_Q4_K:
+        /* ggml block_q4_K: d, dmin, scales[12] (6-bit packed), qs[128]; sub-block j of 32:
+         * value = d*sc_j*q - dmin*m_j; 64-element group g uses qs[32g..32g+32): low
+         * nibbles for its first 32 elements, high nibbles for the next 32. */
+        for (int64_t b = 0; b < n / 256; b++) {
+            const uint8_t *blk = row + 144 * b, *sc = blk + 4, *qs = blk + 16;
+            double d = dec_f16(rd16(blk)), dmin = dec_f16(rd16(blk + 2));
+            for (int j = 0; j < 8; j++) {
+                int s, m;
+                if (j < 4) {
+                    s = sc[j] & 63;
+                    m = sc[j + 4] & 63;
+                } else {
+                    s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+                    m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+                }
+                for (int l = 0; l < 32; l++) {
+                    uint8_t byte = qs[32 * (j / 2) + l];
+                    int q = (j & 1) ? byte >> 4 : byte & 15;
+                    dst[256 * b + 32 * j + l] = d * s * q - dmin * m;
+                }
+            }
+        }
+        break;
+    case DSI_TYPE_Q2_K:
+        /* ggml block_q2_K: scales[16] (low nibble scale, high nibble min), qs[64], d, dmin;
+         * element e = 128h + 32s + 16p + l: 2-bit field s of qs[32h + 16p + l], sub-block
+         * 8h + 2s + p. */
+        for (int64_t b = 0; b < n / 256; b++) {
+            const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
+            double d = dec_f16(rd16(blk + 80)), dmin = dec_f16(rd16(blk + 82));
+            for (int e = 0; e < 256; e++) {
+                int h = e / 128, s = (e / 32) % 4, p = (e / 16) % 2, l = e % 16;
+                int q = (qs[32 * h + 16 * p + l] >> (2 * s)) & 3;
+                int is = 8 * h + 2 * s + p;
+                dst[256 * b + e] = d * (sc[is] & 15) * q - dmin * (sc[is] >> 4);
+            }
+        }
+        break;
+    case DSI_TYPE_MXFP4:
+        /* ggml block_mxfp4: e (E8M0), qs[16]; element j < 16 low nibble of qs[j], element
+         * j + 16 high nibble; value e2m1 * 2^(e-127). */
+        for (int64_t b = 0; b < n / 32; b++) {
+            const uint8_t *blk = row + 17 * b;
+            for (int j = 0; j < 16; j++) {
+                dst[32 * b + j] = dec_e2m1(blk[1 + j] & 15) * dec_e8m0(blk[0]);
+                dst[32 * b + 16 + j] = dec_e2m1(blk[1 + j] >> 4) * dec_e8m0(blk[0]);
+            }
+        }
+        break;
+    case DSI_TYPE_FP8_E4M3_B128:
+    case DSI_TYPE_FP8_E4M3_B32: {
+        int bs = type == DSI_TYPE_FP8_E4M3_B128 ? 128 : 32;
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *blk = row + (bs + 1) * (i / bs);
+            dst[i] = dec_e4m3(blk[1 + i % bs]) * dec_e8m0(blk[0]);
+        }
+        break;
+    }
+    default:
+        fail_msg("decode_row: type %d", (int)type);
+    }
+}
+
+/* ---- hand-computed blocks ---------------------------------------------------------------- */
+
+static void check_kernel_element(int32_t type, const uint8_t *row, int64_t n_in, int64_t i,
+                                 double want) {
+    /* one-hot x: y must be exactly the decoded weight (one rounding at most, and the
+     * values here are exact) — for every ISA path. */
+    float *x = calloc((size_t)n_in, sizeof(float));
+    assert_non_null(x);
+    x[i] = 1.0f;
+    for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
+        const dsib_kern_table *kt = dsib_kern_table_for(isa);
+        if (!kt) continue;
+        float y = -12345.0f;
+        kt->matmul_rows(type, row, dsib_kern_row_bytes(type, n_in), n_in, 0, 1, x, n_in, &y,
+                        1, 1);
+        if ((double)y != want)
+            fail_msg("type %d isa %s element %lld: kernel %.9g, hand value %.9g", (int)type,
+                     kt->name, (long long)i, (double)y, want);
+    }
+    free(x);
+}
+
+static void test_hand_blocks(void **state) {
+    (void)state;
+    double d[256];
+    {   /* F16 / BF16 */
+        uint8_t r[6] = {0x00, 0x3C, 0x00, 0xC0, 0x01, 0x00}; /* 1, -2, 2^-24 */
+        decode_row(DSI_TYPE_F16, r, 3, d);
+        assert_true(d[0] == 1.0 && d[1] == -2.0 && d[2] == ldexp(1, -24));
+        check_kernel_element(DSI_TYPE_F16, r, 3, 1, -2.0);
+        check_kernel_element(DSI_TYPE_F16, r, 3, 2, ldexp(1, -24));
+        uint8_t b[4] = {0x80, 0x3F, 0x40, 0xC0}; /* 1, -3 */
+        decode_row(DSI_TYPE_BF16, b, 2, d);
+        assert_true(d[0] == 1.0 && d[1] == -3.0);
+        check_kernel_element(DSI_TYPE_BF16, b, 2, 1, -3.0);
+    }
+    {   /* Q8_0: d = 0.5 */
+        uint8_t blk[34] = {0x00, 0x38};
+        blk[2] = 4;
+        blk[33] = 0x80; /* -128 */
+        decode_row(DSI_TYPE_Q8_0, blk, 32, d);
+        assert_true(d[0] == 2.0 && d[31] == -64.0 && d[5] == 0.0);
+        check_kernel_element(DSI_TYPE_Q8_0, blk, 32, 0, 2.0);
+        check_kernel_element(DSI_TYPE_Q8_0, blk, 32, 31, -64.0);
+    }
+    {   /* Q4_K: d = 1, dmin = 0.5; sub-block 0: sc 3, m 2; sub-block 5: sc 17, m 34 */
+        uint8_t blk[144] = {0x00, 0x3C, 0x00, 0x38};
+        uint8_t *sc = blk + 4, *qs = blk + 16;
+        sc[0] = 3;
+        sc[4] = 2;
+        sc[9] = 0x21;  /* sub-block 5: sc low 1, m low 2 */
+        sc[1] |= 0x40; /* sc high bits 1 → +16 */
+        sc[5] |= 0x80; /* m high bits 2 → +32 */
+        qs[0] = 0x5A;  /* element 0: low nibble 10 */
+        qs[64] = 0x70; /* element 160 (sub-block 5, high nibbles of qs[64..96)): 7 */
+        decode_row(DSI_TYPE_Q4_K, blk, 256, d);
+        assert_true(d[0] == 3.0 * 10 - 0.5 * 2);     /* 29 */
+        assert_true(d[160] == 17.0 * 7 - 0.5 * 34); /* 102 */
+        assert_true(d[161] == -17.0);
+        check_kernel_element(DSI_TYPE_Q4_K, blk, 256, 0, 29.0);
+        check_kernel_element(DSI_TYPE_Q4_K, blk, 256, 160, 102.0);
+        check_kernel_element(DSI_TYPE_Q4_K, blk, 256, 161, -17.0);
+    }
+    {   /* Q2_K: d = 1, dmin = 0.5 */
+        uint8_t blk[84] = {0};
+        blk[80] = 0x00;
+        blk[81] = 0x3C;
+        blk[82] = 0x00;
+        blk[83] = 0x38;
+        blk[0] = 0x21;  /* sub-block 0: scale 1, min 2 */
+        blk[2] = 0x12;  /* sub-block 2: scale 2, min 1 */
+        blk[4] = 0x03;  /* sub-block 4: scale 3, min 0 */
+        blk[6] = 0xF1;  /* sub-block 6: scale 1, min 15 */
+        blk[16] = 0xE4; /* fields 0,1,2,3 → elements 0, 32, 64, 96 */
+        decode_row(DSI_TYPE_Q2_K, blk, 256, d);
+        assert_true(d[0] == -1.0 && d[32] == 1.5 && d[64] == 6.0 && d[96] == -4.5);
+        check_kernel_element(DSI_TYPE_Q2_K, blk, 256, 0, -1.0);
+        check_kernel_element(DSI_TYPE_Q2_K, blk, 256, 32, 1.5);
+        check_kernel_element(DSI_TYPE_Q2_K, blk, 256, 64, 6.0);
+        check_kernel_element(DSI_TYPE_Q2_K, blk, 256, 96, -4.5);
+    }
+    {   /* MXFP4: scale 2 */
+        uint8_t blk[17] = {128, 0xF3};
+        decode_row(DSI_TYPE_MXFP4, blk, 32, d);
+        assert_true(d[0] == 3.0 && d[16] == -12.0);
+        check_kernel_element(DSI_TYPE_MXFP4, blk, 32, 0, 3.0);
+        check_kernel_element(DSI_TYPE_MXFP4, blk, 32, 16, -12.0);
+    }
+    {   /* FP8 B128, partial row of 3 values: scale 0.5 */
+        uint8_t blk[129] = {126, 0x38, 0x01, 0xFE};
+        decode_row(DSI_TYPE_FP8_E4M3_B128, blk, 3, d);
+        assert_true(d[0] == 0.5 && d[1] == ldexp(1, -10) && d[2] == -224.0);
+        check_kernel_element(DSI_TYPE_FP8_E4M3_B128, blk, 3, 0, 0.5);
+        check_kernel_element(DSI_TYPE_FP8_E4M3_B128, blk, 3, 1, ldexp(1, -10));
+        check_kernel_element(DSI_TYPE_FP8_E4M3_B128, blk, 3, 2, -224.0);
+        uint8_t b32[33] = {0, 0x38}; /* e = 0 → scale 2^-127 */
+        decode_row(DSI_TYPE_FP8_E4M3_B32, b32, 1, d);
+        assert_true(d[0] == ldexp(1, -127));
+    }
+}
+
+/* ---- random weights ---------------------------------------------------------------------- */
+
+static uint16_t rnd_f16(int emin, int emax) {
+    return (uint16_t)((rndi(2) << 15) | ((unsigned)(emin + (int)rndi((unsigned)(emax - emin + 1))) << 10) |
+                      rndi(1024));
+}
+
+static void fill_row(int32_t type, uint8_t *row, int64_t n) {
+    size_t rb = dsib_kern_row_bytes(type, n);
+    for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)rnd();
+    switch (type) {
+    case DSI_TYPE_F32:
+        for (int64_t i = 0; i < n; i++) {
+            float f = (float)(rndu() * 2 - 1);
+            memcpy(row + 4 * i, &f, 4);
+        }
+        break;
+    case DSI_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = rndi(50) ? rnd_f16(8, 17) : (uint16_t)rndi(1024); /* some subnormals */
+            memcpy(row + 2 * i, &h, 2);
+        }
+        break;
+    case DSI_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = (uint16_t)((rndi(2) << 15) | ((120 + rndi(12)) << 7) | rndi(128));
+            memcpy(row + 2 * i, &h, 2);
+        }
+        break;
+    case DSI_TYPE_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++) {
+            uint16_t h = rnd_f16(5, 10) & 0x7fff;
+            memcpy(row + 34 * b, &h, 2);
+        }
+        break;
+    case DSI_TYPE_Q4_K:
+        for (int64_t b = 0; b < n / 256; b++) {
+            uint16_t h = rnd_f16(5, 10) & 0x7fff, h2 = rnd_f16(5, 10) & 0x7fff;
+            memcpy(row + 144 * b, &h, 2);
+            memcpy(row + 144 * b + 2, &h2, 2);
+        }
+        break;
+    case DSI_TYPE_Q2_K:
+        for (int64_t b = 0; b < n / 256; b++) {
+            uint16_t h = rnd_f16(5, 10) & 0x7fff, h2 = rnd_f16(5, 10) & 0x7fff;
+            memcpy(row + 84 * b + 80, &h, 2);
+            memcpy(row + 84 * b + 82, &h2, 2);
+        }
+        break;
+    case DSI_TYPE_MXFP4:
+        for (int64_t b = 0; b < n / 32; b++) row[17 * b] = (uint8_t)(120 + rndi(12));
+        break;
+    case DSI_TYPE_FP8_E4M3_B128:
+    case DSI_TYPE_FP8_E4M3_B32: {
+        int bs = type == DSI_TYPE_FP8_E4M3_B128 ? 128 : 32;
+        for (size_t b = 0; b < rb / (size_t)(bs + 1); b++) {
+            uint8_t *blk = row + (size_t)(bs + 1) * b;
+            blk[0] = (uint8_t)(115 + rndi(20));
+            for (int j = 0; j < bs; j++)
+                if ((blk[1 + j] & 0x7f) == 0x7f) blk[1 + j] ^= 1; /* no NaN codes */
+        }
+        break;
+    }
+    }
+}
+
+typedef struct shape {
+    int32_t type;
+    int64_t n_in[3];
+} shape;
+
+static const shape shapes[] = {
+    {DSI_TYPE_F32, {1, 77, 333}},
+    {DSI_TYPE_F16, {7, 64, 131}},
+    {DSI_TYPE_BF16, {5, 96, 257}},
+    {DSI_TYPE_Q8_0, {32, 224, 416}},
+    {DSI_TYPE_Q4_K, {256, 512, 1280}},
+    {DSI_TYPE_Q2_K, {256, 768, 1280}},
+    {DSI_TYPE_MXFP4, {32, 160, 416}},
+    {DSI_TYPE_FP8_E4M3_B128, {128, 300, 645}},
+    {DSI_TYPE_FP8_E4M3_B32, {45, 64, 333}},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+typedef struct problem {
+    int32_t type;
+    int64_t n_in, n_out, n_tok;
+    size_t rb;
+    uint8_t *w;
+    float *x;      /* [n_tok][n_in + 3] (stride larger than n_in) */
+    int64_t xs;
+    double *ref;   /* [n_tok][n_out] */
+    double *mag;   /* Σ|w x| */
+} problem;
+
+static void problem_make(problem *p, int32_t type, int64_t n_in, int64_t n_out, int64_t n_tok) {
+    p->type = type;
+    p->n_in = n_in;
+    p->n_out = n_out;
+    p->n_tok = n_tok;
+    p->rb = dsib_kern_row_bytes(type, n_in);
+    assert_true(p->rb > 0);
+    p->w = malloc(p->rb * (size_t)n_out);
+    p->xs = n_in + 3;
+    p->x = malloc(sizeof(float) * (size_t)(p->xs * n_tok));
+    p->ref = malloc(sizeof(double) * (size_t)(n_out * n_tok));
+    p->mag = malloc(sizeof(double) * (size_t)(n_out * n_tok));
+    double *wd = malloc(sizeof(double) * (size_t)n_in);
+    assert_non_null(p->w);
+    assert_non_null(p->x);
+    assert_non_null(wd);
+    for (int64_t i = 0; i < p->xs * n_tok; i++) p->x[i] = (float)(rndu() * 2 - 1);
+    for (int64_t o = 0; o < n_out; o++) {
+        uint8_t *row = p->w + p->rb * (size_t)o;
+        fill_row(type, row, n_in);
+        decode_row(type, row, n_in, wd);
+        for (int64_t t = 0; t < n_tok; t++) {
+            double s = 0, m = 0;
+            for (int64_t i = 0; i < n_in; i++) {
+                s += wd[i] * (double)p->x[t * p->xs + i];
+                m += fabs(wd[i] * (double)p->x[t * p->xs + i]);
+            }
+            p->ref[t * n_out + o] = s;
+            p->mag[t * n_out + o] = m;
+        }
+    }
+    free(wd);
+}
+
+static void problem_free(problem *p) {
+    free(p->w);
+    free(p->x);
+    free(p->ref);
+    free(p->mag);
+}
+
+/* f32 accumulation bound: each lane chain has at most n_in/4 additions (plus the decode
+ * rounding and the final lane sums); see docs/performance.md. */
+static double tolerance(const problem *p, int64_t idx) {
+    return ((double)p->n_in / 4.0 + 16.0) * ldexp(1.0, -23) * p->mag[idx] + 1e-37;
+}
+
+static void run_types(int32_t isa) {
+    const dsib_kern_table *kt = dsib_kern_table_for(isa);
+    if (!kt) {
+        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
+        skip();
+    }
+    static const int64_t n_outs[] = {1, 5, 37};
+    static const int64_t n_toks[] = {1, 3, 17};
+    int checked = 0;
+    double worst = 0;
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        for (int ni = 0; ni < 3; ni++) {
+            for (int oi = 0; oi < 3; oi++) {
+                for (int ti = 0; ti < 3; ti++) {
+                    problem p;
+                    problem_make(&p, shapes[si].type, shapes[si].n_in[ni], n_outs[oi],
+                                 n_toks[ti]);
+                    int64_t ys = p.n_out + 2;
+                    float *y = malloc(sizeof(float) * (size_t)(ys * p.n_tok));
+                    assert_non_null(y);
+                    for (int64_t i = 0; i < ys * p.n_tok; i++) y[i] = 777.0f;
+                    kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x, p.xs, y, ys,
+                                    p.n_tok);
+                    for (int64_t t = 0; t < p.n_tok; t++) {
+                        for (int64_t o = 0; o < p.n_out; o++) {
+                            double got = y[t * ys + o], want = p.ref[t * p.n_out + o];
+                            double err = fabs(got - want), tol = tolerance(&p, t * p.n_out + o);
+                            if (!(err <= tol))
+                                fail_msg("%s type %d n_in %lld n_out %lld n_tok %lld: y[%lld][%lld]"
+                                         " = %.9g, want %.9g (err %.3g > tol %.3g)",
+                                         kt->name, (int)p.type, (long long)p.n_in,
+                                         (long long)p.n_out, (long long)p.n_tok, (long long)t,
+                                         (long long)o, got, want, err, tol);
+                            if (p.mag[t * p.n_out + o] > 0)
+                                worst = fmax(worst, err / p.mag[t * p.n_out + o]);
+                            checked++;
+                        }
+                        /* padding between rows untouched */
+                        assert_true(y[t * ys + p.n_out] == 777.0f);
+                    }
+                    free(y);
+                    problem_free(&p);
+                }
+            }
+        }
+    }
+    print_message("%s: %d outputs checked, worst |err| / sum|w x| = %.3g\n", kt->name, checked,
+                  worst);
+}
+
+static void test_types_scalar(void **state) { (void)state; run_types(DSIB_ISA_SCALAR); }
+static void test_types_avx2(void **state) { (void)state; run_types(DSIB_ISA_AVX2); }
+static void test_types_avx512(void **state) { (void)state; run_types(DSIB_ISA_AVX512); }
+
+/* ---- invariance ------------------------------------------------------------------------- */
+
+static void run_invariance(int32_t isa) {
+    const dsib_kern_table *kt = dsib_kern_table_for(isa);
+    if (!kt) {
+        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
+        skip();
+    }
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        problem p;
+        problem_make(&p, shapes[si].type, shapes[si].n_in[2], 37, 17);
+        size_t ny = (size_t)(p.n_out * p.n_tok);
+        float *yb = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float)),
+              *yc = malloc(ny * sizeof(float));
+        assert_non_null(yb);
+        assert_non_null(y1);
+        assert_non_null(yc);
+        /* batched */
+        kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x, p.xs, yb, p.n_out, p.n_tok);
+        /* token by token (GEMV) */
+        for (int64_t t = 0; t < p.n_tok; t++)
+            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x + t * p.xs, p.xs,
+                            y1 + t * p.n_out, p.n_out, 1);
+        assert_memory_equal(yb, y1, ny * sizeof(float));
+        /* odd row chunks and token groups: rows [0,5) [5,6) [6,37); tokens 0..4, 5..16 */
+        int64_t cuts[] = {0, 5, 6, 37};
+        for (int c = 0; c < 3; c++) {
+            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, cuts[c], cuts[c + 1], p.x, p.xs, yc,
+                            p.n_out, 5);
+            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, cuts[c], cuts[c + 1], p.x + 5 * p.xs,
+                            p.xs, yc + 5 * p.n_out, p.n_out, 12);
+        }
+        assert_memory_equal(yb, yc, ny * sizeof(float));
+        free(yb);
+        free(y1);
+        free(yc);
+        problem_free(&p);
+    }
+}
+
+static void test_invariance_scalar(void **state) { (void)state; run_invariance(DSIB_ISA_SCALAR); }
+static void test_invariance_avx2(void **state) { (void)state; run_invariance(DSIB_ISA_AVX2); }
+static void test_invariance_avx512(void **state) { (void)state; run_invariance(DSIB_ISA_AVX512); }
+
+/* dsib_matmul over pools of 1..4 threads equals the process path's single-threaded rows. */
+static void test_threads_invariance(void **state) {
+    (void)state;
+    const dsib_kern_table *kt = dsib_kern_table_get();
+    assert_non_null(kt);
+    assert_string_equal(dsib_kern_isa_name(), kt->name);
+    print_message("process ISA path: %s\n", kt->name);
+    dsib_threadpool *pools[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(dsib_threadpool_create(i + 1, NULL, &pools[i], NULL, 0), DSI_OK);
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        problem p;
+        problem_make(&p, shapes[si].type, shapes[si].n_in[1], 301, 9);
+        size_t ny = (size_t)(p.n_out * p.n_tok);
+        float *ya = malloc(ny * sizeof(float)), *yb = malloc(ny * sizeof(float));
+        assert_non_null(ya);
+        assert_non_null(yb);
+        kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x, p.xs, ya, p.n_out, p.n_tok);
+        for (int i = 0; i < 4; i++) {
+            memset(yb, 0, ny * sizeof(float));
+            assert_int_equal(dsib_matmul(pools[i], p.type, p.w, p.rb, p.n_in, p.n_out, p.x,
+                                         p.xs, yb, p.n_out, p.n_tok),
+                             DSI_OK);
+            assert_memory_equal(ya, yb, ny * sizeof(float));
+        }
+        /* decode-style: one token at a time through the pool */
+        for (int64_t t = 0; t < p.n_tok; t++)
+            assert_int_equal(dsib_matmul(pools[1], p.type, p.w, p.rb, p.n_in, p.n_out,
+                                         p.x + t * p.xs, p.xs, yb + t * p.n_out, p.n_out, 1),
+                             DSI_OK);
+        assert_memory_equal(ya, yb, ny * sizeof(float));
+        free(ya);
+        free(yb);
+        problem_free(&p);
+    }
+    for (int i = 0; i < 4; i++) dsib_threadpool_free(pools[i]);
+}
+
+/* MoE gather: every slot equals dsib_matmul_expert of its token alone. */
+static void test_moe_gather(void **state) {
+    (void)state;
+    dsib_threadpool *pool;
+    assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
+    const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_MXFP4, DSI_TYPE_FP8_E4M3_B32};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int32_t type = types[ti];
+        const int64_t n_in = 512, n_out = 45, n_exp = 5, n_tok = 6;
+        problem p; /* reuse for w (n_exp stacked experts) and x */
+        problem_make(&p, type, n_in, n_out * n_exp, n_tok);
+        size_t estride = p.rb * (size_t)n_out;
+        /* routing: token t uses experts (t % 5) and ((t * 2 + 1) % 5); grouped by expert */
+        int32_t experts[5];
+        int64_t offs[6], xrows[12], yrows[12];
+        int64_t ns = 0;
+        for (int32_t e = 0; e < n_exp; e++) {
+            experts[e] = (e * 3) % 5; /* any order */
+            offs[e] = ns;
+            for (int64_t t = 0; t < n_tok; t++) {
+                int k = (t % 5 == experts[e]) ? 0 : ((t * 2 + 1) % 5 == experts[e]) ? 1 : -1;
+                if (k < 0) continue;
+                xrows[ns] = t;
+                yrows[ns] = t * 2 + k;
+                ns++;
+            }
+        }
+        offs[n_exp] = ns;
+        float *y = calloc((size_t)(n_tok * 2 * n_out), sizeof(float));
+        float *yr = calloc((size_t)n_out, sizeof(float));
+        assert_non_null(y);
+        assert_non_null(yr);
+        dsib_moe_matmul m = {type, p.w, estride, p.rb, n_in, n_out, (int32_t)n_exp, (int32_t)n_exp,
+                             experts, offs, xrows, yrows, p.x, p.xs, y, n_out};
+        char msg[256];
+        assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_OK);
+        for (int64_t s = 0; s < ns; s++) {
+            int32_t e = -1;
+            for (int g = 0; g < n_exp; g++)
+                if (s >= offs[g] && s < offs[g + 1]) e = experts[g];
+            assert_int_equal(dsib_matmul_expert(NULL, type, p.w, estride, e, p.rb, n_in, n_out,
+                                                p.x + xrows[s] * p.xs, p.xs, yr, n_out, 1),
+                             DSI_OK);
+            assert_memory_equal(yr, y + yrows[s] * n_out, (size_t)n_out * sizeof(float));
+            /* and against the double reference of that expert's rows */
+            for (int64_t o = 0; o < n_out; o++) {
+                int64_t idx = xrows[s] * p.n_out + e * n_out + o;
+                assert_true(fabs(yr[o] - p.ref[idx]) <= tolerance(&p, idx));
+            }
+        }
+        /* a bad expert id is refused */
+        experts[0] = 7;
+        assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_ERR_INVALID_ARGUMENT);
+        free(y);
+        free(yr);
+        problem_free(&p);
+    }
+    dsib_threadpool_free(pool);
+}
+
+static void test_checks(void **state) {
+    (void)state;
+    char msg[256];
+    assert_int_equal(dsib_kern_check(DSI_TYPE_IQ2_XXS, 256, 4, 66, 256, 4, msg, sizeof msg),
+                     DSI_ERR_UNSUPPORTED);
+    assert_int_equal(dsib_kern_check(DSI_TYPE_Q4_K, 100, 4, 144, 100, 4, msg, sizeof msg),
+                     DSI_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsib_kern_check(DSI_TYPE_Q4_K, 256, 4, 143, 256, 4, msg, sizeof msg),
+                     DSI_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsib_kern_check(DSI_TYPE_Q4_K, 256, 4, 144, 255, 4, msg, sizeof msg),
+                     DSI_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsib_kern_check(DSI_TYPE_Q4_K, 256, 4, 144, 256, 4, msg, sizeof msg), DSI_OK);
+    assert_int_equal(dsib_kern_row_bytes(DSI_TYPE_FP8_E4M3_B128, 129), 2 * 129);
+    assert_int_equal(dsib_kern_row_bytes(DSI_TYPE_FP8_E4M3_B32, 33), 2 * 33);
+    assert_int_equal(dsib_kern_row_bytes(DSI_TYPE_Q2_K, 512), 2 * 84);
+    assert_int_equal(dsib_kern_row_bytes(DSI_TYPE_BF16, 3), 6);
+    assert_int_equal(dsib_kern_row_bytes(DSI_TYPE_Q8_0, 33), 0);
+    assert_int_equal(dsib_kern_block_elems(DSI_TYPE_MXFP4), 32);
+    assert_false(dsib_kern_type_supported(DSI_TYPE_I32));
+    float x[4] = {0}, y[4];
+    assert_int_equal(dsib_matmul(NULL, DSI_TYPE_F32, x, 16, 4, 1, x, 4, y, 1, -1),
+                     DSI_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsib_matmul(NULL, DSI_TYPE_F32, x, 16, 4, 1, x, 4, y, 1, 0), DSI_OK);
+    /* n_in = 0: y = 0 */
+    y[0] = 5;
+    assert_int_equal(dsib_matmul(NULL, DSI_TYPE_F32, x, 0, 0, 1, x, 0, y, 1, 1), DSI_OK);
+    assert_true(y[0] == 0.0f);
+}
+
+/* Paths agree with each other within the documented tolerance. */
+static void test_cross_isa(void **state) {
+    (void)state;
+    const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
+    int others = 0;
+    for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
+    if (!others) {
+        print_message("no SIMD path on this CPU/build\n");
+        skip();
+    }
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        problem p;
+        problem_make(&p, shapes[si].type, shapes[si].n_in[2], 16, 2);
+        float ys[32], yv[32];
+        sc->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, 16, p.x, p.xs, ys, 16, 2);
+        for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) {
+            const dsib_kern_table *kt = dsib_kern_table_for(isa);
+            if (!kt) continue;
+            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, 16, p.x, p.xs, yv, 16, 2);
+            for (int i = 0; i < 32; i++)
+                assert_true(fabs((double)ys[i] - yv[i]) <= 2 * tolerance(&p, i));
+        }
+        problem_free(&p);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hand_blocks),
+        cmocka_unit_test(test_checks),
+        cmocka_unit_test(test_types_scalar),
+        cmocka_unit_test(test_types_avx2),
+        cmocka_unit_test(test_types_avx512),
+        cmocka_unit_test(test_invariance_scalar),
+        cmocka_unit_test(test_invariance_avx2),
+        cmocka_unit_test(test_invariance_avx512),
+        cmocka_unit_test(test_threads_invariance),
+        cmocka_unit_test(test_moe_gather),
+        cmocka_unit_test(test_cross_isa),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

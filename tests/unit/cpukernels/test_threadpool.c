@@ -1,0 +1,179 @@
+/* backends/cpu/threadpool: every task runs exactly once, slots stay in range, concurrent
+ * submitters from several threads each get their own complete job, zero / one task. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/threadpool.h"
+
+typedef struct counts {
+    int64_t n;
+    atomic_int *hits;
+    atomic_int bad_slot;
+    int32_t n_threads;
+} counts;
+
+static void count_task(void *arg, int64_t task, int32_t slot) {
+    counts *c = arg;
+    if (task < 0 || task >= c->n) {
+        atomic_fetch_add(&c->bad_slot, 1000);
+        return;
+    }
+    if (slot < 0 || slot >= c->n_threads) atomic_fetch_add(&c->bad_slot, 1);
+    atomic_fetch_add(&c->hits[task], 1);
+}
+
+static void run_counted(dsib_threadpool *pool, int32_t nt, int64_t n) {
+    counts c;
+    c.n = n;
+    c.n_threads = nt;
+    atomic_init(&c.bad_slot, 0);
+    c.hits = calloc((size_t)(n > 0 ? n : 1), sizeof *c.hits);
+    assert_non_null(c.hits);
+    dsib_parallel_for(pool, n, count_task, &c);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(atomic_load(&c.hits[i]), 1);
+    assert_int_equal(atomic_load(&c.bad_slot), 0);
+    free(c.hits);
+}
+
+static void test_many_tasks(void **state) {
+    (void)state;
+    for (int32_t nt = 1; nt <= 5; nt++) {
+        dsib_threadpool *pool = NULL;
+        assert_int_equal(dsib_threadpool_create(nt, NULL, &pool, NULL, 0), DSI_OK);
+        assert_int_equal(dsib_threadpool_n_threads(pool), nt);
+        run_counted(pool, nt, 100000);
+        for (int rep = 0; rep < 200; rep++) run_counted(pool, nt, 1 + rep % 17);
+        dsib_threadpool_free(pool);
+    }
+}
+
+static void never_task(void *arg, int64_t task, int32_t slot) {
+    (void)task;
+    (void)slot;
+    atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void test_zero_and_one_task(void **state) {
+    (void)state;
+    dsib_threadpool *pool = NULL;
+    assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
+    atomic_int calls;
+    atomic_init(&calls, 0);
+    dsib_parallel_for(pool, 0, never_task, &calls);
+    dsib_parallel_for(pool, -5, never_task, &calls);
+    assert_int_equal(atomic_load(&calls), 0);
+    dsib_parallel_for(pool, 1, never_task, &calls);
+    assert_int_equal(atomic_load(&calls), 1);
+    /* a NULL pool runs inline */
+    dsib_parallel_for(NULL, 7, never_task, &calls);
+    assert_int_equal(atomic_load(&calls), 8);
+    dsib_threadpool_free(pool);
+    dsib_threadpool_free(NULL);
+}
+
+typedef struct submitter {
+    dsib_threadpool *pool;
+    int32_t nt;
+    int id;
+    int ok;
+} submitter;
+
+typedef struct sum_job {
+    int64_t n;
+    int64_t *out; /* out[task] = task * id */
+    int id;
+} sum_job;
+
+static void sum_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    sum_job *j = arg;
+    j->out[task] = task * j->id + 1;
+}
+
+static void *submitter_main(void *arg) {
+    submitter *s = arg;
+    s->ok = 1;
+    for (int rep = 0; rep < 300; rep++) {
+        int64_t n = 1 + (rep * 37 + s->id * 11) % 700;
+        sum_job j = {n, calloc((size_t)n, sizeof(int64_t)), s->id + 2};
+        if (!j.out) {
+            s->ok = 0;
+            return NULL;
+        }
+        dsib_parallel_for(s->pool, n, sum_task, &j);
+        for (int64_t i = 0; i < n; i++)
+            if (j.out[i] != i * j.id + 1) s->ok = 0;
+        free(j.out);
+    }
+    return NULL;
+}
+
+static void test_concurrent_submitters(void **state) {
+    (void)state;
+    for (int32_t nt = 1; nt <= 4; nt += 3) {
+        dsib_threadpool *pool = NULL;
+        assert_int_equal(dsib_threadpool_create(nt, NULL, &pool, NULL, 0), DSI_OK);
+        pthread_t th[4];
+        submitter s[4];
+        for (int i = 0; i < 4; i++) {
+            s[i] = (submitter){pool, nt, i, 0};
+            assert_int_equal(pthread_create(&th[i], NULL, submitter_main, &s[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            assert_true(s[i].ok);
+        }
+        dsib_threadpool_free(pool);
+    }
+}
+
+static int n_alloc;
+static void *my_malloc(void *ctx, size_t n) {
+    (void)ctx;
+    n_alloc++;
+    return malloc(n);
+}
+static void my_free(void *ctx, void *p) {
+    (void)ctx;
+    if (p) n_alloc--;
+    free(p);
+}
+
+static void test_create_args(void **state) {
+    (void)state;
+    dsib_threadpool *pool = (dsib_threadpool *)1;
+    char msg[128];
+    assert_int_equal(dsib_threadpool_create(0, NULL, &pool, msg, sizeof msg),
+                     DSI_ERR_INVALID_ARGUMENT);
+    assert_null(pool);
+    assert_true(strlen(msg) > 0);
+    assert_int_equal(dsib_threadpool_create(2000, NULL, &pool, NULL, 0),
+                     DSI_ERR_INVALID_ARGUMENT);
+    dsib_pool_alloc half = {my_malloc, NULL, NULL};
+    assert_int_equal(dsib_threadpool_create(2, &half, &pool, NULL, 0),
+                     DSI_ERR_INVALID_ARGUMENT);
+    dsib_pool_alloc a = {my_malloc, my_free, NULL};
+    assert_int_equal(dsib_threadpool_create(3, &a, &pool, NULL, 0), DSI_OK);
+    assert_true(n_alloc > 0);
+    run_counted(pool, 3, 1000);
+    dsib_threadpool_free(pool);
+    assert_int_equal(n_alloc, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_many_tasks),
+        cmocka_unit_test(test_zero_and_one_task),
+        cmocka_unit_test(test_concurrent_submitters),
+        cmocka_unit_test(test_create_args),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
