@@ -52,4 +52,39 @@ dsi_token dsii_tokenizer_special(const dsii_tokenizer *tok, int32_t which);
 /* 1 if `id` is a control / user-defined (special) token, else 0. */
 int dsii_tokenizer_is_special(const dsii_tokenizer *tok, dsi_token id);
 
+/* ---- building from arrays (the GGUF loader and tests use this) ------------------------ */
+
+typedef struct dsii_tokenizer_desc {
+    size_t n_tokens;
+    const char *const *tokens;     /* GPT-2 byte-to-unicode spellings (UTF-8) */
+    const size_t *token_lens;      /* may be NULL: NUL-terminated */
+    const int32_t *token_types;    /* may be NULL (all normal); 1 normal, 3 control, 4 user */
+    size_t n_merges;
+    const char *const *merges;     /* "a b" in rank order */
+    const size_t *merge_lens;      /* may be NULL */
+    int64_t bos_id, eos_id, pad_id; /* -1: find by text (model-spec §6) */
+} dsii_tokenizer_desc;
+
+/* Builds a tokenizer (everything copied). Errors as dsii_tokenizer_load. */
+dsi_status dsii_tokenizer_create(const dsi_context *ctx, const dsii_tokenizer_desc *d,
+                                 dsii_tokenizer **out, dsii_error *err);
+
+/* ---- incremental UTF-8 (detokenizer and generation callbacks) -------------------------- */
+
+/* Holds back the bytes of an unfinished UTF-8 character between pushes. */
+typedef struct dsii_utf8_stream {
+    uint8_t pending[4];
+    uint32_t n_pending;
+} dsii_utf8_stream;
+
+/* Appends `n` bytes to the stream and writes the text that became complete to `out`
+ * (capacity must be >= dsii_utf8_stream_bound(s, n)); invalid sequences become U+FFFD (one
+ * per maximal invalid subpart). `*next` receives the state after the push; `s` itself is
+ * not modified, so a caller can drop the result. Returns the bytes written. */
+size_t dsii_utf8_stream_bound(const dsii_utf8_stream *s, size_t n);
+size_t dsii_utf8_stream_push(const dsii_utf8_stream *s, const uint8_t *bytes, size_t n,
+                             uint8_t *out, dsii_utf8_stream *next);
+/* Emits held-back bytes as one U+FFFD (0 or 3 bytes into out[>= 3]) and clears `s`. */
+size_t dsii_utf8_stream_flush(dsii_utf8_stream *s, uint8_t *out);
+
 #endif /* DSI_TOKENIZER_TOKENIZER_H */

@@ -1,0 +1,69 @@
+/* Public chat rendering (include/dsinfer.h "Chat rendering"): options and argument checks
+ * around lib/tokenizer/chat.c. */
+#include "base/base.h"
+#include "model/model.h"
+#include "tokenizer/chat.h"
+
+#include <string.h>
+
+DSI_API void dsi_chat_message_init(dsi_chat_message *msg) {
+    if (!msg) return;
+    memset(msg, 0, sizeof *msg);
+    msg->struct_size = sizeof *msg;
+    msg->role = DSI_ROLE_USER;
+}
+
+DSI_API void dsi_chat_options_init(dsi_chat_options *opt) {
+    if (!opt) return;
+    memset(opt, 0, sizeof *opt);
+    opt->struct_size = sizeof *opt;
+    opt->thinking = DSI_THINKING_OFF;
+    opt->add_generation_prompt = 1;
+    opt->add_bos = 1;
+}
+
+DSI_API dsi_status dsi_chat_render(const dsi_model *model,
+                                   const dsi_chat_message *const *messages, size_t n,
+                                   const dsi_chat_options *opt, char *buf, size_t cap,
+                                   size_t *n_needed) {
+    if (!model) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: model is NULL");
+    dsi_model *mm = (dsi_model *)(uintptr_t)model; /* error slot only (locked) */
+    dsii_error e;
+    dsii_error_clear(&e);
+    if (!n_needed) {
+        dsii_fail(&e, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: n_needed is NULL");
+        return dsii_model_fail(mm, &e);
+    }
+    if (!buf && cap > 0) {
+        dsii_fail(&e, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: buf is NULL but cap is %zu", cap);
+        return dsii_model_fail(mm, &e);
+    }
+    dsi_chat_options o;
+    dsi_chat_options_init(&o);
+    if (dsii_read_options(&o, sizeof o, opt, "dsi_chat_options", &e) != DSI_OK)
+        return dsii_model_fail(mm, &e);
+    if (o.thinking < DSI_THINKING_OFF || o.thinking > DSI_THINKING_MAX) {
+        dsii_fail(&e, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_options.thinking = %d is not a DSI_THINKING_* value", (int)o.thinking);
+        return dsii_model_fail(mm, &e);
+    }
+    if ((o.add_generation_prompt != 0 && o.add_generation_prompt != 1) || (o.add_bos != 0 && o.add_bos != 1)) {
+        dsii_fail(&e, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_options.%s must be 0 or 1",
+                  (o.add_generation_prompt != 0 && o.add_generation_prompt != 1) ? "add_generation_prompt" : "add_bos");
+        return dsii_model_fail(mm, &e);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (dsii_chat_render(model->ctx, messages, n, &o, &text, &len, &e) != DSI_OK)
+        return dsii_model_fail(mm, &e);
+    *n_needed = len;
+    dsi_status st = DSI_OK;
+    if (len > cap) {
+        dsii_fail(&e, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: %zu bytes do not fit in cap %zu", len, cap);
+        st = dsii_model_fail(mm, &e);
+    } else {
+        memcpy(buf, text, len);
+        if (cap > len) buf[len] = 0;
+    }
+    dsii_free(model->ctx, text);
+    return st;
+}
