@@ -33,7 +33,7 @@
 #include <math.h>
 #include <string.h>
 
-#define V41_DEFAULT_MARGIN 32u /* exact-rewind margin (tokens) when the session gives none */
+#define V41_DEFAULT_MARGIN 256u /* exact-rewind margin (tokens), as dsv4.c */
 
 typedef struct v41_lw {
     dsib_weight attn_norm, q_a, q_a_norm, q_b, kv, kv_norm, sinks, out_a, out_b;
