@@ -313,7 +313,62 @@ def type_nbytes(type_id, n, ne=None):
 # ----------------------------------------------------------------------------
 # FP8 E4M3 + E8M0 block-scale types (layout: docs/tensor-types.md)
 # ----------------------------------------------------------------------------
-# Filled in by _register_fp8_types() below.
+GGML_FP8_E4M3_B128 = 1024
+GGML_FP8_E4M3_B32 = 1025
+GGML_FP8_E4M3_R32 = 1026
+
+
+# fp8_e4m3_r32: rows of ne[0] values; per 32 consecutive values of a row one block of
+# 33 bytes: the UE8M0 scale byte, then the 32 E4M3FN bytes (264 B per 256-wide row).
+def _r32_nbytes(n, ne):
+    if n % 32:
+        raise GGUFError("fp8_e4m3_r32 needs a multiple of 32 elements")
+    return n // 32 * 33
+
+
+def _r32_deq(raw, n, ne=None):
+    b = _blocks(raw, n, 32, 33)
+    s = e8m0_to_float(b[:, 0])
+    v = e4m3_to_float(b[:, 1:33])
+    return (v * s[:, None]).astype(np.float32).reshape(-1)
+
+
+def _r32_enc(a):
+    """Test-side encoder: per 32 values, scale 2^ceil(log2(amax/448)), RNE to E4M3."""
+    a = np.asarray(a, dtype=np.float32).reshape(-1, 32)
+    amax = np.maximum(np.abs(a).max(axis=1), np.float32(1e-30))
+    e = np.ceil(np.log2(amax.astype(np.float64) / 448.0)).astype(np.int64)
+    e = np.clip(e, -127, 127)
+    s = np.ldexp(1.0, e)
+    x = a / s[:, None]
+    out = bytearray()
+    fin = np.isfinite(E4M3_TABLE)
+    codes = np.nonzero(fin)[0]
+    vals = E4M3_TABLE[codes].astype(np.float64)
+    for i in range(a.shape[0]):
+        out.append(int(e[i] + 127))
+        for v in x[i]:
+            d = np.abs(vals - v)
+            out.append(int(codes[np.argmin(d)]))
+    return bytes(out)
+
+
+def _r32_selftest():
+    # one block: scale byte 127+3 (x8), values 1.0 (0x38), -0.5 (0xB0), 448 (0x7E), 2^-9 (0x01)
+    blk = bytes([130, 0x38, 0xB0, 0x7E, 0x01]) + bytes(28)
+    y = dequantize(GGML_FP8_E4M3_R32, blk * 2, 64)
+    want = np.zeros(64)
+    want[0:4] = [8.0, -4.0, 3584.0, 8 * 2.0 ** -9]
+    want[32:36] = want[0:4]
+    if not np.array_equal(y.astype(np.float64), want):
+        raise AssertionError("fp8_e4m3_r32 decode: %s" % y[:4])
+    if type_nbytes(GGML_FP8_E4M3_R32, 256) != 264:
+        raise AssertionError("fp8_e4m3_r32 row size")
+
+
+FP8_TYPES[GGML_FP8_E4M3_R32] = {"nbytes": _r32_nbytes, "deq": _r32_deq, "enc": _r32_enc,
+                                "selftest": _r32_selftest}
+TYPE_NAME[GGML_FP8_E4M3_R32] = "FP8_E4M3_R32"
 
 
 # ----------------------------------------------------------------------------
