@@ -550,6 +550,9 @@ typedef struct {
     struct heap_ent { uint32_t rank; uint32_t pos; int32_t a, b; } *heap;
     size_t bpe_cap, heap_cap;
     int oom;
+    void (*piece_fn)(void *user, size_t off, size_t len); /* tests: see the pieces */
+    void *piece_user;
+    size_t seg_base;
 } tkz;
 
 static void push_tok(tkz *z, dsi_token id) {
@@ -649,6 +652,10 @@ static void bpe_piece(tkz *z, const uint8_t *s, size_t n) {
 
 static void emit_piece(tkz *z, size_t a, size_t b) {
     if (a >= b) return;
+    if (z->piece_fn) {
+        z->piece_fn(z->piece_user, z->seg_base + z->boff[a], z->boff[b] - z->boff[a]);
+        return;
+    }
     bpe_piece(z, z->seg + z->boff[a], z->boff[b] - z->boff[a]);
 }
 
@@ -853,6 +860,18 @@ dsi_status dsii_tokenize(const dsii_tokenizer *t, const char *text, size_t len, 
     dsii_free(z.ctx, z.nxt);
     dsii_free(z.ctx, z.heap);
     return st;
+}
+
+void dsii_pretokenize(const char *text, size_t len,
+                      void (*fn)(void *user, size_t off, size_t len), void *user) {
+    tkz z;
+    memset(&z, 0, sizeof z);
+    z.piece_fn = fn;
+    z.piece_user = user;
+    tokenize_plain(&z, (const uint8_t *)text, len);
+    dsii_free(NULL, z.cp);
+    dsii_free(NULL, z.cat);
+    dsii_free(NULL, z.boff);
 }
 
 /* ---- incremental UTF-8 ----------------------------------------------------------------- */

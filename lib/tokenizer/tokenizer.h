@@ -52,6 +52,11 @@ dsi_token dsii_tokenizer_special(const dsii_tokenizer *tok, int32_t which);
 /* 1 if `id` is a control / user-defined (special) token, else 0. */
 int dsii_tokenizer_is_special(const dsii_tokenizer *tok, dsi_token id);
 
+/* Runs only the pre-tokenizer (no vocabulary needed) and reports each piece as a byte range
+ * of `text`, in order (tests and docs/tokenizer.md examples). Silently stops on OOM. */
+void dsii_pretokenize(const char *text, size_t len,
+                      void (*fn)(void *user, size_t off, size_t len), void *user);
+
 /* ---- building from arrays (the GGUF loader and tests use this) ------------------------ */
 
 typedef struct dsii_tokenizer_desc {
