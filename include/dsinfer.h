@@ -336,7 +336,7 @@ enum {
     DSI_TYPE_F64 = 28,
     DSI_TYPE_BF16 = 30,
     DSI_TYPE_MXFP4 = 39,
-    DSI_TYPE_FP8_E4M3_B128 = 1024, /* libdsinfer extension: see docs/model-files.md */
+    DSI_TYPE_FP8_E4M3_B128 = 1024, /* libdsinfer extensions, layouts in docs/tensor-types.md */
     DSI_TYPE_FP8_E4M3_B32 = 1025,
     DSI_TYPE_FP8_E4M3_R32 = 1026
 };
