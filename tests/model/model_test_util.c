@@ -49,7 +49,13 @@ const char *mt_mkmodel(const char *config, const char *type, const char *out_nam
         printf("# dsinfer-mkmodel not found (DSI_MKMODEL=%s)\n", mk ? mk : "(unset)");
         return NULL;
     }
-    snprintf(out, sizeof out, "%s/%s", bd ? bd : "/tmp", out_name);
+    /* $DSI_BUILD_DIR/tests/model/<name> (created if needed), else /tmp */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tests", bd ? bd : "/tmp");
+    mkdir(dir, 0755);
+    snprintf(dir, sizeof dir, "%s/tests/model", bd ? bd : "/tmp");
+    mkdir(dir, 0755);
+    snprintf(out, sizeof out, "%s/%s", dir, out_name);
     char *argv[] = {(char *)mk, "--config", (char *)config, "--type", (char *)type, "-o", out,
                     NULL};
     int rc = run_cmd(argv);
