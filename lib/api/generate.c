@@ -6,9 +6,10 @@
  * - dsii_session_begin_call() once at the start clears the cancel flag; the internal sync /
  *   append calls are the non-clearing *_nc variants, so a dsi_session_cancel() that arrives
  *   at any point of the call is seen at the next prefill chunk or token.
- * - Every sampled token counts in n_generated. EOS and stop tokens end the call without
- *   being appended to the session or passed to on_token. Every other sampled token is passed
- *   to on_token and appended (evaluated), so a later call continues after it.
+ * - EOS and stop tokens end the call without being appended to the session or passed to
+ *   on_token (they count in n_generated). Every other sampled token is first appended
+ *   (evaluated), then passed to on_token: a token is delivered iff it is in the session, so
+ *   after a cancellation a later call continues exactly after the last delivered token.
  * - Text: token bytes go through an incremental UTF-8 decoder (unfinished characters held
  *   back, invalid bytes → U+FFFD). With stop strings, the longest tail that could still
  *   begin a stop string is held back too; when the text contains a stop string, the text
@@ -168,13 +169,23 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
             deliver_rest = 0;
             break;
         }
-        r.n_generated++;
-        if (t == eos) { r.finish_reason = DSI_FINISH_EOS; break; }
+        if (t == eos) { r.n_generated++; r.finish_reason = DSI_FINISH_EOS; break; }
         int is_stop = 0;
         for (size_t k = 0; k < o.n_stop_tokens; k++) is_stop |= o.stop_tokens[k] == t;
-        if (is_stop) { r.finish_reason = DSI_FINISH_STOP_TOKEN; break; }
+        if (is_stop) { r.n_generated++; r.finish_reason = DSI_FINISH_STOP_TOKEN; break; }
 
-        int stop_now = 0;
+        /* Evaluate first, deliver second: a token reaches on_token only once it is part of
+         * the session, so a cancelled call leaves exactly the delivered tokens behind. */
+        st = dsii_session_append_nc(s, &t, 1);
+        if (st == DSI_ERR_CANCELLED) {
+            r.finish_reason = DSI_FINISH_CANCELLED;
+            deliver_rest = 0;
+            break;
+        }
+        if (st == DSI_ERR_CONTEXT_FULL) { st = DSI_OK; r.finish_reason = DSI_FINISH_CONTEXT_FULL; break; }
+        if (st != DSI_OK) { deliver_rest = 0; break; }
+        r.n_generated++;
+
         if (tok && (o.on_token || o.n_stop_strings)) {
             size_t bl;
             const uint8_t *bp = dsii_tokenizer_token_bytes(tok, t, &bl);
@@ -190,6 +201,7 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
             utf8 = next;
             if (!gbuf_add(&text, piece, pn)) { st = dsii_session_fail(s, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_session_generate: out of memory"); deliver_rest = 0; break; }
             size_t emit = text.n;
+            int stop_now = 0;
             size_t at = o.n_stop_strings ? find_stop(text.p, text.n, o.stop_strings, o.n_stop_strings) : SIZE_MAX;
             if (at != SIZE_MAX) {
                 emit = at;
@@ -202,22 +214,14 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
                 int32_t go = o.on_token(t, text.p ? text.p : "", emit, o.user_data);
                 if (!go && !stop_now) { stop_now = 1; r.finish_reason = DSI_FINISH_CALLBACK; }
             }
-            if (stop_now && r.finish_reason == DSI_FINISH_STOP_STRING) {
+            if (r.finish_reason == DSI_FINISH_STOP_STRING) {
                 text.n = 0; /* the stop string and anything after it are dropped */
                 deliver_rest = 0;
             } else {
                 gbuf_drop_front(&text, emit);
             }
+            if (stop_now) break;
         }
-        st = dsii_session_append_nc(s, &t, 1);
-        if (st == DSI_ERR_CANCELLED) {
-            r.finish_reason = DSI_FINISH_CANCELLED;
-            deliver_rest = 0;
-            break;
-        }
-        if (st == DSI_ERR_CONTEXT_FULL) { st = DSI_OK; r.finish_reason = DSI_FINISH_CONTEXT_FULL; break; }
-        if (st != DSI_OK) { deliver_rest = 0; break; }
-        if (stop_now) break;
     }
     r.decode_ms = ms_since(t1);
 
