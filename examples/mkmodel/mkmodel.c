@@ -97,7 +97,7 @@ static const mk_config k_configs[] = {
     },
     {
         .name = "bench-v41",
-        .desc = "V4.1-shaped bench model, ~1.6 GiB with Q4_K (head_dim 512, 64 experts, Engram, DSpark)",
+        .desc = "V4.1-shaped bench model, 1.7 GiB with Q4_K (head_dim 512, 64 experts, Engram, DSpark)",
         .v41 = 1, .n_vocab = 2048,
         .n_layer = 24, .n_embd = 1024, .n_head = 16, .head_dim = 512, .rope_dim = 64, .q_lora = 512,
         .o_groups = 4, .o_lora = 256, .window = 128, .ctx = 65536,
@@ -118,7 +118,7 @@ static const mk_config k_configs[] = {
     },
     {
         .name = "bench-v41-q8",
-        .desc = "bench-v41 with Q8_0 matrices (~2.8 GiB)",
+        .desc = "bench-v41 with Q8_0 matrices (3.0 GiB)",
         .v41 = 1, .n_vocab = 2048,
         .n_layer = 24, .n_embd = 1024, .n_head = 16, .head_dim = 512, .rope_dim = 64, .q_lora = 512,
         .o_groups = 4, .o_lora = 256, .window = 128, .ctx = 65536,
@@ -139,7 +139,7 @@ static const mk_config k_configs[] = {
     },
     {
         .name = "bench-v4",
-        .desc = "V4-shaped bench model (head_dim 512, ratios 4/128, 64 experts, hash layers, MTP)",
+        .desc = "V4-shaped bench model, 0.9 GiB (head_dim 512, ratios 4/128, 64 experts, hash layers, MTP)",
         .v41 = 0, .n_vocab = 2048,
         .n_layer = 12, .n_embd = 1024, .n_head = 16, .head_dim = 512, .rope_dim = 64, .q_lora = 512,
         .o_groups = 4, .o_lora = 256, .window = 128, .ctx = 65536,
