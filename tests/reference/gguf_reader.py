@@ -77,6 +77,9 @@ TYPE_BLOCK = {
     GGML_Q2_K: (256, 84), GGML_Q3_K: (256, 110), GGML_Q4_K: (256, 144),
     GGML_Q5_K: (256, 176), GGML_Q6_K: (256, 210), GGML_Q8_K: (256, 292),
     GGML_IQ2_XXS: (256, 66), GGML_MXFP4: (32, 17),
+    # sizes only (known to ggml, not decoded here)
+    17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
+    22: (256, 82), 23: (256, 136), 29: (256, 56), 34: (256, 54), 35: (256, 66),
 }
 
 TYPE_NAME = {
@@ -318,57 +321,130 @@ GGML_FP8_E4M3_B32 = 1025
 GGML_FP8_E4M3_R32 = 1026
 
 
-# fp8_e4m3_r32: rows of ne[0] values; per 32 consecutive values of a row one block of
-# 33 bytes: the UE8M0 scale byte, then the 32 E4M3FN bytes (264 B per 256-wide row).
-def _r32_nbytes(n, ne):
-    if n % 32:
-        raise GGUFError("fp8_e4m3_r32 needs a multiple of 32 elements")
-    return n // 32 * 33
+# docs/tensor-types.md: all three types share one block layout, `[e][v0 .. v(B-1)]` --
+# one UE8M0 scale byte followed by the B E4M3FN codes it scales (B = 128 for b128, 32 for
+# b32 and r32).  Every row (ne[0] elements) is stored independently as ceil(ne[0]/B)
+# blocks; the last block of a row is padded with value bytes that are not elements.
+# (b128/b32 repeat a 2-D tile's scale in each of the tile's rows; a reader need not care.)
+_FP8_B = {GGML_FP8_E4M3_B128: 128, GGML_FP8_E4M3_B32: 32, GGML_FP8_E4M3_R32: 32}
 
 
-def _r32_deq(raw, n, ne=None):
-    b = _blocks(raw, n, 32, 33)
-    s = e8m0_to_float(b[:, 0])
-    v = e4m3_to_float(b[:, 1:33])
-    return (v * s[:, None]).astype(np.float32).reshape(-1)
+def _fp8_geometry(B, n, ne):
+    n0 = int(ne[0]) if ne else n
+    if n0 <= 0 or n % n0:
+        raise GGUFError("bad FP8 tensor geometry")
+    return n0, n // n0, -(-n0 // B)
 
 
-def _r32_enc(a):
-    """Test-side encoder: per 32 values, scale 2^ceil(log2(amax/448)), RNE to E4M3."""
-    a = np.asarray(a, dtype=np.float32).reshape(-1, 32)
-    amax = np.maximum(np.abs(a).max(axis=1), np.float32(1e-30))
-    e = np.ceil(np.log2(amax.astype(np.float64) / 448.0)).astype(np.int64)
-    e = np.clip(e, -127, 127)
-    s = np.ldexp(1.0, e)
-    x = a / s[:, None]
-    out = bytearray()
-    fin = np.isfinite(E4M3_TABLE)
-    codes = np.nonzero(fin)[0]
-    vals = E4M3_TABLE[codes].astype(np.float64)
-    for i in range(a.shape[0]):
-        out.append(int(e[i] + 127))
-        for v in x[i]:
-            d = np.abs(vals - v)
-            out.append(int(codes[np.argmin(d)]))
-    return bytes(out)
+def _fp8_nbytes_fn(B):
+    def nbytes(n, ne):
+        n0, rows, nb = _fp8_geometry(B, n, ne)
+        return rows * nb * (B + 1)
+    return nbytes
 
 
-def _r32_selftest():
-    # one block: scale byte 127+3 (x8), values 1.0 (0x38), -0.5 (0xB0), 448 (0x7E), 2^-9 (0x01)
+def _fp8_deq_fn(B):
+    def deq(raw, n, ne=None):
+        n0, rows, nb = _fp8_geometry(B, n, ne)
+        blk = np.frombuffer(raw, dtype=np.uint8, count=rows * nb * (B + 1))
+        blk = blk.reshape(rows, nb, B + 1)
+        x = e4m3_to_float(blk[:, :, 1:]) * e8m0_to_float(blk[:, :, 0])[:, :, None]
+        return x.reshape(rows, nb * B)[:, :n0].astype(np.float32).reshape(-1)
+    return deq
+
+
+def _fp8_enc_fn(B):
+    def enc(a):
+        """Test-side writer (tensor-types.md "Writer quantization"): a is [rows, n];
+        per block s = 2^ceil(log2(amax * f32(1/448))) (zero block: e = 127), RNE to E4M3
+        by nearest-code search (ties: even code), padding bytes 0."""
+        a = np.asarray(a, dtype=np.float32)
+        if a.ndim == 1:
+            a = a[None, :]
+        rows, n0 = a.shape
+        nb = -(-n0 // B)
+        pad = np.zeros((rows, nb * B), dtype=np.float32)
+        pad[:, :n0] = a
+        blocks = pad.reshape(rows * nb, B)
+        amax = np.abs(blocks).max(axis=1)
+        out = np.zeros((rows * nb, B + 1), dtype=np.uint8)
+        codes = np.arange(256)
+        codes = codes[np.isfinite(E4M3_TABLE)]
+        vals = E4M3_TABLE[codes].astype(np.float64)
+        for i in range(rows * nb):
+            if amax[i] == 0:
+                e = 0
+            else:
+                v = np.float32(amax[i] * np.float32(1.0 / 448.0))
+                m, e = np.frexp(v)
+                e = int(e - 1 if m == 0.5 else e)
+            out[i, 0] = e + 127
+            x = blocks[i].astype(np.float64) / 2.0 ** e
+            d = np.abs(vals[None, :] - x[:, None])
+            best = d.min(axis=1, keepdims=True)
+            cand = d == best
+            # ties: the even code (mantissa lsb 0) wins
+            pick = np.where(cand & ((codes[None, :] & 1) == 0), 1, 0) + cand
+            out[i, 1:] = codes[np.argmax(pick, axis=1)]
+        out = out.reshape(rows, nb, B + 1)
+        for r in range(rows):
+            for j in range(n0, nb * B):
+                out[r, j // B, 1 + j % B] = 0
+        return out.tobytes()
+    return enc
+
+
+def _fp8_selftest():
+    # r32 / b32: one block: scale byte 127+3 (x8), values 1.0 (0x38), -0.5 (0xB0),
+    # 448 (0x7E), 2^-9 (0x01)
     blk = bytes([130, 0x38, 0xB0, 0x7E, 0x01]) + bytes(28)
-    y = dequantize(GGML_FP8_E4M3_R32, blk * 2, 64)
     want = np.zeros(64)
     want[0:4] = [8.0, -4.0, 3584.0, 8 * 2.0 ** -9]
     want[32:36] = want[0:4]
-    if not np.array_equal(y.astype(np.float64), want):
-        raise AssertionError("fp8_e4m3_r32 decode: %s" % y[:4])
-    if type_nbytes(GGML_FP8_E4M3_R32, 256) != 264:
+    for t in (GGML_FP8_E4M3_R32, GGML_FP8_E4M3_B32):
+        y = dequantize(t, blk * 2, 64, [64])
+        if not np.array_equal(y.astype(np.float64), want):
+            raise AssertionError("type %d decode: %s" % (t, y[:4]))
+    if type_nbytes(GGML_FP8_E4M3_R32, 256, [256]) != 264:
         raise AssertionError("fp8_e4m3_r32 row size")
+    # padded rows: ne = [40, 2] in b32 -> 2 blocks (66 bytes) per row, 40 elements emitted
+    row0 = bytes([127]) + bytes([0x38] * 32) + bytes([126]) + bytes([0x40] * 8) + bytes(24)
+    row1 = bytes([128]) + bytes([0xB8] * 32) + bytes([127]) + bytes([0x01] * 8) + bytes(24)
+    if type_nbytes(GGML_FP8_E4M3_B32, 80, [40, 2]) != 132:
+        raise AssertionError("b32 padded size")
+    y = dequantize(GGML_FP8_E4M3_B32, row0 + row1, 80, [40, 2]).reshape(2, 40)
+    w = np.zeros((2, 40))
+    w[0, :32] = 1.0
+    w[0, 32:] = 2.0 * 0.5
+    w[1, :32] = -2.0
+    w[1, 32:] = 2.0 ** -9
+    if not np.array_equal(y.astype(np.float64), w):
+        raise AssertionError("b32 padded decode")
+    # b128: ne = [130] -> 2 blocks of 129 bytes; element 128 and 129 in block 1
+    raw = bytes([127]) + bytes([0x30] * 128) + bytes([129, 0x38, 0xC0]) + bytes(126)
+    y = dequantize(GGML_FP8_E4M3_B128, raw, 130, [130])
+    w = np.concatenate([np.full(128, 0.5), [4.0, -8.0]])
+    if y.shape != (130,) or not np.array_equal(y.astype(np.float64), w):
+        raise AssertionError("b128 decode")
+    # E8M0 255 -> NaN
+    y = dequantize(GGML_FP8_E4M3_R32, bytes([255, 0x38]) + bytes(31), 32, [32])
+    if not np.isnan(y[0]):
+        raise AssertionError("E8M0 255 must be NaN")
+    # writer round trip
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal((3, 70)) * 5).astype(np.float32)
+    for t, B in _FP8_B.items():
+        enc = FP8_TYPES[t]["enc"](a)
+        y = dequantize(t, enc, a.size, [70, 3]).reshape(3, 70)
+        if np.max(np.abs(y - a) / (np.abs(a) + 1e-3)) > 1.0 / 16 + 1e-6:
+            raise AssertionError("type %d writer round trip error too large" % t)
 
 
-FP8_TYPES[GGML_FP8_E4M3_R32] = {"nbytes": _r32_nbytes, "deq": _r32_deq, "enc": _r32_enc,
-                                "selftest": _r32_selftest}
-TYPE_NAME[GGML_FP8_E4M3_R32] = "FP8_E4M3_R32"
+for _t, _B in _FP8_B.items():
+    FP8_TYPES[_t] = {"nbytes": _fp8_nbytes_fn(_B), "deq": _fp8_deq_fn(_B),
+                     "enc": _fp8_enc_fn(_B), "selftest": _fp8_selftest}
+TYPE_NAME.update({GGML_FP8_E4M3_B128: "FP8_E4M3_B128", GGML_FP8_E4M3_B32: "FP8_E4M3_B32",
+                  GGML_FP8_E4M3_R32: "FP8_E4M3_R32"})
 
 
 # ----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ shapes follow the tiny configurations of model-spec.md §7.
 
 Usage:
   /usr/bin/python3 tests/reference/make_test_gguf.py --arch deepseek4|deepseek41 --out F.gguf
-        [--seed N] [--vocab V] [--wtype f32|f16|bf16|q8_0] [--table f32|fp8]
+        [--seed N] [--vocab V] [--wtype f32|f16|bf16|q8_0|fp8_b32|fp8_b128] [--table f32|fp8]
 Also a small GGUF writer (GGUFWriter) used by test_reference_self.py.
 """
 
@@ -126,6 +126,10 @@ def encode(a, wtype):
         return gr.GGML_BF16, enc_bf16(a)
     if wtype == "q8_0":
         return gr.GGML_Q8_0, enc_q8_0(a)
+    if wtype in ("fp8_b32", "fp8_b128"):
+        t = gr.GGML_FP8_E4M3_B32 if wtype == "fp8_b32" else gr.GGML_FP8_E4M3_B128
+        a = np.asarray(a, dtype=np.float32)
+        return t, gr.FP8_TYPES[t]["enc"](a.reshape(-1, a.shape[-1]))
     raise ValueError(wtype)
 
 
@@ -252,9 +256,10 @@ def build(arch, seed=1234, vocab=1024, wtype="f32", table="f32", n_layer=None):
         if cls == "vec":
             tid, data = gr.GGML_F32, arr.astype("<f4").tobytes()
         elif cls == "mat":
-            tid, data = encode(arr, wtype if shape_ne[0] % 32 == 0 else "f32")
+            ok = shape_ne[0] % 32 == 0 or wtype.startswith("fp8") or wtype in ("f16", "bf16")
+            tid, data = encode(arr, wtype if ok else "f32")
         else:
-            tid, data = encode(arr, "f32" if wtype == "q8_0" else wtype)
+            tid, data = encode(arr, "f32" if wtype in ("q8_0", "fp8_b32", "fp8_b128") else wtype)
         w.tensor(name, shape_ne, tid, data)
 
     def lin(i, o, scale=1.0):
@@ -318,9 +323,9 @@ def build(arch, seed=1234, vocab=1024, wtype="f32", table="f32", n_layer=None):
                 rows = sum(primes[ei])
                 C = (en - 1) * eh
                 tab = rng.standard_normal((rows, ek)).astype(np.float32)
-                if table == "fp8" and 1026 in gr.FP8_TYPES:
-                    w.tensor(b + "engram.embd.weight", [ek, rows], 1026,
-                             gr.FP8_TYPES[1026]["enc"](tab))
+                if table == "fp8":
+                    w.tensor(b + "engram.embd.weight", [ek, rows], gr.GGML_FP8_E4M3_R32,
+                             gr.FP8_TYPES[gr.GGML_FP8_E4M3_R32]["enc"](tab))
                 else:
                     t(b + "engram.embd.weight", [ek, rows], tab, "small")
                 t(b + "engram.wkv.weight", [C * ek, (hc + 1) * D], lin(C * ek, (hc + 1) * D))
@@ -355,7 +360,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--wtype", default="f32", choices=("f32", "f16", "bf16", "q8_0"))
+    ap.add_argument("--wtype", default="f32",
+                    choices=("f32", "f16", "bf16", "q8_0", "fp8_b32", "fp8_b128"))
     ap.add_argument("--table", default="f32", choices=("f32", "fp8"))
     a = ap.parse_args(argv)
     build(a.arch, a.seed, a.vocab, a.wtype, a.table).write(a.out)
