@@ -200,7 +200,8 @@ static void desc_to_info(const dsib_device_desc *d, const char *backend, int32_t
     out->struct_size = (uint32_t)sizeof *out;
     out->type = d->type;
     snprintf(out->backend, sizeof out->backend, "%s", backend);
-    snprintf(out->name, sizeof out->name, "%.*s", (int)sizeof d->name, d->name);
+    memcpy(out->name, d->name, sizeof out->name < sizeof d->name ? sizeof out->name : sizeof d->name);
+    out->name[sizeof out->name - 1] = 0;
     out->memory_total = d->memory_total;
     out->memory_free = d->memory_free;
     out->max_buffer_size = d->max_buffer_size;

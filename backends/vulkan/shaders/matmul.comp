@@ -1,0 +1,78 @@
+#version 450
+// Weight matmul / expert matmul / embedding rows for one weight type (WTYPE, a compile-time
+// define). One work group of 64 computes one output row for a tile of up to 4 tokens
+// (mode 0), one (output row, id row) pair (mode 1), or 64 columns of one gathered row
+// (mode 2; mode 3 adds it). The caller splits big weights into windows (r_base/e_base ranges) that fit one
+// storage binding (docs/vulkan.md).
+// push: 0 mode, 1 w_skew, 2 nb1, 3 nb2, 4 K, 5 r_base, 6 r_count, 7 e_base, 8 e_count,
+//       9 x_off, 10 ldx, 11 y_off, 12 ldy, 13 n, 14 R (rows per group), 15 Kg (x columns
+//       per group), 16 ids_off, 17 xdiv, 18 row chunk base
+#extension GL_EXT_control_flow_attributes : enable
+layout(local_size_x = 64) in;
+layout(std430, binding = 0) readonly buffer WB { uint d[]; } wb;
+layout(std430, binding = 1) readonly buffer XB { uint d[]; } xb;
+layout(std430, binding = 2) buffer YB { uint d[]; } yb;
+layout(std430, binding = 3) readonly buffer IB { int d[]; } ib;
+#include "common.glsl"
+#include "wload.glsl"
+
+shared float red[4 * 64];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint mode = pc.p[0], K = pc.p[4];
+    if (mode >= 2u) {
+        // 2: y[t] = row ids[t]; 3: y[t] += row (p16 + t) mod p17 (add_rows_periodic)
+        uint t = gl_WorkGroupID.y;
+        int id = mode == 2u ? ib.d[pc.p[16] + t] : int((pc.p[16] + t) % pc.p[17]);
+        if (id < int(pc.p[5]) || id >= int(pc.p[5] + pc.p[6])) return;
+        uint i = (gl_WorkGroupID.x + pc.p[18]) * 64u + tid;
+        if (i >= K) return;
+        uint rb = pc.p[1] + uint(id - int(pc.p[5])) * pc.p[2];
+        uint yi = pc.p[11] + t * pc.p[12] + i;
+        float v = dq(rb, i);
+        if (mode == 3u) v += uintBitsToFloat(yb.d[yi]);
+        yb.d[yi] = floatBitsToUint(v);
+        return;
+    }
+    uint orel = gl_WorkGroupID.x + pc.p[18];
+    uint o = pc.p[5] + orel;
+    uint xcol = (o / pc.p[14]) * pc.p[15];
+    if (mode == 1u) {
+        uint r = gl_WorkGroupID.y + gl_WorkGroupID.z * 65535u;
+        if (r >= pc.p[13]) return;
+        int e = ib.d[pc.p[16] + r];
+        if (e < int(pc.p[7]) || e >= int(pc.p[7] + pc.p[8])) return;
+        uint rb = pc.p[1] + uint(e - int(pc.p[7])) * pc.p[3] + orel * pc.p[2];
+        uint xo = pc.p[9] + (r / pc.p[17]) * pc.p[10] + xcol;
+        float acc = 0.0;
+        for (uint i = tid; i < K; i += 64u) acc += dq(rb, i) * uintBitsToFloat(xb.d[xo + i]);
+        red[tid] = acc;
+        barrier();
+        [[unroll]] for (uint s = 32u; s > 0u; s >>= 1) {
+            if (tid < s) red[tid] += red[tid + s];
+            barrier();
+        }
+        if (tid == 0u) yb.d[pc.p[11] + r * pc.p[12] + o] = floatBitsToUint(red[0]);
+        return;
+    }
+    uint t0 = gl_WorkGroupID.y * 4u;
+    uint n = pc.p[13];
+    uint nt = min(4u, n - t0);
+    uint rb = pc.p[1] + orel * pc.p[2];
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    uint xo = pc.p[9] + t0 * pc.p[10] + xcol;
+    for (uint i = tid; i < K; i += 64u) {
+        float w = dq(rb, i);
+        [[unroll]] for (uint t = 0u; t < 4u; t++)
+            if (t < nt) acc[t] += w * uintBitsToFloat(xb.d[xo + t * pc.p[10] + i]);
+    }
+    [[unroll]] for (uint t = 0u; t < 4u; t++) red[t * 64u + tid] = acc[t];
+    barrier();
+    [[unroll]] for (uint s = 32u; s > 0u; s >>= 1) {
+        if (tid < s)
+            [[unroll]] for (uint t = 0u; t < 4u; t++) red[t * 64u + tid] += red[t * 64u + tid + s];
+        barrier();
+    }
+    if (tid < nt) yb.d[pc.p[11] + (t0 + tid) * pc.p[12] + o] = floatBitsToUint(red[tid * 64u]);
+}

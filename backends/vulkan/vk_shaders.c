@@ -1,0 +1,89 @@
+/*
+ * backends/vulkan/vk_shaders.c — the embedded SPIR-V. Each <name>.spv.inc is written at build
+ * time by `glslc -mfmt=c` from shaders/shaders.list (CMake and Meson read the same list);
+ * keep this table in the same order as that list.
+ */
+#include "backends/vulkan/vk_impl.h"
+
+static const uint32_t spv_matmul_f32[] =
+#include "matmul_f32.spv.inc"
+    ;
+static const uint32_t spv_matmul_f16[] =
+#include "matmul_f16.spv.inc"
+    ;
+static const uint32_t spv_matmul_bf16[] =
+#include "matmul_bf16.spv.inc"
+    ;
+static const uint32_t spv_matmul_q8_0[] =
+#include "matmul_q8_0.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_k[] =
+#include "matmul_q4_k.spv.inc"
+    ;
+static const uint32_t spv_matmul_q2_k[] =
+#include "matmul_q2_k.spv.inc"
+    ;
+static const uint32_t spv_matmul_mxfp4[] =
+#include "matmul_mxfp4.spv.inc"
+    ;
+static const uint32_t spv_matmul_fp8_b128[] =
+#include "matmul_fp8_b128.spv.inc"
+    ;
+static const uint32_t spv_matmul_fp8_b32[] =
+#include "matmul_fp8_b32.spv.inc"
+    ;
+static const uint32_t spv_rms_norm[] =
+#include "rms_norm.spv.inc"
+    ;
+static const uint32_t spv_eltwise[] =
+#include "eltwise.spv.inc"
+    ;
+static const uint32_t spv_rope[] =
+#include "rope.spv.inc"
+    ;
+static const uint32_t spv_fake_quant[] =
+#include "fake_quant.spv.inc"
+    ;
+static const uint32_t spv_hadamard[] =
+#include "hadamard.spv.inc"
+    ;
+static const uint32_t spv_hc_mix[] =
+#include "hc_mix.spv.inc"
+    ;
+static const uint32_t spv_compress_pool[] =
+#include "compress_pool.spv.inc"
+    ;
+static const uint32_t spv_indexer[] =
+#include "indexer.spv.inc"
+    ;
+static const uint32_t spv_attn_sink[] =
+#include "attn_sink.spv.inc"
+    ;
+static const uint32_t spv_moe_route[] =
+#include "moe_route.spv.inc"
+    ;
+
+/* needs: device features the variant requires (all baseline shaders: none beyond Vulkan 1.1
+ * compute); n_bindings: storage buffers the shader declares. */
+const dsib_vk_shader dsib_vk_shaders[] = {
+    {"matmul_f32", spv_matmul_f32, sizeof spv_matmul_f32, 0, 4},
+    {"matmul_f16", spv_matmul_f16, sizeof spv_matmul_f16, 0, 4},
+    {"matmul_bf16", spv_matmul_bf16, sizeof spv_matmul_bf16, 0, 4},
+    {"matmul_q8_0", spv_matmul_q8_0, sizeof spv_matmul_q8_0, 0, 4},
+    {"matmul_q4_k", spv_matmul_q4_k, sizeof spv_matmul_q4_k, 0, 4},
+    {"matmul_q2_k", spv_matmul_q2_k, sizeof spv_matmul_q2_k, 0, 4},
+    {"matmul_mxfp4", spv_matmul_mxfp4, sizeof spv_matmul_mxfp4, 0, 4},
+    {"matmul_fp8_b128", spv_matmul_fp8_b128, sizeof spv_matmul_fp8_b128, 0, 4},
+    {"matmul_fp8_b32", spv_matmul_fp8_b32, sizeof spv_matmul_fp8_b32, 0, 4},
+    {"rms_norm", spv_rms_norm, sizeof spv_rms_norm, 0, 3},
+    {"eltwise", spv_eltwise, sizeof spv_eltwise, 0, 5},
+    {"rope", spv_rope, sizeof spv_rope, 0, 2},
+    {"fake_quant", spv_fake_quant, sizeof spv_fake_quant, 0, 1},
+    {"hadamard", spv_hadamard, sizeof spv_hadamard, 0, 1},
+    {"hc_mix", spv_hc_mix, sizeof spv_hc_mix, 0, 4},
+    {"compress_pool", spv_compress_pool, sizeof spv_compress_pool, 0, 5},
+    {"indexer", spv_indexer, sizeof spv_indexer, 0, 5},
+    {"attn_sink", spv_attn_sink, sizeof spv_attn_sink, 0, 7},
+    {"moe_route", spv_moe_route, sizeof spv_moe_route, 0, 6},
+};
+const size_t dsib_vk_n_shaders = sizeof dsib_vk_shaders / sizeof dsib_vk_shaders[0];

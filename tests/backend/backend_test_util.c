@@ -1,0 +1,188 @@
+#define _GNU_SOURCE
+#include "backend_test_util.h"
+
+#include "api/backend_loader.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+
+void bt_seed(uint64_t s) { g_rng = s ? s : 1; }
+
+static uint64_t next_u64(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+float bt_uniform(float lo, float hi) {
+    double u = (double)(next_u64() >> 11) / 9007199254740992.0;
+    return (float)(lo + (hi - lo) * u);
+}
+
+void bt_fill(float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = bt_uniform(lo, hi);
+}
+
+static int require_gpu(void) {
+    const char *v = getenv("DSI_REQUIRE_VULKAN");
+    return v && v[0] == '1';
+}
+
+static int create_side(bt_side *s, const char *what) {
+    dsib_error e;
+    memset(&e, 0, sizeof e);
+    dsii_backend_host_init(NULL, &s->host, -1);
+    s->host.n_threads = 2;
+    dsi_status st = s->be->create(&s->host, &s->inst, &e);
+    if (st != DSI_OK) {
+        printf("%s: create failed: %s (%s)\n", what, e.msg, dsi_status_string(st));
+        return 0;
+    }
+    return 1;
+}
+
+int bt_open(bt_side sides[2], const char *name) {
+    memset(sides, 0, 2 * sizeof *sides);
+    sides[0].be = dsib_cpu_backend();
+    if (!create_side(&sides[0], "cpu")) return 1;
+    dsii_error err;
+    dsii_error_clear(&err);
+    char path[512];
+    if (dsii_backend_module_load(NULL, name, &sides[1].be, &sides[1].dl, path, sizeof path, &err) !=
+        DSI_OK) {
+        printf("SKIP: %s backend module not available: %s\n", name, err.msg);
+        bt_close(sides);
+        return require_gpu() ? 1 : 77;
+    }
+    dsib_device_desc d[8];
+    int32_t n = 0;
+    dsib_error e;
+    memset(&e, 0, sizeof e);
+    if (sides[1].be->enumerate(&sides[0].host, d, 8, &n, &e) != DSI_OK || n < 1) {
+        printf("SKIP: no %s device: %s\n", name, e.msg);
+        bt_close(sides);
+        return require_gpu() ? 1 : 77;
+    }
+    printf("%s module %s: device 0 = %s (type %d, features 0x%x, subgroup %u, max binding %llu)\n",
+           name, path, d[0].name, (int)d[0].type, d[0].features, d[0].subgroup_size,
+           (unsigned long long)d[0].max_buffer_size);
+    if (!create_side(&sides[1], name)) {
+        bt_close(sides);
+        return require_gpu() ? 1 : 77;
+    }
+    return 0;
+}
+
+int bt_reopen_gpu(bt_side *s) {
+    if (s->inst) s->be->destroy(s->inst);
+    s->inst = NULL;
+    return create_side(s, s->be->name);
+}
+
+void bt_close(bt_side sides[2]) {
+    for (int i = 0; i < 2; i++) {
+        if (sides[i].inst) sides[i].be->destroy(sides[i].inst);
+        sides[i].inst = NULL;
+    }
+    if (sides[1].dl) dsii_backend_module_unload(sides[1].dl);
+    sides[1].dl = NULL;
+}
+
+int bt_buf_new(bt_side sides[2], bt_buf *pb, const void *init, uint64_t bytes) {
+    memset(pb, 0, sizeof *pb);
+    pb->bytes = bytes;
+    uint64_t total = bytes + 2 * BT_GUARD;
+    uint8_t *tmp = malloc(total);
+    if (!tmp) return 0;
+    memset(tmp, BT_GUARD_BYTE, total);
+    if (init) memcpy(tmp + BT_GUARD, init, bytes);
+    for (int s = 0; s < 2; s++) {
+        dsib_error e;
+        memset(&e, 0, sizeof e);
+        if (sides[s].be->buffer_alloc(sides[s].inst, total, DSIB_BUFFER_SCRATCH, &pb->b[s], &e) != DSI_OK ||
+            sides[s].be->upload(sides[s].inst, pb->b[s], 0, tmp, total, &e) != DSI_OK) {
+            printf("buffer of %llu bytes on %s: %s\n", (unsigned long long)total, sides[s].be->name, e.msg);
+            free(tmp);
+            return 0;
+        }
+    }
+    free(tmp);
+    return 1;
+}
+
+void bt_buf_free(bt_side sides[2], bt_buf *pb) {
+    for (int s = 0; s < 2; s++)
+        if (pb->b[s]) sides[s].be->buffer_free(sides[s].inst, pb->b[s]);
+    memset(pb, 0, sizeof *pb);
+}
+
+uint64_t bt_buf_read(bt_side sides[2], const bt_buf *pb, int side, void *out) {
+    uint64_t total = pb->bytes + 2 * BT_GUARD;
+    uint8_t *tmp = malloc(total);
+    if (!tmp) return UINT64_MAX;
+    dsib_error e;
+    memset(&e, 0, sizeof e);
+    if (sides[side].be->download(sides[side].inst, pb->b[side], 0, tmp, total, &e) != DSI_OK) {
+        free(tmp);
+        return UINT64_MAX;
+    }
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < BT_GUARD; i++) {
+        bad += tmp[i] != BT_GUARD_BYTE;
+        bad += tmp[BT_GUARD + pb->bytes + i] != BT_GUARD_BYTE;
+    }
+    memcpy(out, tmp + BT_GUARD, pb->bytes);
+    free(tmp);
+    return bad;
+}
+
+double bt_nmse(const float *a, const float *ref, size_t n, size_t *bad) {
+    double num = 0, den = 0;
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++) {
+        int fa = isfinite(a[i]), fr = isfinite(ref[i]);
+        if (fa != fr) {
+            nb++;
+            continue;
+        }
+        if (!fa) {
+            if (isnan(a[i]) != isnan(ref[i]) || (isinf(a[i]) && a[i] != ref[i])) nb++;
+            continue;
+        }
+        double d = (double)a[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    if (bad) *bad = nb;
+    if (den == 0) return num == 0 ? 0 : INFINITY;
+    return num / den;
+}
+
+typedef struct bt_dbg {
+    uint32_t struct_size;
+    uint32_t validation_enabled;
+    uint64_t validation_errors;
+    uint64_t validation_warnings;
+    char last_error[512];
+} bt_dbg;
+
+long long bt_validation_errors(const bt_side *gpu, char *last, size_t cap, int *enabled) {
+    if (enabled) *enabled = 0;
+    if (!gpu->dl) return -1;
+    void *sym = dlsym(gpu->dl, "dsib_vulkan_debug_stats");
+    if (!sym) return -1;
+    void (*fn)(bt_dbg *);
+    memcpy(&fn, &sym, sizeof fn);
+    bt_dbg d;
+    memset(&d, 0, sizeof d);
+    fn(&d);
+    if (enabled) *enabled = (int)d.validation_enabled;
+    if (last && cap) snprintf(last, cap, "%s", d.last_error);
+    return (long long)d.validation_errors;
+}
