@@ -50,12 +50,12 @@ const char *mt_mkmodel(const char *config, const char *type, const char *out_nam
         return NULL;
     }
     /* $DSI_BUILD_DIR/tests/model/<name> (created if needed), else /tmp */
-    char dir[4096];
+    char dir[2048];
     snprintf(dir, sizeof dir, "%s/tests", bd ? bd : "/tmp");
     mkdir(dir, 0755);
     snprintf(dir, sizeof dir, "%s/tests/model", bd ? bd : "/tmp");
     mkdir(dir, 0755);
-    snprintf(out, sizeof out, "%s/%s", dir, out_name);
+    snprintf(out, sizeof out, "%s/%.1000s", dir, out_name);
     char *argv[] = {(char *)mk, "--config", (char *)config, "--type", (char *)type, "-o", out,
                     NULL};
     int rc = run_cmd(argv);
