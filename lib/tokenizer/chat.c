@@ -80,7 +80,7 @@ dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *cons
     for (size_t i = 0; i < n; i++) {
         if (!messages[i]) { st = dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: messages[%zu] is NULL", i); goto done; }
         dsi_chat_message_init(&m[i]);
-        char what[48];
+        char what[64];
         snprintf(what, sizeof what, "dsi_chat_message (messages[%zu])", i);
         st = dsii_read_options(&m[i], sizeof m[i], messages[i], what, err);
         if (st != DSI_OK) goto done;
