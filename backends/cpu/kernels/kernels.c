@@ -466,3 +466,74 @@ dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char
     dsib_parallel_for(pool, j.chunks * m->n_groups, moe_task, &j);
     return DSI_OK;
 }
+
+/* ---- batches of independent matmuls ---------------------------------------------------- */
+
+#define BATCH_MAX 64
+
+typedef struct batch_job {
+    dsib_rows_ptr_fn fn;
+    const dsib_matmul_desc *d;
+    int32_t n;
+    int64_t rows[BATCH_MAX];
+    int64_t first[BATCH_MAX + 1]; /* first task of each descriptor */
+} batch_job;
+
+static void batch_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const batch_job *j = arg;
+    int32_t lo = 0, hi = j->n - 1;
+    while (lo < hi) { /* last descriptor whose first task <= task */
+        int32_t mid = (lo + hi + 1) / 2;
+        if (j->first[mid] <= task)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const dsib_matmul_desc *d = &j->d[lo];
+    int64_t o0 = (task - j->first[lo]) * j->rows[lo], o1 = o0 + j->rows[lo];
+    if (o1 > d->n_out) o1 = d->n_out;
+    rows_strided(j->fn, d->type, d->w, d->w_row_bytes, d->n_in, o0, o1, d->x, d->x_stride, d->y,
+                 d->y_stride, d->n_tok);
+}
+
+dsi_status dsib_matmul_batch(dsib_threadpool *pool, const dsib_matmul_desc *d, int32_t n,
+                             char *msg, size_t msg_size) {
+    if (n < 0 || (n > 0 && !d)) {
+        if (msg && msg_size) snprintf(msg, msg_size, "cpu matmul batch: bad descriptor list");
+        return DSI_ERR_INVALID_ARGUMENT;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        dsi_status st = dsib_kern_check(d[i].type, d[i].n_in, d[i].n_out, d[i].w_row_bytes,
+                                        d[i].x_stride, d[i].y_stride, msg, msg_size);
+        if (st != DSI_OK) return st;
+        if (d[i].n_tok < 0 || (d[i].n_tok > 0 && d[i].n_out > 0 && (!d[i].w || !d[i].x || !d[i].y))) {
+            if (msg && msg_size) snprintf(msg, msg_size, "cpu matmul batch: descriptor %d", (int)i);
+            return DSI_ERR_INVALID_ARGUMENT;
+        }
+    }
+    batch_job j;
+    j.fn = rows_fn_for(process_isa());
+    int32_t nt = dsib_threadpool_n_threads(pool);
+    for (int32_t b0 = 0; b0 < n; b0 += BATCH_MAX) {
+        j.d = d + b0;
+        j.n = n - b0 < BATCH_MAX ? n - b0 : BATCH_MAX;
+        int64_t total_out = 0;
+        for (int32_t i = 0; i < j.n; i++)
+            if (j.d[i].n_tok > 0) total_out += j.d[i].n_out;
+        j.first[0] = 0;
+        for (int32_t i = 0; i < j.n; i++) {
+            const dsib_matmul_desc *di = &j.d[i];
+            int64_t tasks = 0;
+            j.rows[i] = 1;
+            if (di->n_tok > 0 && di->n_out > 0) {
+                j.rows[i] = rows_per_task(di->w_row_bytes, total_out, nt);
+                if (j.rows[i] > di->n_out) j.rows[i] = di->n_out;
+                tasks = (di->n_out + j.rows[i] - 1) / j.rows[i];
+            }
+            j.first[i + 1] = j.first[i] + tasks;
+        }
+        if (j.first[j.n] > 0) dsib_parallel_for(pool, j.first[j.n], batch_task, &j);
+    }
+    return DSI_OK;
+}

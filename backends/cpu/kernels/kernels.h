@@ -131,4 +131,26 @@ typedef struct dsib_moe_matmul {
 dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char *msg,
                            size_t msg_size);
 
+/*
+ * Several independent matmuls in ONE parallel_for (one barrier instead of n): e.g. the
+ * projections that read the same normalized input (q_a and kv), the shared expert's gate
+ * and up, or the groups of a grouped projection (x offset per group). Each result equals
+ * dsib_matmul of that descriptor alone. Outputs must not overlap. n may be any size
+ * (descriptors are run 64 at a time).
+ */
+typedef struct dsib_matmul_desc {
+    int32_t type;
+    const void *w;
+    size_t w_row_bytes;
+    int64_t n_in, n_out;
+    const float *x;
+    int64_t x_stride;
+    float *y;
+    int64_t y_stride;
+    int64_t n_tok;
+} dsib_matmul_desc;
+
+dsi_status dsib_matmul_batch(dsib_threadpool *pool, const dsib_matmul_desc *d, int32_t n,
+                             char *msg, size_t msg_size);
+
 #endif /* DSIB_CPU_KERNELS_H */

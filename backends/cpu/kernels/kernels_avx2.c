@@ -157,14 +157,18 @@ AI void dot_q4_k(const uint8_t *w, int64_t n, const float *const *xp, float *out
     const int64_t nb = n / 256;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 144;
-        const float d = ld_f16(blk), dmin = ld_f16(blk + 2);
-        const uint8_t *sc = blk + 4, *q = blk + 16;
+        const uint8_t *q = blk + 16;
+        /* dl[j] = d * sc_j, ml[j] = dmin * m_j (exact products), all 8 sub-blocks at once */
+        uint8_t sm[16];
+        dsib_q4k_unpack_scales(blk + 4, sm);
+        float dm[16];
+        _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_cvtepi32_ps(ldu8(sm)), _mm256_set1_ps(ld_f16(blk))));
+        _mm256_storeu_ps(dm + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(ldu8(sm + 8)),
+                                               _mm256_set1_ps(ld_f16(blk + 2))));
+        __asm__ volatile("" ::: "memory"); /* broadcast from memory, not by shuffles */
         UNR for (int c = 0; c < 4; c++) {
-            uint8_t s0, m0, s1, m1;
-            dsib_q4k_scale_min(2 * c, sc, &s0, &m0);
-            dsib_q4k_scale_min(2 * c + 1, sc, &s1, &m1);
-            const __m256 dl0 = _mm256_set1_ps(d * (float)s0), ml0 = _mm256_set1_ps(dmin * (float)m0);
-            const __m256 dl1 = _mm256_set1_ps(d * (float)s1), ml1 = _mm256_set1_ps(dmin * (float)m1);
+            const __m256 dl0 = _mm256_set1_ps(dm[2 * c]), ml0 = _mm256_set1_ps(dm[8 + 2 * c]);
+            const __m256 dl1 = _mm256_set1_ps(dm[2 * c + 1]), ml1 = _mm256_set1_ps(dm[9 + 2 * c]);
             UNR for (int u = 0; u < 4; u++) {
                 const __m256i i = ldu8(q + 32 * c + 8 * u);
                 const __m256 lo = _mm256_fmsub_ps(dl0, _mm256_cvtepi32_ps(_mm256_and_si256(i, m15)), ml0);
@@ -189,18 +193,26 @@ AI void dot_q2_k(const uint8_t *w, int64_t n, const float *const *xp, float *out
     const int64_t nb = n / 256;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 84;
-        const float d = ld_f16(blk + 80), dmin = ld_f16(blk + 82);
-        const uint8_t *sc = blk;
+        /* dl[j] = d * (sc_j & 15), ml[j] = dmin * (sc_j >> 4), all 16 sub-blocks at once */
+        float dl[16], ml[16];
+        {
+            const __m256 d = _mm256_set1_ps(ld_f16(blk + 80)), dmin = _mm256_set1_ps(ld_f16(blk + 82));
+            const __m256i m15 = _mm256_set1_epi32(15);
+            UNR for (int hh = 0; hh < 2; hh++) {
+                const __m256i sc = ldu8(blk + 8 * hh);
+                _mm256_storeu_ps(dl + 8 * hh, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(sc, m15)), d));
+                _mm256_storeu_ps(ml + 8 * hh, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4)), dmin));
+            }
+        }
+        __asm__ volatile("" ::: "memory");
         UNR for (int h = 0; h < 2; h++) {
             const uint8_t *q = blk + 16 + 32 * h;
             __m256i ig[4];
             UNR for (int g = 0; g < 4; g++) ig[g] = ldu8(q + 8 * g);
             UNR for (int s = 0; s < 4; s++) {
                 const int is = 8 * h + 2 * s;
-                const __m256 dla = _mm256_set1_ps(d * (float)(sc[is] & 0xF));
-                const __m256 mla = _mm256_set1_ps(dmin * (float)(sc[is] >> 4));
-                const __m256 dlb = _mm256_set1_ps(d * (float)(sc[is + 1] & 0xF));
-                const __m256 mlb = _mm256_set1_ps(dmin * (float)(sc[is + 1] >> 4));
+                const __m256 dla = _mm256_set1_ps(dl[is]), mla = _mm256_set1_ps(ml[is]);
+                const __m256 dlb = _mm256_set1_ps(dl[is + 1]), mlb = _mm256_set1_ps(ml[is + 1]);
                 UNR for (int g = 0; g < 4; g++) {
                     const __m256 qf = _mm256_cvtepi32_ps(_mm256_and_si256(ig[g], three));
                     const __m256 wv = g < 2 ? _mm256_fmsub_ps(dla, qf, mla)
@@ -258,11 +270,20 @@ AI void dot_mxfp4(const uint8_t *w, int64_t n, const float *const *xp, float *ou
 
 /* ---- FP8 E4M3 with E8M0 block scales ---------------------------------------------------- */
 
-AI __m256 e4m3x8(__m256i i) {
-    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x7f)), 20);
+/* E4M3 → f32 times 2^8 without f32 subnormals (slow on some cores); see the AVX-512 file:
+ * exponent bias 128 is exact for normal codes, codes with e = 0 are fixed by 2f - 4. The
+ * 2^-8 goes into the block scale. */
+AI __m256 e4m3x8_s8(__m256i i) {
+    const __m256i mag = _mm256_or_si256(
+        _mm256_and_si256(_mm256_slli_epi32(i, 20), _mm256_set1_epi32(0x07F00000)),
+        _mm256_set1_epi32(0x40000000));
+    const __m256 f = _mm256_castsi256_ps(mag);
+    const __m256 sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+        _mm256_and_si256(i, _mm256_set1_epi32(0x78)), _mm256_setzero_si256()));
+    const __m256 g = _mm256_blendv_ps(
+        f, _mm256_fmsub_ps(f, _mm256_set1_ps(2.0f), _mm256_set1_ps(4.0f)), sub);
     const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sg)),
-                         _mm256_set1_ps(0x1p120f));
+    return _mm256_or_ps(g, _mm256_castsi256_ps(sg));
 }
 
 #define DEF_FP8(NAME, BS)                                                                 \
@@ -275,7 +296,7 @@ AI __m256 e4m3x8(__m256i i) {
                 const int64_t b = b0 + k;                                                 \
                 if (b >= nb) break;                                                       \
                 const uint8_t *bp = w + b * ((BS) + 1);                                   \
-                const __m256 s = _mm256_set1_ps(dsib_e8m0_to_f32(bp[0]));                 \
+                const __m256 s = _mm256_set1_ps(dsib_e8m0_to_f32(bp[0]) * 0x1p-8f);                 \
                 const int64_t valid = n - b * (BS) < (BS) ? n - b * (BS) : (BS);          \
                 uint8_t pad[BS];                                                          \
                 const uint8_t *vals = bp + 1;                                             \
@@ -286,7 +307,7 @@ AI __m256 e4m3x8(__m256i i) {
                 }                                                                         \
                 __m256 p[TMAX][2];                                                        \
                 UNR for (int v = 0; v < (BS) / 8; v++) {                                  \
-                    const __m256 wv = e4m3x8(ldu8(vals + 8 * v));                         \
+                    const __m256 wv = e4m3x8_s8(ldu8(vals + 8 * v));                         \
                     UNR for (int t = 0; t < T; t++) {                                     \
                         const float *xv = xp[t] + b * (BS) + 8 * v;                       \
                         const __m256 xx = valid == (BS) ? _mm256_loadu_ps(xv)             \

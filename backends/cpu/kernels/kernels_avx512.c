@@ -138,19 +138,26 @@ AI void dot_q4_k(const uint8_t *w, int64_t n, const float *const *xp, float *out
     const int64_t nb = n / 256;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 144;
-        const float d = ld_f16(blk), dmin = ld_f16(blk + 2);
-        const uint8_t *sc = blk + 4, *q = blk + 16;
+        const uint8_t *q = blk + 16;
+        /* dl[j] = d * sc_j, ml[j] = dmin * m_j (exact products), all 8 sub-blocks at once */
+        uint8_t sm[16];
+        dsib_q4k_unpack_scales(blk + 4, sm);
+        const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(ld_f16(blk)),
+                                             _mm256_set1_ps(ld_f16(blk + 2)), 1);
+        float dm[16];
+        _mm512_storeu_ps(dm, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                               _mm_loadu_si128((const __m128i *)sm))),
+                                           dd));
+        /* reload the scales as memory broadcasts (load ports) instead of register shuffles */
+        __asm__ volatile("" ::: "memory");
         UNR for (int c = 0; c < 4; c++) {
-            uint8_t s0, m0, s1, m1;
-            dsib_q4k_scale_min(2 * c, sc, &s0, &m0);
-            dsib_q4k_scale_min(2 * c + 1, sc, &s1, &m1);
-            const __m512 t0 = _mm512_fmsub_ps(_mm512_set1_ps(d * (float)s0), iota,
-                                              _mm512_set1_ps(dmin * (float)m0));
-            const __m512 t1 = _mm512_fmsub_ps(_mm512_set1_ps(d * (float)s1), iota,
-                                              _mm512_set1_ps(dmin * (float)m1));
+            const __m512 dl0 = _mm512_set1_ps(dm[2 * c]), ml0 = _mm512_set1_ps(dm[8 + 2 * c]);
+            const __m512 dl1 = _mm512_set1_ps(dm[2 * c + 1]), ml1 = _mm512_set1_ps(dm[9 + 2 * c]);
             const __m512i i0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * c)));
             const __m512i i1 =
                 _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * c + 16)));
+            const __m512 t0 = _mm512_fmsub_ps(dl0, iota, ml0);
+            const __m512 t1 = _mm512_fmsub_ps(dl1, iota, ml1);
             const __m512 w0 = _mm512_permutexvar_ps(i0, t0);
             const __m512 w1 = _mm512_permutexvar_ps(i1, t0);
             const __m512 w2 = _mm512_permutexvar_ps(_mm512_srli_epi32(i0, 4), t1);
@@ -169,38 +176,46 @@ AI void dot_q4_k(const uint8_t *w, int64_t n, const float *const *xp, float *out
 
 /* ---- Q2_K ------------------------------------------------------------------------------ */
 
+/* One 16-entry table serves four sub-blocks: entry 4k + q = dl_k * q - ml_k. A vector of
+ * 16 elements is one sub-block, so its index is (2-bit field) | 4k. */
 AI void dot_q2_k(const uint8_t *w, int64_t n, const float *const *xp, float *out,
                  const int T) {
     ACC_DECL
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 iota4 = _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i three = _mm512_set1_epi32(3);
     const int64_t nb = n / 256;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * 84;
-        const float d = ld_f16(blk + 80), dmin = ld_f16(blk + 82);
-        const uint8_t *sc = blk;
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+        const __m512 dl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15))),
+                                        _mm512_set1_ps(ld_f16(blk + 80)));
+        const __m512 ml = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)),
+                                        _mm512_set1_ps(ld_f16(blk + 82)));
         UNR for (int h = 0; h < 2; h++) {
             const uint8_t *q = blk + 16 + 32 * h;
             __m512i ia = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
             __m512i ib = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
-            UNR for (int s = 0; s < 4; s++) {
-                const int is = 8 * h + 2 * s;
-                const __m512 ta = _mm512_fmsub_ps(_mm512_set1_ps(d * (float)(sc[is] & 0xF)),
-                                                  iota,
-                                                  _mm512_set1_ps(dmin * (float)(sc[is] >> 4)));
-                const __m512 tb = _mm512_fmsub_ps(
-                    _mm512_set1_ps(d * (float)(sc[is + 1] & 0xF)), iota,
-                    _mm512_set1_ps(dmin * (float)(sc[is + 1] >> 4)));
-                const __m512 wa = _mm512_permutexvar_ps(_mm512_and_si512(ia, three), ta);
-                const __m512 wb = _mm512_permutexvar_ps(_mm512_and_si512(ib, three), tb);
-                ia = _mm512_srli_epi32(ia, 2);
-                ib = _mm512_srli_epi32(ib, 2);
-                UNR for (int t = 0; t < T; t++) {
-                    const float *x = xp[t] + 256 * b + 128 * h + 32 * s;
-                    acc[t][(2 * s) & 3] =
-                        _mm512_fmadd_ps(wa, _mm512_loadu_ps(x), acc[t][(2 * s) & 3]);
-                    acc[t][(2 * s + 1) & 3] =
-                        _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + 16), acc[t][(2 * s + 1) & 3]);
+            UNR for (int g = 0; g < 2; g++) {
+                /* sub-blocks 8h + 4g + k, k = 0..3 */
+                const __m512i sel = _mm512_add_epi32(rep4, _mm512_set1_epi32(8 * h + 4 * g));
+                const __m512 tab = _mm512_fmsub_ps(_mm512_permutexvar_ps(sel, dl), iota4,
+                                                   _mm512_permutexvar_ps(sel, ml));
+                UNR for (int ss = 0; ss < 2; ss++) {
+                    const int s = 2 * g + ss; /* 2-bit field */
+                    const __m512 wa = _mm512_permutexvar_ps(
+                        _mm512_ternarylogic_epi32(ia, three, _mm512_set1_epi32(4 * (2 * ss)), 0xEA), tab);
+                    const __m512 wb = _mm512_permutexvar_ps(
+                        _mm512_ternarylogic_epi32(ib, three, _mm512_set1_epi32(4 * (2 * ss + 1)), 0xEA), tab);
+                    ia = _mm512_srli_epi32(ia, 2);
+                    ib = _mm512_srli_epi32(ib, 2);
+                    UNR for (int t = 0; t < T; t++) {
+                        const float *x = xp[t] + 256 * b + 128 * h + 32 * s;
+                        acc[t][(2 * s) & 3] =
+                            _mm512_fmadd_ps(wa, _mm512_loadu_ps(x), acc[t][(2 * s) & 3]);
+                        acc[t][(2 * s + 1) & 3] = _mm512_fmadd_ps(wb, _mm512_loadu_ps(x + 16),
+                                                                  acc[t][(2 * s + 1) & 3]);
+                    }
                 }
             }
         }
@@ -237,12 +252,22 @@ AI void dot_mxfp4(const uint8_t *w, int64_t n, const float *const *xp, float *ou
 
 /* ---- FP8 E4M3 with E8M0 block scales ---------------------------------------------------- */
 
-AI __m512 e4m3x16(__m128i bytes) {
+/* E4M3 → f32 times 2^8 without f32 subnormals (they take a slow microcode path on some
+ * cores): the 7 magnitude bits go to f32 bit 20 under exponent bias 128, which is exact for
+ * normal codes ((1 + m/8) 2^(e+1)); codes with e = 0 (subnormal m/8 2^-6, times 2^8 = m/2)
+ * come out as 2 + m/4 and are fixed by one masked fmsub (2f - 4). The 2^-8 goes into the
+ * block scale. */
+AI __m512 e4m3x16_s8(__m128i bytes) {
     const __m512i i = _mm512_cvtepu8_epi32(bytes);
-    const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x7f)), 20);
-    const __m512i sg = _mm512_slli_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x80)), 24);
-    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(mag, sg)),
-                         _mm512_set1_ps(0x1p120f));
+    const __m512i mag = _mm512_ternarylogic_epi32(_mm512_slli_epi32(i, 20),
+                                                  _mm512_set1_epi32(0x07F00000),
+                                                  _mm512_set1_epi32(0x40000000), 0xEA);
+    const __mmask16 sub = _mm512_testn_epi32_mask(i, _mm512_set1_epi32(0x78));
+    const __m512 f = _mm512_mask_fmsub_ps(_mm512_castsi512_ps(mag), sub, _mm512_set1_ps(2.0f),
+                                          _mm512_set1_ps(4.0f));
+    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+        _mm512_castps_si512(f), _mm512_slli_epi32(i, 24), _mm512_set1_epi32((int)0x80000000u),
+        0xF8)); /* A | (B & C) */
 }
 
 /* One FP8 block of BS values, `valid` of them real (valid == BS except for a row's last
@@ -250,12 +275,12 @@ AI __m512 e4m3x16(__m128i bytes) {
 #define FP8_BLOCK(BS, blkp, xoff, valid, K)                                               \
     do {                                                                                  \
         const uint8_t *bp_ = (blkp);                                                      \
-        const __m512 s_ = _mm512_set1_ps(dsib_e8m0_to_f32(bp_[0]));                       \
+        const __m512 s_ = _mm512_set1_ps(dsib_e8m0_to_f32(bp_[0]) * 0x1p-8f);                       \
         __m512 p_[TMAX][2];                                                               \
         UNR for (int v = 0; v < (BS) / 16; v++) {                                         \
             const int64_t r_ = (valid) - 16 * v;                                          \
             const __mmask16 m_ = tail_mask(r_ > 0 ? r_ : 0);                              \
-            const __m512 wv_ = e4m3x16(_mm_maskz_loadu_epi8(m_, bp_ + 1 + 16 * v));       \
+            const __m512 wv_ = e4m3x16_s8(_mm_maskz_loadu_epi8(m_, bp_ + 1 + 16 * v));       \
             UNR for (int t = 0; t < T; t++) {                                             \
                 const __m512 xv_ = _mm512_maskz_loadu_ps(m_, xp[t] + (xoff) + 16 * v);    \
                 if (v < 2)                                                                \

@@ -83,4 +83,18 @@ static inline void dsib_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint
     }
 }
 
+/* Q4_K: all eight 6-bit scales and mins at once (ggml's utmp unpacking): on return the
+ * bytes out[0..8) are the scales of sub-blocks 0..7 and out[8..16) their mins — the same
+ * values as dsib_q4k_scale_min. */
+static inline void dsib_q4k_unpack_scales(const uint8_t *sc12, uint8_t out[16]) {
+    uint32_t u[4];
+    memcpy(u, sc12, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const uint32_t aux = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = aux;
+    u[0] &= 0x3f3f3f3fu;
+    memcpy(out, u, 16);
+}
+
 #endif /* DSIB_CPU_KERNELS_IMPL_H */

@@ -580,6 +580,45 @@ static void test_moe_gather(void **state) {
     dsib_threadpool_free(pool);
 }
 
+/* dsib_matmul_batch: each descriptor equals dsib_matmul alone; empty ones are skipped;
+ * more than 64 descriptors run in several rounds. */
+static void test_batch(void **state) {
+    (void)state;
+    dsib_threadpool *pool;
+    assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
+    problem p[N_SHAPES];
+    for (size_t i = 0; i < N_SHAPES; i++) problem_make(&p[i], shapes[i].type, shapes[i].n_in[1], 19, 3);
+    enum { ND = 70 };
+    dsib_matmul_desc d[ND];
+    float *yb[ND], *yr[ND];
+    for (int i = 0; i < ND; i++) {
+        const problem *q = &p[(size_t)i % N_SHAPES];
+        int64_t ntok = i % 5 == 4 ? 0 : 1 + i % 3;
+        int64_t nout = 1 + (i * 7) % 19;
+        d[i] = (dsib_matmul_desc){q->type, q->w, q->rb, q->n_in, nout, q->x, q->xs, NULL, 20, ntok};
+        yb[i] = calloc(60, sizeof(float));
+        yr[i] = calloc(60, sizeof(float));
+        assert_non_null(yb[i]);
+        assert_non_null(yr[i]);
+        d[i].y = yb[i];
+        assert_int_equal(dsib_matmul(NULL, q->type, q->w, q->rb, q->n_in, nout, q->x, q->xs, yr[i],
+                                     20, ntok),
+                         DSI_OK);
+    }
+    char msg[256];
+    assert_int_equal(dsib_matmul_batch(pool, d, ND, msg, sizeof msg), DSI_OK);
+    for (int i = 0; i < ND; i++) {
+        assert_memory_equal(yb[i], yr[i], 60 * sizeof(float));
+        free(yb[i]);
+        free(yr[i]);
+    }
+    assert_int_equal(dsib_matmul_batch(pool, NULL, 0, msg, sizeof msg), DSI_OK);
+    d[3].type = DSI_TYPE_I32;
+    assert_int_equal(dsib_matmul_batch(pool, d, 5, msg, sizeof msg), DSI_ERR_UNSUPPORTED);
+    for (size_t i = 0; i < N_SHAPES; i++) problem_free(&p[i]);
+    dsib_threadpool_free(pool);
+}
+
 static void test_checks(void **state) {
     (void)state;
     char msg[256];
@@ -647,6 +686,7 @@ int main(void) {
         cmocka_unit_test(test_invariance_avx512),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
+        cmocka_unit_test(test_batch),
         cmocka_unit_test(test_cross_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,29 @@
+/* dsinfer-bench: machine limits (memory read bandwidth, FMA peak) and kernel benchmarks. */
+#ifndef DSI_BENCH_HW_H
+#define DSI_BENCH_HW_H
+
+#include "backends/cpu/threadpool.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+double bench_now(void); /* seconds, monotonic */
+
+/* Best-of-`reps` multi-threaded streaming read of a `bytes` buffer (allocated, touched,
+ * freed here), GB/s (1e9 bytes/s). Returns 0 on allocation failure. */
+double bench_read_bandwidth(dsib_threadpool *pool, size_t bytes, int reps);
+
+/* Best-of-`reps` FMA throughput with every pool thread running independent FMA chains at
+ * the widest vector width the kernels use; GFLOP/s (an FMA = 2 flops). */
+double bench_fma_peak(dsib_threadpool *pool, int reps);
+
+/* Fills one row of `n_in` elements of `type` with valid random data (finite scales). */
+void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng);
+
+/* Last-level cache size in bytes (sysfs), or 32 MiB if unknown. */
+size_t bench_llc_bytes(void);
+
+/* CPU model name ("unknown" if not found) into buf. */
+void bench_cpu_name(char *buf, size_t size);
+
+#endif
