@@ -86,8 +86,8 @@ static uint64_t ld_le(const uint8_t *p, unsigned n) {
 
 /* Printable, bounded rendering of a name from the file for error messages. */
 static void safe_name(char out[100], const char *s, size_t len) {
-    size_t o = 0;
-    for (size_t i = 0; i < len && o < 90; i++) {
+    size_t o = 0, i = 0;
+    for (; i < len && o < 90; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c < 0x7F && c != '\\') {
             out[o++] = (char)c;
@@ -95,8 +95,8 @@ static void safe_name(char out[100], const char *s, size_t len) {
             o += (size_t)snprintf(out + o, 100 - o, "\\x%02x", c);
         }
     }
-    if (o >= 90 && len > 0) {
-        memcpy(out + (o < 96 ? o : 96), "...", 4);
+    if (i < len) { /* cut: o <= 93 here, so the marker fits */
+        memcpy(out + o, "...", 4);
         return;
     }
     out[o] = '\0';
@@ -884,8 +884,8 @@ static int val_int(const dsii_gguf_value *v, int *neg, uint64_t *mag) {
 }
 
 static int val_to_u64(const dsii_gguf_value *v, uint64_t *out) {
-    int neg;
-    uint64_t m;
+    int neg = 0;
+    uint64_t m = 0;
     if (!val_int(v, &neg, &m) || neg) return 0;
     *out = m;
     return 1;
@@ -913,7 +913,7 @@ static void render_scalar(const dsii_gguf_value *v, char *buf, size_t cap) {
 static dsi_status get_int(const dsii_gguf *g, const char *key, const char *tname, int allow_neg,
                           uint64_t neg_max, uint64_t pos_max, int *neg, uint64_t *mag,
                           dsii_error *err) {
-    const dsii_gguf_value *v;
+    const dsii_gguf_value *v = NULL;
     dsi_status st = find_or_fail(g, key, &v, err);
     if (st != DSI_OK) return st;
     if (!val_int(v, neg, mag))
@@ -930,32 +930,32 @@ static dsi_status get_int(const dsii_gguf *g, const char *key, const char *tname
 
 dsi_status dsii_gguf_get_u32(const dsii_gguf *g, const char *key, uint32_t *out,
                              dsii_error *err) {
-    int neg;
-    uint64_t m;
+    int neg = 0;
+    uint64_t m = 0;
     dsi_status st = get_int(g, key, "u32", 0, 0, UINT32_MAX, &neg, &m, err);
     if (st == DSI_OK && out) *out = (uint32_t)m;
     return st;
 }
 dsi_status dsii_gguf_get_i32(const dsii_gguf *g, const char *key, int32_t *out,
                              dsii_error *err) {
-    int neg;
-    uint64_t m;
+    int neg = 0;
+    uint64_t m = 0;
     dsi_status st = get_int(g, key, "i32", 1, (uint64_t)INT32_MAX + 1, INT32_MAX, &neg, &m, err);
     if (st == DSI_OK && out) *out = neg ? (int32_t)(-(int64_t)m) : (int32_t)m;
     return st;
 }
 dsi_status dsii_gguf_get_u64(const dsii_gguf *g, const char *key, uint64_t *out,
                              dsii_error *err) {
-    int neg;
-    uint64_t m;
+    int neg = 0;
+    uint64_t m = 0;
     dsi_status st = get_int(g, key, "u64", 0, 0, UINT64_MAX, &neg, &m, err);
     if (st == DSI_OK && out) *out = m;
     return st;
 }
 dsi_status dsii_gguf_get_i64(const dsii_gguf *g, const char *key, int64_t *out,
                              dsii_error *err) {
-    int neg;
-    uint64_t m;
+    int neg = 0;
+    uint64_t m = 0;
     dsi_status st =
         get_int(g, key, "i64", 1, (uint64_t)INT64_MAX + 1, (uint64_t)INT64_MAX, &neg, &m, err);
     if (st == DSI_OK && out)
@@ -965,7 +965,7 @@ dsi_status dsii_gguf_get_i64(const dsii_gguf *g, const char *key, int64_t *out,
 
 dsi_status dsii_gguf_get_f64(const dsii_gguf *g, const char *key, double *out,
                              dsii_error *err) {
-    const dsii_gguf_value *v;
+    const dsii_gguf_value *v = NULL;
     dsi_status st = find_or_fail(g, key, &v, err);
     if (st != DSI_OK) return st;
     if (v->type != DSII_GGUF_F32 && v->type != DSII_GGUF_F64)
@@ -976,18 +976,18 @@ dsi_status dsii_gguf_get_f64(const dsii_gguf *g, const char *key, double *out,
 }
 dsi_status dsii_gguf_get_f32(const dsii_gguf *g, const char *key, float *out,
                              dsii_error *err) {
-    double d;
+    double d = 0;
     dsi_status st = dsii_gguf_get_f64(g, key, &d, err);
     if (st == DSI_OK && out) *out = (float)d;
     return st;
 }
 
 dsi_status dsii_gguf_get_bool(const dsii_gguf *g, const char *key, int *out, dsii_error *err) {
-    const dsii_gguf_value *v;
+    const dsii_gguf_value *v = NULL;
     dsi_status st = find_or_fail(g, key, &v, err);
     if (st != DSI_OK) return st;
-    int neg;
-    uint64_t m;
+    int neg = 0;
+    uint64_t m = 0;
     if (!val_int(v, &neg, &m))
         return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key %s has type %s, expected bool", key,
                          dsii_gguf_value_type_name(v->type));
@@ -1003,7 +1003,7 @@ dsi_status dsii_gguf_get_bool(const dsii_gguf *g, const char *key, int *out, dsi
 
 dsi_status dsii_gguf_get_string(const dsii_gguf *g, const char *key, const char **out,
                                 size_t *len, dsii_error *err) {
-    const dsii_gguf_value *v;
+    const dsii_gguf_value *v = NULL;
     dsi_status st = find_or_fail(g, key, &v, err);
     if (st != DSI_OK) return st;
     if (v->type != DSII_GGUF_STRING)
@@ -1016,7 +1016,7 @@ dsi_status dsii_gguf_get_string(const dsii_gguf *g, const char *key, const char 
 
 dsi_status dsii_gguf_get_array(const dsii_gguf *g, const char *key, uint32_t *elem_type,
                                uint64_t *n, dsii_error *err) {
-    const dsii_gguf_value *v;
+    const dsii_gguf_value *v = NULL;
     dsi_status st = find_or_fail(g, key, &v, err);
     if (st != DSI_OK) return st;
     if (v->type != DSII_GGUF_ARRAY)
@@ -1056,7 +1056,7 @@ enum { CV_U32, CV_I32, CV_U64, CV_I64, CV_F32 };
 static dsi_status get_arr(const dsii_gguf *g, const char *key, int kind, void *dst, size_t cap,
                           uint64_t *n_out, dsii_error *err) {
     static const char *const names[] = {"u32", "i32", "u64", "i64", "f32"};
-    const dsii_gguf_value *v;
+    const dsii_gguf_value *v = NULL;
     dsi_status st = find_or_fail(g, key, &v, err);
     if (st != DSI_OK) return st;
     if (v->type != DSII_GGUF_ARRAY)
@@ -1081,8 +1081,8 @@ static dsi_status get_arr(const dsii_gguf *g, const char *key, int kind, void *d
                 if (pass) ((float *)dst)[i] = (float)e.s.f;
                 continue;
             }
-            int neg;
-            uint64_t m;
+            int neg = 0;
+            uint64_t m = 0;
             val_int(&e, &neg, &m);
             uint64_t pmax = kind == CV_U32 ? UINT32_MAX : kind == CV_I32 ? INT32_MAX
                           : kind == CV_U64 ? UINT64_MAX : (uint64_t)INT64_MAX;
@@ -1195,7 +1195,7 @@ static void render_value(const dsii_gguf *g, const dsii_gguf_value *v, sbuf *s) 
     for (uint64_t i = 0; i < shown; i++) {
         if (i) sb_str(s, ", ");
         if (v->arr_type == DSII_GGUF_STRING) {
-            size_t len;
+            size_t len = 0;
             const char *p = val_arr_str(g, v, i, &len);
             sb_put(s, p, len);
         } else if (v->arr_type == DSII_GGUF_ARRAY) {

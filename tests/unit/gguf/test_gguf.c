@@ -735,6 +735,19 @@ static void test_bad_metadata(void **state) {
         bb_zeros(&b, 64);
         expect_bad_bb(&b, DSI_ERR_BAD_FORMAT, "key 'my.array': array of 1152921504606846976");
     }
+    /* long names are cut in messages */
+    {
+        char longkey[201];
+        memset(longkey, 'k', 200);
+        longkey[200] = 0;
+        bb_header(&b, 3, 0, 1);
+        bb_str(&b, longkey);
+        bb_u32(&b, 13);
+        bb_u32(&b, 0);
+        char want[160];
+        snprintf(want, sizeof want, "key '%.90s...' has unknown value type 13", longkey);
+        expect_bad_bb(&b, DSI_ERR_BAD_FORMAT, want);
+    }
     /* unknown value type, unknown element type */
     bb_header(&b, 3, 0, 1);
     bb_str(&b, "my.key");
