@@ -616,7 +616,27 @@ typedef struct edit {
     const char *poke_tensor;       /* overwrite int32 element poke_index with poke_value */
     uint32_t poke_index;
     int32_t poke_value;
+    int nextn;                     /* V4: rewrite mtp.0.* in llama.cpp's nextn form (blk.L.*) */
 } edit;
+
+/* llama.cpp nextn spelling of a ds4 mtp.0.* tensor (docs/model-files.md §4.1); e_proj and
+ * h_proj are fused separately. */
+static void nextn_name(const char *name, uint32_t L, char *out, size_t cap) {
+    static const char *const head[][2] = {
+        {"mtp.0.enorm.weight", "nextn.enorm.weight"},
+        {"mtp.0.hnorm.weight", "nextn.hnorm.weight"},
+        {"mtp.0.norm.weight", "nextn.shared_head_norm.weight"},
+        {"mtp.0.hc_head_fn.weight", "nextn.hc_head_fn.weight"},
+        {"mtp.0.hc_head_base.weight", "nextn.hc_head_base.weight"},
+        {"mtp.0.hc_head_scale.weight", "nextn.hc_head_scale.weight"},
+    };
+    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+        if (strcmp(name, head[i][0]) == 0) {
+            snprintf(out, cap, "blk.%u.%s", L, head[i][1]);
+            return;
+        }
+    snprintf(out, cap, "blk.%u.%s", L, name + strlen("mtp.0."));
+}
 
 static uint8_t *rebuild(const char *src_path, const edit *e, size_t *out_n) {
     dsii_gguf *g = NULL;
@@ -629,6 +649,12 @@ static uint8_t *rebuild(const char *src_path, const edit *e, size_t *out_n) {
     for (int64_t i = 0; i < dsii_gguf_n_kv(g); i++) {
         const char *key = dsii_gguf_kv_key(g, i);
         uint32_t t = dsii_gguf_kv_type(g, i);
+        if (e->nextn && strcmp(key, "deepseek4.block_count") == 0) {
+            uint32_t L = 0;
+            assert_int_equal(dsii_gguf_get_u32(g, key, &L, NULL), DSI_OK);
+            assert_int_equal(dsii_gguf_writer_add_u32(w, key, L + 1, &err), DSI_OK);
+            continue;
+        }
         if (e->key && strcmp(key, e->key) == 0 && e->kind != 4 && e->kind != 5) {
             if (e->kind == 1) assert_int_equal(dsii_gguf_writer_add_string(w, key, e->sval, &err), DSI_OK);
             if (e->kind == 2) assert_int_equal(dsii_gguf_writer_add_u32(w, key, e->uval, &err), DSI_OK);
@@ -690,6 +716,33 @@ static uint8_t *rebuild(const char *src_path, const edit *e, size_t *out_n) {
         const dsii_gguf_tensor *t = dsii_gguf_tensor_at(g, i);
         if (e->skip_tensor && strcmp(t->name, e->skip_tensor) == 0) continue;
         const void *data = dsii_gguf_tensor_data(g, t);
+        char nname[128];
+        const char *tname = t->name;
+        if (e->nextn && strncmp(t->name, "mtp.0.", 6) == 0) {
+            uint32_t L = 0;
+            assert_int_equal(dsii_gguf_get_u32(g, "deepseek4.block_count", &L, NULL), DSI_OK);
+            if (strcmp(t->name, "mtp.0.h_proj.weight") == 0) continue;
+            if (strcmp(t->name, "mtp.0.e_proj.weight") == 0) {
+                /* eh_proj [2D, D]: row j = [e_proj row j ; h_proj row j] (f32) */
+                const dsii_gguf_tensor *h = dsii_gguf_find_tensor(g, "mtp.0.h_proj.weight");
+                assert_int_equal(t->type, DSI_TYPE_F32);
+                const float *ed = data, *hd = dsii_gguf_tensor_data(g, h);
+                const int64_t D = t->ne[0];
+                float *eh = malloc(sizeof(float) * (size_t)(2 * D * D));
+                for (int64_t j = 0; j < D; j++) {
+                    memcpy(eh + 2 * D * j, ed + D * j, sizeof(float) * (size_t)D);
+                    memcpy(eh + 2 * D * j + D, hd + D * j, sizeof(float) * (size_t)D);
+                }
+                int64_t ne2[2] = {2 * D, D};
+                snprintf(nname, sizeof nname, "blk.%u.nextn.eh_proj.weight", L);
+                assert_int_equal(dsii_gguf_writer_add_tensor(w, nname, DSI_TYPE_F32, 2, ne2, eh,
+                                                             sizeof(float) * (uint64_t)(2 * D * D), &err), DSI_OK);
+                to_free[n_free++] = eh;
+                continue;
+            }
+            nextn_name(t->name, L, nname, sizeof nname);
+            tname = nname;
+        }
         int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
         uint32_t nd = t->n_dims;
         int32_t type = t->type;
@@ -709,7 +762,7 @@ static uint8_t *rebuild(const char *src_path, const edit *e, size_t *out_n) {
             to_free[n_free++] = copy;
             data = copy;
         }
-        assert_int_equal(dsii_gguf_writer_add_tensor(w, t->name, type, nd, ne, data, nb, &err), DSI_OK);
+        assert_int_equal(dsii_gguf_writer_add_tensor(w, tname, type, nd, ne, data, nb, &err), DSI_OK);
     }
     if (e->add_tensor) {
         float z[64] = {0};
@@ -822,6 +875,93 @@ static void test_vision_ignored(void **state) {
     assert_int_equal(dsi_context_free(ctx), DSI_OK);
 }
 
+/* llama.cpp's nextn MTP convention reads into the same binding as ds4's mtp.0.* */
+static void test_nextn_mtp(void **state) {
+    (void)state;
+    NEED_MODELS();
+    dsi_context *ctx = new_ctx();
+    edit e = {.nextn = 1};
+    size_t n = 0;
+    uint8_t *p = rebuild(g_v4, &e, &n);
+    dsi_model *base = NULL, *m = NULL;
+    assert_int_equal(dsi_model_load(ctx, g_v4, NULL, &base), DSI_OK);
+    assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+    assert_int_equal(m->hp.n_layer, 6);
+    assert_int_equal(m->hp.n_draft, 1);
+    assert_int_equal(m->hp.has_mtp, 1);
+    assert_int_equal(m->hp.mtp_from_nextn, 1);
+    assert_int_equal(m->n_params, base->n_params);
+    const dsii_draft_tensors *a = &base->w.draft[0], *b = &m->w.draft[0];
+    assert_int_equal(b->e_proj->is_view, 1);
+    assert_int_equal(b->e_proj->ne[0], 256);
+    assert_int_equal(b->e_proj->ne[1], 256);
+    assert_int_equal(b->e_proj->row_stride, 2 * 256 * 4);
+    for (int64_t r = 0; r < 256; r += 51) {
+        assert_memory_equal((const uint8_t *)a->e_proj->data + r * a->e_proj->row_stride,
+                            (const uint8_t *)b->e_proj->data + r * b->e_proj->row_stride, 256 * 4);
+        assert_memory_equal((const uint8_t *)a->h_proj->data + r * a->h_proj->row_stride,
+                            (const uint8_t *)b->h_proj->data + r * b->h_proj->row_stride, 256 * 4);
+    }
+    assert_memory_equal(a->norm->data, b->norm->data, 256 * 4);
+    assert_memory_equal(a->blk.attn_q_b->data, b->blk.attn_q_b->data, a->blk.attn_q_b->nbytes);
+    dsi_model_free(m);
+    dsi_model_free(base);
+    dsii_free(NULL, p);
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+}
+
+/* every --type mkmodel offers loads, and stores its matrices in that type */
+static void test_mkmodel_types(void **state) {
+    (void)state;
+    const char *mk = getenv("DSI_MKMODEL");
+    if (!mk || access(mk, X_OK) != 0) {
+        print_message("skip: DSI_MKMODEL not set\n");
+        skip();
+    }
+    static const struct {
+        const char *name;
+        int32_t v4, v41;
+    } types[] = {
+        {"f16", DSI_TYPE_F16, DSI_TYPE_F16},
+        {"bf16", DSI_TYPE_BF16, DSI_TYPE_BF16},
+        {"q8_0", DSI_TYPE_Q8_0, DSI_TYPE_Q8_0},
+        {"q4_k", DSI_TYPE_Q4_K, DSI_TYPE_Q4_K},
+        {"q2_k", DSI_TYPE_Q2_K, DSI_TYPE_Q2_K},
+        {"mxfp4", DSI_TYPE_MXFP4, DSI_TYPE_MXFP4},
+        {"fp8", DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32},
+    };
+    dsi_context *ctx = new_ctx();
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        for (int v = 0; v < 2; v++) {
+            char path[400];
+            snprintf(path, sizeof path, "%s/type-%s-%d.gguf", g_tmpdir, types[i].name, v);
+            pid_t pid = fork();
+            if (pid == 0) {
+                execl(mk, mk, "--config", v ? "tiny-v41" : "tiny-v4", "--type", types[i].name, "-o", path,
+                      (char *)NULL);
+                _exit(127);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+            dsi_model *m = NULL;
+            if (dsi_model_load(ctx, path, NULL, &m) != DSI_OK)
+                fail_msg("--type %s: %s", types[i].name, dsi_last_error());
+            const int32_t want = v ? types[i].v41 : types[i].v4;
+            uint64_t bytes = 0;
+            assert_int_equal(dsi_model_type_bytes(m, want, &bytes), DSI_OK);
+            assert_true(bytes > 0);
+            /* attn_q_a ([256, 64]) rows fit every type's blocks: stored as asked */
+            assert_int_equal(m->w.layer[0].attn_q_a->type, want);
+            /* norms stay f32 */
+            assert_int_equal(m->w.layer[0].attn_norm->type, DSI_TYPE_F32);
+            if (v) assert_int_equal(m->w.layer[1].engram_embd->type, DSI_TYPE_FP8_E4M3_R32);
+            dsi_model_free(m);
+            unlink(path);
+        }
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_v4_config),
@@ -832,6 +972,8 @@ int main(void) {
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_vision_ignored),
+        cmocka_unit_test(test_nextn_mtp),
+        cmocka_unit_test(test_mkmodel_types),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
