@@ -519,10 +519,23 @@ dsi_status dsii_hparams_load(const dsi_context *ctx, const dsii_gguf *g, dsii_hp
             return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s.expert_weights_norm' value false: only normalized routing weights are supported",
                              arch);
         uint32_t v = 0;
-        TRY(get_u32(k, "expert_gating_func", NULL, 0, 4, 0, UINT32_MAX, &v, err));
-        if (v != 4)
-            return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s.expert_gating_func' value %u: only sqrt-softplus (4) is supported",
-                             arch, v);
+        /* llama.cpp's gating id for sqrt-softplus is not settled across forks (4 in the
+         * upstream PR; some converters write the string "sqrtsoftplus"); every V4 / V4.1
+         * release scores with sqrt-softplus (§3.5), so an unexpected id only logs */
+        const char *gk = mk(k, "expert_gating_func");
+        int64_t gi = dsii_gguf_find_key(g, gk);
+        if (gi >= 0 && dsii_gguf_kv_type(g, gi) == DSII_GGUF_STRING) {
+            const char *sv = NULL;
+            TRY(dsii_gguf_get_string(g, gk, &sv, NULL, err));
+            if (strcmp(sv, "sqrtsoftplus") != 0)
+                return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s' value '%s': only sqrtsoftplus is supported",
+                                 gk, sv);
+        } else {
+            TRY(get_u32(k, "expert_gating_func", NULL, 0, 4, 0, UINT32_MAX, &v, err));
+            if (v != 4)
+                dsii_log(ctx, DSI_LOG_WARN, "key '%s' value %u is not llama.cpp's sqrt-softplus id (4); using sqrt-softplus routing",
+                         gk, v);
+        }
         TRY(get_u32(k, "expert_group_count", NULL, 0, 0, 0, UINT32_MAX, &v, err));
         if (v != 0)
             return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s.expert_group_count' value %u: group-limited routing is not supported",
