@@ -31,7 +31,7 @@ static dsi_status get_tok(const dsi_model *m, const char *fn, const dsii_tokeniz
 DSI_API dsi_status dsi_tokenize(const dsi_model *model, const char *text, size_t len,
                                 uint32_t flags, dsi_token *tokens, size_t cap,
                                 size_t *n_needed) {
-    const dsii_tokenizer *t;
+    const dsii_tokenizer *t = NULL;
     dsi_status st = get_tok(model, "dsi_tokenize", &t);
     if (st != DSI_OK) return st;
     dsii_error e;
@@ -46,7 +46,7 @@ DSI_API dsi_status dsi_tokenize(const dsi_model *model, const char *text, size_t
 
 DSI_API dsi_status dsi_token_to_bytes(const dsi_model *model, dsi_token token, char *buf,
                                       size_t cap, size_t *n_needed) {
-    const dsii_tokenizer *t;
+    const dsii_tokenizer *t = NULL;
     dsi_status st = get_tok(model, "dsi_token_to_bytes", &t);
     if (st != DSI_OK) return st;
     dsii_error e;
@@ -73,7 +73,7 @@ DSI_API dsi_status dsi_token_to_bytes(const dsi_model *model, dsi_token token, c
 
 DSI_API dsi_status dsi_detokenize(const dsi_model *model, const dsi_token *tokens, size_t n,
                                   char *buf, size_t cap, size_t *n_needed) {
-    const dsii_tokenizer *t;
+    const dsii_tokenizer *t = NULL;
     dsi_status st = get_tok(model, "dsi_detokenize", &t);
     if (st != DSI_OK) return st;
     dsii_error e;
@@ -109,7 +109,7 @@ DSI_API dsi_status dsi_detokenize(const dsi_model *model, const dsi_token *token
 
 DSI_API dsi_status dsi_model_special_token(const dsi_model *model, int32_t which,
                                            dsi_token *token) {
-    const dsii_tokenizer *t;
+    const dsii_tokenizer *t = NULL;
     dsi_status st = get_tok(model, "dsi_model_special_token", &t);
     if (st != DSI_OK) return st;
     dsii_error e;
@@ -134,7 +134,7 @@ DSI_API dsi_status dsi_model_special_token(const dsi_model *model, int32_t which
 DSI_API dsi_status dsi_detokenizer_create(const dsi_model *model, dsi_detokenizer **out) {
     if (out) *out = NULL;
     if (!out) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_detokenizer_create: out is NULL");
-    const dsii_tokenizer *t;
+    const dsii_tokenizer *t = NULL;
     dsi_status st = get_tok(model, "dsi_detokenizer_create", &t);
     if (st != DSI_OK) return st;
     dsi_detokenizer *d = dsii_calloc(model->ctx, 1, sizeof *d);

@@ -600,8 +600,8 @@ static struct heap_ent heap_pop(tkz *z, size_t *hn) {
 static void try_pair(tkz *z, size_t *hn, int32_t pos) {
     int32_t q = z->nxt[pos];
     if (q < 0) return;
-    uint32_t rank;
-    int32_t res;
+    uint32_t rank = 0;
+    int32_t res = -1;
     if (merge_find(z->t, z->sid[pos], z->sid[q], &rank, &res)) {
         struct heap_ent e = {rank, (uint32_t)pos, z->sid[pos], z->sid[q]};
         heap_push(z, hn, e);
@@ -637,9 +637,9 @@ static void bpe_piece(tkz *z, const uint8_t *s, size_t n) {
         int32_t p = (int32_t)e.pos, q = z->nxt[p];
         /* stale entry: the symbol was merged away or a neighbour changed */
         if (z->sid[p] != e.a || q < 0 || z->sid[q] != e.b) continue;
-        uint32_t rank;
-        int32_t res;
-        merge_find(t, e.a, e.b, &rank, &res);
+        uint32_t rank = 0;
+        int32_t res = -1;
+        if (!merge_find(t, e.a, e.b, &rank, &res)) continue; /* cannot happen: pushed pairs merge */
         z->sid[p] = res;
         z->sid[q] = -1; /* dead */
         z->nxt[p] = z->nxt[q];
