@@ -159,57 +159,67 @@ static void test_q8_0(void **state) {
 
 static void test_q4_k(void **state) {
     (void)state;
-    uint8_t b[144];
-    memset(b, 0, sizeof b);
-    put16(b, 0x3C00);     /* d = 1 */
-    put16(b + 2, 0x3400); /* dmin = 0.25 */
-    int ls[8], lm[8];
-    for (int j = 0; j < 8; j++) {
-        ls[j] = (j * 11 + 1) & 63; /* j >= 4 exercises the high 2 bits */
-        lm[j] = (j * 13 + 40) & 63;
+    /* (d, dmin): normal; zero d; subnormal d with zero dmin; negative dmin; NaN d */
+    static const uint16_t dd[5][2] = {{0x3C00, 0x3400}, {0x0000, 0x3400}, {0x0001, 0x0000},
+                                      {0x3C00, 0xB400}, {0x7E00, 0x3400}};
+    for (int k = 0; k < 5; k++) {
+        uint8_t b[144];
+        memset(b, 0, sizeof b);
+        put16(b, dd[k][0]);
+        put16(b + 2, dd[k][1]);
+        int ls[8], lm[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = (j * 11 + 1) & 63; /* j >= 4 exercises the high 2 bits */
+            lm[j] = (j * 13 + 40) & 63;
+        }
+        uint8_t *sc = b + 4;
+        /* 12-byte packing (ggml get_scale_min_k4): bytes 0..3 hold scales 0..3 (low 6 bits),
+         * bytes 4..7 mins 0..3; bytes 8..11 hold the low 4 bits of scale j (low nibble) and min j
+         * (high nibble) for j = 4..7, whose high 2 bits sit in the top bits of bytes j-4 (scale)
+         * and j (min). */
+        for (int j = 0; j < 4; j++) {
+            sc[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
+            sc[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
+            sc[j + 8] = (uint8_t)((ls[j + 4] & 15) | ((lm[j + 4] & 15) << 4));
+        }
+        double want[256];
+        for (int e = 0; e < 256; e++) {
+            int sub = e / 32, q = (e * 7 + 3) % 16;
+            int c = sub / 2, l = e % 32;
+            b[16 + 32 * c + l] |= (uint8_t)((sub & 1) ? q << 4 : q);
+            want[e] = f16_def(dd[k][0]) * ls[sub] * q - f16_def(dd[k][1]) * lm[sub];
+        }
+        float got[256];
+        assert_int_equal(dsii_dequantize_row(DSI_TYPE_Q4_K, b, got, 256, NULL), DSI_OK);
+        expect_close(got, want, 256, 1e-6);
+        if (k != 4) check_dot(DSI_TYPE_Q4_K, b, want, 256);
     }
-    uint8_t *sc = b + 4;
-    /* 12-byte packing (ggml get_scale_min_k4): bytes 0..3 hold scales 0..3 (low 6 bits),
-     * bytes 4..7 mins 0..3; bytes 8..11 hold the low 4 bits of scale j (low nibble) and min j
-     * (high nibble) for j = 4..7, whose high 2 bits sit in the top bits of bytes j-4 (scale)
-     * and j (min). */
-    for (int j = 0; j < 4; j++) {
-        sc[j] = (uint8_t)(ls[j] | ((ls[j + 4] >> 4) << 6));
-        sc[j + 4] = (uint8_t)(lm[j] | ((lm[j + 4] >> 4) << 6));
-        sc[j + 8] = (uint8_t)((ls[j + 4] & 15) | ((lm[j + 4] & 15) << 4));
-    }
-    double want[256];
-    for (int e = 0; e < 256; e++) {
-        int sub = e / 32, q = (e * 7 + 3) % 16;
-        int c = sub / 2, l = e % 32;
-        b[16 + 32 * c + l] |= (uint8_t)((sub & 1) ? q << 4 : q);
-        want[e] = 1.0 * ls[sub] * q - 0.25 * lm[sub];
-    }
-    float got[256];
-    assert_int_equal(dsii_dequantize_row(DSI_TYPE_Q4_K, b, got, 256, NULL), DSI_OK);
-    expect_close(got, want, 256, 1e-6);
-    check_dot(DSI_TYPE_Q4_K, b, want, 256);
 }
 
 static void test_q2_k(void **state) {
     (void)state;
-    uint8_t b[84];
-    memset(b, 0, sizeof b);
-    for (int s = 0; s < 16; s++) b[s] = (uint8_t)((s & 15) | ((15 - s) << 4));
-    put16(b + 80, 0x3400); /* d = 0.25 */
-    put16(b + 82, 0x2E00); /* dmin = 0.09375 */
-    double want[256];
-    for (int e = 0; e < 256; e++) {
-        int q = (e * 3 + e / 7) % 4;
-        /* element e = 128h + 32j + l is bits 2j of qs[32h + l]; scale byte e/16 */
-        b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e / 32) % 4)));
-        int s = e / 16;
-        want[e] = 0.25 * (s & 15) * q - 0.09375 * (15 - s);
+    static const uint16_t dd[4][2] = {{0x3400, 0x2E00}, {0x0000, 0x2E00}, {0x0001, 0x8000},
+                                      {0x3400, 0x7C00}};
+    for (int k = 0; k < 4; k++) {
+        uint8_t b[84];
+        memset(b, 0, sizeof b);
+        for (int s = 0; s < 16; s++) b[s] = (uint8_t)((s & 15) | ((15 - s) << 4));
+        put16(b + 80, dd[k][0]);
+        put16(b + 82, dd[k][1]);
+        double want[256];
+        for (int e = 0; e < 256; e++) {
+            int q = (e * 3 + e / 7) % 4;
+            /* element e = 128h + 32j + l is bits 2j of qs[32h + l]; scale byte e/16 */
+            b[16 + 32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e / 32) % 4)));
+            int s = e / 16;
+            /* 0 · inf (min 0 with dmin = inf) is NaN, as the formula gives in IEEE arithmetic */
+            want[e] = f16_def(dd[k][0]) * (s & 15) * q - f16_def(dd[k][1]) * (15 - s);
+        }
+        float got[256];
+        assert_int_equal(dsii_dequantize_row(DSI_TYPE_Q2_K, b, got, 256, NULL), DSI_OK);
+        expect_close(got, want, 256, 1e-6);
+        if (k != 3) check_dot(DSI_TYPE_Q2_K, b, want, 256);
     }
-    float got[256];
-    assert_int_equal(dsii_dequantize_row(DSI_TYPE_Q2_K, b, got, 256, NULL), DSI_OK);
-    expect_close(got, want, 256, 1e-6);
-    check_dot(DSI_TYPE_Q2_K, b, want, 256);
 }
 
 static void test_mxfp4(void **state) {
