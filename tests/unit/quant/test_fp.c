@@ -75,6 +75,31 @@ static void test_f16_exhaustive(void **state) {
     }
 }
 
+/* Every midpoint between consecutive finite f16 (and bf16) values rounds to the even code;
+ * the floats just beside it round to the nearer neighbour. */
+static void test_midpoints(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 0x7BFF; h++) {
+        double lo = (double)dsii_f16_to_f32((uint16_t)h), hi = (double)dsii_f16_to_f32((uint16_t)(h + 1));
+        float mid = (float)((lo + hi) / 2);
+        assert_true((double)mid == (lo + hi) / 2);
+        uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
+        assert_int_equal(dsii_f32_to_f16(mid), even);
+        assert_int_equal(dsii_f32_to_f16(-mid), even | 0x8000);
+        assert_int_equal(dsii_f32_to_f16(nextafterf(mid, 0.0f)), h);
+        assert_int_equal(dsii_f32_to_f16(nextafterf(mid, INFINITY)), h + 1);
+    }
+    for (uint32_t h = 0; h < 0x7F7F; h++) {
+        double lo = (double)dsii_bf16_to_f32((uint16_t)h), hi = (double)dsii_bf16_to_f32((uint16_t)(h + 1));
+        float mid = (float)((lo + hi) / 2);
+        assert_true((double)mid == (lo + hi) / 2);
+        uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
+        assert_int_equal(dsii_f32_to_bf16(mid), even);
+        assert_int_equal(dsii_f32_to_bf16(nextafterf(mid, 0.0f)), h);
+        assert_int_equal(dsii_f32_to_bf16(nextafterf(mid, INFINITY)), h + 1);
+    }
+}
+
 /* ---- bf16 ----------------------------------------------------------------------------- */
 
 static void test_bf16(void **state) {
@@ -256,6 +281,7 @@ static void test_fake_quant_recipe(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_known),    cmocka_unit_test(test_f16_exhaustive),
+        cmocka_unit_test(test_midpoints),
         cmocka_unit_test(test_bf16),         cmocka_unit_test(test_e8m0),
         cmocka_unit_test(test_e4m3_decode),  cmocka_unit_test(test_e4m3_rne),
         cmocka_unit_test(test_e2m1),         cmocka_unit_test(test_fake_quant_recipe),
