@@ -428,7 +428,9 @@ typedef struct dsi_chat_message {
     uint32_t struct_size;
     int32_t role;            /* DSI_ROLE_* */
     const char *content;     /* UTF-8, NUL-terminated; NULL = "" */
-    const char *reasoning;   /* assistant's thinking text, or NULL */
+    const char *reasoning;   /* assistant's thinking text, or NULL; rendered only for an
+                                assistant turn after the last user turn with thinking on
+                                (earlier reasoning is dropped, as the official encoder does) */
 } dsi_chat_message;
 
 enum {
@@ -449,9 +451,14 @@ DSI_API void dsi_chat_message_init(dsi_chat_message *msg);
 /* [thread-safe] */
 DSI_API void dsi_chat_options_init(dsi_chat_options *opt);
 
-/* [thread-safe] Renders a conversation (array of `n` pointers) as text, two-call pattern;
- * the text contains special tokens literally, so tokenize it with
- * DSI_TOKENIZE_PARSE_SPECIAL. */
+/* [thread-safe] Renders a conversation (array of `n` pointers) as text; the text contains
+ * special tokens literally, so tokenize it with DSI_TOKENIZE_PARSE_SPECIAL (docs/tokenizer.md
+ * "Chat rendering" has the exact format). Consecutive user / tool messages form one user
+ * turn (parts joined by "\n\n"). Two-call pattern: `*n_needed` receives the length without
+ * the NUL; when cap >= that length the text is written (NUL-terminated if cap > length) and
+ * DSI_OK returned, otherwise INVALID_ARGUMENT and nothing is written. `model` is required
+ * (errors are recorded on it). INVALID_ARGUMENT names the message index and field for a NULL
+ * message, a bad struct_size or role, or bad options. */
 DSI_API dsi_status dsi_chat_render(const dsi_model *model,
                                    const dsi_chat_message *const *messages, size_t n,
                                    const dsi_chat_options *opt,
@@ -551,7 +558,12 @@ DSI_API void dsi_sampler_free(dsi_sampler *sampler);
 /* [per-handle] */
 DSI_API const char *dsi_sampler_last_error(const dsi_sampler *sampler);
 /* [per-handle] Samples a token from `logits` (n_vocab floats; not modified) and records it
- * in the penalty history. Same seed and inputs give the same token on every platform. */
+ * in the penalty history. Order: penalties over the last penalty_last_n tokens (repetition:
+ * positive logits divided, negative multiplied; then − count·frequency − presence), logit
+ * bias, then greedy (temperature 0: argmax, ties to the lower id) or temperature → top-k →
+ * softmax → top-p → min-p → draw. NaN logits count as −inf. Same seed and inputs give the
+ * same token on every platform (own RNG and exp, total order by logit then id).
+ * INVALID_ARGUMENT if a logit_bias token is >= n_vocab. */
 DSI_API dsi_status dsi_sampler_sample(dsi_sampler *sampler, const float *logits,
                                       int32_t n_vocab, dsi_token *token);
 /* [per-handle] Adds a token to the penalty history without sampling (e.g. prompt tokens). */
@@ -568,8 +580,12 @@ DSI_API dsi_status dsi_sampler_probs(dsi_sampler *sampler, const float **probs,
 /* Generation                                                                            */
 /* ------------------------------------------------------------------------------------ */
 
-/* Called for each generated token with its bytes (complete UTF-8 pieces; bytes of an
- * unfinished character are held back to the next call). Return nonzero to continue, 0 to
+/* Called for each generated token with its text: complete UTF-8 (bytes of an unfinished
+ * character are held back to the next call; invalid bytes arrive as U+FFFD) and, with stop
+ * strings, without any tail that could still start a stop string. A token is passed only
+ * after it was appended to the session; EOS and stop tokens are not passed. When generation
+ * ends (except by a stop string or cancellation) text still held back is delivered in one
+ * last call with token = -1 (its return value is ignored). Return nonzero to continue, 0 to
  * stop (finish reason DSI_FINISH_CALLBACK). Runs on the calling thread. */
 typedef int32_t (*dsi_token_fn)(dsi_token token, const char *text, size_t text_len,
                                 void *user_data);
@@ -617,8 +633,13 @@ DSI_API void dsi_generate_result_init(dsi_generate_result *result);
 
 /* [per-handle: session and sampler] Generates up to max_tokens tokens. Returns DSI_OK for
  * every normal finish (see result->finish_reason), DSI_ERR_CANCELLED when cancelled (the
- * session keeps every token evaluated so far, a later call continues from it), or an
- * error. `result` may be NULL. */
+ * session keeps the prompt and every delivered token; a later call without a prompt
+ * continues from it), or an error (recorded on the session). Without a prompt the session
+ * must already hold logits. EOS / stop tokens end the call without being appended; they
+ * count in n_generated. A stop string is never delivered; the token that completed it stays
+ * in the session. The prompt is not added to the sampler's penalty history (use
+ * dsi_sampler_accept). `result` may be NULL; only the fields its struct_size covers are
+ * written. */
 DSI_API dsi_status dsi_session_generate(dsi_session *session, dsi_sampler *sampler,
                                         const dsi_generate_options *opt,
                                         dsi_generate_result *result);
