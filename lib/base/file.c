@@ -251,3 +251,29 @@ dsi_status dsii_file_read(const dsii_file *f, uint64_t offset, uint64_t len, voi
 #endif
     return dsii_fail(err, DSI_ERR_INTERNAL, "%s: file has no data source", dsii_file_name(f));
 }
+
+void dsii_file_advise(const dsii_file *f, uint64_t offset, uint64_t len, int32_t advice) {
+#if !defined(_WIN32)
+    if (!f || !dsii_file_range_ok(f, offset, len) || len == 0) return;
+    if (f->mode == DSII_FILE_MMAP && f->base) {
+        static const int madv[5] = {POSIX_MADV_NORMAL, POSIX_MADV_RANDOM, POSIX_MADV_SEQUENTIAL,
+                                    POSIX_MADV_WILLNEED, POSIX_MADV_DONTNEED};
+        if (advice < 0 || advice > 4) return;
+        long pg = sysconf(_SC_PAGESIZE);
+        uint64_t page = pg > 0 ? (uint64_t)pg : 4096;
+        uint64_t start = offset / page * page;
+        (void)posix_madvise((void *)(uintptr_t)(f->base + start), (size_t)(offset + len - start),
+                            madv[advice]);
+    } else if (f->mode == DSII_FILE_PREAD && f->fd >= 0) {
+        static const int fadv[5] = {POSIX_FADV_NORMAL, POSIX_FADV_RANDOM, POSIX_FADV_SEQUENTIAL,
+                                    POSIX_FADV_WILLNEED, POSIX_FADV_DONTNEED};
+        if (advice < 0 || advice > 4) return;
+        (void)posix_fadvise(f->fd, (off_t)offset, (off_t)len, fadv[advice]);
+    }
+#else
+    (void)f;
+    (void)offset;
+    (void)len;
+    (void)advice;
+#endif
+}

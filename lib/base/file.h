@@ -79,4 +79,16 @@ const void *dsii_file_map(const dsii_file *f, uint64_t offset, uint64_t len);
 /* True (1) iff dsii_file_map can succeed in this mode (MMAP with size > 0, MEMORY). */
 int dsii_file_is_mapped(const dsii_file *f);
 
+/* Access-pattern hints (best effort, never fail): MMAP mode uses posix_madvise on the
+ * page-rounded range, PREAD mode posix_fadvise; other modes ignore them. E.g. RANDOM for
+ * Engram tables read row by row, WILLNEED before streaming weights to a device. */
+enum {
+    DSII_ADVISE_NORMAL = 0,
+    DSII_ADVISE_RANDOM = 1,
+    DSII_ADVISE_SEQUENTIAL = 2,
+    DSII_ADVISE_WILLNEED = 3,
+    DSII_ADVISE_DONTNEED = 4
+};
+void dsii_file_advise(const dsii_file *f, uint64_t offset, uint64_t len, int32_t advice);
+
 #endif /* DSI_BASE_FILE_H */

@@ -1020,6 +1020,13 @@ static void test_file_modes(void **state) {
         assert_int_equal(dsii_file_read(f, 1000, 0, NULL, &e), DSI_OK);
         assert_false(dsii_file_range_ok(f, 1, 1000));
         assert_true(dsii_file_range_ok(f, 1000, 0));
+        for (int32_t adv = -1; adv <= 5; adv++) { /* hints never fail or crash */
+            dsii_file_advise(f, 10, 500, adv);
+            dsii_file_advise(f, 999, 5, adv);
+            dsii_file_advise(f, UINT64_MAX, 5, adv);
+        }
+        assert_int_equal(dsii_file_read(f, 0, 100, buf, &e), DSI_OK);
+        assert_memory_equal(buf, data, 100);
         const uint8_t *p = dsii_file_map(f, 10, 20);
         if (modes[m] == DSII_FILE_MMAP) {
             assert_non_null(p);
