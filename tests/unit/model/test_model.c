@@ -117,11 +117,13 @@ typedef struct memrd {
     const uint8_t *p;
     size_t n;
     int closed;
+    uint64_t fail_from; /* reads touching bytes at or past this offset fail (0: never) */
 } memrd;
 
 static int32_t mem_pread(void *ud, void *buf, uint64_t size, uint64_t off) {
     memrd *m = ud;
     if (off > m->n || size > m->n - off) return 1;
+    if (m->fail_from && off + size > m->fail_from) return 1;
     memcpy(buf, m->p + off, (size_t)size);
     return 0;
 }
@@ -132,6 +134,7 @@ static dsi_status load_mem(dsi_context *ctx, const void *p, size_t n, dsi_model 
     m.p = p;
     m.n = n;
     m.closed = 0;
+    m.fail_from = 0;
     dsi_reader r;
     dsi_reader_init(&r);
     r.size = n;
@@ -875,6 +878,36 @@ static void test_vision_ignored(void **state) {
     assert_int_equal(dsi_context_free(ctx), DSI_OK);
 }
 
+/* a reader that fails while the weights are read: IO, reader closed once, nothing leaked */
+static void test_reader_io_error(void **state) {
+    (void)state;
+    NEED_MODELS();
+    dsi_context *ctx = new_ctx();
+    size_t n = 0;
+    uint8_t *p = read_all(g_v41, &n);
+    assert_non_null(p);
+    memrd rd = {.p = p, .n = n, .fail_from = n / 2};
+    dsi_reader r;
+    dsi_reader_init(&r);
+    r.size = n;
+    r.pread_fn = mem_pread;
+    r.close_fn = mem_close;
+    r.user_data = &rd;
+    dsi_model *m = (dsi_model *)ctx;
+    assert_int_equal(dsi_model_load_from_reader(ctx, &r, NULL, &m), DSI_ERR_IO);
+    assert_null(m);
+    assert_int_equal(rd.closed, 1);
+    /* and a good reader is closed exactly once, at dsi_model_free */
+    memrd ok = {.p = p, .n = n};
+    r.user_data = &ok;
+    assert_int_equal(dsi_model_load_from_reader(ctx, &r, NULL, &m), DSI_OK);
+    assert_int_equal(ok.closed, 0);
+    assert_int_equal(dsi_model_free(m), DSI_OK);
+    assert_int_equal(ok.closed, 1);
+    free(p);
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+}
+
 /* llama.cpp's nextn MTP convention reads into the same binding as ds4's mtp.0.* */
 static void test_nextn_mtp(void **state) {
     (void)state;
@@ -973,6 +1006,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_vision_ignored),
         cmocka_unit_test(test_nextn_mtp),
+        cmocka_unit_test(test_reader_io_error),
         cmocka_unit_test(test_mkmodel_types),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
