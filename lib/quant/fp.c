@@ -75,6 +75,21 @@ uint8_t dsii_e8m0_ceil(float x) {
     return (uint8_t)b;
 }
 
+uint8_t dsii_f32_to_e8m0(float x) {
+    if (isnan(x) || x < 0.0f) return 255;
+    if (x == 0.0f) return 0;
+    if (isinf(x)) return 254;
+    int ex;
+    float fr = frexpf(x, &ex); /* x = fr * 2^ex, fr in [0.5, 1); candidates 2^(ex-1), 2^ex */
+    int lo = ex - 1 + 127, b;
+    if (fr < 0.75f) b = lo;
+    else if (fr > 0.75f) b = lo + 1;
+    else b = (lo & 1) ? lo + 1 : lo;
+    if (b < 0) b = 0;
+    if (b > 254) b = 254;
+    return (uint8_t)b;
+}
+
 /* ---- E4M3FN --------------------------------------------------------------------------- */
 
 float dsii_e4m3_to_f32(uint8_t b) {

@@ -44,6 +44,10 @@ float dsii_e8m0_to_f32(uint8_t e);
  * clamped to [0, 254]. x <= 0 or NaN → 127 (scale 1). Used for the model-spec §10.1 scale
  * rule s = 2^ceil(log2(amax / max_code)). */
 uint8_t dsii_e8m0_ceil(float x);
+/* Nearest E8M0 byte (RNE in the linear domain: x = 1.5·2^k is a tie, the even byte wins),
+ * clamped to [0, 254] (2^-127 … 2^127); inf → 254; zero → 0 (the smallest scale); negative
+ * or NaN → 255 (NaN). */
+uint8_t dsii_f32_to_e8m0(float x);
 
 /* ---- FP8 E4M3FN ------------------------------------------------------------------------ */
 /* Bias 7, no infinities, 0x7F / 0xFF = NaN, max finite 448, subnormal step 2^-9. Exact. */

@@ -138,6 +138,18 @@ static void test_e8m0(void **state) {
     assert_int_equal(dsii_e8m0_ceil(ldexpf(1.0f, 127) * 1.5f), 254);
     assert_int_equal(dsii_e8m0_ceil(0.0f), 127);
     assert_int_equal(dsii_e8m0_ceil(NAN), 127);
+    assert_int_equal(dsii_f32_to_e8m0(1.0f), 127);
+    assert_int_equal(dsii_f32_to_e8m0(1.4f), 127);
+    assert_int_equal(dsii_f32_to_e8m0(1.6f), 128);
+    assert_int_equal(dsii_f32_to_e8m0(1.5f), 128);  /* tie 1 (127) / 2 (128): even 128 */
+    assert_int_equal(dsii_f32_to_e8m0(3.0f), 128);  /* tie 2 (128) / 4 (129): even 128 */
+    assert_int_equal(dsii_f32_to_e8m0(0.75f), 126); /* tie .5 (126) / 1 (127): even 126 */
+    assert_int_equal(dsii_f32_to_e8m0(ldexpf(1.0f, -140)), 0);
+    assert_int_equal(dsii_f32_to_e8m0(0.0f), 0);
+    assert_int_equal(dsii_f32_to_e8m0(INFINITY), 254);
+    assert_int_equal(dsii_f32_to_e8m0(-1.0f), 255);
+    assert_int_equal(dsii_f32_to_e8m0(NAN), 255);
+    for (int e = 0; e < 255; e++) assert_int_equal(dsii_f32_to_e8m0(dsii_e8m0_to_f32((uint8_t)e)), e);
     /* model-spec §10.1: s = 2^ceil(log2(amax · f32(1/448))) */
     assert_int_equal(dsii_e8m0_ceil(448.0f * (1.0f / 448.0f)), 127);
     assert_int_equal(dsii_e8m0_ceil(449.0f * (1.0f / 448.0f)), 128);
