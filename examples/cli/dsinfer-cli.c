@@ -452,6 +452,9 @@ static int run_chat(dsi_model *m, dsi_session *s, dsi_sampler *smp, const cli_op
         if (te) {
             reasoning = own(&c, a, (size_t)(te - a));
             body = te + strlen("</think>");
+        } else if (co.thinking) {
+            reasoning = own(&c, a, strlen(a)); /* never left the thinking block */
+            body = "";
         }
         char *bcopy = own(&c, body, strlen(body));
         free(answer.raw.text);
