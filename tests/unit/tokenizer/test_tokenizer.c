@@ -553,6 +553,74 @@ static void test_no_token_types(void **state) {
     vocab_free(&v);
 }
 
+/* Random bytes (biased towards UTF-8 lead/continuation bytes, specials and whitespace):
+ * never an error, always a byte-exact round trip, and the incremental decoder fed in random
+ * chunks agrees with a single push and only ever emits well-formed UTF-8. */
+static void test_random_roundtrip(void **state) {
+    (void)state;
+    vocab v;
+    int ids[6];
+    dsii_tokenizer *t = special_vocab(&v, ids);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    static const char *const frags[] = {"<think>", S_USER, "\xe4\xb8\xad", "\xf0\x9f\x98\x80", " ", "\n",
+                                        "\r\n", "12345", "hi", "\xcc\x81", "\xe2\x80\x8d"};
+    char buf[512];
+    dsi_token out[1024];
+    for (int iter = 0; iter < 3000; iter++) {
+        size_t n = 0;
+        while (n < 400) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            if ((x & 3) == 0) {
+                const char *f = frags[(x >> 8) % (sizeof frags / sizeof frags[0])];
+                size_t fl = strlen(f);
+                if (n + fl > sizeof buf) break;
+                memcpy(buf + n, f, fl);
+                n += fl;
+            } else {
+                buf[n++] = (char)(x >> 24);
+            }
+            if (((x >> 40) & 31) == 0) break;
+        }
+        uint32_t fl = (iter & 1) ? DSI_TOKENIZE_PARSE_SPECIAL : 0;
+        size_t nt = tokenize(t, buf, n, fl, out, 1024);
+        char back[2048];
+        size_t bn = 0;
+        for (size_t i = 0; i < nt; i++) {
+            size_t l;
+            const uint8_t *p = dsii_tokenizer_token_bytes(t, out[i], &l);
+            assert_non_null(p);
+            if (!fl) assert_false(dsii_tokenizer_is_special(t, out[i]));
+            memcpy(back + bn, p, l);
+            bn += l;
+        }
+        assert_int_equal(bn, n);
+        assert_memory_equal(back, buf, n);
+        /* incremental decoding in chunks == one push */
+        dsii_utf8_stream a = {{0}, 0}, b = {{0}, 0}, nx;
+        uint8_t o1[2048], o2[2048];
+        size_t l1 = dsii_utf8_stream_push(&a, (const uint8_t *)buf, n, o1, &nx);
+        l1 += dsii_utf8_stream_flush(&nx, o1 + l1);
+        size_t l2 = 0, pos = 0;
+        while (pos < n) {
+            size_t step = 1 + (size_t)((x >> (pos % 50)) % 5);
+            if (pos + step > n) step = n - pos;
+            l2 += dsii_utf8_stream_push(&b, (const uint8_t *)buf + pos, step, o2 + l2, &nx);
+            b = nx;
+            pos += step;
+        }
+        l2 += dsii_utf8_stream_flush(&b, o2 + l2);
+        assert_int_equal(l1, l2);
+        assert_memory_equal(o1, o2, l1);
+        for (size_t k = 0; k < l1;) {
+            int r = dsii_utf8_check(o1 + k, l1 - k);
+            assert_true(r > 0);
+            k += (size_t)r;
+        }
+    }
+    dsii_tokenizer_free(t);
+    vocab_free(&v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unicode_classes),
@@ -567,6 +635,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_stream),
         cmocka_unit_test(test_gguf_load),
         cmocka_unit_test(test_no_token_types),
+        cmocka_unit_test(test_random_roundtrip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
