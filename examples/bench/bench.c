@@ -253,16 +253,38 @@ static int run_kernels(const opts *o) {
  * tensor of the main path in full, except routed experts (the k used of E, as stored), the
  * token embedding (one row), V4 hash-routing tables (one row) and Engram tables (one row
  * per column). Draft blocks (MTP / DSpark) are not part of plain decoding. */
-static void per_token_cost(const dsi_model *m, double *bytes, double *flops) {
+enum { C_ATTN, C_ROUTED, C_SHARED, C_ROUTER, C_ENGRAM, C_HEAD, C_COUNT };
+static const char *const cat_names[C_COUNT] = {"attention+mHC+norms", "routed experts",
+                                               "shared expert", "router", "engram", "embd+head"};
+
+static int cat_of(const dsii_tensor *t) {
+    const char *n = t->name ? t->name : "";
+    if (strstr(n, "_exps")) return C_ROUTED;
+    if (strstr(n, "shexp")) return C_SHARED;
+    if (strstr(n, "gate_inp") || strstr(n, "exp_probs") || strstr(n, "tid2eid")) return C_ROUTER;
+    if (strstr(n, "engram")) return C_ENGRAM;
+    if (!strncmp(n, "output", 6) || !strncmp(n, "token_embd", 10)) return C_HEAD;
+    return C_ATTN;
+}
+
+static void add_cost(const dsii_tensor *t, double bytes, double flops, double *cb, double *b,
+                     double *f) {
+    *b += bytes;
+    *f += flops;
+    cb[cat_of(t)] += bytes;
+}
+
+static void per_token_cost(const dsi_model *m, double *bytes, double *flops, double *cb) {
     double b = 0, f = 0;
+    for (int c = 0; c < C_COUNT; c++) cb[c] = 0;
     const dsii_model_tensors *w = &m->w;
-    if (w->token_embd) b += (double)w->token_embd->row_bytes;
+    if (w->token_embd) add_cost(w->token_embd, (double)w->token_embd->row_bytes, 0, cb, &b, &f);
     const dsii_tensor *top[] = {w->output_norm, w->output, w->output_hc_fn, w->output_hc_base,
                                 w->output_hc_scale};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
         if (!top[i]) continue;
-        b += (double)top[i]->nbytes;
-        if (top[i]->ne[1] > 1) f += 2.0 * (double)top[i]->n_elements;
+        add_cost(top[i], (double)top[i]->nbytes,
+                 top[i]->ne[1] > 1 ? 2.0 * (double)top[i]->n_elements : 0, cb, &b, &f);
     }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const dsii_layer_tensors *L = &w->layer[il];
@@ -274,15 +296,15 @@ static void per_token_cost(const dsi_model *m, double *bytes, double *flops) {
             if (!t || t->is_view) continue;
             if (t == L->ffn_gate_exps || t == L->ffn_up_exps || t == L->ffn_down_exps) {
                 double e = (double)(t->ne[2] > 0 ? t->ne[2] : 1);
-                b += (double)t->nbytes * k / e;
-                f += 2.0 * (double)t->n_elements * k / e;
+                add_cost(t, (double)t->nbytes * k / e, 2.0 * (double)t->n_elements * k / e, cb,
+                         &b, &f);
             } else if (t == L->tid2eid) {
-                b += (double)t->row_bytes;
+                add_cost(t, (double)t->row_bytes, 0, cb, &b, &f);
             } else if (t == L->engram_embd) {
-                b += (double)m->hp.engram.n_cols * (double)t->row_bytes;
+                add_cost(t, (double)m->hp.engram.n_cols * (double)t->row_bytes, 0, cb, &b, &f);
             } else {
-                b += (double)t->nbytes;
-                if (t->ne[1] > 1) f += 2.0 * (double)t->n_elements;
+                add_cost(t, (double)t->nbytes, t->ne[1] > 1 ? 2.0 * (double)t->n_elements : 0, cb,
+                         &b, &f);
             }
         }
     }
@@ -344,8 +366,8 @@ static int run_model(const opts *o) {
     dsi_model_info info;
     dsi_model_info_init(&info);
     dsi_model_get_info(model, &info);
-    double tok_bytes = 0, tok_flops = 0;
-    per_token_cost(model, &tok_bytes, &tok_flops);
+    double tok_bytes = 0, tok_flops = 0, cat_bytes[C_COUNT];
+    per_token_cost(model, &tok_bytes, &tok_flops, cat_bytes);
 
     dsi_session_options so;
     dsi_session_options_init(&so);
@@ -448,24 +470,41 @@ static int run_model(const opts *o) {
                info.n_experts_used, load_s);
         printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"threads\": %d", bname,
                dsib_kern_isa_name(), o->t);
-        printf(", \"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f", l.read_gbs, l.fma_gflops);
+        if (o->no_limits)
+            printf(", \"mem_read_gbs\": null, \"fma_peak_gflops\": null");
+        else
+            printf(", \"mem_read_gbs\": %.3f, \"mem_read_buffer_bytes\": %zu, "
+                   "\"fma_peak_gflops\": %.3f",
+                   l.read_gbs, l.bw_bytes, l.fma_gflops);
         printf(", \"tests\": [");
         for (int i = 0; i < n_tests; i++) {
-            printf("%s{\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"avg_ts\": %.4f, "
-                   "\"stddev_ts\": %.4f, \"samples_ts\": [",
-                   i ? ", " : "", tests[i].name, tests[i].n_prompt, tests[i].n_gen, tests[i].mean,
-                   tests[i].sd);
+            int ntok = tests[i].n_prompt + tests[i].n_gen;
+            printf("%s{\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"repetitions\": %d, "
+                   "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"avg_ns\": %.0f, \"samples_ts\": [",
+                   i ? ", " : "", tests[i].name, tests[i].n_prompt, tests[i].n_gen,
+                   tests[i].n_samples, tests[i].mean, tests[i].sd,
+                   tests[i].mean > 0 ? 1e9 * ntok / tests[i].mean : 0.0);
             for (int k = 0; k < tests[i].n_samples; k++)
                 printf("%s%.4f", k ? ", " : "", tests[i].samples[k]);
             printf("]}");
         }
         printf("]");
-        printf(", \"decode\": {\"bytes_per_token\": %.0f, \"effective_gbs\": %.3f, "
-               "\"frac_read_bw\": %.4f}",
-               tok_bytes, eff_gbs, l.read_gbs > 0 ? eff_gbs / l.read_gbs : 0);
+        printf(", \"decode\": {\"bytes_per_token\": %.0f, \"bytes_per_token_by_part\": {",
+               tok_bytes);
+        for (int c = 0; c < C_COUNT; c++)
+            printf("%s\"%s\": %.0f", c ? ", " : "", cat_names[c], cat_bytes[c]);
+        printf("}, \"effective_gbs\": %.3f, \"frac_read_bw\": ", eff_gbs);
+        if (l.read_gbs > 0 && tg_ts > 0)
+            printf("%.4f}", eff_gbs / l.read_gbs);
+        else
+            printf("null}");
         printf(", \"prefill\": {\"flops_per_token\": %.0f, \"gflops\": %.3f, "
-               "\"frac_fma_peak\": %.4f}",
-               tok_flops, pp_gflops, l.fma_gflops > 0 ? pp_gflops / l.fma_gflops : 0);
+               "\"frac_fma_peak\": ",
+               tok_flops, pp_gflops);
+        if (l.fma_gflops > 0 && pp_ts > 0)
+            printf("%.4f}", pp_gflops / l.fma_gflops);
+        else
+            printf("null}");
         printf(", \"ok\": %s}\n", fail ? "false" : "true");
     } else {
         printf("| model | size | params | backend | threads | test | t/s |\n");
@@ -480,16 +519,20 @@ static int run_model(const opts *o) {
                    "FMA peak: %.1f GFLOP/s\n",
                    l.read_gbs, l.bw_bytes >> 20, o->t, l.fma_gflops);
         }
-        if (tg_ts > 0)
-            printf("decode: %.1f MiB of weights read per token -> effective %.2f GB/s = %.1f%% "
-                   "of read bandwidth\n",
-                   tok_bytes / 1048576.0, eff_gbs,
-                   l.read_gbs > 0 ? 100.0 * eff_gbs / l.read_gbs : 0.0);
-        if (pp_ts > 0)
-            printf("prefill: %.3f GFLOP per token (weight matmuls) -> %.1f GFLOP/s = %.1f%% of "
-                   "FMA peak\n",
-                   tok_flops * 1e-9, pp_gflops,
-                   l.fma_gflops > 0 ? 100.0 * pp_gflops / l.fma_gflops : 0.0);
+        if (tg_ts > 0) {
+            printf("decode: %.1f MiB of weights read per token (", tok_bytes / 1048576.0);
+            for (int c = 0; c < C_COUNT; c++)
+                printf("%s%s %.1f", c ? ", " : "", cat_names[c], cat_bytes[c] / 1048576.0);
+            printf(") -> effective %.2f GB/s", eff_gbs);
+            if (l.read_gbs > 0) printf(" = %.1f%% of read bandwidth", 100.0 * eff_gbs / l.read_gbs);
+            printf("\n");
+        }
+        if (pp_ts > 0) {
+            printf("prefill: %.3f GFLOP per token (weight matmuls) -> %.1f GFLOP/s",
+                   tok_flops * 1e-9, pp_gflops);
+            if (l.fma_gflops > 0) printf(" = %.1f%% of FMA peak", 100.0 * pp_gflops / l.fma_gflops);
+            printf("\n");
+        }
     }
     free(prompt);
     dsi_session_free(s);
