@@ -449,11 +449,12 @@ static dsi_status v4_eval(dsii_arch_state *st, const dsi_token *tokens, uint32_t
     if (n == 0 || n > st->p.n_batch || (uint64_t)pos + n > st->p.n_ctx)
         return dsii_fail(e, DSI_ERR_INTERNAL, "dsv4: bad step (pos %u, n %u)", pos, n);
     dsib_error be = {{0}};
-    dsi_status rc = st->be->begin(I, &be);
-    if (rc != DSI_OK) return dsii_fail(e, rc, "dsv4: begin: %s", be.msg);
-    /* token ids go to the device (embedding rows, hash routing) */
-    rc = st->be->upload(I, st->scratch, s->ids, tokens + pos, (uint64_t)n * sizeof(int32_t), &be);
+    /* token ids go to the device (embedding rows, hash routing) before recording starts */
+    dsi_status rc = st->be->upload(I, st->scratch, s->ids, tokens + pos,
+                                   (uint64_t)n * sizeof(int32_t), &be);
     if (rc != DSI_OK) return dsii_fail(e, rc, "dsv4: upload ids: %s", be.msg);
+    rc = st->be->begin(I, &be);
+    if (rc != DSI_OK) return dsii_fail(e, rc, "dsv4: begin: %s", be.msg);
 
     dsib_view X = SV(st, s->X), xin = SV(st, s->xin), xn = SV(st, s->xn),
               coef = SV(st, s->coef), lg = SV(st, s->logits);
