@@ -79,8 +79,8 @@ void dsii_free(const dsi_context *ctx, void *ptr) {
 /* Aligned blocks are carved out of a larger plain allocation; the original pointer is kept
  * just below the aligned address. */
 void *dsii_malloc_aligned(const dsi_context *ctx, size_t size, size_t alignment) {
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > 4096) return NULL;
     if (alignment < sizeof(void *)) alignment = sizeof(void *);
-    if ((alignment & (alignment - 1)) != 0 || alignment > 4096) return NULL;
     size_t total;
     if (!dsii_add_size(size, alignment + sizeof(void *), &total)) return NULL;
     unsigned char *raw = dsii_malloc(ctx, total);
