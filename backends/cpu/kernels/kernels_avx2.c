@@ -384,3 +384,6 @@ void dsib_kern_rows_avx2(int32_t type, const uint8_t *w, size_t w_row_bytes, int
 #endif
 
 #endif /* DSIB_KERN_X86 */
+
+/* Keeps the translation unit non-empty on other architectures. */
+typedef int dsib_kern_avx2_tu;
