@@ -331,6 +331,17 @@ class Model:
         self.yarn_bfast = float(k("rope.scaling.yarn_beta_fast", 32.0))
         self.yarn_bslow = float(k("rope.scaling.yarn_beta_slow", 1.0))
         self.route_scale = float(k("expert_weights_scale", 1.0))
+        if not bool(k("expert_weights_norm", True, required=False)):
+            raise ModelError("expert_weights_norm must be true (§3.5)")
+        gf = k("expert_gating_func", None, required=False)
+        if gf is not None and int(gf) != 4:
+            raise ModelError("expert_gating_func %d is not sqrt-softplus (4)" % int(gf))
+        for key in ("expert_group_count", "expert_group_used_count", "leading_dense_block_count"):
+            v = k(key, None, required=False)
+            if v is not None and int(v) != 0:
+                raise ModelError("%s.%s must be 0" % (self.arch, key))
+        if int(k("attention.head_count_kv", 1, required=False)) != 1:
+            raise ModelError("attention.head_count_kv must be 1")
         ratios = [int(x) for x in k("attention.compress_ratios")]
         if len(ratios) < self.n_layer:
             raise ModelError("compress_ratios has %d entries < block_count %d"

@@ -466,8 +466,13 @@ def end_to_end_generated_models():
             assert rc == 0
             o = np.fromfile(os.path.join(td, "o.bin"), dtype="<f4").reshape(5, 512)
             close(o, a[:5].astype(np.float32), 0, "%s: CLI output" % arch)
-            rc = dsref.main(["--model", p, "--tokens", "1,99999", "--out",
-                             os.path.join(td, "o.bin")])
+            import contextlib
+            import io
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = dsref.main(["--model", p, "--tokens", "1,99999", "--out",
+                                 os.path.join(td, "o.bin")])
+            assert "out of range" in err.getvalue(), err.getvalue()
             assert rc != 0, "out-of-range token accepted"
 
 
