@@ -427,6 +427,34 @@ static void test_sync_prefix(void **state) {
            "session\n", KEEP, LB);
 }
 
+/* DSI_ACCESS_PREAD: the Engram tables stay on disk and rows are read on demand
+ * (lib/engram PREAD placement); every other weight is resident. Same bits as mmap. */
+static void test_pread_engram(void **state) {
+    (void)state;
+    fixture *f = any_model();
+    const int n = 120;
+    float *mm = lib_logits(f, f->tok, n, 32, 0);
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.access = DSI_ACCESS_PREAD;
+    fixture p;
+    memset(&p, 0, sizeof p);
+    p.ctx = f->ctx;
+    p.n_vocab = f->n_vocab;
+    assert_int_equal(dsi_model_load(f->ctx, f->path, &mo, &p.model), DSI_OK);
+    const dsii_hparams *hp = &p.model->hp;
+    int lazy = 0;
+    for (uint32_t j = 0; j < hp->engram.n_layer; j++)
+        if (p.model->w.layer[hp->engram.layer_ids[j]].engram_embd->lazy) lazy++;
+    float *pr = lib_logits(&p, f->tok, n, 32, 0);
+    assert_memory_equal(pr, mm, (size_t)n * (size_t)f->n_vocab * sizeof(float));
+    printf("pread access (%d of %u Engram tables read on demand): bit-identical to mmap\n",
+           lazy, hp->engram.n_layer);
+    dsi_model_free(p.model);
+    free(pr);
+    free(mm);
+}
+
 /* The sequence crosses every structural boundary of the loaded model (§7.2 list). */
 static void test_coverage(void **state) {
     (void)state;
@@ -473,6 +501,7 @@ int main(void) {
         cmocka_unit_test(test_chunk_invariance),
         cmocka_unit_test(test_prefill_then_decode),
         cmocka_unit_test(test_sync_prefix),
+        cmocka_unit_test(test_pread_engram),
     };
     group_setup(NULL);
     if (!g_f32.model && !g_q8.model) {
