@@ -361,6 +361,8 @@ class Model:
             self.swiglu_limit_sh = [float(clamp_sh)] * self.n_layer
         else:
             self.swiglu_limit_sh = [float(x) for x in clamp_sh]
+        if len(self.swiglu_limit) < self.n_layer or len(self.swiglu_limit_sh) < self.n_layer:
+            raise ModelError("swiglu_clamp_exp / _shexp has fewer entries than block_count")
         if self.arch == "deepseek4":
             self.n_hash = int(k("hash_layer_count", 0))
         else:
@@ -389,6 +391,19 @@ class Model:
                     raise ModelError("engram multipliers/primes/offsets have wrong length")
                 if len(self.eg_token_map) != self.n_vocab_meta():
                     raise ModelError("engram.token_map length != vocabulary size")
+                C = (N - 1) * H
+                for e_i, L in enumerate(self.engram_layers):
+                    pr = [int(x) for x in self.eg_primes[e_i * C:(e_i + 1) * C]]
+                    of = [int(x) for x in self.eg_offsets[e_i * C:(e_i + 1) * C]]
+                    if min(pr) < 2 or of != [sum(pr[:c]) for c in range(C)]:
+                        raise ModelError("engram layer %d: bad primes / offsets" % L)
+                    ti = self.g.tensors.get(_blk(L, "engram.embd.weight"))
+                    if ti is None or len(ti.ne) != 2 or ti.ne[0] != self.eg_dim \
+                            or ti.ne[1] != sum(pr):
+                        raise ModelError("engram layer %d: table missing or not [%d, %d]"
+                                         % (L, self.eg_dim, sum(pr)))
+                    if any(int(m) % 2 == 0 for m in self.eg_mult[e_i * N:(e_i + 1) * N]):
+                        raise ModelError("engram layer %d: even multiplier" % L)
         if emb.ne[0] != self.dim:
             raise ModelError("token_embd.weight width %d != embedding_length" % emb.ne[0])
         if self.n_head * self.hd % self.o_groups:
@@ -421,6 +436,9 @@ class Model:
             if not ks:
                 raise ModelError("layer %d has ratio > 0 but no preceding KV source" % il)
             self.kv_src_of[il] = ks[-1]
+            if self.ratios[ks[-1]] != self.ratios[il]:
+                raise ModelError("layer %d (ratio %d) reads KV source %d of ratio %d"
+                                 % (il, self.ratios[il], ks[-1], self.ratios[ks[-1]]))
             self.idx_src_of[il] = xs[-1] if xs else None
         self.cand_masked = set()
         for s in self.index_sources:
