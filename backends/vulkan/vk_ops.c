@@ -714,30 +714,79 @@ static dsi_status op_compress_pool(dsib_instance *inst, dsib_view ring_kv, dsib_
     return op_end(&c, st);
 }
 
+static dsi_status indexer_impl(opc *c, dsib_view q, uint32_t ldq, dsib_view w, uint32_t ldw,
+                               dsib_view keys, uint32_t heads, uint32_t hd, int64_t pos0,
+                               uint32_t n, uint32_t ratio, uint32_t topk, dsib_view idx,
+                               dsib_view cand_in, dsib_view cand_out, uint32_t cand_block,
+                               uint32_t cand_k) {
+    int cands = cand_in.buf || cand_out.buf;
+    if (ratio == 0 || topk == 0 || !fits_i32(pos0 + n) || (cands && (cand_block == 0 || cand_k == 0)))
+        return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad arguments", c->name);
+    if (n == 0) return DSI_OK;
+    uint64_t max_rows = (uint64_t)(pos0 + n) / ratio + 1;
+    uint64_t nb = cands ? (max_rows + cand_block - 1) / cand_block + 1 : 0;
+    uint64_t stride = 2 * max_rows + 2 * nb;
+    dsib_buffer *scr = NULL;
+    dsi_status st = dsib_vk_rec_temp(c->inst, c->r, (uint64_t)n * stride * 4, &scr);
+    dsib_vk_bind bd[7];
+    memset(bd, 0, sizeof bd);
+    uint32_t p[32] = {0}, soff = 0;
+    dsib_view sv = {scr, 0};
+    if (st == DSI_OK) st = bind_words(c, q, span(n, ldq, (uint64_t)heads * hd), &bd[0], &p[0], "q");
+    if (st == DSI_OK) st = bind_words(c, w, span(n, ldw, heads), &bd[1], &p[2], "w");
+    if (st == DSI_OK) st = bind_words(c, keys, (max_rows > 1 ? max_rows - 1 : 1) * hd * 4, &bd[2], &p[4], "keys");
+    if (st == DSI_OK) st = bind_words(c, idx, (uint64_t)n * topk * 4, &bd[3], &p[10], "idx");
+    if (st == DSI_OK) st = bind_words(c, sv, (uint64_t)n * stride * 4, &bd[4], &soff, "scratch");
+    if (st == DSI_OK && cand_in.buf) st = bind_words(c, cand_in, (uint64_t)n * cand_k * 4, &bd[5], &p[17], "cand_in");
+    if (st == DSI_OK && cand_out.buf) st = bind_words(c, cand_out, (uint64_t)n * cand_k * 4, &bd[6], &p[18], "cand_out");
+    p[1] = ldq, p[3] = ldw, p[5] = heads, p[6] = hd, p[7] = (uint32_t)pos0, p[8] = ratio;
+    p[9] = topk, p[11] = (uint32_t)stride, p[13] = cand_in.buf != NULL, p[14] = cand_out.buf != NULL;
+    p[15] = cand_block, p[16] = cands ? cand_k : 0;
+    if (st == DSI_OK) st = dispatch_rows(c, shader("indexer"), bd, 7, p, 32, 1, n, 1, 12, 1);
+    return st;
+}
+
 static dsi_status op_indexer_topk(dsib_instance *inst, dsib_view q, uint32_t ldq, dsib_view w,
                                   uint32_t ldw, dsib_view keys, uint32_t heads, uint32_t hd,
                                   int64_t pos0, uint32_t n, uint32_t ratio, uint32_t topk,
                                   dsib_view idx) {
     opc c;
     if (op_start(inst, &c, "indexer_topk") != DSI_OK) return DSI_ERR_BACKEND;
+    dsib_view none = {NULL, 0};
+    return op_end(&c, indexer_impl(&c, q, ldq, w, ldw, keys, heads, hd, pos0, n, ratio, topk, idx,
+                                   none, none, 0, 0));
+}
+
+static dsi_status op_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq, dsib_view w,
+                                      uint32_t ldw, dsib_view keys, uint32_t heads, uint32_t hd,
+                                      int64_t pos0, uint32_t n, uint32_t ratio, uint32_t topk,
+                                      dsib_view idx, dsib_view cand_in, dsib_view cand_out,
+                                      uint32_t cand_block, uint32_t cand_k) {
+    opc c;
+    if (op_start(inst, &c, "indexer_topk_v41") != DSI_OK) return DSI_ERR_BACKEND;
+    return op_end(&c, indexer_impl(&c, q, ldq, w, ldw, keys, heads, hd, pos0, n, ratio, topk, idx,
+                                   cand_in, cand_out, cand_block, cand_k));
+}
+
+static dsi_status op_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+                                 uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
+                                 const dsib_weight *kw, float eps) {
+    opc c;
+    if (op_start(inst, &c, "engram_gate") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
-    if (ratio == 0 || topk == 0 || !fits_i32(pos0 + n))
-        st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan indexer_topk: bad arguments");
+    if (!qw || !kw || n_hc == 0 || D == 0 || ldkv < (n_hc + 1) * D || qw->ne[0] != (int64_t)D ||
+        kw->ne[0] != (int64_t)D || qw->ne[1] < (int64_t)n_hc || kw->ne[1] < (int64_t)n_hc ||
+        n_hc > 65535)
+        st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan engram_gate: bad arguments");
     if (st == DSI_OK && n) {
-        uint64_t max_rows = (uint64_t)(pos0 + n) / ratio + 1;
-        dsib_buffer *scr = NULL;
-        st = dsib_vk_rec_temp(inst, c.r, (uint64_t)n * max_rows * 2 * 4, &scr);
-        dsib_vk_bind bd[5];
-        uint32_t p[32] = {0}, soff = 0;
-        dsib_view sv = {scr, 0};
-        if (st == DSI_OK) st = bind_words(&c, q, span(n, ldq, (uint64_t)heads * hd), &bd[0], &p[0], "q");
-        if (st == DSI_OK) st = bind_words(&c, w, span(n, ldw, heads), &bd[1], &p[2], "w");
-        if (st == DSI_OK) st = bind_words(&c, keys, (max_rows - 1 ? max_rows - 1 : 1) * hd * 4, &bd[2], &p[4], "keys");
-        if (st == DSI_OK) st = bind_words(&c, idx, (uint64_t)n * topk * 4, &bd[3], &p[10], "idx");
-        if (st == DSI_OK) st = bind_words(&c, sv, (uint64_t)n * max_rows * 8, &bd[4], &soff, "scratch");
-        p[1] = ldq, p[3] = ldw, p[5] = heads, p[6] = hd, p[7] = (uint32_t)pos0, p[8] = ratio;
-        p[9] = topk, p[11] = (uint32_t)(max_rows * 2);
-        if (st == DSI_OK) st = dispatch_rows(&c, shader("indexer"), bd, 5, p, 32, 1, n, 1, 12, 1);
+        dsib_vk_bind bd[4];
+        uint32_t p[32] = {0};
+        st = bind_words(&c, X, (uint64_t)n * n_hc * D * 4, &bd[0], &p[0], "X");
+        if (st == DSI_OK) st = bind_words(&c, kv, span(n, ldkv, (uint64_t)(n_hc + 1) * D), &bd[1], &p[3], "kv");
+        if (st == DSI_OK) st = bind_param(&c, qw, (uint64_t)n_hc * D, &bd[2], &p[5], &p[6], "q_weight");
+        if (st == DSI_OK) st = bind_param(&c, kw, (uint64_t)n_hc * D, &bd[3], &p[7], &p[8], "k_weight");
+        p[1] = n_hc, p[2] = D, p[4] = ldkv, p[9] = fbits(eps), p[11] = fbits(1.0f / sqrtf((float)D));
+        if (st == DSI_OK) st = dispatch_rows(&c, shader("engram_gate"), bd, 4, p, 32, n_hc, n, 1, 10, 0);
     }
     return op_end(&c, st);
 }
@@ -925,5 +974,6 @@ const dsib_ops dsib_vk_ops = {
     .moe_route = op_moe_route,
     .moe_experts = op_moe_experts,
     .swiglu = op_swiglu,
-    /* indexer_topk_v41, engram_gate: not implemented yet (NULL = unsupported). */
+    .indexer_topk_v41 = op_indexer_topk_v41,
+    .engram_gate = op_engram_gate,
 };

@@ -62,6 +62,9 @@ static const uint32_t spv_attn_sink[] =
 static const uint32_t spv_moe_route[] =
 #include "moe_route.spv.inc"
     ;
+static const uint32_t spv_engram_gate[] =
+#include "engram_gate.spv.inc"
+    ;
 
 /* needs: device features the variant requires (all baseline shaders: none beyond Vulkan 1.1
  * compute); n_bindings: storage buffers the shader declares. */
@@ -82,8 +85,9 @@ const dsib_vk_shader dsib_vk_shaders[] = {
     {"hadamard", spv_hadamard, sizeof spv_hadamard, 0, 1},
     {"hc_mix", spv_hc_mix, sizeof spv_hc_mix, 0, 4},
     {"compress_pool", spv_compress_pool, sizeof spv_compress_pool, 0, 5},
-    {"indexer", spv_indexer, sizeof spv_indexer, 0, 5},
+    {"indexer", spv_indexer, sizeof spv_indexer, 0, 7},
     {"attn_sink", spv_attn_sink, sizeof spv_attn_sink, 0, 7},
     {"moe_route", spv_moe_route, sizeof spv_moe_route, 0, 6},
+    {"engram_gate", spv_engram_gate, sizeof spv_engram_gate, 0, 4},
 };
 const size_t dsib_vk_n_shaders = sizeof dsib_vk_shaders / sizeof dsib_vk_shaders[0];

@@ -624,11 +624,70 @@ static void test_moe(void **state) {
 
 /* ---- V4.1 ops (reported, not yet implemented on every backend) --------------------------- */
 
-static void test_v41_ops(void **state) {
+static void test_indexer_v41(void **state) {
     (void)state;
     NEED_OP(indexer_topk_v41);
+    /* modes: 0 plain, 1 candidate source (cand_out), 2 masked by cand_in */
+    static const struct { int64_t pos0; uint32_t n, ratio, topk, heads, cb, ck; int mode; } cs[] = {
+        {0, 30, 2, 4, 4, 2, 2, 0}, {0, 30, 1, 4, 4, 2, 2, 1}, {0, 30, 1, 4, 4, 2, 2, 2},
+        {200, 5, 1, 16, 2, 8, 6, 1}, {200, 5, 1, 16, 2, 8, 6, 2}, {61, 4, 2, 8, 1, 3, 40, 2}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        uint32_t hd = 128, H = cs[i].heads, n = cs[i].n, topk = cs[i].topk, ck = cs[i].ck;
+        uint32_t rows = (uint32_t)((cs[i].pos0 + n) / cs[i].ratio) + 1;
+        bt_buf q = rbuf(n * H * hd, -1, 1), w = rbuf(n * H, -1, 1), k = rbuf(rows * hd, -1, 1);
+        int32_t *init = calloc((size_t)n * (topk + ck), 4);
+        for (size_t j = 0; j < (size_t)n * (topk + ck); j++) init[j] = 777;
+        bt_buf idx = ibuf(init, (size_t)n * topk), co = ibuf(init, (size_t)n * ck);
+        /* cand_in: ascending block lists with −1 padding, made here */
+        int32_t *cin = calloc((size_t)n * ck, 4);
+        for (uint32_t t = 0; t < n; t++) {
+            int64_t nvis = (cs[i].pos0 + t + 1) / cs[i].ratio;
+            int64_t nb = (nvis + cs[i].cb - 1) / cs[i].cb;
+            uint32_t m = 0;
+            for (int64_t b = 0; b < nb && m < ck; b += 2) cin[t * ck + m++] = (int32_t)b;
+            for (; m < ck; m++) cin[t * ck + m] = -1;
+        }
+        bt_buf ci = ibuf(cin, (size_t)n * ck);
+        dsib_view none = {NULL, 0};
+        dsi_status st[2];
+        RUN_BOTH(st, OPS(S)->indexer_topk_v41(g_s[S].inst, V(q), H * hd, V(w), H, V(k), H, hd,
+                                              cs[i].pos0, n, cs[i].ratio, topk, V(idx),
+                                              cs[i].mode == 2 ? V(ci) : none,
+                                              cs[i].mode == 1 ? V(co) : none, cs[i].cb, ck));
+        st_ok(st);
+        char what[64];
+        snprintf(what, sizeof what, "indexer_topk_v41 mode %d", cs[i].mode);
+        check_i32(what, &idx, (size_t)n * topk);
+        if (cs[i].mode == 1) check_i32("indexer_topk_v41 candidate blocks", &co, (size_t)n * ck);
+        free(init);
+        free(cin);
+        bt_buf_free(g_s, &q);
+        bt_buf_free(g_s, &w);
+        bt_buf_free(g_s, &k);
+        bt_buf_free(g_s, &idx);
+        bt_buf_free(g_s, &co);
+        bt_buf_free(g_s, &ci);
+    }
+}
+
+static void test_engram_gate(void **state) {
+    (void)state;
     NEED_OP(engram_gate);
-    fail_msg("V4.1 ops are implemented on the GPU but this test has no cases yet");
+    static const uint32_t Ds[] = {256, 100};
+    for (int di = 0; di < 2; di++) {
+        uint32_t D = Ds[di], nh = 4, n = 6, ldkv = (nh + 1) * D + 3;
+        bt_buf X = rbuf(n * nh * D, -1, 1), kv = rbuf(n * ldkv, -1, 1);
+        tw qw = mkweight(DSI_TYPE_BF16, D, nh, 1, 1.0f), kw = mkweight(DSI_TYPE_F32, D, nh, 1, 1.0f);
+        dsi_status st[2];
+        RUN_BOTH(st, OPS(S)->engram_gate(g_s[S].inst, V(X), n, nh, D, V(kv), ldkv, &qw.w[S],
+                                         &kw.w[S], 1e-20f));
+        st_ok(st);
+        check_f32("engram_gate", &X, X.bytes / 4, 1e-11);
+        bt_buf_free(g_s, &X);
+        bt_buf_free(g_s, &kv);
+        bt_buf_free(g_s, &qw.b);
+        bt_buf_free(g_s, &kw.b);
+    }
 }
 
 /* ---- large tensors -------------------------------------------------------------------------- */
@@ -752,6 +811,7 @@ static void test_validation(void **state) {
 }
 
 int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
     bt_seed(20261129);
     int rc = bt_open(g_s, "vulkan");
     if (rc) return rc;
@@ -763,7 +823,8 @@ int main(void) {
         cmocka_unit_test(test_fake_quant),      cmocka_unit_test(test_hadamard),
         cmocka_unit_test(test_hc),              cmocka_unit_test(test_compress_pool),
         cmocka_unit_test(test_indexer),         cmocka_unit_test(test_attn_sink),
-        cmocka_unit_test(test_moe),             cmocka_unit_test(test_v41_ops),
+        cmocka_unit_test(test_moe),             cmocka_unit_test(test_indexer_v41),
+        cmocka_unit_test(test_engram_gate),
         cmocka_unit_test(test_large_matmul),    cmocka_unit_test(test_split_windows),
         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
     };

@@ -1,0 +1,272 @@
+/*
+ * Whole tiny models on the Vulkan backend vs the CPU backend (design.md "Testing tiers":
+ * backend). For tiny-v4 and tiny-v41 from $DSI_MODELS_DIR, a 320-token sequence:
+ *
+ *  1. fake-quant rounding off (DSI_SESSION_FLAG_NO_FAKE_QUANT, model-spec §10.4): logits of
+ *     every position from Vulkan and CPU prefill; argmax identical at every position and
+ *     max |Δlogit| <= 2e-3 (f32 weights; the two backends sum in different orders);
+ *  2. rounding on: the same comparison is reported (a value on an e4m3 / e2m1 midpoint may
+ *     round differently under another summation order and legitimately flip later results,
+ *     §10.4); argmax must agree up to the first position where |Δlogit| exceeds 1e-2;
+ *  3. invariances on Vulkan: whole-prompt prefill, chunked prefill (chunks of 7) and
+ *     token-by-token decode give bit-identical logits (each row is computed by the same
+ *     operations whatever the number of rows in a call).
+ *
+ * Skips (77) without a Vulkan device or without the models, unless DSI_REQUIRE_VULKAN=1.
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/session_impl.h"
+#include "dsinfer.h"
+
+#define N_TOK 320
+
+static int require_gpu(void) {
+    const char *v = getenv("DSI_REQUIRE_VULKAN");
+    return v && v[0] == '1';
+}
+
+static const char *model_path(const char *file) {
+    static char buf[4096];
+    const char *dir = getenv("DSI_MODELS_DIR");
+    if (!dir) return NULL;
+    snprintf(buf, sizeof buf, "%s/%s", dir, file);
+    FILE *f = fopen(buf, "rb");
+    if (!f) return NULL;
+    fclose(f);
+    return buf;
+}
+
+static int open_ctx(const char *backend, dsi_context **ctx) {
+    dsi_context_options co;
+    dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.backend = backend;
+    co.n_threads = 2;
+    dsi_status st = dsi_context_create(&co, ctx);
+    if (st != DSI_OK) {
+        printf("# context '%s': %s (%s)\n", backend, dsi_last_error(), dsi_status_string(st));
+        return 0;
+    }
+    return 1;
+}
+
+static void tokens(dsi_token *out, size_t n, int32_t V, uint32_t seed) {
+    uint64_t s = 0x9E3779B97F4A7C15ull ^ seed;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        out[i] = (dsi_token)((s >> 33) % (uint64_t)V);
+    }
+}
+
+static float *all_logits(dsi_model *m, const dsi_token *tok, size_t n, uint32_t n_batch,
+                         uint32_t flags, int32_t V) {
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = 512;
+    so.n_batch = n_batch;
+    so.flags = flags;
+    dsi_session *s = NULL;
+    if (dsi_session_create(m, &so, &s) != DSI_OK) {
+        printf("# session: %s\n", dsi_last_error());
+        return NULL;
+    }
+    float *all = malloc(sizeof(float) * n * (size_t)V);
+    dsii_session_begin_call(s);
+    dsi_status st = all ? dsii_session_append_all_logits(s, tok, n, all) : DSI_ERR_OUT_OF_HOST_MEMORY;
+    if (st != DSI_OK) {
+        printf("# append (n_batch %u): %s\n", n_batch, dsi_session_last_error(s));
+        free(all);
+        all = NULL;
+    }
+    dsi_session_free(s);
+    return all;
+}
+
+static size_t argmax(const float *r, int32_t V) {
+    size_t b = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (r[i] > r[b]) b = (size_t)i;
+    return b;
+}
+
+typedef struct cmp {
+    size_t argmax_diff;
+    long first_argmax_diff, first_over;
+    double max_abs;
+    long worst;
+} cmp;
+
+static cmp compare(const float *a, const float *ref, size_t n, int32_t V, double over) {
+    cmp c = {0, -1, -1, 0.0, -1};
+    for (size_t p = 0; p < n; p++) {
+        const float *x = a + p * (size_t)V, *r = ref + p * (size_t)V;
+        double md = 0;
+        for (int32_t i = 0; i < V; i++) {
+            double d = fabs((double)x[i] - (double)r[i]);
+            if (!(d <= md)) md = d;
+        }
+        if (!(md <= c.max_abs)) c.max_abs = md, c.worst = (long)p;
+        if (md > over && c.first_over < 0) c.first_over = (long)p;
+        if (argmax(x, V) != argmax(r, V)) {
+            c.argmax_diff++;
+            if (c.first_argmax_diff < 0) c.first_argmax_diff = (long)p;
+        }
+    }
+    return c;
+}
+
+typedef struct mstate {
+    const char *file;
+    dsi_context *cpu, *vk;
+    dsi_model *mc, *mv;
+    int32_t V;
+    dsi_token tok[N_TOK];
+} mstate;
+
+static mstate g_m[2] = {{"tiny-v4.gguf", 0, 0, 0, 0, 0, {0}}, {"tiny-v41.gguf", 0, 0, 0, 0, 0, {0}}};
+
+static int setup_model(void **state, mstate *ms) {
+    *state = ms;
+    const char *path = model_path(ms->file);
+    if (!path) {
+        printf("# %s not found in $DSI_MODELS_DIR\n", ms->file);
+        return 0;
+    }
+    if (!open_ctx("cpu", &ms->cpu) || !open_ctx("vulkan", &ms->vk)) return 0;
+    if (dsi_model_load(ms->cpu, path, NULL, &ms->mc) != DSI_OK ||
+        dsi_model_load(ms->vk, path, NULL, &ms->mv) != DSI_OK) {
+        printf("# load %s: cpu '%s', vulkan '%s'\n", path, dsi_context_last_error(ms->cpu),
+               dsi_context_last_error(ms->vk));
+        return 0;
+    }
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    dsi_model_get_info(ms->mc, &info);
+    ms->V = info.n_vocab;
+    tokens(ms->tok, N_TOK, ms->V, 4242);
+    return 0;
+}
+static int setup_v4(void **state) { return setup_model(state, &g_m[0]); }
+static int setup_v41(void **state) { return setup_model(state, &g_m[1]); }
+
+static int teardown(void **state) {
+    mstate *ms = *state;
+    dsi_model_free(ms->mc);
+    dsi_model_free(ms->mv);
+    dsi_context_free(ms->cpu);
+    dsi_context_free(ms->vk);
+    ms->mc = ms->mv = NULL;
+    ms->cpu = ms->vk = NULL;
+    return 0;
+}
+
+static void need(mstate *ms) {
+    if (!ms->mc || !ms->mv) {
+        printf("SKIP %s: model or Vulkan context not available\n", ms->file);
+        if (require_gpu() && ms->cpu && !ms->vk) fail_msg("DSI_REQUIRE_VULKAN=1 but no Vulkan context");
+        skip();
+    }
+}
+
+static void test_vs_cpu_no_round(void **state) {
+    mstate *ms = *state;
+    need(ms);
+    float *c = all_logits(ms->mc, ms->tok, N_TOK, 256, DSI_SESSION_FLAG_NO_FAKE_QUANT, ms->V);
+    float *v = all_logits(ms->mv, ms->tok, N_TOK, 256, DSI_SESSION_FLAG_NO_FAKE_QUANT, ms->V);
+    if (!c) {
+        printf("SKIP %s: no CPU reference (the forward pass does not run on the CPU)\n", ms->file);
+        free(v);
+        skip();
+    }
+    if (!v) {
+        free(c);
+        fail_msg("%s: the forward pass failed on Vulkan (see the message above)", ms->file);
+    }
+    assert_non_null(v);
+    cmp r = compare(v, c, N_TOK, ms->V, 2e-3);
+    printf("  %s, rounding off: max |dlogit| %.3e at %ld, argmax differs at %zu positions (first %ld)\n",
+           ms->file, r.max_abs, r.worst, r.argmax_diff, r.first_argmax_diff);
+    assert_int_equal(r.argmax_diff, 0);
+    assert_true(r.max_abs <= 2e-3);
+    free(c);
+    free(v);
+}
+
+static void test_vs_cpu_rounding(void **state) {
+    mstate *ms = *state;
+    need(ms);
+    float *c = all_logits(ms->mc, ms->tok, N_TOK, 256, 0, ms->V);
+    float *v = all_logits(ms->mv, ms->tok, N_TOK, 256, 0, ms->V);
+    if (!c) {
+        printf("SKIP %s: no CPU reference (the forward pass does not run on the CPU)\n", ms->file);
+        free(v);
+        skip();
+    }
+    if (!v) {
+        free(c);
+        fail_msg("%s: the forward pass failed on Vulkan (see the message above)", ms->file);
+    }
+    assert_non_null(v);
+    cmp r = compare(v, c, N_TOK, ms->V, 1e-2);
+    printf("  %s, rounding on: max |dlogit| %.3e at %ld, first |dlogit| > 1e-2 at %ld, argmax "
+           "differs at %zu positions (first %ld)\n",
+           ms->file, r.max_abs, r.worst, r.first_over, r.argmax_diff, r.first_argmax_diff);
+    /* before the first midpoint flip shows up, the argmax must agree */
+    if (r.first_argmax_diff >= 0) assert_true(r.first_over >= 0 && r.first_argmax_diff >= r.first_over);
+    free(c);
+    free(v);
+}
+
+static void test_vulkan_invariance(void **state) {
+    mstate *ms = *state;
+    need(ms);
+    uint32_t batches[3] = {N_TOK, 7, 1};
+    float *res[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        res[i] = all_logits(ms->mv, ms->tok, N_TOK, batches[i], 0, ms->V);
+        if (!res[i]) {
+            for (int j = 0; j < i; j++) free(res[j]);
+            fail_msg("%s: the forward pass failed on Vulkan (n_batch %u)", ms->file, batches[i]);
+        }
+    }
+    for (int i = 1; i < 3; i++) {
+        cmp r = compare(res[i], res[0], N_TOK, ms->V, 0.0);
+        printf("  %s on vulkan: n_batch %u vs whole prefill: max |dlogit| %.3e (first diff at %ld)\n",
+               ms->file, batches[i], r.max_abs, r.first_over);
+        assert_true(r.max_abs == 0.0);
+    }
+    for (int i = 0; i < 3; i++) free(res[i]);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    dsi_context *probe = NULL;
+    if (!open_ctx("vulkan", &probe)) {
+        printf("SKIP: no Vulkan backend/device\n");
+        return require_gpu() ? 1 : 77;
+    }
+    dsi_context_free(probe);
+    if (!model_path("tiny-v4.gguf") && !model_path("tiny-v41.gguf")) {
+        printf("SKIP: no tiny models in $DSI_MODELS_DIR\n");
+        return 77;
+    }
+    const struct CMUnitTest v4[] = {
+        cmocka_unit_test(test_vs_cpu_no_round),
+        cmocka_unit_test(test_vs_cpu_rounding),
+        cmocka_unit_test(test_vulkan_invariance),
+    };
+    int rc = cmocka_run_group_tests_name("tiny-v4", v4, setup_v4, teardown);
+    rc += cmocka_run_group_tests_name("tiny-v41", v4, setup_v41, teardown);
+    return rc;
+}
