@@ -6,8 +6,9 @@
  *     ratios (4, 16) ± 1 and the indexer top-k saturation (8 rows = position 32):
  *       f32 weights, rounding off on both sides (DSI_SESSION_FLAG_NO_FAKE_QUANT /
  *       --no-fake-quant): argmax equal everywhere, max |Δ| <= 1e-3 × logit range;
- *       f32 weights, rounding on (§10.4): the same up to the first isolated midpoint flip,
- *       which the test locates with the reference's --trace-midpoints output;
+ *       f32 weights, rounding on (§10.4): within 1e-5 × range and argmax equal up to the
+ *       first isolated midpoint flip, which the test locates with the reference's
+ *       --trace-midpoints output (two sequences; the second one flips);
  *       q8_0 weights (generated with dsinfer-mkmodel at test time), rounding off;
  *   - invariances (bit-exact, rounding on): chunk sizes 1 / 7 / 64 / whole prompt;
  *     prefill-then-decode == decode all the way; sync with a shared prefix (exact rewind and
@@ -38,6 +39,9 @@
 #define N_TOK 300
 #define N_CTX 512
 #define TOL_REL 1e-3 /* × logit range of the reference row */
+#ifndef MT_SEED
+#define MT_SEED 1234
+#endif
 
 static const char *g_path;
 static dsi_context *g_ctx;
@@ -56,7 +60,7 @@ static int group_setup(void **state) {
     dsi_model_info_init(&info);
     dsi_model_get_info(g_model, &info);
     g_V = info.n_vocab;
-    mt_tokens(g_tok, N_TOK, g_V, 1234);
+    mt_tokens(g_tok, N_TOK, g_V, MT_SEED);
     g_whole_fq = mt_all_logits(g_model, g_tok, N_TOK, N_TOK, 0, N_CTX);
     g_whole_nofq = mt_all_logits(g_model, g_tok, N_TOK, N_TOK, DSI_SESSION_FLAG_NO_FAKE_QUANT,
                                  N_CTX);
@@ -108,32 +112,38 @@ static void test_ref_f32_no_fake_quant(void **state) {
 }
 
 /* Rounding on (§10.4): agreement is expected up to isolated midpoint flips. The test finds
- * the first position beyond tolerance and requires that the reference's midpoint trace
- * shows a quantizer input sitting on a rounding midpoint (within 1e-3 grid steps) at or
- * before that position — the flip is located and named, never hidden by a looser bound. */
-static void test_ref_f32_fake_quant(void **state) {
-    (void)state;
-    NEED_MODEL();
-    NEED_REF();
+ * the first position where the logits leave the tight no-rounding agreement (FQ_TIGHT × range)
+ * or the argmax differs, and requires that the reference's midpoint trace shows a quantizer
+ * input within MIDPOINT_STEPS grid steps of a rounding midpoint at or before that position:
+ * the flip is located and named, never hidden by a looser bound. Before it, everything must
+ * agree tightly. */
+#define FQ_TIGHT 1e-5
+#define MIDPOINT_STEPS 1e-3
+
+static void fq_check(const dsi_token *tok, const float *ours, const char *what) {
     char trace[] = "/tmp/dsi_mt_traceXXXXXX";
     int fd = mkstemp(trace);
     assert_true(fd >= 0);
     close(fd);
-    float *ref = mt_reference(g_path, g_tok, N_TOK, g_V, 0, trace);
+    float *ref = mt_reference(g_path, tok, N_TOK, g_V, 0, trace);
     assert_non_null(ref);
-    mt_cmp c = mt_compare(g_whole_fq, ref, N_TOK, g_V, TOL_REL);
-    report("f32, rounding on, vs reference", c);
-    if (c.first_over >= 0) {
-        long P = c.first_over;
-        mt_cmp pre = mt_compare(g_whole_fq, ref, (size_t)P, g_V, TOL_REL);
-        printf("# first position beyond tolerance: %ld (before it: max rel %.3g, argmax "
-               "diffs %zu)\n", P, pre.max_rel, pre.n_argmax_diff);
+    mt_cmp c = mt_compare(ours, ref, N_TOK, g_V, FQ_TIGHT);
+    report(what, c);
+    long P = c.first_over;
+    if (c.first_argmax_diff >= 0 && (P < 0 || c.first_argmax_diff < P)) P = c.first_argmax_diff;
+    if (P < 0) {
+        printf("# no midpoint flip: every position within %g x range, argmax equal\n", FQ_TIGHT);
+    } else {
+        mt_cmp pre = mt_compare(ours, ref, (size_t)P, g_V, FQ_TIGHT);
+        printf("# first divergence at position %ld (before it: max rel %.3g, argmax diffs %zu)\n",
+               P, pre.max_rel, pre.n_argmax_diff);
         assert_int_equal(pre.n_argmax_diff, 0);
+        assert_true(pre.max_rel <= FQ_TIGHT);
         FILE *f = fopen(trace, "r");
         assert_non_null(f);
         char line[512];
         double best = 1e9;
-        char best_line[512] = "";
+        char best_line[512] = "none\n";
         while (fgets(line, sizeof line, f)) {
             double m;
             long pos;
@@ -144,11 +154,29 @@ static void test_ref_f32_fake_quant(void **state) {
             }
         }
         fclose(f);
-        printf("# nearest midpoint at or before %ld: %s", P, best_line[0] ? best_line : "none\n");
-        assert_true(best <= 1e-3);
+        printf("# nearest rounding midpoint at or before %ld (grid steps, call): %s", P,
+               best_line);
+        assert_true(best <= MIDPOINT_STEPS);
     }
     unlink(trace);
     free(ref);
+}
+
+/* Two sequences: the main one, and one (seed 2) on which, with the reference and
+ * libdsinfer as of this writing, a window-KV / indexer-q midpoint flip changes the argmax
+ * at two later positions — so the locating path runs in CI too. Neither outcome is
+ * required: the check is that every divergence is explained by a midpoint. */
+static void test_ref_f32_fake_quant(void **state) {
+    (void)state;
+    NEED_MODEL();
+    NEED_REF();
+    fq_check(g_tok, g_whole_fq, "f32, rounding on, vs reference");
+    dsi_token t2[N_TOK];
+    mt_tokens(t2, N_TOK, g_V, 2);
+    float *ours = mt_all_logits(g_model, t2, N_TOK, N_TOK, 0, N_CTX);
+    assert_non_null(ours);
+    fq_check(t2, ours, "f32, rounding on, second sequence, vs reference");
+    free(ours);
 }
 
 static void test_ref_q8_0(void **state) {
