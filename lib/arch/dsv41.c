@@ -34,6 +34,7 @@
 #include <string.h>
 
 #define V41_DEFAULT_MARGIN 256u /* exact-rewind margin (tokens), as dsv4.c */
+#define V41_LOGIT_ROWS 16u      /* output-head rows per slice (logits scratch) */
 
 typedef struct v41_lw {
     dsib_weight attn_norm, q_a, q_a_norm, q_b, kv, kv_norm, sinks, out_a, out_b;
@@ -322,7 +323,7 @@ static dsi_status v41_state_create(dsi_model *model, const dsii_arch_params *p,
     st->o_shg = take(&sc, n * SF * 4);
     st->o_shu = take(&sc, n * SF * 4);
     st->o_sh = take(&sc, n * D * 4);
-    st->o_logits = take(&sc, n * hp->n_vocab * 4);
+    st->o_logits = take(&sc, (uint64_t)(nb < V41_LOGIT_ROWS ? nb : V41_LOGIT_ROWS) * hp->n_vocab * 4);
     if (hp->has_engram)
         for (uint32_t j = 0; j < eh->n_layer; j++) st->o_eE[j] = take(&sc, n * C * K * 4);
     st->o_ekv = take(&sc, n * (hc + 1) * D * 4);
@@ -599,6 +600,9 @@ static dsi_status run_step(dsii_arch_state *st, const dsi_token *tokens, uint32_
            "hc_post ffn", il_);
     }
 
+    s = st->be->submit(I, &be);
+    if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: submit: %s", be.msg);
+
     uint32_t n_out = 0, first = 0;
     if (which == DSII_LOGITS_LAST) {
         n_out = 1;
@@ -606,24 +610,27 @@ static dsi_status run_step(dsii_arch_state *st, const dsi_token *tokens, uint32_
     } else if (which == DSII_LOGITS_ALL) {
         n_out = n;
     }
-    if (n_out) {
-        /* §4.1: collapse with the last layer's FFN pre mix (no HC head), norm, head (f32) */
-        const uint64_t xo = st->o_X + (uint64_t)first * hc * D * 4;
-        const uint64_t co = st->o_cf + (uint64_t)first * M * 4;
-        CK(o->hc_collapse(I, SV(st, xo), SV(st, co), M, SV(st, st->o_x), D, n_out, hc, D),
+    /* §4.1: collapse with the last layer's FFN pre mix (no HC head), norm, head (f32). In
+     * slices of V41_LOGIT_ROWS rows so the logits scratch stays small at real vocab sizes;
+     * the final logits are the step's only readback. */
+    for (uint32_t r0 = 0; r0 < n_out; r0 += V41_LOGIT_ROWS) {
+        const uint32_t nr = n_out - r0 < V41_LOGIT_ROWS ? n_out - r0 : V41_LOGIT_ROWS;
+        const uint64_t xo = st->o_X + (uint64_t)(first + r0) * hc * D * 4;
+        const uint64_t co = st->o_cf + (uint64_t)(first + r0) * M * 4;
+        s = st->be->begin(I, &be);
+        if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: begin: %s", be.msg);
+        CK(o->hc_collapse(I, SV(st, xo), SV(st, co), M, SV(st, st->o_x), D, nr, hc, D),
            "hc_collapse out", -1);
-        CK(o->rms_norm(I, SV(st, st->o_x), D, SV(st, st->o_xn), D, n_out, D, &st->out_norm,
+        CK(o->rms_norm(I, SV(st, st->o_x), D, SV(st, st->o_xn), D, nr, D, &st->out_norm,
                        hp->rms_eps),
            "output_norm", -1);
         CK(o->matmul(I, &st->output, 0, SV(st, st->o_xn), D, SV(st, st->o_logits), hp->n_vocab,
-                     n_out),
+                     nr),
            "matmul output", -1);
-    }
-    s = st->be->submit(I, &be);
-    if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: submit: %s", be.msg);
-    if (n_out) {
-        s = st->be->download(I, st->scratch, st->o_logits, logits,
-                             (uint64_t)n_out * hp->n_vocab * 4, &be);
+        s = st->be->submit(I, &be);
+        if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: submit: %s", be.msg);
+        s = st->be->download(I, st->scratch, st->o_logits, logits + (size_t)r0 * hp->n_vocab,
+                             (uint64_t)nr * hp->n_vocab * 4, &be);
         if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: download logits: %s", be.msg);
     }
     return DSI_OK;
