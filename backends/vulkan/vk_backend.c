@@ -6,7 +6,8 @@
  * Environment variables (documented in docs/vulkan.md): DSINFER_VULKAN_VALIDATION=1 turns
  * on VK_LAYER_KHRONOS_validation with a messenger that counts errors;
  * DSINFER_VULKAN_MAX_BINDING / DSINFER_VULKAN_CHUNK (bytes) shrink the binding window and
- * the allocation chunk below the device limits (tests of the large-tensor paths).
+ * the allocation chunk below the device limits (tests of the large-tensor paths);
+ * DSINFER_VULKAN_BASELINE=1 uses only the baseline shader variants.
  */
 #define _GNU_SOURCE
 #include "backends/vulkan/vk_impl.h"
@@ -927,6 +928,9 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     inst->phys = pds[pick];
     inst->desc = descs[pick];
     inst->vk_features = vkf[pick];
+    /* Only subgroup arithmetic is used by variants so far; it needs no enabling at device
+     * creation. DSINFER_VULKAN_BASELINE=1 forces the baseline shaders (tests, debugging). */
+    inst->variant_features = env_flag("DSINFER_VULKAN_BASELINE") ? 0 : (inst->vk_features & DSIB_VK_NEED_SUBGROUP_ARITH);
     compute_queue_family(&inst->vk, inst->phys, &inst->queue_family);
 
     VkPhysicalDeviceProperties p;
@@ -1039,11 +1043,12 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     }
     dsib_vk_log(&inst->host, DSI_LOG_INFO,
                 "vulkan: %s (%s), subgroup %u, binding window %llu MiB, chunk %llu MiB, "
-                "features 0x%x%s",
+                "features 0x%x%s%s",
                 inst->desc.name, inst->desc.type == DSI_DEVICE_SOFTWARE ? "software" : "gpu",
                 inst->subgroup_size, (unsigned long long)(inst->max_binding >> 20),
                 (unsigned long long)(inst->chunk_max >> 20), inst->desc.features,
-                inst->messenger ? ", validation on" : "");
+                inst->messenger ? ", validation on" : "",
+                inst->variant_features ? ", subgroup variants" : ", baseline shaders");
     *out = inst;
     return DSI_OK;
 }

@@ -199,6 +199,7 @@ struct dsib_instance {
 
     dsib_device_desc desc;
     uint32_t vk_features;        /* DSIB_VK_NEED_* the device supports (and were enabled) */
+    uint32_t variant_features;   /* features shader variants may use (0: DSINFER_VULKAN_BASELINE=1) */
     uint32_t subgroup_size;
     uint64_t min_align;          /* minStorageBufferOffsetAlignment (>= 4) */
     uint64_t max_binding;        /* window size (<= maxStorageBufferRange) */

@@ -120,6 +120,20 @@ static dsi_status bind_param(opc *c, const dsib_weight *w, uint64_t count, dsib_
 
 static int shader(const char *name) { return dsib_vk_shader_index(name); }
 
+/* The best variant of a shader for this device: "<name>_sg" when the device has subgroup
+ * arithmetic (and DSINFER_VULKAN_BASELINE is not set), else the baseline "<name>". */
+static int pick(const dsib_instance *inst, const char *name) {
+    char buf[64];
+    for (size_t i = 0; i < dsib_vk_n_shaders; i++) {
+        const dsib_vk_shader *s = &dsib_vk_shaders[i];
+        if (!s->needs || (s->needs & ~inst->variant_features)) continue;
+        size_t n = strlen(name);
+        if (strncmp(s->name, name, n) == 0 && s->name[n] == '_' && n + 1 < sizeof buf) return (int)i;
+    }
+    (void)buf;
+    return dsib_vk_shader_index(name);
+}
+
 /* Dispatches with gy split into chunks of at most 65535 rows; push word `base_word` carries
  * the chunk's first row. */
 static dsi_status dispatch_rows(opc *c, int si, const dsib_vk_bind *b, uint32_t nb, uint32_t *push,
@@ -271,7 +285,7 @@ static dsi_status matmul_impl(opc *c, const dsib_weight *w, int32_t expert, uint
     mm_args a;
     memset(&a, 0, sizeof a);
     a.mode = MM_PLAIN;
-    a.si = shader(t->shader);
+    a.si = pick(c->inst, t->shader);
     uint64_t K = (uint64_t)w->ne[0];
     dsi_status st = bind_words(c, x, span(n, ldx, K * groups), &a.bx, &a.x_off, "x");
     if (st == DSI_OK) st = bind_words(c, y, span(n, ldy, (uint64_t)w->ne[1]), &a.by, &a.y_off, "y");
@@ -313,7 +327,7 @@ static dsi_status op_get_rows(dsib_instance *inst, const dsib_weight *table, dsi
             mm_args a;
             memset(&a, 0, sizeof a);
             a.mode = MM_ROWS;
-            a.si = shader(t->shader);
+            a.si = pick(c.inst, t->shader);
             st = bind_words(&c, ids, (uint64_t)n * 4, &a.bi, &a.ids_off, "ids");
             if (st == DSI_OK) st = bind_words(&c, y, span(n, ldy, (uint64_t)table->ne[0]), &a.by, &a.y_off, "y");
             a.bx = a.by;
@@ -342,7 +356,7 @@ static dsi_status op_add_rows_periodic(dsib_instance *inst, dsib_view x, uint32_
             mm_args a;
             memset(&a, 0, sizeof a);
             a.mode = MM_ROWS_ADD;
-            a.si = shader(t->shader);
+            a.si = pick(c.inst, t->shader);
             st = bind_words(&c, x, span(n, ldx, width), &a.by, &a.y_off, "x");
             a.bx = a.bi = a.by;
             a.ldy = ldx;
@@ -870,7 +884,7 @@ static dsi_status mm_ids(opc *c, const dsib_weight *w, const dsib_vk_bind *bsel,
     mm_args a;
     memset(&a, 0, sizeof a);
     a.mode = MM_IDS;
-    a.si = shader(t->shader);
+    a.si = pick(c->inst, t->shader);
     dsib_view yv = {y, 0};
     dsi_status st;
     if (x) {

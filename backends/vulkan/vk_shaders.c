@@ -65,9 +65,36 @@ static const uint32_t spv_moe_route[] =
 static const uint32_t spv_engram_gate[] =
 #include "engram_gate.spv.inc"
     ;
+static const uint32_t spv_matmul_f32_sg[] =
+#include "matmul_f32_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_f16_sg[] =
+#include "matmul_f16_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_bf16_sg[] =
+#include "matmul_bf16_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q8_0_sg[] =
+#include "matmul_q8_0_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_k_sg[] =
+#include "matmul_q4_k_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q2_k_sg[] =
+#include "matmul_q2_k_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_mxfp4_sg[] =
+#include "matmul_mxfp4_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_fp8_b128_sg[] =
+#include "matmul_fp8_b128_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_fp8_b32_sg[] =
+#include "matmul_fp8_b32_sg.spv.inc"
+    ;
 
-/* needs: device features the variant requires (all baseline shaders: none beyond Vulkan 1.1
- * compute); n_bindings: storage buffers the shader declares. */
+/* needs: device features the variant requires (baseline shaders: none beyond Vulkan 1.1
+ * compute; "<name>_sg": subgroup arithmetic); n_bindings: storage buffers the shader declares. */
 const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_f32", spv_matmul_f32, sizeof spv_matmul_f32, 0, 4},
     {"matmul_f16", spv_matmul_f16, sizeof spv_matmul_f16, 0, 4},
@@ -89,5 +116,14 @@ const dsib_vk_shader dsib_vk_shaders[] = {
     {"attn_sink", spv_attn_sink, sizeof spv_attn_sink, 0, 7},
     {"moe_route", spv_moe_route, sizeof spv_moe_route, 0, 6},
     {"engram_gate", spv_engram_gate, sizeof spv_engram_gate, 0, 4},
+    {"matmul_f32_sg", spv_matmul_f32_sg, sizeof spv_matmul_f32_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_f16_sg", spv_matmul_f16_sg, sizeof spv_matmul_f16_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_bf16_sg", spv_matmul_bf16_sg, sizeof spv_matmul_bf16_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q8_0_sg", spv_matmul_q8_0_sg, sizeof spv_matmul_q8_0_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q4_k_sg", spv_matmul_q4_k_sg, sizeof spv_matmul_q4_k_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q2_k_sg", spv_matmul_q2_k_sg, sizeof spv_matmul_q2_k_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_mxfp4_sg", spv_matmul_mxfp4_sg, sizeof spv_matmul_mxfp4_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_fp8_b128_sg", spv_matmul_fp8_b128_sg, sizeof spv_matmul_fp8_b128_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_fp8_b32_sg", spv_matmul_fp8_b32_sg, sizeof spv_matmul_fp8_b32_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
 };
 const size_t dsib_vk_n_shaders = sizeof dsib_vk_shaders / sizeof dsib_vk_shaders[0];

@@ -8,6 +8,13 @@
 //       9 x_off, 10 ldx, 11 y_off, 12 ldy, 13 n, 14 R (rows per group), 15 Kg (x columns
 //       per group), 16 ids_off, 17 xdiv, 18 row chunk base
 #extension GL_EXT_control_flow_attributes : enable
+#ifdef SUBGROUP
+// Variant for devices with subgroup arithmetic in compute (DSIB_VK_NEED_SUBGROUP_ARITH):
+// the 64-lane reductions use subgroupAdd and one shared-memory step instead of a 6-level
+// tree. Per device the operation order is still fixed (same pipeline for every n).
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+#endif
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer WB { uint d[]; } wb;
 layout(std430, binding = 1) readonly buffer XB { uint d[]; } xb;
@@ -47,6 +54,16 @@ void main() {
         uint xo = pc.p[9] + (r / pc.p[17]) * pc.p[10] + xcol;
         float acc = 0.0;
         for (uint i = tid; i < K; i += 64u) acc += dq(rb, i) * uintBitsToFloat(xb.d[xo + i]);
+#ifdef SUBGROUP
+        float sg = subgroupAdd(acc);
+        if (subgroupElect()) red[gl_SubgroupID] = sg;
+        barrier();
+        if (tid == 0u) {
+            float s = 0.0;
+            for (uint i = 0u; i < gl_NumSubgroups; i++) s += red[i];
+            yb.d[pc.p[11] + r * pc.p[12] + o] = floatBitsToUint(s);
+        }
+#else
         red[tid] = acc;
         barrier();
         [[unroll]] for (uint s = 32u; s > 0u; s >>= 1) {
@@ -54,6 +71,7 @@ void main() {
             barrier();
         }
         if (tid == 0u) yb.d[pc.p[11] + r * pc.p[12] + o] = floatBitsToUint(red[0]);
+#endif
         return;
     }
     uint t0 = gl_WorkGroupID.y * 4u;
@@ -67,6 +85,18 @@ void main() {
         [[unroll]] for (uint t = 0u; t < 4u; t++)
             if (t < nt) acc[t] += w * uintBitsToFloat(xb.d[xo + t * pc.p[10] + i]);
     }
+#ifdef SUBGROUP
+    [[unroll]] for (uint t = 0u; t < 4u; t++) {
+        float sg = subgroupAdd(acc[t]);
+        if (subgroupElect()) red[t * 64u + gl_SubgroupID] = sg;
+    }
+    barrier();
+    if (tid < nt) {
+        float s = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; i++) s += red[tid * 64u + i];
+        yb.d[pc.p[11] + (t0 + tid) * pc.p[12] + o] = floatBitsToUint(s);
+    }
+#else
     [[unroll]] for (uint t = 0u; t < 4u; t++) red[t * 64u + tid] = acc[t];
     barrier();
     [[unroll]] for (uint s = 32u; s > 0u; s >>= 1) {
@@ -75,4 +105,5 @@ void main() {
         barrier();
     }
     if (tid < nt) yb.d[pc.p[11] + (t0 + tid) * pc.p[12] + o] = floatBitsToUint(red[tid * 64u]);
+#endif
 }
