@@ -25,6 +25,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+/* Dot product with a fixed, vectorisable order: 8 lane accumulators (element i goes to lane
+ * i mod 8), the tail added to lane 0 in order, lanes combined as a fixed tree. The order
+ * depends only on n, never on the caller's batch, which is all the determinism contract
+ * needs (§10.4). */
+static inline float dot_fixed(const float *a, const float *b, uint32_t n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (uint32_t j = 0; j < 8; j++) l[j] += a[i + j] * b[i + j];
+    for (; i < n; i++) l[0] += a[i] * b[i];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* ---- weight access --------------------------------------------------------------------- */
 
 dsi_status dsib_cpu_weight_row(const dsib_weight *w, int32_t expert, int64_t row, float *dst) {
@@ -579,8 +594,7 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
         float s = 0.0f;
         for (uint32_t h = 0; h < j->heads; h++) {
             const float *qh = q + (size_t)h * j->hd;
-            float d = 0.0f;
-            for (uint32_t i = 0; i < j->hd; i++) d += qh[i] * k[i];
+            float d = dot_fixed(qh, k, j->hd);
             if (d < 0.0f) d = 0.0f;
             s += d * w[h];
         }
@@ -646,10 +660,7 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
     float sink = j->sinks[h];
     float m = sink;
     for (int64_t r = 0; r < nr; r++) {
-        const float *k = rp[r];
-        float d = 0.0f;
-        for (uint32_t i = 0; i < j->hd; i++) d += q[i] * k[i];
-        d *= j->scale;
+        float d = dot_fixed(q, rp[r], j->hd) * j->scale;
         z[r] = d;
         if (d > m) m = d;
     }

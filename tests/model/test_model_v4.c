@@ -118,7 +118,9 @@ static void test_ref_f32_no_fake_quant(void **state) {
  * the flip is located and named, never hidden by a looser bound. Before it, everything must
  * agree tightly. */
 #define FQ_TIGHT 1e-5
-#define MIDPOINT_STEPS 1e-3
+/* Two correct f32 implementations differ by ~1e-6 relative, i.e. well under 1e-4 grid steps
+ * of e4m3 / e2m1: only quantiser inputs that close to a midpoint can round differently. */
+#define MIDPOINT_STEPS 1e-4
 
 static void fq_check(const dsi_token *tok, const float *ours, const char *what) {
     char trace[] = "/tmp/dsi_mt_traceXXXXXX";
@@ -141,22 +143,30 @@ static void fq_check(const dsi_token *tok, const float *ours, const char *what) 
         assert_true(pre.max_rel <= FQ_TIGHT);
         FILE *f = fopen(trace, "r");
         assert_non_null(f);
+        /* the latest quantiser call at or before P whose input sat within MIDPOINT_STEPS
+         * of a midpoint (the trace is sorted by margin, so scan it all) */
         char line[512];
-        double best = 1e9;
-        char best_line[512] = "none\n";
+        long latest = -1;
+        double latest_m = 0.0;
+        char latest_line[512] = "none\n";
+        size_t n_close = 0;
         while (fgets(line, sizeof line, f)) {
             double m;
             long pos;
             if (line[0] == '#') continue;
-            if (sscanf(line, "%lf pos %ld", &m, &pos) == 2 && pos <= P && m < best) {
-                best = m;
-                snprintf(best_line, sizeof best_line, "%s", line);
+            if (sscanf(line, "%lf pos %ld", &m, &pos) == 2 && pos <= P && m <= MIDPOINT_STEPS) {
+                n_close++;
+                if (pos > latest || (pos == latest && m < latest_m)) {
+                    latest = pos;
+                    latest_m = m;
+                    snprintf(latest_line, sizeof latest_line, "%s", line);
+                }
             }
         }
         fclose(f);
-        printf("# nearest rounding midpoint at or before %ld (grid steps, call): %s", P,
-               best_line);
-        assert_true(best <= MIDPOINT_STEPS);
+        printf("# %zu quantiser calls at or before %ld within %g grid steps of a midpoint; "
+               "latest: %s", n_close, P, MIDPOINT_STEPS, latest_line);
+        assert_true(latest >= 0);
     }
     unlink(trace);
     free(ref);
