@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -769,6 +770,57 @@ static void test_split_windows(void **state) {
     assert_true(bt_reopen_gpu(&g_s[1]));
 }
 
+/* Two threads recording on one instance at once (sessions of one model on several threads):
+ * each thread's results must equal the single-threaded ones. */
+typedef struct thr_arg {
+    const dsib_weight *w;
+    dsib_buffer *x, *y;
+    int iters;
+    dsi_status st;
+} thr_arg;
+
+static void *thr_main(void *p) {
+    thr_arg *a = p;
+    const dsib_backend *be = g_s[1].be;
+    a->st = DSI_OK;
+    for (int i = 0; i < a->iters && a->st == DSI_OK; i++) {
+        dsib_error e;
+        dsib_view x = {a->x, BT_GUARD}, y = {a->y, BT_GUARD};
+        be->begin(g_s[1].inst, &e);
+        dsi_status st = be->ops->matmul(g_s[1].inst, a->w, 0, x, 512, y, 300, 3);
+        dsi_status st2 = be->submit(g_s[1].inst, &e);
+        a->st = st ? st : st2;
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    NEED_OP(matmul);
+    tw w = mkweight(DSI_TYPE_Q4_K, 512, 300, 1, 1.0f);
+    bt_buf x[2] = {rbuf(3 * 512, -1, 1), rbuf(3 * 512, -1, 1)};
+    bt_buf y[2] = {rbuf(3 * 300, 0, 0), rbuf(3 * 300, 0, 0)};
+    thr_arg args[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        args[i] = (thr_arg){&w.w[1], x[i].b[1], y[i].b[1], 25, DSI_OK};
+        assert_int_equal(pthread_create(&th[i], NULL, thr_main, &args[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].st, DSI_OK);
+    }
+    for (int i = 0; i < 2; i++) {
+        dsi_status st[2];
+        RUN_BOTH(st, OPS(S)->matmul(g_s[S].inst, &w.w[S], 0, V(x[i]), 512, S == 0 ? V(y[i]) : bt_view(&y[i], 1, 0), 300, S == 0 ? 3 : 0));
+        st_ok(st);
+        check_f32("matmul from two threads", &y[i], y[i].bytes / 4, 1e-9);
+        bt_buf_free(g_s, &x[i]);
+        bt_buf_free(g_s, &y[i]);
+    }
+    bt_buf_free(g_s, &w.b);
+}
+
 /* Allocation failure: OUT_OF_DEVICE_MEMORY naming the size; the instance stays usable. */
 static void test_alloc_failure(void **state) {
     (void)state;
@@ -826,7 +878,7 @@ int main(void) {
         cmocka_unit_test(test_moe),             cmocka_unit_test(test_indexer_v41),
         cmocka_unit_test(test_engram_gate),
         cmocka_unit_test(test_large_matmul),    cmocka_unit_test(test_split_windows),
-        cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_threads),         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     bt_close(g_s);
