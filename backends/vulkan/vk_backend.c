@@ -696,8 +696,10 @@ static void rec_free_temps(dsib_instance *inst, dsib_vk_recorder *r) {
     }
 }
 
-/* Ends, submits and waits for the recorded work; resets the pools. */
-static dsi_status rec_flush(dsib_instance *inst, dsib_vk_recorder *r) {
+/* Ends, submits and waits for the recorded work; resets the pools. Temporary buffers are
+ * freed only at the end of a recording (`final`): a flush in the middle of an op (descriptor
+ * pool full) must keep the op's temporaries alive for its remaining dispatches. */
+static dsi_status rec_flush(dsib_instance *inst, dsib_vk_recorder *r, int final) {
     dsi_status st = DSI_OK;
     if (r->has_cmds) {
         VkResult vr = inst->vk.vkEndCommandBuffer(r->cb);
@@ -724,7 +726,7 @@ static dsi_status rec_flush(dsib_instance *inst, dsib_vk_recorder *r) {
     }
     inst->vk.vkResetDescriptorPool(inst->device, r->dpool, 0);
     r->sets_used = 0;
-    rec_free_temps(inst, r);
+    if (final) rec_free_temps(inst, r);
     return st;
 }
 
@@ -764,7 +766,7 @@ dsib_vk_recorder *dsib_vk_rec_get(dsib_instance *inst, int *implicit) {
 
 dsi_status dsib_vk_rec_end_implicit(dsib_instance *inst, dsib_vk_recorder *r, int implicit) {
     if (!implicit) return DSI_OK;
-    rec_flush(inst, r);
+    rec_flush(inst, r, 1);
     r->active = 0;
     dsi_status st = r->status;
     if (st != DSI_OK) dsib_vk_log(&inst->host, DSI_LOG_ERROR, "%s", r->msg);
@@ -812,7 +814,7 @@ dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_recorder *r, uint32_t s
     if (!pipe) return dsib_vk_rec_fail(r, DSI_ERR_BACKEND, "%s", msg);
     if (r->sets_used >= DSIB_VK_SETS_PER_POOL) {
         /* Descriptor pool full: run what is recorded so far and continue (same order). */
-        dsi_status st = rec_flush(inst, r);
+        dsi_status st = rec_flush(inst, r, 0);
         if (st != DSI_OK) return st;
     }
     dsi_status st = rec_ensure_begun(inst, r);
@@ -1229,7 +1231,7 @@ static dsi_status vk_begin(dsib_instance *inst, dsib_error *err) {
 static dsi_status vk_submit(dsib_instance *inst, dsib_error *err) {
     dsib_vk_recorder *r = inst ? rec_find(inst, 0) : NULL;
     if (!r || !r->active) return DSI_OK; /* nothing recorded on this thread */
-    rec_flush(inst, r);
+    rec_flush(inst, r, 1);
     r->active = 0;
     if (r->status != DSI_OK) return set_err(err, r->status, "%s", r->msg);
     return DSI_OK;

@@ -821,6 +821,48 @@ static void test_threads(void **state) {
     bt_buf_free(g_s, &w.b);
 }
 
+/* One recording longer than a descriptor pool (512 sets): the module submits the first part
+ * and continues; an op whose dispatches straddle that point (moe_experts, with temporary
+ * buffers) must still be right. */
+static void test_long_recording(void **state) {
+    (void)state;
+    NEED_OP(scale);
+    NEED_OP(moe_experts);
+    uint32_t E = 4, k = 2, n = 3, D = 256, F = 64;
+    tw w1 = mkweight(DSI_TYPE_Q8_0, D, F, E, 1.0f), w3 = mkweight(DSI_TYPE_Q8_0, D, F, E, 1.0f);
+    tw w2 = mkweight(DSI_TYPE_Q8_0, F, D, E, 1.0f);
+    int32_t sv[6] = {0, 3, 2, 1, 3, 3};
+    float wv[6] = {0.5f, 0.5f, 1, 0.25f, 0.75f, 1};
+    bt_buf sel = ibuf(sv, 6), wts = fbuf(wv, 6), x = rbuf(n * D, -1, 1), y = rbuf(n * D, 0, 0);
+    bt_buf z = rbuf(100, -1, 1);
+    dsi_status st[2];
+    for (int S = 0; S < 2; S++) {
+        bt_side *sd = &g_s[S];
+        dsib_error e;
+        memset(&e, 0, sizeof e);
+        sd->be->begin(sd->inst, &e);
+        dsi_status r = DSI_OK;
+        for (int i = 0; i < 509 && r == DSI_OK; i++) r = OPS(S)->scale(sd->inst, V(z), 100, 1, 100, 1.001f);
+        for (int i = 0; i < 3 && r == DSI_OK; i++)
+            r = OPS(S)->moe_experts(sd->inst, V(x), D, V(sel), V(wts), k, &w1.w[S], &w3.w[S], &w2.w[S],
+                                    10.0f, n, V(y), D);
+        for (int i = 0; i < 600 && r == DSI_OK; i++) r = OPS(S)->scale(sd->inst, V(z), 100, 1, 100, 0.999f);
+        dsi_status r2 = sd->be->submit(sd->inst, &e);
+        st[S] = r ? r : r2;
+    }
+    st_ok(st);
+    check_f32("1100+ ops in one recording: scale chain", &z, 100, 1e-10);
+    check_f32("moe_experts across a pool flush", &y, y.bytes / 4, 1e-9);
+    bt_buf_free(g_s, &w1.b);
+    bt_buf_free(g_s, &w3.b);
+    bt_buf_free(g_s, &w2.b);
+    bt_buf_free(g_s, &sel);
+    bt_buf_free(g_s, &wts);
+    bt_buf_free(g_s, &x);
+    bt_buf_free(g_s, &y);
+    bt_buf_free(g_s, &z);
+}
+
 /* Allocation failure: OUT_OF_DEVICE_MEMORY naming the size; the instance stays usable. */
 static void test_alloc_failure(void **state) {
     (void)state;
@@ -878,7 +920,7 @@ int main(void) {
         cmocka_unit_test(test_moe),             cmocka_unit_test(test_indexer_v41),
         cmocka_unit_test(test_engram_gate),
         cmocka_unit_test(test_large_matmul),    cmocka_unit_test(test_split_windows),
-        cmocka_unit_test(test_threads),         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_long_recording),  cmocka_unit_test(test_threads),         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     bt_close(g_s);
