@@ -30,8 +30,12 @@
 #endif
 
 /* How long an idle worker spins before sleeping, and how long a submitter spins waiting
- * for helpers before sleeping. The decode loop submits a job every few microseconds. */
+ * for helpers before sleeping. The decode loop submits a job every few microseconds. After
+ * the first DSIB_POOL_HOT_NS the spin yields the CPU on every round (sched_yield returns at
+ * once when nothing else wants the core): on a machine with more runnable threads than
+ * cores a hot spin would steal the time slice of the very thread it waits for. */
 #define DSIB_POOL_SPIN_NS 200000ull
+#define DSIB_POOL_HOT_NS 20000ull
 
 typedef struct dsib_job {
     dsib_task_fn fn;
@@ -86,7 +90,8 @@ static void job_run(dsib_threadpool *p, dsib_job *j, int32_t slot) {
         long long t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (t >= j->n_tasks) {
             /* Exactly one claim sees n_tasks: the job stops being claimable. */
-            if (t == j->n_tasks) atomic_fetch_sub_explicit(&p->n_open, 1, memory_order_relaxed);
+            if (t == j->n_tasks)
+                atomic_fetch_sub_explicit(&p->n_open, 1, memory_order_relaxed);
             break;
         }
         j->fn(j->arg, (int64_t)t, slot);
@@ -124,13 +129,21 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&p->mu);
             uint64_t t0 = pool_now_ns();
             int seen = 0;
+            int polite = 0;
             for (unsigned it = 0;; it++) {
                 if (atomic_load_explicit(&p->n_open, memory_order_acquire) > 0) {
                     seen = 1;
                     break;
                 }
-                DSIB_CPU_RELAX();
-                if ((it & 255u) == 255u && pool_now_ns() - t0 > DSIB_POOL_SPIN_NS) break;
+                if (polite)
+                    sched_yield();
+                else
+                    DSIB_CPU_RELAX();
+                if ((it & 63u) == 63u) {
+                    uint64_t dt = pool_now_ns() - t0;
+                    if (dt > DSIB_POOL_SPIN_NS) break;
+                    polite = dt > DSIB_POOL_HOT_NS;
+                }
             }
             pthread_mutex_lock(&p->mu);
             if (seen || p->stop) continue;
@@ -261,14 +274,21 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
 
     /* Every task is claimed; wait (spin, then sleep) for the helpers' tasks to finish. */
     uint64_t t0 = 0;
+    int polite = 0;
     for (unsigned it = 0;; it++) {
         if (atomic_load_explicit(&j.done, memory_order_acquire) >= n_tasks) break;
-        DSIB_CPU_RELAX();
-        if ((it & 255u) == 255u) {
-            if (!t0)
+        if (polite)
+            sched_yield(); /* a helper holding a task may be waiting for this core */
+        else
+            DSIB_CPU_RELAX();
+        if ((it & 63u) == 63u) {
+            if (!t0) {
                 t0 = pool_now_ns();
-            else if (pool_now_ns() - t0 > DSIB_POOL_SPIN_NS)
-                break;
+            } else {
+                uint64_t dt = pool_now_ns() - t0;
+                if (dt > DSIB_POOL_SPIN_NS) break;
+                polite = dt > DSIB_POOL_HOT_NS;
+            }
         }
     }
     pthread_mutex_lock(&p->mu);
