@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* backends/cpu/threadpool: every task runs exactly once, slots stay in range, concurrent
  * submitters from several threads each get their own complete job, zero / one task. */
 #include <setjmp.h>
@@ -10,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backends/cpu/threadpool.h"
 
@@ -135,6 +137,34 @@ static void test_concurrent_submitters(void **state) {
     }
 }
 
+/* Tasks that sleep leave the CPU to others, so even on a busy machine the workers get to
+ * run: a job of 200 such tasks must be shared (behaviour, not timing). */
+static atomic_int slot_hits[8];
+static void sleepy_task(void *arg, int64_t task, int32_t slot) {
+    (void)arg;
+    (void)task;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+    if (slot >= 0 && slot < 8) atomic_fetch_add(&slot_hits[slot], 1);
+}
+
+static void test_workers_participate(void **state) {
+    (void)state;
+    dsib_threadpool *pool = NULL;
+    assert_int_equal(dsib_threadpool_create(4, NULL, &pool, NULL, 0), DSI_OK);
+    for (int i = 0; i < 8; i++) atomic_init(&slot_hits[i], 0);
+    dsib_parallel_for(pool, 200, sleepy_task, NULL);
+    int used = 0, total = 0;
+    for (int i = 0; i < 8; i++) {
+        total += atomic_load(&slot_hits[i]);
+        used += atomic_load(&slot_hits[i]) > 0;
+    }
+    assert_int_equal(total, 200);
+    assert_true(used >= 2);
+    for (int i = 4; i < 8; i++) assert_int_equal(atomic_load(&slot_hits[i]), 0);
+    dsib_threadpool_free(pool);
+}
+
 static int n_alloc;
 static void *my_malloc(void *ctx, size_t n) {
     (void)ctx;
@@ -174,6 +204,7 @@ int main(void) {
         cmocka_unit_test(test_zero_and_one_task),
         cmocka_unit_test(test_concurrent_submitters),
         cmocka_unit_test(test_create_args),
+        cmocka_unit_test(test_workers_participate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
