@@ -37,6 +37,7 @@ typedef struct opts {
     int json;
     int kernels;
     const char *type;
+    const char *isa;
     int bw_mib;
     int no_limits;
 } opts;
@@ -45,7 +46,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dsinfer-bench -m FILE [-p 512] [-n 128] [-r 5] [-t THREADS] [--backend NAME]\n"
             "                     [--json] [--bw-mib 1024] [--no-limits]\n"
-            "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--json]\n"
+            "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--isa NAME] [--json]\n"
             "  -p N         prompt tokens of the pp test (0: skip)\n"
             "  -n N         generated tokens of the tg test (0: skip)\n"
             "  -r N         repetitions (mean +- sd)\n"
@@ -53,6 +54,9 @@ static void usage(FILE *f) {
             "  --backend    cpu | vulkan | cuda | auto (default cpu)\n"
             "  --json       one JSON object on stdout instead of the table\n"
             "  --kernels    matvec/matmul micro-benchmarks per weight type (expert-sized)\n"
+            "  --type NAME  only this type (q4_k, q8_0, q2_k, mxfp4, fp8_e4m3_b128, ...)\n"
+            "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512) instead of the\n"
+            "               one the library picked\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n");
 }
@@ -83,6 +87,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDV; o->t = atoi(v); }
         else if (!strcmp(a, "--backend")) { NEEDV; o->backend = v; }
         else if (!strcmp(a, "--type")) { NEEDV; o->type = v; }
+        else if (!strcmp(a, "--isa")) { NEEDV; o->isa = v; }
         else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
@@ -143,7 +148,50 @@ static const struct { int32_t type; const char *name; } ktypes[] = {
     {DSI_TYPE_F32, "f32"},
 };
 
+/* dsib_matmul for the process's ISA; another ISA (--isa) through its row kernel, split the
+ * same way (16-row tasks). */
+typedef struct kjob {
+    const dsib_kern_table *kt;
+    int32_t type;
+    const uint8_t *w;
+    size_t rb;
+    int64_t n_in, n_out, n_tok;
+    const float *x;
+    float *y;
+} kjob;
+
+static void ktask(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const kjob *j = arg;
+    int64_t o0 = task * 16, o1 = o0 + 16 < j->n_out ? o0 + 16 : j->n_out;
+    j->kt->matmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->n_in, j->y, j->n_out,
+                       j->n_tok);
+}
+
+static void kmatmul(dsib_threadpool *pool, const dsib_kern_table *kt, int32_t type,
+                    const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x,
+                    float *y, int64_t n_tok) {
+    if (!kt) {
+        dsib_matmul(pool, type, w, rb, n_in, n_out, x, n_in, y, n_out, n_tok);
+        return;
+    }
+    kjob j = {kt, type, w, rb, n_in, n_out, n_tok, x, y};
+    dsib_parallel_for(pool, (n_out + 15) / 16, ktask, &j);
+}
+
 static int run_kernels(const opts *o) {
+    const dsib_kern_table *kt = NULL;
+    if (o->isa) {
+        int32_t isa = !strcmp(o->isa, "scalar") ? DSIB_ISA_SCALAR
+                      : !strcmp(o->isa, "avx2") ? DSIB_ISA_AVX2
+                      : !strcmp(o->isa, "avx512") ? DSIB_ISA_AVX512 : -1;
+        kt = isa >= 0 ? dsib_kern_table_for(isa) : NULL;
+        if (!kt) {
+            fprintf(stderr, "dsinfer-bench: ISA path '%s' is not available here\n", o->isa);
+            return 1;
+        }
+    }
+    const char *isa_name = kt ? kt->name : dsib_kern_isa_name();
     dsib_threadpool *pool = NULL;
     char msg[256];
     if (dsib_threadpool_create(o->t, NULL, &pool, msg, sizeof msg) != DSI_OK) {
@@ -165,10 +213,10 @@ static int run_kernels(const opts *o) {
         print_build_json(stdout);
         printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"mem_read_gbs\": %.3f, "
                "\"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], \"kernels\": [",
-               cpu, dsib_kern_isa_name(), o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
+               cpu, isa_name, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
                (long long)n_in);
     } else {
-        printf("cpu: %s, kernels: %s, threads: %d\n", cpu, dsib_kern_isa_name(), o->t);
+        printf("cpu: %s, kernels: %s, threads: %d\n", cpu, isa_name, o->t);
         if (!o->no_limits)
             printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB buffer)\n"
                    "FMA peak: %.1f GFLOP/s\n",
@@ -212,7 +260,7 @@ static int run_kernels(const opts *o) {
             for (int rep = 0; rep < o->r + 1; rep++) {
                 double t0 = bench_now();
                 for (size_t m = 0; m < nm; m++)
-                    dsib_matmul(pool, type, w + m * mb, rb, n_in, n_out, x, n_in, y, n_out, ntok);
+                    kmatmul(pool, kt, type, w + m * mb, rb, n_in, n_out, x, y, ntok);
                 double gbs = (double)(mb * nm) / (bench_now() - t0) * 1e-9;
                 if (rep == 0) continue; /* warm-up */
                 if (ntok == 1 && gbs > best1) best1 = gbs;
@@ -224,13 +272,13 @@ static int run_kernels(const opts *o) {
         for (int rep = 0; rep < 4 * o->r + 1; rep++) {
             double t0 = bench_now();
             for (int k = 0; k < 4; k++)
-                dsib_matmul(pool, type, w, rb, n_in, n_out, x, n_in, y, n_out, 1);
+                kmatmul(pool, kt, type, w, rb, n_in, n_out, x, y, 1);
             double gbs = 4.0 * (double)mb / (bench_now() - t0) * 1e-9;
             if (rep > 0 && gbs > besthot) besthot = gbs;
         }
         for (int rep = 0; rep < o->r + 1; rep++) {
             double t0 = bench_now();
-            dsib_matmul(pool, type, w, rb, n_in, n_out, x, n_in, y, n_out, pp_tok);
+            kmatmul(pool, kt, type, w, rb, n_in, n_out, x, y, pp_tok);
             double g = 2.0 * (double)n_in * (double)n_out * (double)pp_tok / (bench_now() - t0) * 1e-9;
             if (rep > 0 && g > bestpp) bestpp = g;
         }
