@@ -222,8 +222,10 @@ static dsi_status v41_state_create(dsi_model *model, const dsii_arch_params *p,
         (s = bind(st, model->w.output_norm, &st->out_norm, e)) != DSI_OK ||
         (s = bind(st, model->w.output, &st->output, e)) != DSI_OK)
         goto fail;
-    for (uint32_t i = 0; i < L; i++)
-        if ((s = bind_layer(st, &model->w.layer[i], &hp->layer[i], &st->lw[i], e)) != DSI_OK) goto fail;
+    for (uint32_t i = 0; i < L; i++) {
+        s = bind_layer(st, &model->w.layer[i], &hp->layer[i], &st->lw[i], e);
+        if (s != DSI_OK) goto fail;
+    }
 
     /* Engram layouts and tables (§4.6). */
     const dsii_engram_hparams *eh = &hp->engram;
@@ -433,7 +435,10 @@ static dsi_status indexer(dsii_arch_state *st, uint32_t il, int64_t pos0, uint32
        "matmul idx_proj", il_);
     const float wscale = (float)(1.0 / sqrt((double)ID) / sqrt((double)IH));
     CK(o->scale(I, SV(st, st->o_iw), IH, n, IH, wscale), "scale iw", il_);
-    const v41_lw *ks = &st->lw[lh->key_src];
+    if (lh->key_src < 0 || (uint32_t)lh->key_src >= hp->n_layer ||
+        !hp->layer[lh->key_src].is_kv_source)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: layer %u has no index-key owner", il);
+    const v41_lw *ks = &st->lw[lh->key_src]; /* §10.3: always the owner's own keys */
     dsib_view cin = NOVIEW, cout = NOVIEW;
     if (lh->is_candidate_source) cout = SV(st, st->o_cand);
     else if (lh->cand_masked) cin = SV(st, st->o_cand);
@@ -483,8 +488,12 @@ static dsi_status attention(dsii_arch_state *st, uint32_t il, int64_t pos0, uint
     }
     dsib_view comp = NOVIEW, idx = NOVIEW;
     if (ratio > 0) {
+        if (lh->kv_src < 0 || (uint32_t)lh->kv_src >= hp->n_layer)
+            return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: layer %u has no KV source", il);
         comp = STV(st, st->lw[lh->kv_src].off_comp);
-        idx = SV(st, st->lw[lh->topk_src].off_idx);
+        /* no index source at or before the layer (no shipped config): every visible row */
+        if (lh->topk_src >= 0 && (uint32_t)lh->topk_src < hp->n_layer)
+            idx = SV(st, st->lw[lh->topk_src].off_idx);
     }
     CK(o->attn_sink(I, SV(st, st->o_q), H * hd, H, hd, pos0, n, hp->window,
                     STV(st, w->off_ring), st->ring_w, SV(st, st->o_kv), hd, ratio, comp, idx,
