@@ -11,17 +11,12 @@
 
 #include <string.h>
 
-/* Weak so that a build without lib/arch/dsv41.c (areas land independently) still links; such
- * a build reports deepseek41 models as unsupported at session creation. */
-#if defined(__GNUC__)
-extern const dsii_arch dsii_arch_dsv41 __attribute__((weak));
-#endif
-
 const dsii_arch *dsii_arch_for_model(const dsi_model *model) {
     if (!model) return NULL;
     switch (model->hp.arch) {
     case DSI_ARCH_DEEPSEEK4: return &dsii_arch_dsv4;
-    case DSI_ARCH_DEEPSEEK41: return &dsii_arch_dsv41 ? &dsii_arch_dsv41 : NULL;
+    /* a strong reference: a weak one would not pull dsv41.o out of libdsinfer.a */
+    case DSI_ARCH_DEEPSEEK41: return &dsii_arch_dsv41;
     default: return NULL;
     }
 }
