@@ -316,8 +316,9 @@ struct dsib_ops {
                                 dsib_view out, uint32_t ldo);
 
     /* Indexer (§3.4, §10.2): for token t at position p = pos0 + t, with nvis = (p+1)/ratio
-     * visible compressed rows: score_c = Σ_h relu(q[t][h]·k_c)·w[t][h] (h ascending, dot
-     * in index order) for c < nvis; q: [n][heads][hd] (ldq), w: [n][heads] (ldw),
+     * visible compressed rows: score_c = Σ_h relu(q[t][h]·k_c)·w[t][h] (h ascending; the
+     * dot's order is fixed per length — CPU: 8 lanes, element i in lane i mod 8, lanes
+     * summed as a fixed tree) for c < nvis; q: [n][heads][hd] (ldq), w: [n][heads] (ldw),
      * keys: [rows][hd] contiguous. idx[t][0:topk] = the min(topk, nvis) best rows (ties:
      * lower position first) in ascending position order, rest −1. */
     dsi_status (*indexer_topk)(dsib_instance *inst, dsib_view q, uint32_t ldq, dsib_view w,
@@ -330,7 +331,8 @@ struct dsib_ops {
      * (skipping −1; ascending) or, with idx.buf == NULL, every c < (p+1)/comp_ratio
      * (rows comp + c·hd); (2) window rows max(0, p−window+1) .. p ascending, position
      * q < pos0 from the ring (slot q mod ring_len, stride hd), q >= pos0 from kv row q−pos0
-     * (stride ldkv). K = V = the row. z = q·k·scale; m = max(sink[h], max z);
+     * (stride ldkv). K = V = the row. z = (q·k)·scale (dot order as indexer_topk);
+     * m = max(sink[h], max z);
      * out = Σ e^{z−m}·v / (e^{sink−m} + Σ e^{z−m}). out: [n][H][hd] (ldo). sinks: f32 [H]. */
     dsi_status (*attn_sink)(dsib_instance *inst, dsib_view q, uint32_t ldq, uint32_t H,
                             uint32_t hd, int64_t pos0, uint32_t n, uint32_t window,
