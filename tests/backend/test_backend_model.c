@@ -8,9 +8,10 @@
  *  2. rounding on: the same comparison is reported (a value on an e4m3 / e2m1 midpoint may
  *     round differently under another summation order and legitimately flip later results,
  *     §10.4); argmax must agree up to the first position where |Δlogit| exceeds 1e-2;
- *  3. invariances on Vulkan: whole-prompt prefill, chunked prefill (chunks of 7) and
- *     token-by-token decode give bit-identical logits (each row is computed by the same
- *     operations whatever the number of rows in a call).
+ *  3. invariances on Vulkan: whole-prompt prefill, chunked prefill (chunks of 7, all 320
+ *     positions) and token-by-token decode (first 128 positions) give bit-identical logits
+ *     (each row is computed by the same operations whatever the number of rows in a call);
+ *  4. with DSINFER_VULKAN_VALIDATION=1: the validation layer was active and counted no error.
  *
  * Skips (77) without a Vulkan device or without the models, unless DSI_REQUIRE_VULKAN=1.
  */
@@ -29,9 +30,12 @@
 
 #include "api/session_impl.h"
 #include "arch/arch.h"
+#include "api/backend_loader.h"
+#include "backend_test_util.h"
 #include "dsinfer.h"
 
 #define N_TOK 320
+#define N_DECODE 128
 
 static int require_gpu(void) {
     const char *v = getenv("DSI_REQUIRE_VULKAN");
@@ -232,22 +236,49 @@ static void test_vs_cpu_rounding(void **state) {
 static void test_vulkan_invariance(void **state) {
     mstate *ms = *state;
     need(ms);
+    /* token-by-token decode over the first N_DECODE positions only (logits of a position do
+     * not depend on later tokens; this keeps the test affordable on software Vulkan) */
     uint32_t batches[3] = {N_TOK, 7, 1};
+    size_t lens[3] = {N_TOK, N_TOK, N_DECODE};
     float *res[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
-        res[i] = all_logits(ms->mv, ms->tok, N_TOK, batches[i], 0, ms->V);
+        res[i] = all_logits(ms->mv, ms->tok, lens[i], batches[i], 0, ms->V);
         if (!res[i]) {
             for (int j = 0; j < i; j++) free(res[j]);
             fail_msg("%s: the forward pass failed on Vulkan (n_batch %u)", ms->file, batches[i]);
         }
     }
     for (int i = 1; i < 3; i++) {
-        cmp r = compare(res[i], res[0], N_TOK, ms->V, 0.0);
-        printf("  %s on vulkan: n_batch %u vs whole prefill: max |dlogit| %.3e (first diff at %ld)\n",
-               ms->file, batches[i], r.max_abs, r.first_over);
+        cmp r = compare(res[i], res[0], lens[i], ms->V, 0.0);
+        printf("  %s on vulkan: n_batch %u vs whole prefill (%zu positions): max |dlogit| %.3e "
+               "(first diff at %ld)\n",
+               ms->file, batches[i], lens[i], r.max_abs, r.first_over);
         assert_true(r.max_abs == 0.0);
     }
     for (int i = 0; i < 3; i++) free(res[i]);
+}
+
+/* With DSINFER_VULKAN_VALIDATION=1 the module's messenger must have counted no error over
+ * everything above (both models). */
+static void test_validation(void **state) {
+    (void)state;
+    const char *v = getenv("DSINFER_VULKAN_VALIDATION");
+    if (!v || strcmp(v, "1") != 0) {
+        printf("SKIP validation: DSINFER_VULKAN_VALIDATION is not 1\n");
+        skip();
+    }
+    bt_side s;
+    memset(&s, 0, sizeof s);
+    dsii_error e;
+    dsii_error_clear(&e);
+    assert_int_equal(dsii_backend_module_load(NULL, "vulkan", &s.be, &s.dl, NULL, 0, &e), DSI_OK);
+    char last[512] = "";
+    int enabled = 0;
+    long long n = bt_validation_errors(&s, last, sizeof last, &enabled);
+    printf("  validation: enabled %d, errors %lld%s%s\n", enabled, n, last[0] ? ", last: " : "", last);
+    dsii_backend_module_unload(s.dl);
+    assert_true(enabled);
+    assert_int_equal(n, 0);
 }
 
 int main(void) {
@@ -273,5 +304,7 @@ int main(void) {
     };
     int rc = cmocka_run_group_tests_name("tiny-v4", v4, setup_v4, teardown);
     rc += cmocka_run_group_tests_name("tiny-v41", v4, setup_v41, teardown);
+    const struct CMUnitTest val[] = {cmocka_unit_test(test_validation)};
+    rc += cmocka_run_group_tests_name("validation", val, NULL, NULL);
     return rc;
 }
