@@ -1,0 +1,466 @@
+/*
+ * CPU backend ops used by the V4 forward pass, against expectations computed here from the
+ * definitions in model-spec (not from the op code): top-k ties (§10.2), the three §10.1
+ * fake-quant recipes incl. ties and the no-round switch, Hadamard, RoPE inverse, Sinkhorn
+ * (§3.3), MoE routing ties / hash routing / weights (§3.5), the compressor's overlapping
+ * lanes (§3.4), and the ring-vs-step split of sink attention (§10.4).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backends/backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const dsib_backend *be;
+static dsib_instance *inst;
+static const dsib_ops *ops;
+
+static int setup(void **state) {
+    (void)state;
+    be = dsib_cpu_backend();
+    ops = be->ops;
+    dsib_host host;
+    memset(&host, 0, sizeof host);
+    host.struct_size = sizeof host;
+    host.n_threads = 2;
+    host.device_index = -1;
+    dsib_error err;
+    return be->create(&host, &inst, &err) == DSI_OK ? 0 : -1;
+}
+static int teardown(void **state) {
+    (void)state;
+    be->destroy(inst);
+    return 0;
+}
+
+/* Wrapped host memory (freed with unwrap). */
+static dsib_view wrap(void *p, size_t bytes) {
+    dsib_buffer *b = NULL;
+    dsib_error err;
+    assert_int_equal(be->buffer_wrap_host(inst, p, bytes, DSIB_BUFFER_SCRATCH, &b, &err), DSI_OK);
+    dsib_view v = {b, 0};
+    return v;
+}
+static void unwrap(dsib_view v) { be->buffer_free(inst, v.buf); }
+
+static dsib_weight wf32(dsib_view v, int64_t ne0, int64_t ne1) {
+    dsib_weight w;
+    memset(&w, 0, sizeof w);
+    w.buf = v.buf;
+    w.type = DSI_TYPE_F32;
+    w.ne[0] = ne0;
+    w.ne[1] = ne1;
+    w.ne[2] = 1;
+    w.nb1 = (uint64_t)ne0 * 4;
+    w.nb2 = w.nb1 * (uint64_t)ne1;
+    return w;
+}
+
+static uint32_t rng = 777u;
+static float frand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return (float)(rng >> 8) / 8388608.0f - 1.0f;
+}
+
+/* ---- indexer top-k (§10.2) ------------------------------------------------------------- */
+
+static void test_indexer_ties(void **state) {
+    (void)state;
+    /* 2 heads, hd 8, keys crafted so that many scores are exactly 0 (relu) or equal */
+    enum { H = 2, HD = 8, ROWS = 20, TOPK = 5 };
+    float q[H * HD] = {0}, w[H] = {1.0f, 0.5f}, keys[ROWS * HD] = {0};
+    q[0] = 1.0f;      /* head 0 looks at dim 0 */
+    q[HD + 1] = 1.0f; /* head 1 looks at dim 1 */
+    /* scores: row c: relu(k[c][0]) * 1 + relu(k[c][1]) * 0.5 */
+    const float k0[ROWS] = {0, -1, 2, 0, 2, 0, 1, 1, 0, 3, 0, 0, 2, -2, 0, 1, 0, 0, 0, 0};
+    for (int c = 0; c < ROWS; c++) keys[c * HD] = k0[c];
+    keys[7 * HD + 1] = 2.0f; /* row 7: 1 + 1 = 2, ties with rows 2, 4, 12 */
+    int32_t idx[3 * TOPK];
+    dsib_view vq = wrap(q, sizeof q), vw = wrap(w, sizeof w), vk = wrap(keys, sizeof keys),
+              vi = wrap(idx, sizeof idx);
+    /* tokens at p = 7 (nvis 2 with ratio 4 -> all rows, padded), p = 79 (nvis 20), and
+     * p = 35 (nvis 9) */
+    assert_int_equal(ops->indexer_topk(inst, vq, 0, vw, 0, vk, H, HD, 7, 1, 4, TOPK, vi), DSI_OK);
+    const int32_t want0[TOPK] = {0, 1, -1, -1, -1};
+    assert_memory_equal(idx, want0, sizeof want0);
+    assert_int_equal(ops->indexer_topk(inst, vq, 0, vw, 0, vk, H, HD, 79, 1, 4, TOPK, vi), DSI_OK);
+    /* ranking: 9 (3), then 2, 4, 7, 12 (2; lowest positions first) -> {2,4,7,9,12} */
+    const int32_t want1[TOPK] = {2, 4, 7, 9, 12};
+    assert_memory_equal(idx, want1, sizeof want1);
+    assert_int_equal(ops->indexer_topk(inst, vq, 0, vw, 0, vk, H, HD, 35, 1, 4, TOPK, vi), DSI_OK);
+    /* rows 0..8: 2 (2), 4 (2), 7 (2), 6 (1), then the 0-score rows 0, 3, 5, 8 and row 1
+     * (relu(-1) = 0): the lowest, row 0 */
+    const int32_t want2[TOPK] = {0, 2, 4, 6, 7};
+    assert_memory_equal(idx, want2, sizeof want2);
+    unwrap(vq);
+    unwrap(vw);
+    unwrap(vk);
+    unwrap(vi);
+}
+
+/* ---- fake quant (§10.1) ------------------------------------------------------------------ */
+
+static void fq(float *x, uint32_t n, uint32_t block, int32_t recipe, uint32_t flags) {
+    dsib_view v = wrap(x, sizeof(float) * n);
+    assert_int_equal(ops->fake_quant(inst, v, n, 1, 0, n, block, recipe, flags), DSI_OK);
+    unwrap(v);
+}
+
+static void test_fake_quant_e4m3(void **state) {
+    (void)state;
+    /* amax 448 -> scale exactly 1 (a power of two maps to itself) */
+    float x[8] = {448.0f, 1.0625f, 1.1875f, 304.0f, -0.0f, 0x1p-10f, 3.0f * 0x1p-10f, -7.0f};
+    /* e4m3 grid: [1,2) step 1/8, [256,448] step 32, subnormal step 2^-9 */
+    const float want[8] = {448.0f, 1.0f, 1.25f, 320.0f, -0.0f, 0.0f, 0x1p-8f, -7.0f};
+    float y[8];
+    memcpy(y, x, sizeof x);
+    fq(y, 8, 8, DSIB_FQ_E4M3_UE8M0, 0);
+    assert_memory_equal(y, want, sizeof want);
+    /* no-round: clamp + rescale only (scale 1, nothing clamped) -> unchanged */
+    memcpy(y, x, sizeof x);
+    fq(y, 8, 8, DSIB_FQ_E4M3_UE8M0, DSIB_FQ_NO_ROUND);
+    assert_memory_equal(y, x, sizeof x);
+    /* amax 1000 -> s = 2^ceil(log2(1000/448)) = 4; -1000/4 = -250 -> -256 -> -1024;
+     * 10/4 = 2.5 -> 2.5 (on the grid: step 1/4 in [2,4)) */
+    float z[4] = {-1000.0f, 10.0f, 0.0f, 1.0f};
+    fq(z, 4, 4, DSIB_FQ_E4M3_UE8M0, 0);
+    assert_true(z[0] == -1024.0f && z[1] == 10.0f && z[2] == 0.0f && z[3] == 1.0f);
+    /* two blocks scale independently: block 2 all tiny -> amax floor 1e-4 */
+    float b2[4] = {448.0f, 1.0625f, 1e-6f, 0.0f};
+    fq(b2, 4, 2, DSIB_FQ_E4M3_UE8M0, 0);
+    /* block 2: s = 2^ceil(log2(1e-4/448)) = 2^-22; 1e-6/2^-22 = 4.194 -> e4m3 4.0 -> 4·2^-22 */
+    assert_true(b2[0] == 448.0f && b2[1] == 1.0f && b2[2] == 4.0f * 0x1p-22f && b2[3] == 0.0f);
+}
+
+static void test_fake_quant_e2m1(void **state) {
+    (void)state;
+    /* UE8M0 scale, amax 6 -> s = 1; §10.1 ties */
+    float x[8] = {6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    const float want[8] = {6.0f, 0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f};
+    fq(x, 8, 8, DSIB_FQ_E2M1_UE8M0, 0);
+    assert_memory_equal(x, want, sizeof want);
+    /* E4M3 scale (V4.1 compressed KV): amax 3 -> s = e4m3(0.5) = 0.5; 1.25/0.5 = 2.5 -> 2 */
+    float y[4] = {3.0f, 1.25f, -0.3f, 0.0f};
+    fq(y, 4, 4, DSIB_FQ_E2M1_E4M3, 0);
+    /* -0.3/0.5 = -0.6 -> -0.5 -> -0.25 */
+    assert_true(y[0] == 3.0f && y[1] == 1.0f && y[2] == -0.25f && y[3] == 0.0f);
+    /* no-round keeps the values (nothing beyond ±6·s) */
+    float z[4] = {3.0f, 1.25f, -0.3f, 0.1f};
+    fq(z, 4, 4, DSIB_FQ_E2M1_E4M3, DSIB_FQ_NO_ROUND);
+    assert_true(fabsf(z[1] - 1.25f) < 1e-7f && fabsf(z[2] + 0.3f) < 1e-7f);
+}
+
+/* ---- Hadamard, RoPE --------------------------------------------------------------------- */
+
+static void test_hadamard_rope(void **state) {
+    (void)state;
+    enum { N = 128 };
+    float x[2 * N], y[2 * N];
+    for (int i = 0; i < 2 * N; i++) x[i] = frand();
+    memcpy(y, x, sizeof x);
+    dsib_view v = wrap(y, sizeof y);
+    /* H/√n is symmetric and orthogonal: applying it twice is the identity */
+    assert_int_equal(ops->hadamard(inst, v, N, 2, 1, N), DSI_OK);
+    assert_int_equal(ops->hadamard(inst, v, N, 2, 1, N), DSI_OK);
+    for (int i = 0; i < 2 * N; i++) assert_true(fabsf(y[i] - x[i]) < 1e-5f);
+    /* e_0 -> every entry 1/√128 */
+    memset(y, 0, sizeof y);
+    y[0] = 1.0f;
+    assert_int_equal(ops->hadamard(inst, v, N, 1, 1, N), DSI_OK);
+    for (int i = 0; i < N; i++) assert_true(fabsf(y[i] - 1.0f / sqrtf(128.0f)) < 1e-7f);
+
+    /* RoPE: only the last 64 dims of each head move; inverse undoes it; pair 0 rotates by
+     * p·1 (freq 1 for pair 0 with or without YaRN, as 0 < low) */
+    dsib_rope r = {160000.0f, 16.0f, 64.0f, 32.0f, 1.0f, 64};
+    memcpy(y, x, sizeof x);
+    assert_int_equal(ops->rope_tail(inst, v, N, 2, 1, N, 37, 1, &r, 0), DSI_OK);
+    for (int i = 0; i < 64; i++) assert_true(y[i] == x[i]);
+    double c = cos(37.0), s = sin(37.0);
+    assert_true(fabs(y[64] - (x[64] * c - x[65] * s)) < 1e-5);
+    assert_true(fabs(y[65] - (x[64] * s + x[65] * c)) < 1e-5);
+    /* row 1 is at position 38 */
+    c = cos(38.0), s = sin(38.0);
+    assert_true(fabs(y[N + 64] - (x[N + 64] * c - x[N + 65] * s)) < 1e-5);
+    assert_int_equal(ops->rope_tail(inst, v, N, 2, 1, N, 37, 1, &r, 1), DSI_OK);
+    for (int i = 0; i < 2 * N; i++) assert_true(fabsf(y[i] - x[i]) < 1e-5f);
+    /* YaRN: the last pair (i = 31 > high) uses freq/16; base 160000 */
+    double f31 = pow(160000.0, -62.0 / 64.0) / 16.0;
+    memcpy(y, x, sizeof x);
+    assert_int_equal(ops->rope_tail(inst, v, N, 1, 1, N, 1000, 1, &r, 0), DSI_OK);
+    c = cos(1000.0 * f31), s = sin(1000.0 * f31);
+    assert_true(fabs(y[126] - (x[126] * c - x[127] * s)) < 1e-5);
+    unwrap(v);
+}
+
+/* ---- mHC Sinkhorn (§3.3) ----------------------------------------------------------------- */
+
+static void test_hc_mix(void **state) {
+    (void)state;
+    enum { HC = 4, D = 8, M = 24 };
+    float X[HC * D], fn[M * HC * D], scale[3] = {0.5f, 0.7f, 1.3f}, base[M], coef[M];
+    for (int i = 0; i < HC * D; i++) X[i] = frand();
+    for (int i = 0; i < M * HC * D; i++) fn[i] = frand();
+    for (int i = 0; i < M; i++) base[i] = frand();
+    dsib_view vX = wrap(X, sizeof X), vfn = wrap(fn, sizeof fn), vs = wrap(scale, sizeof scale),
+              vb = wrap(base, sizeof base), vc = wrap(coef, sizeof coef);
+    dsib_weight wfn = wf32(vfn, HC * D, M), ws = wf32(vs, 3, 1), wb = wf32(vb, M, 1);
+    assert_int_equal(ops->hc_mix(inst, vX, 1, HC, D, &wfn, &ws, &wb, 1e-6f, 1e-6f, 20,
+                                 DSIB_HC_BLOCK, vc, M),
+                     DSI_OK);
+    /* independent double-precision computation of the spec */
+    double ss = 0, mix[M];
+    for (int i = 0; i < HC * D; i++) ss += (double)X[i] * X[i];
+    double rs = 1.0 / sqrt(ss / (HC * D) + 1e-6);
+    for (int m = 0; m < M; m++) {
+        double a = 0;
+        for (int i = 0; i < HC * D; i++) a += (double)fn[m * HC * D + i] * X[i];
+        mix[m] = a * rs;
+    }
+    for (int h = 0; h < HC; h++) {
+        double pre = 1.0 / (1.0 + exp(-(mix[h] * scale[0] + base[h]))) + 1e-6;
+        double post = 2.0 / (1.0 + exp(-(mix[HC + h] * scale[1] + base[HC + h])));
+        assert_true(fabs(coef[h] - pre) < 1e-5);
+        assert_true(fabs(coef[HC + h] - post) < 1e-5);
+    }
+    double C[HC][HC];
+    for (int i = 0; i < HC; i++) {
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < HC; j++) {
+            C[i][j] = mix[8 + 4 * i + j] * scale[2] + base[8 + 4 * i + j];
+            if (C[i][j] > mx) mx = C[i][j];
+        }
+        for (int j = 0; j < HC; j++) sum += exp(C[i][j] - mx);
+        for (int j = 0; j < HC; j++) C[i][j] = exp(C[i][j] - mx) / sum + 1e-6;
+    }
+    for (int it = 0; it < 20; it++) {
+        if (it)
+            for (int i = 0; i < HC; i++) {
+                double s = 1e-6;
+                for (int j = 0; j < HC; j++) s += C[i][j];
+                for (int j = 0; j < HC; j++) C[i][j] /= s;
+            }
+        for (int j = 0; j < HC; j++) {
+            double s = 1e-6;
+            for (int i = 0; i < HC; i++) s += C[i][j];
+            for (int i = 0; i < HC; i++) C[i][j] /= s;
+        }
+    }
+    for (int i = 0; i < HC; i++)
+        for (int j = 0; j < HC; j++) assert_true(fabs(coef[8 + 4 * i + j] - C[i][j]) < 1e-5);
+    unwrap(vX);
+    unwrap(vfn);
+    unwrap(vs);
+    unwrap(vb);
+    unwrap(vc);
+}
+
+/* ---- MoE routing (§3.5) ------------------------------------------------------------------ */
+
+static void test_moe_route(void **state) {
+    (void)state;
+    enum { E = 6, K = 2 };
+    /* token 0: logits tie between experts 1, 3 and 4 -> 1, 3; token 1: the bias decides
+     * (selection only: weights use unbiased scores) */
+    float lg[2 * E] = {0.0f, 2.0f, -1.0f, 2.0f, 2.0f, 0.5f, 1.0f, 1.0f, 1.0f, 1.0f, 3.0f, 1.0f};
+    float bias[E] = {0, 0, 0, 0, 0, 0};
+    int32_t ids[2] = {0, 1}, sel[2 * K];
+    float wts[2 * K];
+    dsib_view vl = wrap(lg, sizeof lg), vb = wrap(bias, sizeof bias), vi = wrap(ids, sizeof ids),
+              vs = wrap(sel, sizeof sel), vw = wrap(wts, sizeof wts);
+    dsib_weight wb = wf32(vb, E, 1);
+    bias[5] = 10.0f; /* token 1: expert 5 first (biased), then expert 4 */
+    assert_int_equal(ops->moe_route(inst, vl, E, E, K, &wb, NULL, vi, 0.0f, 1.5f, 2, vs, vw),
+                     DSI_OK);
+    assert_int_equal(sel[0], 5); /* the bias applies to token 0 too: 5 beats the ties */
+    assert_int_equal(sel[1], 1);
+    assert_int_equal(sel[2], 5);
+    assert_int_equal(sel[3], 4);
+    double s[2 * E];
+    for (int i = 0; i < 2 * E; i++) s[i] = sqrt(log1p(exp((double)lg[i])));
+    assert_true(fabs(wts[0] - s[5] / (s[5] + s[1]) * 1.5) < 1e-6);
+    assert_true(fabs(wts[3] - s[E + 4] / (s[E + 5] + s[E + 4]) * 1.5) < 1e-6);
+    /* without bias: ties at 2.0 between 1, 3, 4 -> 1, 3 */
+    assert_int_equal(ops->moe_route(inst, vl, E, E, K, NULL, NULL, vi, 0.0f, 1.5f, 1, vs, vw),
+                     DSI_OK);
+    assert_int_equal(sel[0], 1);
+    assert_int_equal(sel[1], 3);
+    assert_true(fabs(wts[0] - 0.75) < 1e-6 && fabs(wts[1] - 0.75) < 1e-6);
+    /* hash routing: tid2eid rows by token id */
+    int32_t tid[3 * K] = {4, 0, 2, 5, 1, 3};
+    int32_t ids2[2] = {2, 0};
+    dsib_view vt = wrap(tid, sizeof tid), vi2 = wrap(ids2, sizeof ids2);
+    dsib_weight wt;
+    memset(&wt, 0, sizeof wt);
+    wt.buf = vt.buf;
+    wt.type = DSI_TYPE_I32;
+    wt.ne[0] = K;
+    wt.ne[1] = 3;
+    wt.ne[2] = 1;
+    wt.nb1 = K * 4;
+    wt.nb2 = 3 * K * 4;
+    assert_int_equal(ops->moe_route(inst, vl, E, E, K, NULL, &wt, vi2, 0.0f, 1.5f, 2, vs, vw),
+                     DSI_OK);
+    assert_true(sel[0] == 1 && sel[1] == 3 && sel[2] == 4 && sel[3] == 0);
+    assert_true(fabs(wts[2] - s[E + 4] / (s[E + 4] + s[E + 0]) * 1.5) < 1e-6);
+    unwrap(vl);
+    unwrap(vb);
+    unwrap(vi);
+    unwrap(vs);
+    unwrap(vw);
+    unwrap(vt);
+    unwrap(vi2);
+}
+
+/* ---- compressor pooling (§3.4) ---------------------------------------------------------- */
+
+static void test_compress_pool_overlap(void **state) {
+    (void)state;
+    enum { R = 4, HD = 3, W = 2 * HD, NTOK = 12, RING = 8 };
+    float kv[NTOK * W], sc[NTOK * W];
+    for (int i = 0; i < NTOK * W; i++) {
+        kv[i] = frand();
+        sc[i] = 2.0f * frand();
+    }
+    /* expected group w = 2 (tokens 8..11 lane B, tokens 4..7 lane A), per channel */
+    float want[HD];
+    for (int j = 0; j < HD; j++) {
+        double m = -1e300, z = 0, a = 0;
+        double s8[8], v8[8];
+        for (int t = 0; t < 4; t++) {
+            s8[t] = sc[(4 + t) * W + j];
+            v8[t] = kv[(4 + t) * W + j];
+            s8[4 + t] = sc[(8 + t) * W + HD + j];
+            v8[4 + t] = kv[(8 + t) * W + HD + j];
+        }
+        for (int c = 0; c < 8; c++) m = s8[c] > m ? s8[c] : m;
+        for (int c = 0; c < 8; c++) z += exp(s8[c] - m);
+        for (int c = 0; c < 8; c++) a += exp(s8[c] - m) / z * v8[c];
+        want[j] = (float)a;
+    }
+    /* (a) all rows in the step; (b) tokens < 10 from the ring, 10..11 in the step: equal */
+    float out_a[HD], out_b[HD], rkv[RING * W], rsc[RING * W];
+    dsib_view vk = wrap(kv, sizeof kv), vs = wrap(sc, sizeof sc), vo = wrap(out_a, sizeof out_a),
+              vob = wrap(out_b, sizeof out_b), vrk = wrap(rkv, sizeof rkv),
+              vrs = wrap(rsc, sizeof rsc);
+    assert_int_equal(ops->compress_pool(inst, vrk, vrs, W, RING, vk, vs, W, 0, NTOK, R, 1, HD, 2,
+                                        1, vo, HD),
+                     DSI_OK);
+    for (int j = 0; j < HD; j++) assert_true(fabsf(out_a[j] - want[j]) < 1e-5f);
+    assert_int_equal(ops->ring_write(inst, vk, W, 10, 0, vrk, W, RING, W), DSI_OK);
+    assert_int_equal(ops->ring_write(inst, vs, W, 10, 0, vrs, W, RING, W), DSI_OK);
+    dsib_view vk10 = {vk.buf, 10 * W * 4}, vs10 = {vs.buf, 10 * W * 4};
+    assert_int_equal(ops->compress_pool(inst, vrk, vrs, W, RING, vk10, vs10, W, 10, 2, R, 1, HD,
+                                        2, 1, vob, HD),
+                     DSI_OK);
+    assert_memory_equal(out_a, out_b, sizeof out_a);
+    /* group 0 has no lane A: only tokens 0..3 lane B */
+    assert_int_equal(ops->compress_pool(inst, vrk, vrs, W, RING, vk, vs, W, 0, NTOK, R, 1, HD, 0,
+                                        1, vo, HD),
+                     DSI_OK);
+    for (int j = 0; j < HD; j++) {
+        double m = -1e300, z = 0, a = 0;
+        for (int t = 0; t < 4; t++) m = sc[t * W + HD + j] > m ? sc[t * W + HD + j] : m;
+        for (int t = 0; t < 4; t++) z += exp(sc[t * W + HD + j] - m);
+        for (int t = 0; t < 4; t++) a += exp(sc[t * W + HD + j] - m) / z * kv[t * W + HD + j];
+        assert_true(fabs(out_a[j] - a) < 1e-5);
+    }
+    unwrap(vk);
+    unwrap(vs);
+    unwrap(vo);
+    unwrap(vob);
+    unwrap(vrk);
+    unwrap(vrs);
+}
+
+/* ---- sink attention (§3.4) ---------------------------------------------------------------- */
+
+static void test_attn_sink(void **state) {
+    (void)state;
+    enum { H = 2, HD = 16, WIN = 4, N = 6, RING = 8, NC = 3 };
+    float q[N * H * HD], kv[N * HD], comp[NC * HD], sinks[H] = {0.3f, -1.0f};
+    for (int i = 0; i < N * H * HD; i++) q[i] = frand();
+    for (int i = 0; i < N * HD; i++) kv[i] = frand();
+    for (int i = 0; i < NC * HD; i++) comp[i] = frand();
+    int32_t idx[N * 2];
+    for (int t = 0; t < N; t++) {
+        idx[2 * t] = t % 2 ? 0 : -1;
+        idx[2 * t + 1] = 2;
+    }
+    float out_a[N * H * HD], out_b[N * H * HD], ring[RING * HD];
+    memset(ring, 0, sizeof ring);
+    dsib_view vq = wrap(q, sizeof q), vkv = wrap(kv, sizeof kv), vc = wrap(comp, sizeof comp),
+              vi = wrap(idx, sizeof idx), va = wrap(out_a, sizeof out_a),
+              vb = wrap(out_b, sizeof out_b), vr = wrap(ring, sizeof ring), vsk = wrap(sinks, 8);
+    dsib_weight wsk = wf32(vsk, H, 1);
+    float sc = 1.0f / 4.0f;
+    /* (a) positions 0..5 in one step */
+    assert_int_equal(ops->attn_sink(inst, vq, H * HD, H, HD, 0, N, WIN, vr, RING, vkv, HD, 4, vc,
+                                    vi, 2, &wsk, sc, va, H * HD),
+                     DSI_OK);
+    /* expected, double precision, straight from the formula */
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < H; h++) {
+            const float *qq = q + (t * H + h) * HD;
+            const float *rows[8];
+            int nr = 0;
+            for (int k = 0; k < 2; k++)
+                if (idx[2 * t + k] >= 0) rows[nr++] = comp + idx[2 * t + k] * HD;
+            for (int p = t - WIN + 1; p <= t; p++)
+                if (p >= 0) rows[nr++] = kv + p * HD;
+            double z[8], m = sinks[h], den, o[HD] = {0};
+            for (int r = 0; r < nr; r++) {
+                double d = 0;
+                for (int i = 0; i < HD; i++) d += (double)qq[i] * rows[r][i];
+                z[r] = d * sc;
+                if (z[r] > m) m = z[r];
+            }
+            den = exp(sinks[h] - m);
+            for (int r = 0; r < nr; r++) {
+                den += exp(z[r] - m);
+                for (int i = 0; i < HD; i++) o[i] += exp(z[r] - m) * rows[r][i];
+            }
+            for (int i = 0; i < HD; i++)
+                assert_true(fabs(out_a[(t * H + h) * HD + i] - o[i] / den) < 1e-5);
+        }
+    /* (b) positions 0..2, ring write, then 3..5 reading 0..2 from the ring: bit-equal */
+    assert_int_equal(ops->attn_sink(inst, vq, H * HD, H, HD, 0, 3, WIN, vr, RING, vkv, HD, 4, vc,
+                                    vi, 2, &wsk, sc, vb, H * HD),
+                     DSI_OK);
+    assert_int_equal(ops->ring_write(inst, vkv, HD, 3, 0, vr, HD, RING, HD), DSI_OK);
+    dsib_view vq3 = {vq.buf, 3 * H * HD * 4}, vkv3 = {vkv.buf, 3 * HD * 4},
+              vi3 = {vi.buf, 3 * 2 * 4}, vb3 = {vb.buf, 3 * H * HD * 4};
+    assert_int_equal(ops->attn_sink(inst, vq3, H * HD, H, HD, 3, 3, WIN, vr, RING, vkv3, HD, 4,
+                                    vc, vi3, 2, &wsk, sc, vb3, H * HD),
+                     DSI_OK);
+    assert_memory_equal(out_a, out_b, sizeof out_a);
+    unwrap(vq);
+    unwrap(vkv);
+    unwrap(vc);
+    unwrap(vi);
+    unwrap(va);
+    unwrap(vb);
+    unwrap(vr);
+    unwrap(vsk);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_indexer_ties),
+        cmocka_unit_test(test_fake_quant_e4m3),
+        cmocka_unit_test(test_fake_quant_e2m1),
+        cmocka_unit_test(test_hadamard_rope),
+        cmocka_unit_test(test_hc_mix),
+        cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_compress_pool_overlap),
+        cmocka_unit_test(test_attn_sink),
+    };
+    return cmocka_run_group_tests_name("v4_ops", tests, setup, teardown);
+}
