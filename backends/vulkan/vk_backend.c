@@ -7,7 +7,8 @@
  * on VK_LAYER_KHRONOS_validation with a messenger that counts errors;
  * DSINFER_VULKAN_MAX_BINDING / DSINFER_VULKAN_CHUNK (bytes) shrink the binding window and
  * the allocation chunk below the device limits (tests of the large-tensor paths);
- * DSINFER_VULKAN_BASELINE=1 uses only the baseline shader variants.
+ * DSINFER_VULKAN_BASELINE=1 uses only the baseline shader variants;
+ * DSINFER_VULKAN_FORCE_STAGING=1 never maps device buffers (tests the staging path).
  */
 #define _GNU_SOURCE
 #include "backends/vulkan/vk_impl.h"
@@ -551,7 +552,8 @@ dsi_status dsib_vk_buffer_create(dsib_instance *inst, uint64_t size, uint32_t fl
         }
         VkMemoryPropertyFlags pf = mp.memoryTypes[mt].propertyFlags;
         void *ptr = NULL;
-        if ((pf & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (pf & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) &&
+        if ((host || !inst->force_staging) && (pf & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+            (pf & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) &&
             inst->vk.vkMapMemory(inst->device, c->mem, 0, VK_WHOLE_SIZE, 0, &ptr) == VK_SUCCESS)
             c->mapped = ptr;
         else
@@ -961,6 +963,9 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     inst->device_is_mappable = (pf & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
                                (pf & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
     inst->heap_size = mp.memoryHeaps[mp.memoryTypes[mt].heapIndex].size;
+    /* Test knob: exercise the staging path on devices whose memory is all mappable. */
+    inst->force_staging = env_flag("DSINFER_VULKAN_FORCE_STAGING");
+    if (inst->force_staging) inst->device_is_mappable = 0;
 
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};

@@ -208,6 +208,7 @@ struct dsib_instance {
     uint32_t mem_type_device;    /* memory type index for device buffers */
     uint32_t mem_type_host;      /* host-visible + coherent, for staging / readback */
     int device_is_mappable;      /* mem_type_device is host-visible + coherent */
+    int force_staging;           /* DSINFER_VULKAN_FORCE_STAGING=1: never map device buffers */
     uint64_t heap_size;          /* of the device memory type's heap */
     atomic_uint_fast64_t mem_used;
 

@@ -863,6 +863,33 @@ static void test_long_recording(void **state) {
     bt_buf_free(g_s, &z);
 }
 
+/* Device memory that cannot be mapped: upload / download through the staging buffer
+ * (DSINFER_VULKAN_FORCE_STAGING=1 forces that path on lavapipe, whose memory is mappable),
+ * including transfers larger than the 16 MiB staging buffer. */
+static void test_staging(void **state) {
+    (void)state;
+    NEED_OP(matmul);
+    setenv("DSINFER_VULKAN_FORCE_STAGING", "1", 1);
+    assert_true(bt_reopen_gpu(&g_s[1]));
+    tw w = mkweight(DSI_TYPE_F32, 2048, 2100, 1, 1.0f); /* 17.2 MB: two staging pieces */
+    bt_buf x = rbuf(2 * 2048, -1, 1), y = rbuf(2 * 2100, 0, 0);
+    dsi_status st[2];
+    RUN_BOTH(st, OPS(S)->matmul(g_s[S].inst, &w.w[S], 0, V(x), 2048, V(y), 2100, 2));
+    st_ok(st);
+    check_f32("matmul, staged upload/download", &y, y.bytes / 4, 1e-9);
+    float *back = falloc(w.b.bytes / 4), *orig = falloc(w.b.bytes / 4);
+    assert_int_equal(bt_buf_read(g_s, &w.b, 1, back), 0);
+    assert_int_equal(bt_buf_read(g_s, &w.b, 0, orig), 0);
+    assert_memory_equal(back, orig, w.b.bytes);
+    free(back);
+    free(orig);
+    bt_buf_free(g_s, &w.b);
+    bt_buf_free(g_s, &x);
+    bt_buf_free(g_s, &y);
+    unsetenv("DSINFER_VULKAN_FORCE_STAGING");
+    assert_true(bt_reopen_gpu(&g_s[1]));
+}
+
 /* Allocation failure: OUT_OF_DEVICE_MEMORY naming the size; the instance stays usable. */
 static void test_alloc_failure(void **state) {
     (void)state;
@@ -920,7 +947,7 @@ int main(void) {
         cmocka_unit_test(test_moe),             cmocka_unit_test(test_indexer_v41),
         cmocka_unit_test(test_engram_gate),
         cmocka_unit_test(test_large_matmul),    cmocka_unit_test(test_split_windows),
-        cmocka_unit_test(test_long_recording),  cmocka_unit_test(test_threads),         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_long_recording),  cmocka_unit_test(test_staging),  cmocka_unit_test(test_threads),         cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_validation),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     bt_close(g_s);
