@@ -155,6 +155,9 @@ dsi_status dsii_backend_module_load(dsi_context *ctx, const char *name,
     size_t tl = 0;
     tried[0] = 0;
     for (int i = 0; i < nd; i++) {
+        int dup = 0;
+        for (int j = 0; j < i && !dup; j++) dup = strcmp(dirs[i], dirs[j]) == 0;
+        if (dup) continue;
         char file[1024];
         int n = snprintf(file, sizeof file, "%s/libdsinfer-%s.so", dirs[i], name);
         if (n < 0 || (size_t)n >= sizeof file) continue;
@@ -186,6 +189,17 @@ dsi_status dsii_backend_module_load(dsi_context *ctx, const char *name,
                      "backend '%s' is not available: libdsinfer-%s.so not found (searched: %s; "
                      "set backend_dir or DSINFER_BACKEND_DIR)",
                      name, name, tl ? tried : "no directories");
+}
+
+dsi_status dsii_backend_module_load_file(const char *path, const char *name,
+                                         const dsib_backend **table, void **dl_handle,
+                                         dsii_error *err) {
+    *table = NULL;
+    *dl_handle = NULL;
+    if (!path || !name) return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "bad arguments");
+    dsi_status st = try_module_file(path, name, table, dl_handle, err);
+    if (st == DSI_ERR_NOT_FOUND) dsii_fail(err, st, "%s does not exist", path);
+    return st;
 }
 
 void dsii_backend_module_unload(void *dl_handle) {

@@ -65,6 +65,13 @@ dsi_status dsii_backend_module_load(dsi_context *ctx, const char *name,
                                     char *path, size_t path_cap, dsii_error *err);
 void dsii_backend_module_unload(void *dl_handle);
 
+/* Loads one module file and checks it as the search does (tests): DSI_OK, NOT_FOUND (no such
+ * file), UNSUPPORTED (not loadable, no entry symbol, incomplete or misnamed table) or
+ * ABI_MISMATCH (api_version / struct_size), with the reason in `err`. */
+dsi_status dsii_backend_module_load_file(const char *path, const char *name,
+                                         const dsib_backend **table, void **dl_handle,
+                                         dsii_error *err);
+
 /* Fills `host` for a backend created from `ctx` (allocator + log routed to the context). */
 void dsii_backend_host_init(dsi_context *ctx, dsib_host *host, int32_t device_index);
 
