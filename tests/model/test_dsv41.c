@@ -29,6 +29,7 @@
 #include "dsinfer.h"
 #include "api/session_impl.h"
 #include "arch/arch.h"
+#include "engram/engram.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -535,9 +536,43 @@ static void test_coverage(void **state) {
            hp->candidate_topk_blocks, hp->idx_topk, hp->engram.max_ngram);
 }
 
+/* The tiny-v41 file's Engram layout is the §4.6 construction for engram_vocab_size 1000
+ * (§7.2): primes from the prime search, offsets = per-layer prefix sums, odd multipliers
+ * within the bound of the file's compressed vocabulary. */
+static void test_engram_layout_of_file(void **state) {
+    (void)state;
+    fixture *f = any_model();
+    const dsii_engram_hparams *eh = &f->model->hp.engram;
+    assert_true(eh->n_layer >= 1);
+    const uint32_t C = eh->n_cols;
+    uint64_t *want = calloc((size_t)eh->n_layer * C, sizeof *want);
+    assert_true(dsii_engram_find_primes(1000, (int32_t)eh->n_layer, (int32_t)eh->max_ngram,
+                                        (int32_t)eh->n_head, want));
+    const uint64_t bound = dsii_engram_multiplier_bound(eh->compressed_vocab);
+    for (uint32_t j = 0; j < eh->n_layer; j++) {
+        uint64_t off = 0;
+        for (uint32_t c = 0; c < C; c++) {
+            assert_int_equal(eh->primes[j * C + c], want[j * C + c]);
+            assert_int_equal(eh->offsets[j * C + c], off);
+            off += want[j * C + c];
+        }
+        assert_int_equal(eh->rows[j], off);
+        for (uint32_t k = 0; k < eh->max_ngram; k++) {
+            uint64_t m = eh->multipliers[j * eh->max_ngram + k];
+            assert_true((m & 1u) && m <= 2 * bound + 1);
+        }
+    }
+    printf("Engram layout of the file: %u layers x %u columns, primes = prime search from "
+           "1000, offsets = prefix sums, rows %llu / %llu\n",
+           eh->n_layer, C, (unsigned long long)eh->rows[0],
+           (unsigned long long)eh->rows[eh->n_layer - 1]);
+    free(want);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_coverage),
+        cmocka_unit_test(test_engram_layout_of_file),
         cmocka_unit_test(test_reference_f32_tight),
         cmocka_unit_test(test_reference_f32_rounding),
         cmocka_unit_test(test_reference_q8_0_tight),
