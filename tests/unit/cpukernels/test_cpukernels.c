@@ -18,6 +18,7 @@
 
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
+#include "quant/quant.h"
 
 /* ---- random numbers -------------------------------------------------------------------- */
 
@@ -582,6 +583,71 @@ static void test_moe_gather(void **state) {
     dsib_threadpool_free(pool);
 }
 
+/* Cross-check with the types engineer's lib/quant: same row sizes, this test's decoders give
+ * lib/quant's dequantized values, and every ISA path matches its reference dot. Weights come
+ * from lib/quant's quantizers (real scales / mins, not random bytes). */
+static void test_lib_quant_agreement(void **state) {
+    (void)state;
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        const int32_t type = shapes[si].type;
+        const int64_t n = shapes[si].n_in[2];
+        const dsii_type_traits *tr = dsii_type_get(type);
+        assert_non_null(tr);
+        if (!tr->quantize_row) continue;
+        uint64_t rb = 0;
+        assert_true(dsii_type_row_size(type, n, &rb));
+        assert_int_equal(rb, dsib_kern_row_bytes(type, n));
+        float *src = malloc(sizeof(float) * (size_t)n), *deq = malloc(sizeof(float) * (size_t)n);
+        float *x = malloc(sizeof(float) * (size_t)n);
+        double *mine = malloc(sizeof(double) * (size_t)n);
+        uint8_t *row = malloc((size_t)rb);
+        assert_non_null(src);
+        assert_non_null(deq);
+        assert_non_null(x);
+        assert_non_null(mine);
+        assert_non_null(row);
+        for (int64_t i = 0; i < n; i++) {
+            src[i] = (float)((rndu() * 2 - 1) * (1 + (i % 7)));
+            x[i] = (float)(rndu() * 2 - 1);
+        }
+        dsii_error e;
+        assert_int_equal(dsii_quantize_row(type, src, row, n, &e), DSI_OK);
+        assert_int_equal(dsii_dequantize_row(type, row, deq, n, &e), DSI_OK);
+        decode_row(type, row, n, mine);
+        double amax = 0, ref = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs(mine[i]));
+        for (int64_t i = 0; i < n; i++) {
+            /* K-quants round d*sc*q - dmin*m once in f32; the rest are exact */
+            if (fabs((double)deq[i] - mine[i]) > ldexp(amax, -23))
+                fail_msg("type %d element %lld: lib/quant %.9g, test decoder %.9g", (int)type,
+                         (long long)i, (double)deq[i], mine[i]);
+            ref += mine[i] * x[i];
+            mag += fabs(mine[i] * x[i]);
+        }
+        float lib_dot = 0;
+        assert_int_equal(dsii_dot_row(type, row, x, n, &lib_dot, &e), DSI_OK);
+        problem p = {0};
+        p.n_in = n;
+        p.mag = &mag;
+        const double tol = tolerance(&p, 0);
+        assert_true(fabs((double)lib_dot - ref) <= tol);
+        for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
+            const dsib_kern_table *kt = dsib_kern_table_for(isa);
+            if (!kt) continue;
+            float y = 0;
+            kt->matmul_rows(type, row, (size_t)rb, n, 0, 1, x, n, &y, 1, 1);
+            if (!(fabs((double)y - ref) <= tol))
+                fail_msg("type %d isa %s: kernel %.9g, reference %.9g, lib/quant dot %.9g",
+                         (int)type, kt->name, (double)y, ref, (double)lib_dot);
+        }
+        free(src);
+        free(deq);
+        free(x);
+        free(mine);
+        free(row);
+    }
+}
+
 /* dsib_matmul_batch: each descriptor equals dsib_matmul alone; empty ones are skipped;
  * more than 64 descriptors run in several rounds. */
 static void test_batch(void **state) {
@@ -705,6 +771,7 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_blocks),
+        cmocka_unit_test(test_lib_quant_agreement),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_types_scalar),
         cmocka_unit_test(test_types_avx2),
