@@ -506,7 +506,12 @@ static void test_indexer(void **state) {
     (void)state;
     NEED_OP(indexer_topk);
     static const struct { int64_t pos0; uint32_t n, topk, heads; } cs[] = {
-        {0, 40, 8, 4}, {100, 3, 8, 4}, {37, 9, 512, 2}, {300, 2, 20, 1}};
+        {0, 40, 8, 4}, {100, 3, 8, 4}, {37, 9, 512, 2}, {300, 2, 20, 1},
+        /* one head: about half the rows score exactly 0, so the last slots are filled from
+         * tied zeros (lower position first, §10.2) */
+        {300, 2, 50, 1},
+        /* a longer context: 1000+ visible rows, top 512 */
+        {4000, 2, 512, 2}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         uint32_t hd = 128, H = cs[i].heads, n = cs[i].n, topk = cs[i].topk, ratio = 4;
         uint32_t rows = (uint32_t)((cs[i].pos0 + n) / ratio) + 1;

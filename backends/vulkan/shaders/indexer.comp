@@ -26,6 +26,63 @@ void sync_() {
     barrier();
 }
 
+// Top-k without sorting: the k-th best score is found by a radix select on order-preserving
+// 32-bit keys (32 counting passes over the row, O(rows) each), then positions are taken in
+// ascending order: every key above the threshold, plus the lowest positions whose key
+// equals it (ties: lower position first, §10.2).
+shared uint cnt[64];
+uint fkey(uint bits) { return (bits & 0x80000000u) != 0u ? ~bits : (bits | 0x80000000u); }
+// #allowed c < N with key >= T (flags: allowed iff sb[fo + c] != 0; no flags: all)
+uint count_ge(uint so, uint fo, bool flags, uint N, uint T) {
+    uint tid = gl_LocalInvocationID.x, k = 0u;
+    for (uint c = tid; c < N; c += 64u) {
+        if (flags && sb.d[fo + c] == 0u) continue;
+        if (fkey(sb.d[so + c]) >= T) k++;
+    }
+    cnt[tid] = k;
+    barrier();
+    for (uint s = 32u; s > 0u; s >>= 1) {
+        if (tid < s) cnt[tid] += cnt[tid + s];
+        barrier();
+    }
+    uint r = cnt[0];
+    barrier();
+    return r;
+}
+// Largest T with count_ge(T) >= k (0 if fewer than k allowed).
+uint kth_key(uint so, uint fo, bool flags, uint N, uint k) {
+    uint T = 0u;
+    for (int b = 31; b >= 0; b--) {
+        uint c = T | (1u << uint(b));
+        if (count_ge(so, fo, flags, N, c) >= k) T = c;
+    }
+    return T;
+}
+// Thread 0: writes the selected positions ascending to dst (int buffer ib or co), −1 padded.
+void take(uint so, uint fo, bool flags, uint N, uint k, uint T, bool to_co, uint oo) {
+    uint gt = T == 0xFFFFFFFFu ? 0u : count_ge(so, fo, flags, N, T + 1u);
+    if (gl_LocalInvocationID.x != 0u) return;
+    uint need = k > gt ? k - gt : 0u, m = 0u;
+    for (uint c = 0u; c < N && m < k; c++) {
+        if (flags && sb.d[fo + c] == 0u) continue;
+        uint key = fkey(sb.d[so + c]);
+        bool sel = key > T;
+        if (!sel && key == T && need > 0u) {
+            sel = true;
+            need--;
+        }
+        if (sel) {
+            if (to_co) co.d[oo + m] = int(c);
+            else ib.d[oo + m] = int(c);
+            m++;
+        }
+    }
+    for (; m < k; m++) {
+        if (to_co) co.d[oo + m] = -1;
+        else ib.d[oo + m] = -1;
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint t = gl_WorkGroupID.x + pc.p[12];
@@ -66,23 +123,13 @@ void main() {
             sb.d[bo + b] = floatBitsToUint(m);
         }
         sync_();
-        uint keep = min(ck, nb);
-        for (uint b = tid; b < nb; b += 64u) {
-            float m = uintBitsToFloat(sb.d[bo + b]);
-            uint rank = 0u;
-            for (uint b2 = 0u; b2 < nb && rank < keep; b2++) {
-                float m2 = uintBitsToFloat(sb.d[bo + b2]);
-                if (m2 > m || (m2 == m && b2 < b)) rank++;
-            }
-            sb.d[bo + nb + b] = (rank < keep && m > uintBitsToFloat(0xff800000u)) ? 1u : 0u;
-        }
+        // allowed blocks: score > −inf
+        for (uint b = tid; b < nb; b += 64u)
+            sb.d[bo + nb + b] = uintBitsToFloat(sb.d[bo + b]) > uintBitsToFloat(0xff800000u) ? 1u : 0u;
         sync_();
-        if (tid == 0u) {
-            uint oo = pc.p[18] + t * ck, k = 0u;
-            for (uint b = 0u; b < nb && k < ck; b++)
-                if (sb.d[bo + nb + b] != 0u) co.d[oo + k++] = int(b);
-            for (; k < ck; k++) co.d[oo + k] = -1;
-        }
+        uint T = kth_key(bo, bo + nb, true, nb, ck);
+        take(bo, bo + nb, true, nb, ck, T, true, pc.p[18] + t * ck);
+        sync_();
     }
     // allowed flags (candidate masking) go into the flag half first
     for (uint c = tid; c < nvis; c += 64u) {
@@ -100,26 +147,6 @@ void main() {
         sb.d[so + nvis + c] = ok;
     }
     sync_();
-    // rank among allowed candidates; a position is selected iff allowed and rank < topk.
-    // Flags are rewritten after a barrier, so ranks first go to a private pass.
-    for (uint c = tid; c < nvis; c += 64u) {
-        uint flag = sb.d[so + nvis + c];
-        if (flag == 0u) continue;
-        float sc_ = uintBitsToFloat(sb.d[so + c]);
-        uint rank = 0u;
-        for (uint c2 = 0u; c2 < nvis && rank < topk; c2++) {
-            if (sb.d[so + nvis + c2] == 0u) continue;
-            float s2 = uintBitsToFloat(sb.d[so + c2]);
-            if (s2 > sc_ || (s2 == sc_ && c2 < c)) rank++;
-        }
-        // encode: bit0 allowed, bit1 selected (written after everyone has read bit0)
-        sb.d[so + nvis + c] = rank < topk ? 3u : 1u;
-    }
-    sync_();
-    if (tid == 0u) {
-        uint k = 0u;
-        for (uint c = 0u; c < nvis && k < topk; c++)
-            if (sb.d[so + nvis + c] == 3u) ib.d[io + k++] = int(c);
-        for (; k < topk; k++) ib.d[io + k] = -1;
-    }
+    uint T = kth_key(so, so + nvis, cin, nvis, topk);
+    take(so, so + nvis, cin, nvis, topk, T, false, io);
 }
