@@ -10,8 +10,9 @@
  *                 looked up from a 16-entry table per sub-block (vpermps).
  *   Q2_K          32-element group s of a 128-half: vectors → acc[2s % 4], acc[(2s+1) % 4].
  *   MXFP4         block b: p = w0*x0; p = fma(w1, x1, p); acc[b % 4] = fma(scale, p, acc).
- *   FP8 B128/B32  block b: p0/p1 = even/odd vectors (mul then fma), acc[b % 4] =
- *                 fma(scale, p0 + p1, acc); partial last block masked.
+ *   FP8 B128      block b: p0/p1 = even/odd vectors (mul then fma), acc[b % 4] =
+ *                 fma(scale, p0 + p1, acc); B32: p = w0*x0 + w1*x1 (one chain), acc[b % 4] =
+ *                 fma(scale, p, acc); partial last block masked.
  * Result: ((acc0 + acc1) + (acc2 + acc3)) reduced by _mm512_reduce_add_ps.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
@@ -283,14 +284,16 @@ AI __m512 e4m3x16_s8(__m128i bytes) {
             const __m512 wv_ = e4m3x16_s8(_mm_maskz_loadu_epi8(m_, bp_ + 1 + 16 * v));       \
             UNR for (int t = 0; t < T; t++) {                                             \
                 const __m512 xv_ = _mm512_maskz_loadu_ps(m_, xp[t] + (xoff) + 16 * v);    \
-                if (v < 2)                                                                \
+                if ((BS) == 32 && v == 1) /* B32: one chain p = w0*x0 + w1*x1 */          \
+                    p_[t][0] = _mm512_fmadd_ps(wv_, xv_, p_[t][0]);                       \
+                else if (v < 2)                                                           \
                     p_[t][v] = _mm512_mul_ps(wv_, xv_);                                   \
                 else                                                                      \
                     p_[t][v & 1] = _mm512_fmadd_ps(wv_, xv_, p_[t][v & 1]);               \
             }                                                                             \
         }                                                                                 \
-        UNR for (int t = 0; t < T; t++) acc[t][K] =                                       \
-            _mm512_fmadd_ps(s_, _mm512_add_ps(p_[t][0], p_[t][1]), acc[t][K]);            \
+        UNR for (int t = 0; t < T; t++) acc[t][K] = _mm512_fmadd_ps(                      \
+            s_, (BS) == 32 ? p_[t][0] : _mm512_add_ps(p_[t][0], p_[t][1]), acc[t][K]);    \
     } while (0)
 
 #define DEF_FP8(NAME, BS)                                                                 \
