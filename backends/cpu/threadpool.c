@@ -58,7 +58,9 @@ struct dsib_threadpool {
     pthread_cond_t cv_work;
     pthread_cond_t cv_done;
     dsib_job *head;       /* open jobs (pool mutex) */
-    atomic_int n_open;    /* jobs with unclaimed tasks (read without the mutex while spinning) */
+    atomic_uint epoch;    /* bumped by every submission (pool mutex held): idle workers spin
+                             on it without the mutex, so a job whose tasks are all claimed
+                             does not make them re-lock the mutex over and over */
     int n_sleeping;       /* workers in cv_wait (pool mutex) */
     int stop;             /* (pool mutex) */
     dsib_pool_alloc alloc;
@@ -85,15 +87,10 @@ static void set_msg(char *msg, size_t msg_size, const char *text) {
 }
 
 /* Runs tasks of `j` until none are left to claim. */
-static void job_run(dsib_threadpool *p, dsib_job *j, int32_t slot) {
+static void job_run(dsib_job *j, int32_t slot) {
     for (;;) {
         long long t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= j->n_tasks) {
-            /* Exactly one claim sees n_tasks: the job stops being claimable. */
-            if (t == j->n_tasks)
-                atomic_fetch_sub_explicit(&p->n_open, 1, memory_order_relaxed);
-            break;
-        }
+        if (t >= j->n_tasks) break;
         j->fn(j->arg, (int64_t)t, slot);
         atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
     }
@@ -126,12 +123,13 @@ static void *worker_main(void *arg) {
         dsib_job *j = pool_pick(p);
         if (!j) {
             /* Spin outside the mutex for a while: new work usually follows at once. */
+            const unsigned seen_epoch = atomic_load_explicit(&p->epoch, memory_order_relaxed);
             pthread_mutex_unlock(&p->mu);
             uint64_t t0 = pool_now_ns();
             int seen = 0;
             int polite = 0;
             for (unsigned it = 0;; it++) {
-                if (atomic_load_explicit(&p->n_open, memory_order_acquire) > 0) {
+                if (atomic_load_explicit(&p->epoch, memory_order_acquire) != seen_epoch) {
                     seen = 1;
                     break;
                 }
@@ -159,7 +157,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
 
         int32_t slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
-        job_run(p, j, slot);
+        job_run(j, slot);
 
         pthread_mutex_lock(&p->mu);
         pool_unlink(p, j); /* nothing left to claim */
@@ -199,7 +197,7 @@ dsi_status dsib_threadpool_create(int32_t n_threads, const dsib_pool_alloc *allo
     memset(p, 0, sizeof *p);
     p->alloc = a;
     p->n_threads = n_threads;
-    atomic_init(&p->n_open, 0);
+    atomic_init(&p->epoch, 0u);
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
         pool_free(&a, p);
         set_msg(msg, msg_size, "threadpool: pthread_mutex_init failed");
@@ -266,11 +264,11 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     if (p->head) p->head->prev = &j;
     p->head = &j;
     j.linked = 1;
-    atomic_fetch_add_explicit(&p->n_open, 1, memory_order_release);
+    atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
     if (p->n_sleeping > 0) pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
 
-    job_run(p, &j, 0);
+    job_run(&j, 0);
 
     /* Every task is claimed; wait (spin, then sleep) for the helpers' tasks to finish. */
     uint64_t t0 = 0;
