@@ -210,7 +210,10 @@ static void test_ref_q8_0(void **state) {
     float *ref = mt_reference(path, g_tok, N_TOK, g_V, 1, NULL);
     assert_non_null(ref);
     mt_cmp c = mt_compare(ours, ref, N_TOK, g_V, TOL_REL);
-    report("q8_0, rounding off, vs reference", c);
+    const char *base = strrchr(path, '/');
+    char what[600];
+    snprintf(what, sizeof what, "%.500s, rounding off, vs reference", base ? base + 1 : path);
+    report(what, c);
     assert_int_equal(c.n_argmax_diff, 0);
     assert_true(c.max_rel <= TOL_REL);
     free(ref);
