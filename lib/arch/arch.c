@@ -9,6 +9,7 @@
 #include "base/context_impl.h"
 #include "model/model.h"
 
+#include <stdio.h>
 #include <string.h>
 
 const dsii_arch *dsii_arch_for_model(const dsi_model *model) {
@@ -36,6 +37,65 @@ dsi_status dsii_arch_backend(const dsi_model *model, const dsib_backend **be,
     return DSI_OK;
 }
 
+/* ---- weight bindings ---------------------------------------------------------------- */
+
+static void fill_weight(const dsii_tensor *t, dsib_buffer *buf, dsib_weight *out) {
+    out->buf = buf;
+    out->offset = 0;
+    out->type = t->type;
+    out->ne[0] = t->ne[0];
+    out->ne[1] = t->ne[1];
+    out->ne[2] = t->ne[2];
+    out->nb1 = t->row_stride;
+    out->nb2 = (uint64_t)t->ne[1] * t->row_stride;
+}
+
+/* Frees a model's shared device copies (installed as model->dev_release). The model is
+ * freed before its context, so the context's backend instance is still alive. */
+static void model_release_device(dsi_model *m) {
+    const dsi_context *ctx = m->ctx;
+    if (m->dev_weights && ctx && ctx->backend && ctx->backend->backend) {
+        const dsib_backend *b = ctx->backend->backend;
+        for (uint32_t i = 0; i < m->n_tensors; i++)
+            if (m->dev_weights[i]) b->buffer_free(ctx->backend->inst, m->dev_weights[i]);
+    }
+    dsii_free(ctx, m->dev_weights);
+    m->dev_weights = NULL;
+}
+
+/* The model-owned device copy of tensor `i`, uploading it on first use. Sessions may be
+ * created concurrently on several threads: the lock serialises the first upload. */
+static dsi_status model_device_copy(dsii_wset *ws, dsi_model *m, uint32_t i, dsib_buffer **out,
+                                    dsib_error *be) {
+    const dsii_tensor *t = &m->tensors[i];
+    dsi_status st = DSI_OK;
+    pthread_mutex_lock(&m->dev_lock);
+    if (!m->dev_weights) {
+        m->dev_weights = dsii_calloc(m->ctx, m->n_tensors ? m->n_tensors : 1, sizeof(void *));
+        if (!m->dev_weights) {
+            snprintf(be->msg, sizeof be->msg, "out of host memory");
+            pthread_mutex_unlock(&m->dev_lock);
+            return DSI_ERR_OUT_OF_HOST_MEMORY;
+        }
+        m->dev_release = model_release_device;
+    }
+    dsib_buffer *buf = m->dev_weights[i];
+    if (!buf) {
+        st = ws->be->buffer_alloc(ws->inst, t->nbytes, DSIB_BUFFER_WEIGHTS, &buf, be);
+        if (st == DSI_OK) {
+            st = ws->be->upload(ws->inst, buf, 0, t->data, t->nbytes, be);
+            if (st != DSI_OK) {
+                ws->be->buffer_free(ws->inst, buf);
+                buf = NULL;
+            }
+        }
+        if (st == DSI_OK) m->dev_weights[i] = buf;
+    }
+    pthread_mutex_unlock(&m->dev_lock);
+    *out = buf;
+    return st;
+}
+
 dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out, dsii_error *e) {
     memset(out, 0, sizeof *out);
     if (!t) return DSI_OK;
@@ -52,6 +112,15 @@ dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out,
     dsib_error be = {{0}};
     dsib_buffer *buf = NULL;
     dsi_status st;
+    dsi_model *m = ws->model;
+    if (!ws->be->buffer_wrap_host && m && t >= m->tensors && t < m->tensors + m->n_tensors) {
+        /* Shared device copy: uploaded once per model. */
+        st = model_device_copy(ws, m, (uint32_t)(t - m->tensors), &buf, &be);
+        if (st != DSI_OK)
+            return dsii_fail(e, st, "uploading tensor '%s': %s", t->name ? t->name : "?", be.msg);
+        fill_weight(t, buf, out);
+        return DSI_OK;
+    }
     if (ws->be->buffer_wrap_host) {
         st = ws->be->buffer_wrap_host(ws->inst, (void *)(uintptr_t)t->data, t->nbytes,
                                       DSIB_BUFFER_WEIGHTS, &buf, &be);
@@ -65,14 +134,7 @@ dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out,
     if (st != DSI_OK)
         return dsii_fail(e, st, "binding tensor '%s': %s", t->name ? t->name : "?", be.msg);
     ws->bufs[ws->n++] = buf;
-    out->buf = buf;
-    out->offset = 0;
-    out->type = t->type;
-    out->ne[0] = t->ne[0];
-    out->ne[1] = t->ne[1];
-    out->ne[2] = t->ne[2];
-    out->nb1 = t->row_stride;
-    out->nb2 = (uint64_t)t->ne[1] * t->row_stride;
+    fill_weight(t, buf, out);
     return DSI_OK;
 }
 

@@ -76,14 +76,16 @@ struct dsib_weight;
 dsi_status dsii_arch_backend(const dsi_model *model, const struct dsib_backend **be,
                              struct dsib_instance **inst, dsii_error *e);
 
-/* Device-side references to model weights. Today every session binds its own set: on the
- * CPU backend a binding wraps the (mmapped) host bytes in place — no copy; a backend
- * without buffer_wrap_host gets an allocated buffer plus an upload.
- * (docs/internals.md: moving these to a per-model set is the GPU-residency step.) */
+/* Device-side references to model weights. On the CPU backend a binding wraps the
+ * (mmapped) host bytes in place — no copy — and belongs to the session's set. A backend
+ * without buffer_wrap_host (GPU) gets a device copy owned by the model (`model`
+ * dev_weights): uploaded once by the first session that binds the tensor, shared by all
+ * later sessions, freed with the model. */
 typedef struct dsii_wset {
     const struct dsib_backend *be;
     struct dsib_instance *inst;
     const dsi_context *ctx;
+    dsi_model *model;          /* owner of shared device copies (NULL: per-session copies) */
     struct dsib_buffer **bufs;
     uint32_t n, cap;
 } dsii_wset;

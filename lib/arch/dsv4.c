@@ -125,6 +125,7 @@ static dsi_status v4_create(dsi_model *m, const dsii_arch_params *p, dsii_arch_s
     st->ws.be = st->be;
     st->ws.inst = st->inst;
     st->ws.ctx = m->ctx;
+    st->ws.model = m;
     st->L = dsii_calloc(m->ctx, hp->n_layer, sizeof *st->L);
     if (!st->L) {
         dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");

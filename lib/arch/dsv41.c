@@ -193,6 +193,7 @@ static dsi_status v41_state_create(dsi_model *model, const dsii_arch_params *p,
     st->ws.be = be_;
     st->ws.inst = inst_;
     st->ws.ctx = model->ctx;
+    st->ws.model = model;
     st->p = *p;
     st->margin = p->rewind_margin ? p->rewind_margin : V41_DEFAULT_MARGIN;
     st->fq_flags = (p->flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) ? DSIB_FQ_NO_ROUND : 0u;
