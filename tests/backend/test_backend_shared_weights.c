@@ -1,0 +1,87 @@
+/* GPU backends hold one device copy of each weight per model: the first session uploads
+ * the weights, later sessions allocate only their own state, the copies outlive sessions
+ * and go with the model. Runs on the Vulkan module (lavapipe in CI); skips (77) without a
+ * Vulkan device unless DSI_REQUIRE_VULKAN=1. */
+#define _POSIX_C_SOURCE 200809L
+#include "api/backend_loader.h"
+#include "base/context_impl.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+#define CHECK(c)                                                                      \
+    do {                                                                              \
+        if (!(c)) {                                                                   \
+            printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                       \
+            failures++;                                                               \
+        }                                                                             \
+    } while (0)
+
+static uint64_t used(dsi_context *ctx) {
+    return ctx->backend->backend->memory_used(ctx->backend->inst);
+}
+
+int main(void) {
+    const char *dir = getenv("DSI_MODELS_DIR");
+    const char *req = getenv("DSI_REQUIRE_VULKAN");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tiny-v41.gguf", dir ? dir : "models");
+    dsi_context_options o;
+    dsi_context_options_init(&o, DSI_ABI_VERSION);
+    o.backend = "vulkan";
+    o.n_threads = 2;
+    dsi_context *ctx = NULL;
+    if (dsi_context_create(&o, &ctx) != DSI_OK) {
+        printf("%s: no Vulkan device: %s\n", req && *req == '1' ? "FAIL" : "SKIP", dsi_last_error());
+        return req && *req == '1' ? 1 : 77;
+    }
+    dsi_model *m = NULL;
+    if (dsi_model_load(ctx, path, NULL, &m) != DSI_OK) {
+        printf("SKIP: cannot load %s: %s\n", path, dsi_last_error());
+        dsi_context_free(ctx);
+        return 77;
+    }
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = 256;
+    const dsi_token toks[] = {5, 17, 300, 42, 9, 100, 7, 64};
+    const size_t nt = sizeof toks / sizeof toks[0];
+
+    uint64_t u0 = used(ctx);
+    dsi_session *s1 = NULL, *s2 = NULL;
+    CHECK(dsi_session_create(m, &so, &s1) == DSI_OK);
+    uint64_t u1 = used(ctx);
+    CHECK(dsi_session_create(m, &so, &s2) == DSI_OK);
+    uint64_t u2 = used(ctx);
+    CHECK(s1 && s2);
+    if (s1 && s2) {
+        const float *l1, *l2;
+        int32_t nv1 = 0, nv2 = 0;
+        CHECK(dsi_session_sync(s1, toks, nt, NULL) == DSI_OK);
+        CHECK(dsi_session_sync(s2, toks, nt, NULL) == DSI_OK);
+        CHECK(dsi_session_logits(s1, &l1, &nv1) == DSI_OK);
+        CHECK(dsi_session_logits(s2, &l2, &nv2) == DSI_OK);
+        CHECK(nv1 == nv2 && nv1 > 0);
+        if (nv1 == nv2 && nv1 > 0) CHECK(memcmp(l1, l2, sizeof(float) * (size_t)nv1) == 0);
+    }
+    dsi_session_free(s1);
+    dsi_session_free(s2);
+    uint64_t u3 = used(ctx); /* the shared weights stay with the model */
+    uint64_t weights = u3 - u0;
+    printf("device bytes: load %llu, +session1 %llu, +session2 %llu, weights kept %llu\n",
+           (unsigned long long)u0, (unsigned long long)(u1 - u0), (unsigned long long)(u2 - u1),
+           (unsigned long long)weights);
+    CHECK(u3 > u0);
+    CHECK(weights >= m->weight_bytes / 2); /* at least the bound (non-lazy) weights */
+    /* session 1 paid weights + its state, session 2 only its (equal-sized) state */
+    CHECK((u1 - u0) == weights + (u2 - u1));
+    dsi_model_free(m);
+    CHECK(used(ctx) == u0);
+    dsi_context_free(ctx);
+    printf("%s\n", failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+}
