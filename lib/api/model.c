@@ -5,6 +5,7 @@
 #include "base/base.h"
 #include "base/context_impl.h"
 #include "base/file.h"
+#include "arch/arch.h"
 #include "model/model.h"
 
 #include <stdio.h>
@@ -49,6 +50,33 @@ static dsi_status read_model_options(const dsi_model_options *user, dsi_model_op
     return DSI_OK;
 }
 
+/* The last load stages: the weights go to a GPU backend once per model (a no-op on the
+ * CPU), then DONE. A failure or a cancel frees the model. */
+static dsi_status finish_load(dsi_context *ctx, const dsi_model_options *opt, dsi_model **out,
+                              dsii_error *err) {
+    dsi_model *m = *out;
+    dsi_status st = DSI_OK;
+    const char *stage = "upload";
+    if (opt->progress_fn && opt->progress_fn(DSI_LOAD_STAGE_UPLOAD, 0, 1, opt->progress_user_data) == 0)
+        st = DSI_ERR_CANCELLED;
+    if (st == DSI_OK) st = dsii_arch_model_prepare(m, err);
+    if (st == DSI_OK && opt->progress_fn &&
+        opt->progress_fn(DSI_LOAD_STAGE_UPLOAD, 1, 1, opt->progress_user_data) == 0)
+        st = DSI_ERR_CANCELLED;
+    if (st == DSI_OK && opt->progress_fn) {
+        stage = "done";
+        if (opt->progress_fn(DSI_LOAD_STAGE_DONE, 1, 1, opt->progress_user_data) == 0)
+            st = DSI_ERR_CANCELLED;
+    }
+    if (st == DSI_OK) return DSI_OK;
+    if (st == DSI_ERR_CANCELLED)
+        dsii_fail(err, st, "model loading cancelled by the progress callback (stage %s)", stage);
+    dsii_model_destroy(m);
+    atomic_fetch_sub(&ctx->n_models, 1);
+    *out = NULL;
+    return st;
+}
+
 DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path, const dsi_model_options *user_opt,
                                   dsi_model **out) {
     dsii_error err;
@@ -64,6 +92,7 @@ DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path, const dsi_
     dsii_file *f = NULL;
     if (dsii_file_open(ctx, path, opt.access, &f, &err) != DSI_OK) return ctor_fail(ctx, &err);
     if (dsii_model_load_file(ctx, f, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
+    if (finish_load(ctx, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
     dsii_log(ctx, DSI_LOG_INFO, "loaded %s model '%s' from %s: %u layers, %llu params, %llu bytes",
              (*out)->hp.arch == DSI_ARCH_DEEPSEEK41 ? "deepseek41" : "deepseek4", (*out)->name, path,
              (*out)->hp.n_layer, (unsigned long long)(*out)->n_params,
@@ -94,6 +123,7 @@ DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader
     dsii_file *f = NULL;
     if (dsii_file_open_reader(ctx, reader, &f, &err) != DSI_OK) return ctor_fail(ctx, &err);
     if (dsii_model_load_file(ctx, f, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
+    if (finish_load(ctx, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
     return DSI_OK;
 }
 

@@ -96,6 +96,27 @@ static dsi_status model_device_copy(dsii_wset *ws, dsi_model *m, uint32_t i, dsi
     return st;
 }
 
+dsi_status dsii_arch_model_prepare(dsi_model *m, dsii_error *e) {
+    const dsi_context *ctx = m->ctx;
+    if (!ctx || !ctx->backend || !ctx->backend->backend) return DSI_OK;
+    const dsib_backend *b = ctx->backend->backend;
+    if (b->buffer_wrap_host) return DSI_OK; /* weights are used in place */
+    if (!b->ops || b->ops->struct_size < sizeof(dsib_ops)) return DSI_OK;
+    const dsii_arch *a = dsii_arch_for_model(m);
+    if (!a) return DSI_OK;
+    /* A minimal session state binds exactly the tensors real sessions bind; binding uploads
+     * them into the model's shared copies, which outlive this state. */
+    dsii_arch_params p;
+    memset(&p, 0, sizeof p);
+    p.n_ctx = 256;
+    p.n_batch = 1;
+    dsii_arch_state *st = NULL;
+    dsi_status rc = a->state_create(m, &p, &st, e);
+    if (rc != DSI_OK) return rc;
+    a->state_free(st);
+    return DSI_OK;
+}
+
 dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out, dsii_error *e) {
     memset(out, 0, sizeof *out);
     if (!t) return DSI_OK;

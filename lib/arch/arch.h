@@ -99,6 +99,12 @@ void dsii_wset_free(dsii_wset *ws);
 extern const dsii_arch dsii_arch_dsv4;   /* lib/arch/dsv4.c */
 extern const dsii_arch dsii_arch_dsv41;  /* lib/arch/dsv41.c */
 
+/* Uploads, at model load, every weight the model's sessions will bind to a backend that
+ * cannot use host memory in place (GPU backends): one device copy per model, shared by all
+ * its sessions. A no-op on the CPU backend, for architectures without a forward pass and for
+ * backends that do not implement the ops (their sessions are refused later). */
+dsi_status dsii_arch_model_prepare(dsi_model *model, dsii_error *e);
+
 /* The table for a loaded model's architecture (lib/arch/arch.c); NULL if unsupported. */
 const dsii_arch *dsii_arch_for_model(const dsi_model *model);
 

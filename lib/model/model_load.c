@@ -666,10 +666,8 @@ static dsi_status load_body(dsi_model *m, const dsi_model_options *opt, dsii_err
         if (s >= 0) m->type_bytes[s] += t->nbytes;
     }
     compute_fingerprint(m);
-    /* the CPU backend computes on the mapping / buffer in place; device upload belongs to the
-     * session's backend, so this stage only marks the point */
-    TRY(report(&pg, DSI_LOAD_STAGE_UPLOAD, 1, 1, err));
-    TRY(report(&pg, DSI_LOAD_STAGE_DONE, 1, 1, err));
+    /* DSI_LOAD_STAGE_UPLOAD and DSI_LOAD_STAGE_DONE are reported by the API layer
+     * (lib/api/model.c), which uploads the weights to a GPU backend once per model. */
     return DSI_OK;
 }
 
