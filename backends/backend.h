@@ -117,6 +117,15 @@ typedef struct dsib_backend {
 
     /* The fused ops (see struct dsib_ops). */
     const dsib_ops *ops;
+
+    /* ---- appended fields: optional; check struct_size covers them before use ---------- */
+
+    /* Like buffer_alloc, for a buffer read as rows of `row_bytes` bytes from offset 0 (a
+     * weight tensor, expert stacks included). A backend that splits large buffers into
+     * several allocations keeps every row inside one of them, so no row straddles a split
+     * (Vulkan: maxMemoryAllocationSize pieces). May be NULL. */
+    dsi_status (*buffer_alloc_rows)(dsib_instance *inst, uint64_t size, uint64_t row_bytes,
+                                    uint32_t flags, dsib_buffer **out, dsib_error *err);
 } dsib_backend;
 
 /* Entry point exported by a backend module (and the CPU backend's built-in equivalent). */

@@ -7,6 +7,8 @@
  * on VK_LAYER_KHRONOS_validation with a messenger that counts errors;
  * DSINFER_VULKAN_MAX_BINDING / DSINFER_VULKAN_CHUNK (bytes) shrink the binding window and
  * the allocation chunk below the device limits (tests of the large-tensor paths);
+ * DSINFER_VULKAN_WEIGHT_CHUNK (bytes) shrinks only the pieces of weight buffers
+ * (DSIB_BUFFER_WEIGHTS; with buffer_alloc_rows every piece holds whole rows);
  * DSINFER_VULKAN_BASELINE=1 uses only the baseline shader variants;
  * DSINFER_VULKAN_FORCE_STAGING=1 never maps device buffers (tests the staging path).
  */
@@ -455,6 +457,12 @@ static void free_chunks(dsib_instance *inst, dsib_buffer *b, uint32_t n) {
 
 dsi_status dsib_vk_buffer_create(dsib_instance *inst, uint64_t size, uint32_t flags,
                                  dsib_buffer **out, char *msg, size_t msg_cap) {
+    return dsib_vk_buffer_create_rows(inst, size, 0, flags, out, msg, msg_cap);
+}
+
+dsi_status dsib_vk_buffer_create_rows(dsib_instance *inst, uint64_t size, uint64_t row_bytes,
+                                      uint32_t flags, dsib_buffer **out, char *msg,
+                                      size_t msg_cap) {
     *out = NULL;
     if (size == 0) size = 4;
     if (size > UINT64_MAX / 2) {
@@ -464,7 +472,12 @@ dsi_status dsib_vk_buffer_create(dsib_instance *inst, uint64_t size, uint32_t fl
     }
     uint64_t asked = size;
     size = (size + 3) & ~(uint64_t)3; /* shaders address 32-bit words */
-    uint64_t cs = inst->chunk_max;
+    uint64_t cs = (flags & DSIB_BUFFER_WEIGHTS) ? inst->weight_chunk_max : inst->chunk_max;
+    if (row_bytes > 0) {
+        /* chunks of whole rows (and whole 32-bit words): g = lcm(row_bytes, 4) */
+        uint64_t g = row_bytes % 4 == 0 ? row_bytes : row_bytes % 2 == 0 ? row_bytes * 2 : row_bytes * 4;
+        if (g <= cs) cs = cs / g * g;
+    }
     uint64_t n = (size + cs - 1) / cs;
     int host = (flags & DSIB_BUFFER_HOST_VISIBLE) != 0;
     uint64_t used = atomic_load(&inst->mem_used);
@@ -951,6 +964,9 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     uint64_t cm = env_u64("DSINFER_VULKAN_CHUNK");
     if (cm >= 4096 && cm < inst->chunk_max) inst->chunk_max = cm;
     inst->chunk_max &= ~(uint64_t)4095;
+    inst->weight_chunk_max = inst->chunk_max;
+    uint64_t wcm = env_u64("DSINFER_VULKAN_WEIGHT_CHUNK");
+    if (wcm >= 4096 && wcm < inst->weight_chunk_max) inst->weight_chunk_max = wcm & ~(uint64_t)4095;
     inst->subgroup_size = inst->desc.subgroup_size;
     for (int i = 0; i < 3; i++) inst->max_groups[i] = p.limits.maxComputeWorkGroupCount[i];
 
@@ -1115,6 +1131,15 @@ static dsi_status vk_buffer_alloc(dsib_instance *inst, uint64_t size, uint32_t f
     return DSI_OK;
 }
 
+static dsi_status vk_buffer_alloc_rows(dsib_instance *inst, uint64_t size, uint64_t row_bytes,
+                                       uint32_t flags, dsib_buffer **out, dsib_error *err) {
+    if (!inst || !out) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: bad arguments");
+    char msg[512];
+    dsi_status st = dsib_vk_buffer_create_rows(inst, size, row_bytes, flags, out, msg, sizeof msg);
+    if (st != DSI_OK) return set_err(err, st, "%s", msg);
+    return DSI_OK;
+}
+
 static void vk_buffer_free(dsib_instance *inst, dsib_buffer *b) {
     if (inst && b) dsib_vk_buffer_destroy(inst, b);
 }
@@ -1255,6 +1280,7 @@ static const dsib_backend vk_backend = {
     .destroy = vk_destroy,
     .device = vk_device,
     .buffer_alloc = vk_buffer_alloc,
+    .buffer_alloc_rows = vk_buffer_alloc_rows,
     .buffer_wrap_host = NULL,
     .buffer_free = vk_buffer_free,
     .upload = dsib_vk_upload,

@@ -204,6 +204,7 @@ struct dsib_instance {
     uint64_t min_align;          /* minStorageBufferOffsetAlignment (>= 4) */
     uint64_t max_binding;        /* window size (<= maxStorageBufferRange) */
     uint64_t chunk_max;          /* chunk size (<= maxMemoryAllocationSize) */
+    uint64_t weight_chunk_max; /* pieces of row-structured (weight) buffers */
     uint32_t max_groups[3];
     uint32_t mem_type_device;    /* memory type index for device buffers */
     uint32_t mem_type_host;      /* host-visible + coherent, for staging / readback */
@@ -240,6 +241,10 @@ void dsib_vk_log(const dsib_host *host, int32_t level, const char *fmt, ...)
 /* Allocates a device buffer (size > 0); on failure returns a status and fills msg. */
 dsi_status dsib_vk_buffer_create(dsib_instance *inst, uint64_t size, uint32_t flags,
                                  dsib_buffer **out, char *msg, size_t msg_cap);
+/* Same, with chunks that hold a whole number of `row_bytes` rows (row_bytes 0: any). */
+dsi_status dsib_vk_buffer_create_rows(dsib_instance *inst, uint64_t size, uint64_t row_bytes,
+                                      uint32_t flags, dsib_buffer **out, char *msg,
+                                      size_t msg_cap);
 void dsib_vk_buffer_destroy(dsib_instance *inst, dsib_buffer *b);
 
 /* Resolves [offset, offset + need) of `b` to a binding window (need may be 0: then as much

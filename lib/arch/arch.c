@@ -81,7 +81,13 @@ static dsi_status model_device_copy(dsii_wset *ws, dsi_model *m, uint32_t i, dsi
     }
     dsib_buffer *buf = m->dev_weights[i];
     if (!buf) {
-        st = ws->be->buffer_alloc(ws->inst, t->nbytes, DSIB_BUFFER_WEIGHTS, &buf, be);
+        /* rows never straddle a backend's allocation pieces (tensors above 2 GiB) */
+        if (ws->be->struct_size >= DSII_FIELD_END(dsib_backend, buffer_alloc_rows) &&
+            ws->be->buffer_alloc_rows)
+            st = ws->be->buffer_alloc_rows(ws->inst, t->nbytes, t->row_stride, DSIB_BUFFER_WEIGHTS,
+                                           &buf, be);
+        else
+            st = ws->be->buffer_alloc(ws->inst, t->nbytes, DSIB_BUFFER_WEIGHTS, &buf, be);
         if (st == DSI_OK) {
             st = ws->be->upload(ws->inst, buf, 0, t->data, t->nbytes, be);
             if (st != DSI_OK) {
