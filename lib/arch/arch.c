@@ -16,7 +16,6 @@ const dsii_arch *dsii_arch_for_model(const dsi_model *model) {
     if (!model) return NULL;
     switch (model->hp.arch) {
     case DSI_ARCH_DEEPSEEK4: return &dsii_arch_dsv4;
-    /* a strong reference: a weak one would not pull dsv41.o out of libdsinfer.a */
     case DSI_ARCH_DEEPSEEK41: return &dsii_arch_dsv41;
     default: return NULL;
     }
@@ -129,6 +128,22 @@ dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out,
     if (!t->data)
         return dsii_fail(e, DSI_ERR_UNSUPPORTED, "tensor '%s' is not resident (lazy)",
                          t->name ? t->name : "?");
+    dsi_model *m = ws->model;
+    if (!m || t < m->tensors || t >= m->tensors + m->n_tensors)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "tensor '%s' does not belong to the session's model",
+                         t->name ? t->name : "?");
+    dsib_error be = {{0}};
+    dsib_buffer *buf = NULL;
+    dsi_status st;
+    if (!ws->be->buffer_wrap_host) {
+        /* GPU backends: the model's shared device copy (uploaded at load). */
+        st = model_device_copy(ws, m, (uint32_t)(t - m->tensors), &buf, &be);
+        if (st != DSI_OK)
+            return dsii_fail(e, st, "uploading tensor '%s': %s", t->name ? t->name : "?", be.msg);
+        fill_weight(t, buf, out);
+        return DSI_OK;
+    }
+    /* CPU backend: wrap the host bytes in place; the wrapper belongs to the session. */
     if (ws->n == ws->cap) {
         uint32_t nc = ws->cap ? ws->cap * 2 : 256;
         dsib_buffer **nb = dsii_realloc(ws->ctx, ws->bufs, sizeof *nb * nc);
@@ -136,28 +151,8 @@ dsi_status dsii_wset_bind(dsii_wset *ws, const dsii_tensor *t, dsib_weight *out,
         ws->bufs = nb;
         ws->cap = nc;
     }
-    dsib_error be = {{0}};
-    dsib_buffer *buf = NULL;
-    dsi_status st;
-    dsi_model *m = ws->model;
-    if (!ws->be->buffer_wrap_host && m && t >= m->tensors && t < m->tensors + m->n_tensors) {
-        /* Shared device copy: uploaded once per model. */
-        st = model_device_copy(ws, m, (uint32_t)(t - m->tensors), &buf, &be);
-        if (st != DSI_OK)
-            return dsii_fail(e, st, "uploading tensor '%s': %s", t->name ? t->name : "?", be.msg);
-        fill_weight(t, buf, out);
-        return DSI_OK;
-    }
-    if (ws->be->buffer_wrap_host) {
-        st = ws->be->buffer_wrap_host(ws->inst, (void *)(uintptr_t)t->data, t->nbytes,
-                                      DSIB_BUFFER_WEIGHTS, &buf, &be);
-    } else {
-        st = ws->be->buffer_alloc(ws->inst, t->nbytes, DSIB_BUFFER_WEIGHTS, &buf, &be);
-        if (st == DSI_OK) {
-            st = ws->be->upload(ws->inst, buf, 0, t->data, t->nbytes, &be);
-            if (st != DSI_OK) ws->be->buffer_free(ws->inst, buf);
-        }
-    }
+    st = ws->be->buffer_wrap_host(ws->inst, (void *)(uintptr_t)t->data, t->nbytes,
+                                  DSIB_BUFFER_WEIGHTS, &buf, &be);
     if (st != DSI_OK)
         return dsii_fail(e, st, "binding tensor '%s': %s", t->name ? t->name : "?", be.msg);
     ws->bufs[ws->n++] = buf;

@@ -85,7 +85,7 @@ typedef struct dsii_wset {
     const struct dsib_backend *be;
     struct dsib_instance *inst;
     const dsi_context *ctx;
-    dsi_model *model;          /* owner of shared device copies (NULL: per-session copies) */
+    dsi_model *model;          /* the model whose tensors are bound (owns GPU copies) */
     struct dsib_buffer **bufs;
     uint32_t n, cap;
 } dsii_wset;

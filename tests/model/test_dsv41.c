@@ -28,7 +28,6 @@
 
 #include "dsinfer.h"
 #include "api/session_impl.h"
-#include "arch/arch.h"
 #include "engram/engram.h"
 #include "model/model.h"
 
@@ -80,9 +79,6 @@ static void make_tokens(dsi_token *t, int n, int32_t V) {
 }
 
 static int open_model(fixture *f, const char *path) {
-    /* The static library: make sure the V4.1 architecture object is linked in. */
-    const void *volatile keep = &dsii_arch_dsv41;
-    (void)keep;
     snprintf(f->path, sizeof f->path, "%s", path);
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
