@@ -4,7 +4,7 @@
  */
 #include "arch/arch.h"
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "backends/backend.h"
 #include "base/context_impl.h"
 #include "model/model.h"

@@ -22,7 +22,6 @@
  */
 #include "arch/arch.h"
 
-#include "api/backend_loader.h"
 #include "backends/backend.h"
 #include "base/context_impl.h"
 #include "engram/engram.h"

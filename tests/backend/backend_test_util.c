@@ -1,7 +1,7 @@
 #define _GNU_SOURCE
 #include "backend_test_util.h"
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 
 #include <dlfcn.h>
 #include <math.h>

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "dsinfer.h"
 
 static void test_bad_modules(void **state) {

@@ -3,7 +3,7 @@
  * the model. Runs on the Vulkan module (lavapipe in CI); skips (77) without a
  * Vulkan device unless DSI_REQUIRE_VULKAN=1. */
 #define _POSIX_C_SOURCE 200809L
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "base/context_impl.h"
 #include "model/model.h"
 

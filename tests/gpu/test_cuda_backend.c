@@ -2,7 +2,7 @@
  * data exactly, accounts memory and survives an impossible allocation. Skips (exit 77)
  * with the reason when the module was not built or no CUDA device is present. */
 #define _POSIX_C_SOURCE 200809L
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "base/context_impl.h"
 
 #include <stdio.h>

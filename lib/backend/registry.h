@@ -1,7 +1,9 @@
 /*
- * Backend registry: the built-in CPU backend plus backend modules (libdsinfer-<name>.so)
- * loaded at run time with dlopen. Used by lib/api/context.c to bind a context to a backend
- * and to enumerate devices for dsi_context_device_count / dsi_context_device_info.
+ * lib/backend/registry.h — the backend registry: the built-in CPU backend plus backend
+ * modules (libdsinfer-<name>.so) loaded at run time with dlopen. Used by the context glue
+ * (context_backend.c) to open a context's devices and to enumerate devices for
+ * dsi_context_device_count / dsi_context_device_info. Lives in lib/backend so the forward
+ * passes (lib/arch) never include lib/api.
  *
  * Module search order (first directory holding libdsinfer-<name>.so wins; docs/backends.md):
  *   1. the context's `backend_dir` option,
@@ -16,8 +18,8 @@
  * DSIB_API_VERSION and its struct_size covers every field of struct dsib_backend this core
  * knows. Anything else is declined with a message naming the file and the mismatch.
  */
-#ifndef DSI_API_BACKEND_LOADER_H
-#define DSI_API_BACKEND_LOADER_H
+#ifndef DSI_BACKEND_REGISTRY_H
+#define DSI_BACKEND_REGISTRY_H
 
 #include "backends/backend.h"
 #include "base/base.h"
@@ -75,4 +77,4 @@ dsi_status dsii_backend_module_load_file(const char *path, const char *name,
 /* Fills `host` for a backend created from `ctx` (allocator + log routed to the context). */
 void dsii_backend_host_init(dsi_context *ctx, dsib_host *host, int32_t device_index);
 
-#endif /* DSI_API_BACKEND_LOADER_H */
+#endif /* DSI_BACKEND_REGISTRY_H */

@@ -5,7 +5,7 @@
  */
 #define _GNU_SOURCE /* dladdr, RTLD_NODELETE */
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "base/context_impl.h"
 
 #include <dlfcn.h>

@@ -1,5 +1,5 @@
 /* Backend glue between contexts and the backend registry (lib/api/backend_loader.c). */
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "base/base.h"
 #include "base/context_impl.h"
 
