@@ -8,34 +8,49 @@
  * windows of rows / experts that fit one storage binding (docs/vulkan.md "Large tensors").
  */
 #include "backends/vulkan/vk_impl.h"
+#include "backends/types.h"
 
 #include <math.h>
 #include <string.h>
 
 /* ---- tensor types -------------------------------------------------------------------------- */
 
+/* Geometry from the shared table (backends/types.h); here only the matmul shader of each
+ * type this module has kernels for. */
 typedef struct vk_type {
     int32_t type;
     uint32_t blck, bytes;
     const char *shader; /* matmul variant */
 } vk_type;
 
-static const vk_type k_types[] = {
-    {DSI_TYPE_F32, 1, 4, "matmul_f32"},
-    {DSI_TYPE_F16, 1, 2, "matmul_f16"},
-    {DSI_TYPE_BF16, 1, 2, "matmul_bf16"},
-    {DSI_TYPE_Q8_0, 32, 34, "matmul_q8_0"},
-    {DSI_TYPE_Q4_K, 256, 144, "matmul_q4_k"},
-    {DSI_TYPE_Q2_K, 256, 84, "matmul_q2_k"},
-    {DSI_TYPE_MXFP4, 32, 17, "matmul_mxfp4"},
-    {DSI_TYPE_FP8_E4M3_B128, 128, 129, "matmul_fp8_b128"},
-    {DSI_TYPE_FP8_E4M3_B32, 32, 33, "matmul_fp8_b32"},
-    {DSI_TYPE_FP8_E4M3_R32, 32, 33, "matmul_fp8_b32"}, /* same bytes as B32 (tensor-types.md) */
+static const struct {
+    int32_t type;
+    const char *shader;
+} k_shaders[] = {
+    {DSI_TYPE_F32, "matmul_f32"},
+    {DSI_TYPE_F16, "matmul_f16"},
+    {DSI_TYPE_BF16, "matmul_bf16"},
+    {DSI_TYPE_Q8_0, "matmul_q8_0"},
+    {DSI_TYPE_Q4_K, "matmul_q4_k"},
+    {DSI_TYPE_Q2_K, "matmul_q2_k"},
+    {DSI_TYPE_MXFP4, "matmul_mxfp4"},
+    {DSI_TYPE_FP8_E4M3_B128, "matmul_fp8_b128"},
+    {DSI_TYPE_FP8_E4M3_B32, "matmul_fp8_b32"},
+    {DSI_TYPE_FP8_E4M3_R32, "matmul_fp8_b32"}, /* same bytes as B32 (tensor-types.md) */
 };
 
-static const vk_type *type_info(int32_t type) {
-    for (size_t i = 0; i < sizeof k_types / sizeof k_types[0]; i++)
-        if (k_types[i].type == type) return &k_types[i];
+/* Fills *out for a type with a matmul shader and returns out; NULL otherwise. */
+static const vk_type *type_info(int32_t type, vk_type *out) {
+    for (size_t i = 0; i < sizeof k_shaders / sizeof k_shaders[0]; i++) {
+        if (k_shaders[i].type != type) continue;
+        const dsib_type_info *g = dsib_type_info_get(type);
+        if (!g) return NULL;
+        out->type = type;
+        out->blck = g->blck;
+        out->bytes = g->type_size;
+        out->shader = k_shaders[i].shader;
+        return out;
+    }
     return NULL;
 }
 
@@ -172,7 +187,8 @@ typedef dsi_status (*win_fn)(opc *c, const dsib_weight *w, const mm_win *win, vo
 
 static dsi_status for_windows(opc *c, const dsib_weight *w, uint32_t e_first, uint32_t e_last,
                               win_fn fn, void *ud) {
-    const vk_type *t = type_info(w->type);
+    vk_type tv_;
+    const vk_type *t = type_info(w->type, &tv_);
     if (!t)
         return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: weight type %d is not supported", c->name,
                     (int)w->type);
@@ -278,7 +294,8 @@ static dsi_status mm_window(opc *c, const dsib_weight *w, const mm_win *win, voi
 static dsi_status matmul_impl(opc *c, const dsib_weight *w, int32_t expert, uint32_t groups,
                               dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy, uint32_t n) {
     if (n == 0) return DSI_OK;
-    const vk_type *t = type_info(w->type);
+    vk_type tv_;
+    const vk_type *t = type_info(w->type, &tv_);
     if (!t) return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: weight type %d is not supported", c->name, (int)w->type);
     if (expert < 0 || expert >= (w->ne[2] ? w->ne[2] : 1) || groups == 0 || w->ne[1] % groups)
         return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad expert / groups", c->name);
@@ -320,7 +337,8 @@ static dsi_status op_get_rows(dsib_instance *inst, const dsib_weight *table, dsi
     if (op_start(inst, &c, "get_rows") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (n) {
-        const vk_type *t = type_info(table->type);
+        vk_type tv_;
+        const vk_type *t = type_info(table->type, &tv_);
         if (!t) {
             st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan get_rows: type %d is not supported", (int)table->type);
         } else {
@@ -349,7 +367,8 @@ static dsi_status op_add_rows_periodic(dsib_instance *inst, dsib_view x, uint32_
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT,
                   "vulkan add_rows_periodic: width must equal the table row length");
     else if (n) {
-        const vk_type *t = type_info(table->type);
+        vk_type tv_;
+        const vk_type *t = type_info(table->type, &tv_);
         if (!t) {
             st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan add_rows_periodic: type %d unsupported", (int)table->type);
         } else {
@@ -879,7 +898,8 @@ static dsi_status op_moe_route(dsib_instance *inst, dsib_view logits, uint32_t l
 static dsi_status mm_ids(opc *c, const dsib_weight *w, const dsib_vk_bind *bsel, uint32_t sel_off,
                          dsib_buffer *x, uint32_t ldx, uint32_t xdiv, dsib_view xv,
                          dsib_buffer *y, uint32_t nr) {
-    const vk_type *t = type_info(w->type);
+    vk_type tv_;
+    const vk_type *t = type_info(w->type, &tv_);
     if (!t) return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan moe_experts: weight type %d is not supported", (int)w->type);
     mm_args a;
     memset(&a, 0, sizeof a);
