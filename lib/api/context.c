@@ -110,6 +110,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     ctx->opt = opt;
     ctx->opt.backend = NULL;
     ctx->opt.backend_dir = NULL;
+    ctx->opt.devices = NULL;
     atomic_init(&ctx->n_models, 0);
     ctx->n_threads = opt.n_threads > 0 ? opt.n_threads : dsii_cpu_count();
     if (opt.backend_dir) {
@@ -121,8 +122,18 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
         ctx->opt.backend_dir = ctx->backend_dir;
     }
 
-    dsi_status st = dsii_context_open_backend(ctx, backend, opt.device_index, &err);
+    if (opt.devices) {
+        ctx->devices = dsii_strdup(ctx, opt.devices);
+        if (!ctx->devices) {
+            dsii_free(ctx, ctx->backend_dir);
+            dsii_free(ctx, ctx);
+            return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
+        }
+        ctx->opt.devices = ctx->devices;
+    }
+    dsi_status st = dsii_context_open_backend(ctx, backend, opt.device_index, ctx->devices, &err);
     if (st != DSI_OK) {
+        dsii_free(ctx, ctx->devices);
         dsii_free(ctx, ctx->backend_dir);
         dsii_free(ctx, ctx);
         dsii_set_thread_error(err.msg);
@@ -144,6 +155,7 @@ DSI_API dsi_status dsi_context_free(dsi_context *ctx) {
         return dsii_context_fail(ctx, &e);
     }
     dsii_context_close_backend(ctx);
+    dsii_free(ctx, ctx->devices);
     dsii_free(ctx, ctx->backend_dir);
     dsii_free(ctx, ctx);
     return DSI_OK;
