@@ -9,6 +9,7 @@
  */
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/kernels/kernels.h"
+#include "backends/rope.h"
 #include "quant/fp.h"
 #include "quant/quant.h"
 
@@ -228,29 +229,6 @@ dsi_status dsib_cpu_state_check(const dsib_state *st, uint32_t width) {
 
 /* ---- positions --------------------------------------------------------------------------- */
 
-/* Frequencies of §3.9 in double precision (the angle p·f is formed in double as well, so the
- * only f32 rounding is the final cos/sin and the rotation itself). */
-static void rope_freqs(const dsib_rope *r, double *f) {
-    int32_t half = r->n_rot / 2;
-    for (int32_t i = 0; i < half; i++) f[i] = pow((double)r->freq_base, -2.0 * i / r->n_rot);
-    if (r->yarn_factor > 1.0f) {
-        const double two_pi = 6.283185307179586476925286766559;
-        double lnb = 2.0 * log((double)r->freq_base);
-        double cf = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_fast * two_pi)) / lnb;
-        double cs = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_slow * two_pi)) / lnb;
-        double low = floor(cf), high = ceil(cs);
-        if (low < 0) low = 0;
-        if (high > r->n_rot - 1) high = r->n_rot - 1;
-        if (high == low) high += 0.001;
-        for (int32_t i = 0; i < half; i++) {
-            double ramp = (i - low) / (high - low);
-            if (ramp < 0) ramp = 0;
-            if (ramp > 1) ramp = 1;
-            f[i] = f[i] / r->yarn_factor * ramp + f[i] * (1.0 - ramp);
-        }
-    }
-}
-
 static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t n,
                                uint32_t heads, uint32_t head_dim, dsib_view rows,
                                int32_t pos_delta, const dsib_rope *rope, int32_t inverse) {
@@ -258,7 +236,7 @@ static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uin
     if (!rope || rope->n_rot <= 0 || rope->n_rot > 512 || (uint32_t)rope->n_rot > head_dim ||
         (rope->n_rot & 1) || dsib_cpu_rows_check(rows, n, 0) != DSI_OK)
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    rope_freqs(rope, f);
+    dsib_rope_freqs(rope, f);
     int32_t half = rope->n_rot / 2;
     float cs[256], sn[256];
     float *p = dsib_cpu_f32(x);

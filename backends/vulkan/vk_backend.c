@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include "backends/vulkan/vk_impl.h"
+#include "backends/rope.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -1201,28 +1202,6 @@ static dsi_status vk_graph_launch(dsib_stream *s, dsib_graph *g, dsib_error *err
 
 /* ---- rope tables ------------------------------------------------------------------------- */
 
-/* §3.9 frequencies in double precision, as the CPU backend computes them. */
-static void rope_freqs(const dsib_rope *r, double *f) {
-    int32_t half = r->n_rot / 2;
-    for (int32_t i = 0; i < half; i++) f[i] = pow((double)r->freq_base, -2.0 * i / r->n_rot);
-    if (r->yarn_factor > 1.0f) {
-        const double two_pi = 6.283185307179586476925286766559;
-        double lnb = 2.0 * log((double)r->freq_base);
-        double cf = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_fast * two_pi)) / lnb;
-        double cs = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_slow * two_pi)) / lnb;
-        double low = floor(cf), high = ceil(cs);
-        if (low < 0) low = 0;
-        if (high > r->n_rot - 1) high = r->n_rot - 1;
-        if (high == low) high += 0.001;
-        for (int32_t i = 0; i < half; i++) {
-            double ramp = (i - low) / (high - low);
-            if (ramp < 0) ramp = 0;
-            if (ramp > 1) ramp = 1;
-            f[i] = f[i] / r->yarn_factor * ramp + f[i] * (1.0 - ramp);
-        }
-    }
-}
-
 static int rope_same(const dsib_rope *a, const dsib_rope *b) {
     return a->freq_base == b->freq_base && a->yarn_factor == b->yarn_factor &&
            a->yarn_orig_ctx == b->yarn_orig_ctx && a->yarn_beta_fast == b->yarn_beta_fast &&
@@ -1257,7 +1236,7 @@ dsi_status dsib_vk_rope_table(dsib_instance *inst, const dsib_rope *rope, dsib_b
     dsib_buffer *buf = NULL;
     if (st == DSI_OK) {
         double f[256];
-        rope_freqs(rope, f);
+        dsib_rope_freqs(rope, f);
         for (uint32_t l = 0; l < 3; l++)
             for (uint32_t j = 0; j < 1024; j++)
                 for (uint32_t i = 0; i < half; i++) {
