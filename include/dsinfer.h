@@ -482,6 +482,15 @@ typedef struct dsi_session_options {
     uint32_t n_ctx;          /* maximum timeline length; 0 = min(4096, trained context) */
     uint32_t n_batch;        /* prefill chunk size in tokens; 0 = 256 */
     uint32_t flags;          /* DSI_SESSION_FLAG_* */
+    /* since 0.3, experimental (DSI_SPEC_* in the experimental section): speculative
+     * decoding in dsi_session_generate with the model's draft blocks (V4 MTP, V4.1 DSpark).
+     * The output is the same as without it: identical at temperature 0, the same
+     * distribution when sampling. 0 = off (the default). */
+    uint32_t spec;           /* DSI_SPEC_OFF / DSI_SPEC_ON / DSI_SPEC_AUTO */
+    uint32_t draft_max;      /* drafts per step, 0 = the draft block's (DSpark 5, MTP 1) */
+    float draft_confidence;  /* DSpark: end a proposal at a slot whose confidence (0..1) is
+                                below this; 0 = never */
+    uint32_t spec_reserved;  /* 0 */
 } dsi_session_options;
 
 /* [thread-safe] */
@@ -629,6 +638,10 @@ typedef struct dsi_generate_result {
     uint64_t n_generated;
     double prefill_ms;
     double decode_ms;
+    /* since 0.3, experimental: speculative decoding (dsi_session_options.spec) */
+    uint64_t n_spec_steps;   /* verify steps (each evaluates the next token + its drafts) */
+    uint64_t n_drafted;      /* draft tokens proposed */
+    uint64_t n_accepted;     /* draft tokens accepted */
 } dsi_generate_result;
 
 /* [thread-safe] */
@@ -686,6 +699,26 @@ DSI_API dsi_status dsi_session_generate(dsi_session *session, dsi_sampler *sampl
 DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessions,
                                             const dsi_token *const *tokens,
                                             const size_t *n_tokens, dsi_status *status);
+
+/* since 0.3 — dsi_session_options.spec: speculative decoding in dsi_session_generate
+ * (docs/spec.md). ON fails session creation with UNSUPPORTED when the model has no usable
+ * draft blocks; AUTO uses them when present and stops speculating within a call when the
+ * drafts are rarely accepted. */
+#define DSI_SPEC_OFF 0u
+#define DSI_SPEC_ON 1u
+#define DSI_SPEC_AUTO 2u
+
+/* since 0.3 — [per-handle] Debugging / cross-checking drafters: runs the session's draft
+ * block(s) after its timeline followed by `next` (not appended) and returns up to `cap`
+ * drafts (the greedy picks, Markov bias and confidence applied as in generation) in
+ * ids[0 .. *n_drafts), and, when `logits` is not NULL, their draft logits (cap × n_vocab
+ * floats, row i = the distribution draft i was picked from). The timeline and the target
+ * state are unchanged (draft rings beyond the timeline are scratch). INVALID_ARGUMENT for
+ * NULL ids / n_drafts, cap 0 or `next` outside the vocabulary; NOT_FOUND when the session
+ * holds no token; UNSUPPORTED when the session was created without speculation;
+ * CONTEXT_FULL when the block does not fit before n_ctx. */
+DSI_API dsi_status dsi_session_draft(dsi_session *session, dsi_token next, dsi_token *ids,
+                                     float *logits, size_t cap, size_t *n_drafts);
 
 #endif /* DSI_EXPERIMENTAL */
 

@@ -8,6 +8,7 @@
  * $datadir/dsinfer/models/tiny-v41.gguf is used, and stderr says so.
  */
 #define _POSIX_C_SOURCE 200809L
+#define DSI_EXPERIMENTAL
 #include "dsinfer.h"
 
 #include <errno.h>
@@ -43,6 +44,9 @@ typedef struct {
     int think;       /* -1 default (off), 0 off, 1 on */
     uint32_t n_ctx;
     int list_devices, version, help, verbose;
+    uint32_t spec;          /* DSI_SPEC_* */
+    uint32_t draft_max;
+    float draft_conf;
 } cli_opts;
 
 static void usage(FILE *f) {
@@ -65,6 +69,10 @@ static void usage(FILE *f) {
             "  --chat           interactive multi-turn chat (/reset, /quit; Ctrl+C stops an answer)\n"
             "  --think          chat with thinking on; --no-think: off (default)\n"
             "  --ctx N          context length in tokens (default: min(4096, trained))\n"
+            "  --spec MODE      speculative decoding with the model's draft blocks: off (default),\n"
+            "                   on, auto (same output; -v prints accepted drafts per step)\n"
+            "  --draft-max N    drafts per step (default: the draft block's, DSpark 5, MTP 1)\n"
+            "  --draft-confidence C  DSpark: end a proposal below confidence C (0..1, default 0)\n"
             "  --list-devices   list the devices of the chosen backend(s) and exit\n"
             "  --version        print the library version and exit\n"
             "  -v               verbose: per-turn token counts\n"
@@ -144,6 +152,15 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             if (errno || end == argv[i] || *end || argv[i][0] == '-') return bad_value(a, argv[i], "expected an unsigned 64-bit integer");
             o->seed = s;
         }
+        else if (!strcmp(a, "--spec")) {
+            NEXT();
+            if (!strcmp(argv[i], "off")) o->spec = DSI_SPEC_OFF;
+            else if (!strcmp(argv[i], "on")) o->spec = DSI_SPEC_ON;
+            else if (!strcmp(argv[i], "auto")) o->spec = DSI_SPEC_AUTO;
+            else return bad_value(a, argv[i], "expected off, on or auto");
+        }
+        else if (!strcmp(a, "--draft-max")) { NEXT(); if (!parse_i64(a, argv[i], 1, 16, &v)) return 0; o->draft_max = (uint32_t)v; }
+        else if (!strcmp(a, "--draft-confidence")) { NEXT(); if (!parse_f(a, argv[i], 0, 1, 0, &o->draft_conf)) return 0; }
         else if (!strcmp(a, "--temp")) { NEXT(); if (!parse_f(a, argv[i], 0, 1e6, 0, &o->temp)) return 0; }
         else if (!strcmp(a, "--top-p")) { NEXT(); if (!parse_f(a, argv[i], 0, 1, 1, &o->top_p)) return 0; }
         else if (!strcmp(a, "--min-p")) {
@@ -159,6 +176,10 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     }
     if (o->prompt && o->prompt_file) {
         fprintf(stderr, "%s: -p and -f are mutually exclusive\n", prog);
+        return 0;
+    }
+    if (o->spec == DSI_SPEC_OFF && (o->draft_max || o->draft_conf > 0.0f)) {
+        fprintf(stderr, "%s: --draft-max / --draft-confidence need --spec on|auto\n", prog);
         return 0;
     }
     if (o->think >= 0 && !o->chat) {
@@ -288,6 +309,11 @@ static void print_speed(const dsi_generate_result *r) {
     if (r->n_generated && r->decode_ms > 0)
         fprintf(stderr, " (%.1f tok/s)", 1000.0 * (double)r->n_generated / r->decode_ms);
     fprintf(stderr, "; finish: %s\n", finish_name(r->finish_reason));
+    if (r->n_spec_steps)
+        fprintf(stderr, "%s: speculative: %llu verify steps, %llu drafted, %llu accepted (%.2f per step, %.2f tokens per step)\n",
+                prog, (unsigned long long)r->n_spec_steps, (unsigned long long)r->n_drafted,
+                (unsigned long long)r->n_accepted, (double)r->n_accepted / (double)r->n_spec_steps,
+                (double)r->n_generated / (double)r->n_spec_steps);
 }
 
 static int list_devices(dsi_context *ctx) {
@@ -521,6 +547,9 @@ int main(int argc, char **argv) {
     dsi_session_options so;
     dsi_session_options_init(&so);
     so.n_ctx = o.n_ctx;
+    so.spec = o.spec;
+    so.draft_max = o.draft_max;
+    so.draft_confidence = o.draft_conf;
     if (dsi_session_create(model, &so, &s) != DSI_OK) {
         fprintf(stderr, "%s: cannot create a session: %s\n", prog, dsi_last_error());
         rc = 1;

@@ -21,6 +21,7 @@
 #include "api/session_impl.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "spec/spec.h"
 #include "tokenizer/tokenizer.h"
 
 #include <string.h>
@@ -151,6 +152,20 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
     }
 
     uint64_t t1 = dsii_time_ns();
+    /* speculative decoding (lib/spec/spec.h): verify buffers for 1 + draft_max rows */
+    const uint32_t kspec = s->spec ? s->draft_max : 0;
+    float *allL = NULL;
+    dsi_token run[1 + 16];
+    dsi_token pending = -1;          /* next token drawn from a residual (rejection) */
+    double ema = kspec;              /* accepted drafts per verify step (adaptive length) */
+    int spec_on = kspec > 0;
+    if (spec_on) {
+        allL = dsii_malloc(s->ctx, (size_t)(kspec + 1) * (size_t)s->n_vocab * sizeof(float));
+        if (!allL) {
+            st = dsii_session_fail(s, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_session_generate: out of memory");
+            goto out;
+        }
+    }
     for (;;) {
         if (r.n_generated >= (uint64_t)o.max_tokens) { r.finish_reason = DSI_FINISH_LENGTH; break; }
         if (dsii_session_cancel_requested(s)) {
@@ -162,12 +177,17 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
         }
         if (s->n_tokens >= s->params.n_ctx) { r.finish_reason = DSI_FINISH_CONTEXT_FULL; break; }
         dsi_token t;
-        st = dsii_sampler_sample(smp, s->logits, s->n_vocab, &t, &e);
-        if (st != DSI_OK) {
-            smp->last_error = e;
-            st = dsii_session_fail(s, e.status, "%s", e.msg);
-            deliver_rest = 0;
-            break;
+        if (pending >= 0) {
+            t = pending; /* drawn (and added to the sampler's history) by the last rejection */
+            pending = -1;
+        } else {
+            st = dsii_sampler_sample(smp, s->logits, s->n_vocab, &t, &e);
+            if (st != DSI_OK) {
+                smp->last_error = e;
+                st = dsii_session_fail(s, e.status, "%s", e.msg);
+                deliver_rest = 0;
+                break;
+            }
         }
         if (t == eos) { r.n_generated++; r.finish_reason = DSI_FINISH_EOS; break; }
         int is_stop = 0;
@@ -175,8 +195,41 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
         if (is_stop) { r.n_generated++; r.finish_reason = DSI_FINISH_STOP_TOKEN; break; }
 
         /* Evaluate first, deliver second: a token reaches on_token only once it is part of
-         * the session, so a cancelled call leaves exactly the delivered tokens behind. */
-        st = dsii_session_append_nc(s, &t, 1);
+         * the session, so a cancelled call leaves exactly the delivered tokens behind. With
+         * speculation the step evaluates [t, drafts…] and keeps the accepted prefix. */
+        const uint32_t n0 = s->n_tokens;
+        uint32_t n_run = 1;
+        run[0] = t;
+        uint32_t kmax = 0;
+        if (spec_on) {
+            uint64_t left = (uint64_t)o.max_tokens - r.n_generated - 1; /* after t */
+            uint32_t room = s->params.n_ctx - n0;                     /* t + drafts */
+            uint32_t B = dsii_spec_block(s->spec);
+            uint32_t adapt = (uint32_t)(ema + 1.5);                   /* accepted + 1, rounded */
+            kmax = kspec < adapt ? kspec : adapt;
+            if (kmax > left) kmax = (uint32_t)left;
+            /* the draft block (B positions after t) and the verify rows must fit */
+            if ((uint64_t)n0 + 1 + B + 1 > s->params.n_ctx || room < 2) kmax = 0;
+            else if (kmax > room - 1) kmax = room - 1;
+        }
+        uint32_t k = 0;
+        dsi_token drafts[16];
+        if (kmax > 0) {
+            st = dsii_spec_propose(s->spec, s->seq.lane, s->seq.pool, s->seq.slot, s->tokens, n0, t,
+                                   kmax, s->draft_confidence, drafts, NULL, NULL, &k, &e);
+            if (st != DSI_OK) {
+                st = dsii_session_fail(s, e.status, "%s", e.msg);
+                deliver_rest = 0;
+                break;
+            }
+        }
+        if (k > 0) {
+            run[0] = t;
+            memcpy(run + 1, drafts, sizeof(dsi_token) * k);
+            st = dsii_session_append_all_logits(s, run, k + 1, allL);
+        } else {
+            st = dsii_session_append_nc(s, &t, 1);
+        }
         if (st == DSI_ERR_CANCELLED) {
             r.finish_reason = DSI_FINISH_CANCELLED;
             deliver_rest = 0;
@@ -184,45 +237,128 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
         }
         if (st == DSI_ERR_CONTEXT_FULL) { st = DSI_OK; r.finish_reason = DSI_FINISH_CONTEXT_FULL; break; }
         if (st != DSI_OK) { deliver_rest = 0; break; }
-        r.n_generated++;
-
-        if (tok && (o.on_token || o.n_stop_strings)) {
-            size_t bl;
-            const uint8_t *bp = dsii_tokenizer_token_bytes(tok, t, &bl);
-            size_t need = dsii_utf8_stream_bound(&utf8, bl);
-            if (need > piece_cap) {
-                uint8_t *np = dsii_realloc(s->ctx, piece, need);
-                if (!np) { st = dsii_session_fail(s, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_session_generate: out of memory"); deliver_rest = 0; break; }
-                piece = np;
-                piece_cap = need;
+        if (k > 0) {
+            /* exact acceptance, draft by draft: p_i = the sampler's distribution at row i−1 */
+            uint32_t a = 0;
+            for (uint32_t i = 1; i <= k; i++) {
+                const float *p;
+                st = dsii_sampler_dist(smp, allL + (size_t)(i - 1) * (size_t)s->n_vocab, s->n_vocab, &p, &e);
+                if (st != DSI_OK) break;
+                dsi_token d = run[i];
+                if (dsii_sampler_accept_draft(smp, p, d)) {
+                    dsii_sampler_accept(smp, d);
+                    a = i;
+                    int ends = d == eos;
+                    for (size_t q = 0; q < o.n_stop_tokens; q++) ends |= o.stop_tokens[q] == d;
+                    if (ends) break; /* nothing after an end token is part of the output */
+                } else {
+                    pending = dsii_sampler_draw_residual(smp, p, s->n_vocab, d);
+                    break;
+                }
             }
-            dsii_utf8_stream next;
-            size_t pn = dsii_utf8_stream_push(&utf8, bp ? bp : (const uint8_t *)"", bp ? bl : 0, piece, &next);
-            utf8 = next;
-            if (!gbuf_add(&text, piece, pn)) { st = dsii_session_fail(s, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_session_generate: out of memory"); deliver_rest = 0; break; }
-            size_t emit = text.n;
-            int stop_now = 0;
-            size_t at = o.n_stop_strings ? find_stop(text.p, text.n, o.stop_strings, o.n_stop_strings) : SIZE_MAX;
-            if (at != SIZE_MAX) {
-                emit = at;
-                stop_now = 1;
-                r.finish_reason = DSI_FINISH_STOP_STRING;
-            } else if (o.n_stop_strings) {
-                emit = text.n - stop_hold(text.p, text.n, o.stop_strings, o.n_stop_strings);
-            }
-            if (o.on_token) {
-                int32_t go = o.on_token(t, text.p ? text.p : "", emit, o.user_data);
-                if (!go && !stop_now) { stop_now = 1; r.finish_reason = DSI_FINISH_CALLBACK; }
-            }
-            if (r.finish_reason == DSI_FINISH_STOP_STRING) {
-                text.n = 0; /* the stop string and anything after it are dropped */
+            if (st != DSI_OK) {
+                smp->last_error = e;
+                st = dsii_session_fail(s, e.status, "%s", e.msg);
+                dsii_session_rewind(s, n0);
                 deliver_rest = 0;
-            } else {
-                gbuf_drop_front(&text, emit);
+                break;
             }
-            if (stop_now) break;
+            r.n_spec_steps++;
+            r.n_drafted += k;
+            r.n_accepted += a;
+            ema = 0.7 * ema + 0.3 * (double)a;
+            /* rollback to the accepted prefix: t, d1 .. da (a frontier move, lib/kv) */
+            dsii_session_rewind(s, n0 + 1 + a);
+            memcpy(s->logits, allL + (size_t)a * (size_t)s->n_vocab, sizeof(float) * (size_t)s->n_vocab);
+            s->has_logits = 1;
+            n_run = 1 + a;
+            if (s->spec_mode == DSII_SPEC_AUTO && r.n_spec_steps >= 8 &&
+                (double)r.n_accepted < 0.25 * (double)r.n_spec_steps)
+                spec_on = 0; /* drafts rarely accepted: plain decoding for the rest */
         }
+
+        int done = 0;
+        for (uint32_t j = 0; j < n_run && !done; j++) {
+            dsi_token x = run[j];
+            if (j > 0) {
+                /* tokens after the first come from the accepted run: same rules as if each
+                 * had been sampled on its own */
+                if (dsii_session_cancel_requested(s)) {
+                    dsii_session_rewind(s, n0 + j);
+                    memcpy(s->logits, allL + (size_t)(j - 1) * (size_t)s->n_vocab, sizeof(float) * (size_t)s->n_vocab);
+                    s->has_logits = 1;
+                    pending = -1;
+                    st = dsii_session_fail(s, DSI_ERR_CANCELLED, "dsi_session_generate: cancelled after %llu tokens",
+                                           (unsigned long long)r.n_generated);
+                    r.finish_reason = DSI_FINISH_CANCELLED;
+                    deliver_rest = 0;
+                    done = 1;
+                    break;
+                }
+                int ends = x == eos ? DSI_FINISH_EOS : 0;
+                for (size_t q = 0; q < o.n_stop_tokens && !ends; q++)
+                    if (o.stop_tokens[q] == x) ends = DSI_FINISH_STOP_TOKEN;
+                if (ends) {
+                    dsii_session_rewind(s, n0 + j); /* end tokens are never appended */
+                    memcpy(s->logits, allL + (size_t)(j - 1) * (size_t)s->n_vocab, sizeof(float) * (size_t)s->n_vocab);
+                    s->has_logits = 1;
+                    pending = -1;
+                    r.n_generated++;
+                    r.finish_reason = ends;
+                    done = 1;
+                    break;
+                }
+            }
+            r.n_generated++;
+            if (tok && (o.on_token || o.n_stop_strings)) {
+                size_t bl;
+                const uint8_t *bp = dsii_tokenizer_token_bytes(tok, x, &bl);
+                size_t need = dsii_utf8_stream_bound(&utf8, bl);
+                if (need > piece_cap) {
+                    uint8_t *np = dsii_realloc(s->ctx, piece, need);
+                    if (!np) { st = dsii_session_fail(s, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_session_generate: out of memory"); deliver_rest = 0; done = 1; break; }
+                    piece = np;
+                    piece_cap = need;
+                }
+                dsii_utf8_stream next;
+                size_t pn = dsii_utf8_stream_push(&utf8, bp ? bp : (const uint8_t *)"", bp ? bl : 0, piece, &next);
+                utf8 = next;
+                if (!gbuf_add(&text, piece, pn)) { st = dsii_session_fail(s, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_session_generate: out of memory"); deliver_rest = 0; done = 1; break; }
+                size_t emit = text.n;
+                int stop_now = 0;
+                size_t at = o.n_stop_strings ? find_stop(text.p, text.n, o.stop_strings, o.n_stop_strings) : SIZE_MAX;
+                if (at != SIZE_MAX) {
+                    emit = at;
+                    stop_now = 1;
+                    r.finish_reason = DSI_FINISH_STOP_STRING;
+                } else if (o.n_stop_strings) {
+                    emit = text.n - stop_hold(text.p, text.n, o.stop_strings, o.n_stop_strings);
+                }
+                if (o.on_token) {
+                    int32_t go = o.on_token(x, text.p ? text.p : "", emit, o.user_data);
+                    if (!go && !stop_now) { stop_now = 1; r.finish_reason = DSI_FINISH_CALLBACK; }
+                }
+                if (r.finish_reason == DSI_FINISH_STOP_STRING) {
+                    text.n = 0; /* the stop string and anything after it are dropped */
+                    deliver_rest = 0;
+                } else {
+                    gbuf_drop_front(&text, emit);
+                }
+                if (stop_now) {
+                    if (j + 1 < n_run) { /* the token that stopped stays; the rest go */
+                        dsii_session_rewind(s, n0 + j + 1);
+                        memcpy(s->logits, allL + (size_t)j * (size_t)s->n_vocab, sizeof(float) * (size_t)s->n_vocab);
+                        s->has_logits = 1;
+                    }
+                    pending = -1;
+                    done = 1;
+                    break;
+                }
+            }
+        }
+        if (done) break;
     }
+    dsii_free(s->ctx, allL);
     r.decode_ms = ms_since(t1);
 
     if (deliver_rest && o.on_token) {

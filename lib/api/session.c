@@ -57,6 +57,23 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
     if (opt.flags & ~(uint32_t)(DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_NO_CAPTURE))
         return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
                                 "dsi_session_options.flags has unknown bits 0x%x", opt.flags);
+    if (opt.spec > DSII_SPEC_AUTO)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_options.spec = %u: expected DSI_SPEC_OFF (0), DSI_SPEC_ON (1) or DSI_SPEC_AUTO (2)",
+                                opt.spec);
+    if (!(opt.draft_confidence >= 0.0f && opt.draft_confidence <= 1.0f))
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_options.draft_confidence = %g: must be within [0, 1]",
+                                (double)opt.draft_confidence);
+    if (opt.draft_max > 16)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_options.draft_max = %u: at most 16", opt.draft_max);
+    if (opt.spec_reserved != 0)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_options.spec_reserved must be 0");
+    if (opt.spec == DSII_SPEC_OFF && (opt.draft_max != 0 || opt.draft_confidence != 0.0f))
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_session_options.%s is set but spec is DSI_SPEC_OFF",
+                                opt.draft_max ? "draft_max" : "draft_confidence");
     const dsii_hparams *hp = &model->hp;
     uint32_t train = hp->n_ctx_train ? hp->n_ctx_train : DSII_SESSION_DEFAULT_CTX;
     uint32_t n_ctx = opt.n_ctx ? opt.n_ctx
@@ -78,8 +95,36 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
                                 "(it lacks ops or weight types the model needs)",
                                 dsi_context_backend(model->ctx));
     const dsi_context *ctx = model->ctx;
+    /* speculative decoding: the drafter first (ON fails cleanly without draft blocks) */
+    dsii_spec *spec = NULL;
+    if (opt.spec != DSII_SPEC_OFF) {
+        dsi_status ss = dsii_spec_create(model, &spec, &e);
+        if (ss != DSI_OK && (opt.spec == DSII_SPEC_ON || ss != DSI_ERR_UNSUPPORTED))
+            return dsii_thread_fail(ss, "dsi_session_create: %s", e.msg);
+        dsii_error_clear(&e);
+        uint32_t B = dsii_spec_block(spec);
+        /* room for a draft block and a verify step before the end of the context */
+        if (spec && n_ctx < hp->window + 2 * B + 2) {
+            dsii_spec_free(spec);
+            if (opt.spec == DSII_SPEC_ON)
+                return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                        "dsi_session_options.n_ctx %u is too small for speculative decoding (>= %u)",
+                                        n_ctx, hp->window + 2 * B + 2);
+            spec = NULL;
+        }
+    }
     dsi_session *s = dsii_calloc(ctx, 1, sizeof *s);
-    if (!s) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    if (!s) {
+        dsii_spec_free(spec);
+        return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    s->spec = spec;
+    s->spec_mode = spec ? opt.spec : DSII_SPEC_OFF;
+    if (spec) {
+        uint32_t B = dsii_spec_block(spec);
+        s->draft_max = opt.draft_max && opt.draft_max < B ? opt.draft_max : B;
+        s->draft_confidence = opt.draft_confidence;
+    }
     s->model = model;
     s->ctx = ctx;
     s->ex = ex;
@@ -103,13 +148,22 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
     if (st == DSI_OK) st = dsii_kv_pool_acquire(s->seq.pool, &s->seq.slot, &e);
     if (st != DSI_OK) s->seq.pool = NULL;
     if (st == DSI_OK) {
-        uint32_t max_out = n_batch < DSII_SESSION_MAX_OUT ? n_batch : DSII_SESSION_MAX_OUT;
-        st = dsii_lane_create(ex, n_batch, max_out, n_ctx,
-                              (opt.flags & DSII_SESSION_FLAG_NO_CAPTURE) ? DSII_LANE_NO_CAPTURE : 0,
-                              &s->seq.lane, &e);
+        /* with speculation the lane also runs draft blocks (2 × block rows) and verify steps
+         * (up to 1 + 16 rows, every row's logits) */
+        uint32_t rows = n_batch;
+        if (spec && rows < 2 * DSII_SESSION_MAX_OUT + 2) rows = 2 * DSII_SESSION_MAX_OUT + 2;
+        if (rows > n_ctx) rows = n_ctx;
+        uint32_t max_out = rows < DSII_SESSION_MAX_OUT + 1 ? rows : DSII_SESSION_MAX_OUT + 1;
+        if (!spec && max_out > DSII_SESSION_MAX_OUT) max_out = DSII_SESSION_MAX_OUT;
+        uint32_t lf = (opt.flags & DSII_SESSION_FLAG_NO_CAPTURE) ? DSII_LANE_NO_CAPTURE : 0;
+        if (spec) lf |= DSII_LANE_TAPS;
+        st = dsii_lane_create(ex, rows, max_out, n_ctx, lf, &s->seq.lane, &e);
+        /* own steps only: shared (coalesced) steps do not feed the draft rings */
+        if (spec) s->seq.own_steps = 1;
     }
     if (st != DSI_OK) {
         if (s->seq.pool) dsii_kv_pool_release(s->seq.pool, s->seq.slot);
+        dsii_spec_free(s->spec);
         dsii_free(ctx, s->tokens);
         dsii_free(ctx, s->logits);
         dsii_free(ctx, s);
@@ -126,6 +180,7 @@ DSI_API void dsi_session_free(dsi_session *s) {
     dsii_lane_free(s->seq.lane);
     dsii_kv_pool_release(s->seq.pool, s->seq.slot);
     dsii_model_session_release(s->model);
+    dsii_spec_free(s->spec);
     dsii_free(ctx, s->tokens);
     dsii_free(ctx, s->logits);
     dsii_free(ctx, s);
@@ -168,6 +223,7 @@ static dsi_status check_tokens(dsi_session *s, const dsi_token *tokens, size_t n
 static void session_clear(dsi_session *s) {
     s->n_tokens = 0;
     s->has_logits = 0;
+    dsii_spec_rewound(s->spec, 0);
 }
 
 /* After a failed step that evaluated `n` rows from `pos`: the state before `pos` is intact
@@ -176,6 +232,7 @@ static void session_clear(dsi_session *s) {
 void dsii_session_step_failed(dsi_session *s, uint32_t pos, uint32_t n) {
     s->n_tokens = n <= s->margin ? pos : 0;
     s->has_logits = 0;
+    dsii_spec_rewound(s->spec, s->n_tokens);
 }
 
 /* Evaluates s->tokens[s->n_tokens .. end) in chunks of n_batch (all-logits: chunks of at
@@ -223,11 +280,14 @@ static uint32_t rewind_to(dsi_session *s, uint32_t keep) {
     if (keep > 0 && back <= s->margin) {
         s->n_tokens = keep;
         s->has_logits = 0;
+        dsii_spec_rewound(s->spec, keep);
         return keep;
     }
     session_clear(s);
     return 0;
 }
+
+uint32_t dsii_session_rewind(dsi_session *s, uint32_t keep) { return rewind_to(s, keep); }
 
 dsi_status dsii_session_sync_nc(dsi_session *s, const dsi_token *tokens, size_t n,
                                 size_t *n_reused) {
@@ -342,5 +402,38 @@ DSI_API dsi_status dsi_session_reset(dsi_session *s) {
     if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_reset: session is NULL");
     dsii_session_begin_call(s);
     session_clear(s);
+    return DSI_OK;
+}
+
+DSI_API dsi_status dsi_session_draft(dsi_session *s, dsi_token next, dsi_token *ids,
+                                     float *logits, size_t cap, size_t *n_drafts) {
+    if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_draft: session is NULL");
+    dsii_session_begin_call(s);
+    if (!ids || !n_drafts || cap == 0)
+        return dsii_session_fail(s, DSI_ERR_INVALID_ARGUMENT, "dsi_session_draft: %s",
+                                 !ids ? "ids is NULL" : !n_drafts ? "n_drafts is NULL" : "cap is 0");
+    *n_drafts = 0;
+    if (next < 0 || next >= s->n_vocab)
+        return dsii_session_fail(s, DSI_ERR_INVALID_ARGUMENT,
+                                 "dsi_session_draft: token %d is outside the vocabulary (%d)", next,
+                                 s->n_vocab);
+    if (!s->spec)
+        return dsii_session_fail(s, DSI_ERR_UNSUPPORTED,
+                                 "dsi_session_draft: the session was created without speculative decoding");
+    if (s->n_tokens == 0)
+        return dsii_session_fail(s, DSI_ERR_NOT_FOUND, "dsi_session_draft: the session holds no token");
+    uint32_t B = dsii_spec_block(s->spec);
+    if ((uint64_t)s->n_tokens + B + 1 > s->params.n_ctx)
+        return dsii_session_fail(s, DSI_ERR_CONTEXT_FULL,
+                                 "dsi_session_draft: %u tokens + a block of %u exceed n_ctx %u",
+                                 s->n_tokens, B + 1, s->params.n_ctx);
+    uint32_t kmax = cap < B ? (uint32_t)cap : B, k = 0;
+    dsii_error e;
+    dsii_error_clear(&e);
+    dsi_status st = dsii_spec_propose(s->spec, s->seq.lane, s->seq.pool, s->seq.slot, s->tokens,
+                                      s->n_tokens, next, kmax, s->draft_confidence, ids, logits,
+                                      NULL, &k, &e);
+    if (st != DSI_OK) return session_fail_e(s, &e);
+    *n_drafts = k;
     return DSI_OK;
 }

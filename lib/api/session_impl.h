@@ -13,6 +13,7 @@
 #include "base/base.h"
 #include "arch/arch.h"
 #include "sched/sched.h"
+#include "spec/spec.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -35,6 +36,12 @@ struct dsi_session {
 
     atomic_int cancel;           /* set by dsi_session_cancel */
     dsii_error last_error;
+
+    /* speculative decoding (lib/spec; NULL when off) */
+    dsii_spec *spec;
+    uint32_t spec_mode;          /* DSII_SPEC_* */
+    uint32_t draft_max;          /* effective drafts per step (1 .. block) */
+    float draft_confidence;
 };
 
 /* Rows of the session's own steps, and the rows whose logits one of its steps produces
@@ -69,6 +76,10 @@ dsi_status dsii_session_append_nc(dsi_session *s, const dsi_token *tokens, size_
  * all_logits (n × n_vocab floats). Chunking follows n_batch as usual. */
 dsi_status dsii_session_append_all_logits(dsi_session *s, const dsi_token *tokens, size_t n,
                                           float *all_logits);
+
+/* Truncates the timeline to `keep` tokens (exact within the rewind margin, else forgetting
+ * it: the caller re-evaluates); the logits are gone afterwards. Returns the kept length. */
+uint32_t dsii_session_rewind(dsi_session *s, uint32_t keep);
 
 /* Records `st`/message on the session (and the thread error); returns st. */
 dsi_status dsii_session_fail(dsi_session *s, dsi_status st, const char *fmt, ...)

@@ -51,6 +51,9 @@ typedef struct dsii_arch_params {
 } dsii_arch_params;
 
 #define DSII_DEFAULT_MARGIN 256u /* exact-rewind margin (tokens), docs/internals.md */
+/* Draft-block rings (lib/spec) hold window + this + margin rows: a draft writes the block's
+ * keys up to 16 positions past the frontier, a verify step up to 16 rows. */
+#define DSII_DRAFT_RING_EXTRA 32u
 
 /* Logits requested for a sequence of a step. */
 enum {
@@ -101,6 +104,21 @@ typedef struct dsii_step_shape {
     uint32_t fq_flags;         /* DSIB_FQ_NO_ROUND or 0 */
 } dsii_step_shape;
 
+/* One drafting call (lib/spec): the sequence's timeline holds tokens[0 .. n_tokens) (all
+ * evaluated on a DSII_LANE_TAPS lane, so the draft rings hold them), `next` is the token that
+ * follows (already chosen, not yet evaluated). */
+typedef struct dsii_draft_io {
+    const dsi_token *tokens;
+    uint32_t n_tokens;          /* >= 1 */
+    uint32_t slot;
+    dsi_token next;
+    uint32_t *mtp_valid;        /* V4: positions < *mtp_valid have MTP ring rows (in/out) */
+    /* out: rows of draft logits (host-visible io block, valid until the lane's next step) */
+    uint32_t n_rows;            /* DSpark: block size (5); V4 MTP: 1 */
+    const float *logits;        /* n_rows × n_vocab (DSpark: before the Markov bias) */
+    const float *hidden;        /* DSpark: n_rows × D (y, for the confidence head); or NULL */
+} dsii_draft_io;
+
 typedef struct dsii_arch {
     const char *name;        /* "deepseek4" / "deepseek41" */
 
@@ -128,6 +146,14 @@ typedef struct dsii_arch {
     /* Records the step's ops on lane->stream (position-independent). */
     dsi_status (*record)(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
                          const dsii_step_shape *sh, dsii_error *e);
+
+    /* Speculative decoding (may be NULL: the model has no draft blocks): runs the draft
+     * block(s) at the end of io->tokens on a DSII_LANE_TAPS lane (records, submits, syncs
+     * once; takes the pool lock) and fills io's outputs. */
+    dsi_status (*draft)(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                        dsii_draft_io *io, dsii_error *e);
+    /* Draft-block shape: rows of one draft call (0: no draft blocks on this model). */
+    uint32_t (*draft_rows)(const dsii_arch_model *am);
 } dsii_arch;
 
 extern const dsii_arch dsii_arch_dsv4;   /* lib/arch/dsv4.c */
@@ -141,7 +167,12 @@ const dsii_arch *dsii_arch_for_model(const dsi_model *model);
 #define DSII_LANE_GRAPHS 8
 
 enum {
-    DSII_LANE_NO_CAPTURE = 1u << 0   /* never capture / replay (tests, debugging) */
+    DSII_LANE_NO_CAPTURE = 1u << 0,  /* never capture / replay (tests, debugging) */
+    /* Speculative decoding (lib/spec): the lane's steps also feed the model's draft block(s)
+     * from the forward pass — V4.1: the mean HC input of the DSpark target layers projected
+     * into every DSpark stage's window ring; V4: the final HC state into the MTP's state
+     * ring — inside the same recorded step (no extra host sync); draft() runs on it. */
+    DSII_LANE_TAPS = 1u << 1
 };
 
 struct dsii_lane {
@@ -161,6 +192,7 @@ struct dsii_lane {
     uint8_t *io_host;
     uint64_t io_rows, io_ids, io_out, io_extra, io_logits, io_bytes;
     uint64_t io_extra_bytes;
+    uint64_t io_spec, io_spec_bytes; /* io block: draft outputs (arch, DSII_LANE_TAPS) */
     void *priv;                  /* architecture data (scratch offsets) */
     struct {
         uint64_t key;

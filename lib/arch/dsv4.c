@@ -54,14 +54,19 @@ struct dsii_arch_model {
     const dsii_hparams *hp;
     dsii_device *dev;
     dsib_weight tok_embd, out_norm, output, out_hc_fn, out_hc_base, out_hc_scale;
-    v4_layer *L;
+    v4_layer *L;                 /* [n_layer + 1]: the MTP block at n_layer (§3.7) */
     uint32_t max_F_shared, max_E, max_k, max_F;
+    /* V4 MTP (§3.7) */
+    int32_t has_mtp;
+    dsib_weight e_proj, h_proj, enorm, hnorm, mtp_norm, mtp_hc_fn, mtp_hc_base, mtp_hc_scale;
+    uint32_t c_xring;            /* the target's final HC state per position (for the MTP) */
 };
 
 /* Step scratch offsets (bytes) of a lane, sized for its max_rows rows. */
 typedef struct v4_scratch {
     uint64_t X, coef, xin, xn, qa, q, kv, o, low, a, ckv, csc, ikv, isc, pool, iq, iw, idx;
     uint64_t mlog, msel, mwts, mrout, msg, msu, msout, Xo;
+    uint64_t hp;                 /* DSII_LANE_TAPS with MTP: h_proj rows [rows][hc·D] */
 } v4_scratch;
 
 /* ---- per model ------------------------------------------------------------------------ */
@@ -87,6 +92,74 @@ static const uint32_t k_v4_ops[] = {
         if (s_ != DSI_OK) goto fail;                                                        \
     } while (0)
 
+/* Binds one block's weights (backbone layer or the MTP block) and sets its MoE / RoPE
+ * settings. */
+static dsi_status bind_v4_layer(dsii_arch_model *am, dsii_wtable *wt, const dsii_hparams *hp,
+                                const dsii_layer_tensors *t, const dsii_layer_hparams *lh,
+                                v4_layer *L, dsii_error *e) {
+    BIND(L->attn_norm, t->attn_norm);
+    BIND(L->q_a, t->attn_q_a);
+    BIND(L->q_a_norm, t->attn_q_a_norm);
+    BIND(L->q_b, t->attn_q_b);
+    BIND(L->kv, t->attn_kv);
+    BIND(L->kv_norm, t->attn_kv_norm);
+    BIND(L->sinks, t->attn_sinks);
+    BIND(L->out_a, t->attn_out_a);
+    BIND(L->out_b, t->attn_out_b);
+    BIND(L->hc_attn_fn, t->hc_attn_fn);
+    BIND(L->hc_attn_base, t->hc_attn_base);
+    BIND(L->hc_attn_scale, t->hc_attn_scale);
+    BIND(L->hc_ffn_fn, t->hc_ffn_fn);
+    BIND(L->hc_ffn_base, t->hc_ffn_base);
+    BIND(L->hc_ffn_scale, t->hc_ffn_scale);
+    BIND(L->comp_ape, t->comp_ape);
+    BIND(L->comp_kv, t->comp_kv);
+    BIND(L->comp_gate, t->comp_gate);
+    BIND(L->comp_norm, t->comp_norm);
+    BIND(L->idx_q_b, t->idx_q_b);
+    BIND(L->idx_proj, t->idx_proj);
+    BIND(L->idx_ape, t->idx_comp_ape);
+    BIND(L->idx_kv, t->idx_comp_kv);
+    BIND(L->idx_gate, t->idx_comp_gate);
+    BIND(L->idx_norm, t->idx_comp_norm);
+    BIND(L->ffn_norm, t->ffn_norm);
+    dsii_moe_weights *mw = &L->moe;
+    BIND(mw->gate_inp, t->ffn_gate_inp);
+    BIND(mw->bias, t->exp_probs_b);
+    BIND(mw->tid2eid, lh->is_hash ? t->tid2eid : NULL);
+    BIND(mw->w1, t->ffn_gate_exps);
+    BIND(mw->w3, t->ffn_up_exps);
+    BIND(mw->w2, t->ffn_down_exps);
+    BIND(mw->sh_gate, t->ffn_gate_shexp);
+    BIND(mw->sh_up, t->ffn_up_shexp);
+    BIND(mw->sh_down, t->ffn_down_shexp);
+    mw->n_expert = lh->n_expert;
+    mw->k = lh->n_expert_used;
+    mw->limit = lh->swiglu_limit;
+    mw->limit_shared = lh->swiglu_limit_shexp;
+    mw->route_scale = hp->route_scale;
+    mw->norm_add = 0.0f; /* §3.5: plain normalisation (sqrt-softplus scores are > 0) */
+    if (mw->n_expert > am->max_E) am->max_E = mw->n_expert;
+    if (mw->k > am->max_k) am->max_k = mw->k;
+    if (mw->w1.buf && (uint32_t)mw->w1.ne[1] > am->max_F) am->max_F = (uint32_t)mw->w1.ne[1];
+    if (mw->sh_gate.buf && (uint32_t)mw->sh_gate.ne[1] > am->max_F_shared)
+        am->max_F_shared = (uint32_t)mw->sh_gate.ne[1];
+    dsi_status rc = dsii_device_check_type(wt->dev, DSIB_OP_MOE_EXPERTS, mw->w1.type, "routed experts", e);
+    if (rc != DSI_OK) goto fail;
+
+    L->rope.freq_base = lh->rope_base;
+    L->rope.yarn_factor = lh->yarn ? hp->yarn_factor : 1.0f;
+    L->rope.yarn_orig_ctx = (float)hp->yarn_orig_ctx;
+    L->rope.yarn_beta_fast = hp->yarn_beta_fast;
+    L->rope.yarn_beta_slow = hp->yarn_beta_slow;
+    L->rope.n_rot = (int32_t)hp->rope_dim;
+    L->ratio = lh->compress_ratio;
+    L->has_idx = L->ratio == 4 && L->idx_q_b.buf != NULL;
+    return DSI_OK;
+fail:
+    return e && e->status != DSI_OK ? e->status : DSI_ERR_INTERNAL;
+}
+
 static dsi_status v4_model_create(dsi_model *m, dsii_wtable *wt, dsii_arch_model **out,
                                   dsii_error *e) {
     *out = NULL;
@@ -106,7 +179,7 @@ static dsi_status v4_model_create(dsi_model *m, dsii_wtable *wt, dsii_arch_model
     am->m = m;
     am->hp = hp;
     am->dev = wt->dev;
-    am->L = dsii_calloc(m->ctx, hp->n_layer ? hp->n_layer : 1, sizeof *am->L);
+    am->L = dsii_calloc(m->ctx, hp->n_layer + 1, sizeof *am->L);
     if (!am->L) {
         dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
         goto fail;
@@ -129,64 +202,7 @@ static dsi_status v4_model_create(dsi_model *m, dsii_wtable *wt, dsii_arch_model
         v4_layer *L = &am->L[il];
         const dsii_layer_tensors *t = &w->layer[il];
         const dsii_layer_hparams *lh = &hp->layer[il];
-        BIND(L->attn_norm, t->attn_norm);
-        BIND(L->q_a, t->attn_q_a);
-        BIND(L->q_a_norm, t->attn_q_a_norm);
-        BIND(L->q_b, t->attn_q_b);
-        BIND(L->kv, t->attn_kv);
-        BIND(L->kv_norm, t->attn_kv_norm);
-        BIND(L->sinks, t->attn_sinks);
-        BIND(L->out_a, t->attn_out_a);
-        BIND(L->out_b, t->attn_out_b);
-        BIND(L->hc_attn_fn, t->hc_attn_fn);
-        BIND(L->hc_attn_base, t->hc_attn_base);
-        BIND(L->hc_attn_scale, t->hc_attn_scale);
-        BIND(L->hc_ffn_fn, t->hc_ffn_fn);
-        BIND(L->hc_ffn_base, t->hc_ffn_base);
-        BIND(L->hc_ffn_scale, t->hc_ffn_scale);
-        BIND(L->comp_ape, t->comp_ape);
-        BIND(L->comp_kv, t->comp_kv);
-        BIND(L->comp_gate, t->comp_gate);
-        BIND(L->comp_norm, t->comp_norm);
-        BIND(L->idx_q_b, t->idx_q_b);
-        BIND(L->idx_proj, t->idx_proj);
-        BIND(L->idx_ape, t->idx_comp_ape);
-        BIND(L->idx_kv, t->idx_comp_kv);
-        BIND(L->idx_gate, t->idx_comp_gate);
-        BIND(L->idx_norm, t->idx_comp_norm);
-        BIND(L->ffn_norm, t->ffn_norm);
-        dsii_moe_weights *mw = &L->moe;
-        BIND(mw->gate_inp, t->ffn_gate_inp);
-        BIND(mw->bias, t->exp_probs_b);
-        BIND(mw->tid2eid, lh->is_hash ? t->tid2eid : NULL);
-        BIND(mw->w1, t->ffn_gate_exps);
-        BIND(mw->w3, t->ffn_up_exps);
-        BIND(mw->w2, t->ffn_down_exps);
-        BIND(mw->sh_gate, t->ffn_gate_shexp);
-        BIND(mw->sh_up, t->ffn_up_shexp);
-        BIND(mw->sh_down, t->ffn_down_shexp);
-        mw->n_expert = lh->n_expert;
-        mw->k = lh->n_expert_used;
-        mw->limit = lh->swiglu_limit;
-        mw->limit_shared = lh->swiglu_limit_shexp;
-        mw->route_scale = hp->route_scale;
-        mw->norm_add = 0.0f; /* §3.5: plain normalisation (sqrt-softplus scores are > 0) */
-        if (mw->n_expert > am->max_E) am->max_E = mw->n_expert;
-        if (mw->k > am->max_k) am->max_k = mw->k;
-        if (mw->w1.buf && (uint32_t)mw->w1.ne[1] > am->max_F) am->max_F = (uint32_t)mw->w1.ne[1];
-        if (mw->sh_gate.buf && (uint32_t)mw->sh_gate.ne[1] > am->max_F_shared)
-            am->max_F_shared = (uint32_t)mw->sh_gate.ne[1];
-        rc = dsii_device_check_type(wt->dev, DSIB_OP_MOE_EXPERTS, mw->w1.type, "routed experts", e);
-        if (rc != DSI_OK) goto fail;
-
-        L->rope.freq_base = lh->rope_base;
-        L->rope.yarn_factor = lh->yarn ? hp->yarn_factor : 1.0f;
-        L->rope.yarn_orig_ctx = (float)hp->yarn_orig_ctx;
-        L->rope.yarn_beta_fast = hp->yarn_beta_fast;
-        L->rope.yarn_beta_slow = hp->yarn_beta_slow;
-        L->rope.n_rot = (int32_t)hp->rope_dim;
-        L->ratio = lh->compress_ratio;
-        L->has_idx = L->ratio == 4 && L->idx_q_b.buf != NULL;
+        if (bind_v4_layer(am, wt, hp, t, lh, L, e) != DSI_OK) goto fail;
         if (L->ratio == 4 && !L->has_idx) {
             dsii_fail(e, DSI_ERR_BAD_FORMAT, "dsv4: layer %u has ratio 4 but no indexer", il);
             goto fail;
@@ -206,6 +222,26 @@ static dsi_status v4_model_create(dsi_model *m, dsii_wtable *wt, dsii_arch_model
         if (L->ratio > 0)
             dsii_kv_add_compressor(&ids, L->ratio, L->ratio == 4, hp->head_dim, 1, &L->comp);
         if (L->has_idx) dsii_kv_add_compressor(&ids, 4, 1, hp->idx_head_dim, 1, &L->icomp);
+    }
+    if (hp->has_mtp && hp->n_draft == 1) { /* §3.7: a window-only block, its own ring */
+        const dsii_draft_tensors *d = &w->draft[0];
+        v4_layer *L = &am->L[hp->n_layer];
+        if (bind_v4_layer(am, wt, hp, &d->blk, &hp->draft_layer[0], L, e) != DSI_OK) goto fail;
+        BIND(am->e_proj, d->e_proj);
+        BIND(am->h_proj, d->h_proj);
+        BIND(am->enorm, d->enorm);
+        BIND(am->hnorm, d->hnorm);
+        BIND(am->mtp_norm, d->norm);
+        BIND(am->mtp_hc_fn, d->hc_head_fn);
+        BIND(am->mtp_hc_base, d->hc_head_base);
+        BIND(am->mtp_hc_scale, d->hc_head_scale);
+        am->has_mtp = L->ratio == 0 && am->e_proj.buf && am->h_proj.buf && am->enorm.buf &&
+                      am->hnorm.buf && am->mtp_norm.buf && am->mtp_hc_fn.buf &&
+                      am->mtp_hc_base.buf && am->mtp_hc_scale.buf && L->attn_norm.buf;
+        if (am->has_mtp) {
+            L->c_win = dsii_kv_add(&ids, DSII_KV_RING, 1, 1);
+            am->c_xring = dsii_kv_add(&ids, DSII_KV_RING, 1, 1);
+        }
     }
     rc = ids.status;
     dsii_kv_layout_free(&ids);
@@ -236,6 +272,13 @@ static dsi_status v4_state_layout(const dsii_arch_model *am, uint32_t n_ctx, dsi
             dsii_kv_add_compressor(l, 4, 1, hp->idx_head_dim, n_ctx, &c);
             if (c.kv != L->icomp.kv || c.out != L->icomp.out) goto bad;
         }
+    }
+    if (am->has_mtp) {
+        /* MTP window ring and the target's final HC state per position (lib/spec) */
+        uint32_t rows = hp->window + DSII_DRAFT_RING_EXTRA + l->margin;
+        if (dsii_kv_add(l, DSII_KV_RING, rows, hp->head_dim) != am->L[hp->n_layer].c_win ||
+            dsii_kv_add(l, DSII_KV_RING, rows, hp->hc_mult * hp->n_embd) != am->c_xring)
+            goto bad;
     }
     if (l->status != DSI_OK) return dsii_fail(e, l->status, "dsv4: state layout: out of host memory");
     return DSI_OK;
@@ -286,6 +329,7 @@ static dsi_status v4_lane_init(const dsii_arch_model *am, dsii_lane *lane, dsii_
     s->msu = sc_take(&z, B * Fs * f);
     s->msout = sc_take(&z, B * D * f);
     s->Xo = sc_take(&z, (uint64_t)lane->max_out * hc * D * f);
+    if ((lane->flags & DSII_LANE_TAPS) && am->has_mtp) s->hp = sc_take(&z, B * hc * D * f);
     lane->scratch_bytes = z;
     lane->io_extra_bytes = 0;
     lane->priv = s;
@@ -488,6 +532,10 @@ static dsi_status v4_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_
         dsi_status rc = v4_layer_step(&P, il, e);
         if (rc != DSI_OK) return rc;
     }
+    if ((lane->flags & DSII_LANE_TAPS) && am->has_mtp) { /* §3.7: the MTP's X_main */
+        dsib_state xr = ST(&P, am->c_xring);
+        CK(o->store_rows(S, X, hc * D, n, P.rows, &xr, hc * D, 1, DSIB_STORE_RING), "X ring");
+    }
     if (sh->n_out == 0) return DSI_OK;
     /* HC head (§3.6) on the output rows, in one pass, logits into the io block */
     uint32_t no = sh->n_out;
@@ -504,6 +552,114 @@ static dsi_status v4_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_
     return DSI_OK;
 }
 
+/* §3.7 MTP drafting, DeepSeek-V3 pairing (the pairing the trained models use: the main HC
+ * state of position q with the embedding of token q+1 predicts token q+2). The MTP's window
+ * ring needs its own rows for positions q < p, so one call evaluates the block on every
+ * position that lacks its row (q >= *mtp_valid, only the last `window`), pairing X_main[q]
+ * (the X ring) with tokens[q+1], and on position p with `next`; the logits of the row at p
+ * are the draft for position p+2. X0[h] = e_proj·enorm(embed) + h_proj·hnorm(X_main[h]),
+ * one window-only block, the MTP's HC head and norm, the shared output head. */
+static dsi_status v4_draft(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                           dsii_draft_io *io, dsii_error *e) {
+    const dsii_hparams *hp = am->hp;
+    const v4_scratch *s = lane->priv;
+    const uint32_t D = hp->n_embd, hc = hp->hc_mult, V = hp->n_vocab, nc = DSIB_HC_COEF(hc);
+    uint32_t il = hp->n_layer;
+    if (!am->has_mtp || !(lane->flags & DSII_LANE_TAPS) || io->n_tokens == 0 ||
+        io->n_tokens >= lane->n_ctx || !io->mtp_valid)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "dsv4: draft: bad lane or position");
+    const uint32_t p = io->n_tokens - 1;
+    uint32_t q0 = *io->mtp_valid;
+    if (p + 1 > hp->window && q0 < p + 1 - hp->window) q0 = p + 1 - hp->window;
+    if (q0 > p) q0 = p;
+    const dsib_backend *be = am->dev->be;
+    dsib_error be_err = {{0}};
+    dsi_status st = DSI_OK;
+    int32_t *R = (int32_t *)(void *)(lane->io_host + lane->io_rows);
+    int32_t *ids = (int32_t *)(void *)(lane->io_host + lane->io_ids);
+    int32_t *outi = (int32_t *)(void *)(lane->io_host + lane->io_out);
+    dsii_arch_params pp;
+    dsii_exec_pool_params(pool, &pp);
+    while (q0 <= p && st == DSI_OK) {
+        uint32_t m = p + 1 - q0;
+        if (m > lane->max_rows) m = lane->max_rows;
+        const int last = q0 + m == p + 1;
+        for (uint32_t t = 0; t < m; t++) {
+            int32_t *r = R + (size_t)t * DSIB_ROW_WORDS;
+            r[DSIB_ROW_POS] = (int32_t)(q0 + t);
+            r[DSIB_ROW_SLOT] = (int32_t)io->slot;
+            r[DSIB_ROW_FIRST] = 0;
+            r[DSIB_ROW_COUNT] = (int32_t)m;
+            ids[t] = q0 + t < p ? io->tokens[q0 + t + 1] : io->next;
+        }
+        outi[0] = (int32_t)(m - 1);
+        dsii_kv_pool_lock(pool);
+        v4_step P = {am, hp, am->dev, be->ops, lane->stream, lane, s, pool,
+                     dsii_lane_io(lane, lane->io_rows), m,
+                     (pp.flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) ? DSIB_FQ_NO_ROUND : 0u};
+        const dsib_ops *o = P.o;
+        dsib_stream *S = P.S;
+        dsib_view X = SV(&P, s->X), xin = SV(&P, s->xin), xn = SV(&P, s->xn), a = SV(&P, s->a),
+                  H = SV(&P, s->hp), coef = SV(&P, s->coef);
+        dsib_state xr = ST(&P, am->c_xring);
+#define DK(call, what)                                                                      \
+    do {                                                                                    \
+        st = (call);                                                                        \
+        if (st != DSI_OK) { st = dsii_fail(e, st, "dsv4: MTP: %s failed", what); goto done; } \
+    } while (0)
+        /* X_main rows of positions q0 .. q0+m−1 from the ring (at most two runs) */
+        for (uint32_t t = 0; t < m;) {
+            uint32_t r0 = (q0 + t) % xr.rows, run = xr.rows - r0;
+            if (run > m - t) run = m - t;
+            dsib_view src = {xr.buf, xr.offset + ((uint64_t)io->slot * xr.rows + r0) * xr.ld * 4};
+            DK(o->copy(S, src, SV(&P, s->X + (uint64_t)t * hc * D * 4), (uint64_t)run * hc * D * 4),
+               "X rows");
+            t += run;
+        }
+        DK(o->rms_norm(S, X, D, X, D, m * hc, D, &am->hnorm, hp->rms_eps), "hnorm");
+        DK(o->matmul(S, &am->h_proj, 0, X, D, H, D, m * hc), "h_proj");
+        DK(o->get_rows(S, &am->tok_embd, dsii_lane_io(lane, lane->io_ids), xin, D, m), "embedding");
+        DK(o->rms_norm(S, xin, D, xn, D, m, D, &am->enorm, hp->rms_eps), "enorm");
+        DK(o->matmul(S, &am->e_proj, 0, xn, D, a, D, m), "e_proj");
+        for (uint32_t h = 0; h < hc; h++)
+            DK(o->add(S, a, D, SV(&P, s->hp + (uint64_t)h * D * 4), hc * D,
+                      SV(&P, s->X + (uint64_t)h * D * 4), hc * D, m, D), "X0");
+        st = v4_layer_step(&P, il, e);
+        if (st != DSI_OK) goto done;
+        if (last) {
+            dsib_view Xo = SV(&P, s->Xo);
+            DK(o->gather_rows(S, X, hc * D, dsii_lane_io(lane, lane->io_out), Xo, hc * D, 1, hc * D),
+               "head row");
+            DK(o->hc_mix(S, Xo, 1, hc, D, &am->mtp_hc_fn, &am->mtp_hc_scale, &am->mtp_hc_base,
+                         hp->rms_eps, hp->hc_eps, 0, DSIB_HC_HEAD, coef, nc), "MTP hc head");
+            DK(o->hc_collapse(S, Xo, coef, nc, xin, D, 1, hc, D), "MTP hc collapse");
+            DK(o->rms_norm(S, xin, D, xn, D, 1, D, &am->mtp_norm, hp->rms_eps), "MTP norm");
+            DK(o->matmul(S, &am->output, 0, xn, D, dsii_lane_io(lane, lane->io_logits), V, 1),
+               "output head");
+        }
+#undef DK
+    done:
+        {
+            dsi_status ss = be->sync(lane->stream, &be_err);
+            if (st == DSI_OK && ss != DSI_OK)
+                st = dsii_fail(e, ss, "%s: MTP step failed: %s", am->dev->name, be_err.msg);
+        }
+        dsii_kv_pool_unlock(pool);
+        q0 += m;
+    }
+    if (st != DSI_OK) {
+        *io->mtp_valid = 0; /* rows may be half written: rebuild them next time */
+        return st;
+    }
+    *io->mtp_valid = p; /* the row of p pairs X_main[p] with `next`: valid once next is in */
+    io->n_rows = 1;
+    io->logits = (const float *)(const void *)(lane->io_host + lane->io_logits);
+    io->hidden = NULL;
+    return DSI_OK;
+}
+
+static uint32_t v4_draft_rows(const dsii_arch_model *am) { return am->has_mtp ? 1u : 0u; }
+
 const dsii_arch dsii_arch_dsv4 = {
     .name = "deepseek4",
     .model_create = v4_model_create,
@@ -513,4 +669,6 @@ const dsii_arch dsii_arch_dsv4 = {
     .lane_fini = v4_lane_fini,
     .prepare = NULL,
     .record = v4_record,
+    .draft = v4_draft,
+    .draft_rows = v4_draft_rows,
 };

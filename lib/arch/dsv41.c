@@ -61,6 +61,10 @@ struct dsii_arch_model {
     uint32_t max_ratio, max_F;
     dsii_engram_layout elay[DSII_MAX_ENGRAM_LAYERS];
     dsii_engram_table etab[DSII_MAX_ENGRAM_LAYERS];
+    /* DSpark draft stages (§4.5): window-only lagged-mHC blocks with their own rings */
+    uint32_t n_stage;
+    v41_lw *dl;                         /* [n_stage] */
+    dsib_weight main_proj, main_norm, draft_norm;
 };
 
 /* Lane data: scratch offsets (bytes) for max_rows rows, Engram host staging. */
@@ -68,6 +72,7 @@ typedef struct v41_lane {
     uint64_t o_e, o_X, o_ca, o_cf, o_x, o_xn, o_qr, o_q, o_kv, o_att, o_low, o_aout;
     uint64_t o_ckv, o_csc, o_pool, o_keys, o_iq, o_iw, o_cand, o_lg, o_sel, o_wts, o_mout;
     uint64_t o_shg, o_shu, o_sh, o_ekv, o_Xo, o_Co;
+    uint64_t o_taps;                    /* DSII_LANE_TAPS: [rows][T·D] DSpark target inputs */
     uint64_t o_idx[DSII_MAX_LAYERS];    /* index sources: top-k [rows][topk] */
     uint64_t io_eng[DSII_MAX_ENGRAM_LAYERS]; /* io block: Engram rows [rows][C·K] */
     uint32_t *erows;                    /* host [max_rows][C] */
@@ -103,6 +108,7 @@ static dsib_rope layer_rope(const dsii_hparams *hp, const dsii_layer_hparams *L)
 static void v41_model_free(dsi_model *m, dsii_arch_model *am) {
     if (!am) return;
     dsii_free(m->ctx, am->lw);
+    dsii_free(m->ctx, am->dl);
     dsii_free(m->ctx, am);
 }
 
@@ -147,7 +153,7 @@ static dsi_status bind_layer(dsii_wtable *wt, const dsii_hparams *hp, const dsii
 }
 
 /* Adds one sequence's components in the fixed order (ids do not depend on n_ctx). */
-static void add_components(const dsii_arch_model *am, dsii_kv_layout *l, uint32_t n_ctx,
+static void add_components(dsii_arch_model *am, dsii_kv_layout *l, uint32_t n_ctx,
                            v41_lw *set_ids, int check, int *mismatch) {
     const dsii_hparams *hp = am->hp;
     for (uint32_t i = 0; i < hp->n_layer; i++) {
@@ -174,6 +180,16 @@ static void add_components(const dsii_arch_model *am, dsii_kv_layout *l, uint32_
                 w->c_ckv != ids[3] || w->c_csc != ids[4])
                 *mismatch = 1;
         }
+    }
+    /* DSpark stages (§4.5): one window ring each, fed with main_kv rows of the target's
+     * positions and, during a draft, the block's own keys at the 5 positions after the end
+     * (position-addressed, so rollback needs nothing: rows past the frontier are rewritten
+     * before they are read). */
+    for (uint32_t st = 0; st < am->n_stage; st++) {
+        uint32_t id = dsii_kv_add(l, DSII_KV_RING, hp->window + DSII_DRAFT_RING_EXTRA + l->margin,
+                                  hp->head_dim);
+        if (set_ids) am->dl[st].c_ring = id;
+        if (check && am->dl[st].c_ring != id) *mismatch = 1;
     }
 }
 
@@ -210,6 +226,29 @@ static dsi_status v41_model_create(dsi_model *model, dsii_wtable *wt, dsii_arch_
         if (s != DSI_OK) goto fail;
         if (am->lw[i].moe.w1.buf && (uint32_t)am->lw[i].moe.w1.ne[1] > am->max_F)
             am->max_F = (uint32_t)am->lw[i].moe.w1.ne[1];
+    }
+    /* DSpark stages (§4.5) */
+    if (hp->has_dspark && hp->n_draft > 0) {
+        const dsii_draft_tensors *D0 = &model->w.draft[0], *DL = &model->w.draft[hp->n_draft - 1];
+        am->dl = (v41_lw *)dsii_calloc(model->ctx, hp->n_draft, sizeof *am->dl);
+        if (!am->dl) {
+            s = dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: draft table");
+            goto fail;
+        }
+        for (uint32_t d = 0; d < hp->n_draft; d++) {
+            s = bind_layer(wt, hp, &model->w.draft[d].blk, &hp->draft_layer[d], &am->dl[d], e);
+            if (s != DSI_OK) goto fail;
+            if (am->dl[d].moe.w1.buf && (uint32_t)am->dl[d].moe.w1.ne[1] > am->max_F)
+                am->max_F = (uint32_t)am->dl[d].moe.w1.ne[1];
+        }
+        if ((s = dsii_wtable_bind(wt, D0->main_proj, &am->main_proj, e)) != DSI_OK ||
+            (s = dsii_wtable_bind(wt, D0->main_norm, &am->main_norm, e)) != DSI_OK ||
+            (s = dsii_wtable_bind(wt, DL->norm, &am->draft_norm, e)) != DSI_OK)
+            goto fail;
+        if (am->main_proj.buf && am->main_norm.buf && am->draft_norm.buf &&
+            hp->dspark.n_target > 0 && hp->dspark.block_size > 0 &&
+            (uint64_t)am->main_proj.ne[0] == (uint64_t)hp->dspark.n_target * hp->n_embd)
+            am->n_stage = hp->n_draft;
     }
     /* component ids */
     dsii_kv_layout ids;
@@ -270,7 +309,7 @@ fail:
 static dsi_status v41_state_layout(const dsii_arch_model *am, uint32_t n_ctx, dsii_kv_layout *l,
                                    dsii_error *e) {
     int mismatch = 0;
-    add_components(am, l, n_ctx, NULL, 1, &mismatch);
+    add_components((dsii_arch_model *)(uintptr_t)am, l, n_ctx, NULL, 1, &mismatch);
     if (l->status != DSI_OK) return dsii_fail(e, l->status, "deepseek41: state layout: out of host memory");
     if (mismatch) return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: state layout mismatch");
     return DSI_OK;
@@ -332,6 +371,10 @@ static dsi_status v41_lane_init(const dsii_arch_model *am, dsii_lane *lane, dsii
     v->o_ekv = take(&sc, n * (hc + 1) * D * 4);
     v->o_Xo = take(&sc, no * hc * D * 4);
     v->o_Co = take(&sc, no * M * 4);
+    if ((lane->flags & DSII_LANE_TAPS) && am->n_stage) {
+        v->o_taps = take(&sc, n * hp->dspark.n_target * D * 4);
+        lane->io_spec_bytes = (uint64_t)hp->dspark.block_size * D * 4; /* y rows */
+    }
     lane->scratch_bytes = sc;
     /* io extra: Engram rows of every Engram layer */
     uint64_t io = 0;
@@ -563,6 +606,99 @@ static dsi_status attention(const v41_step *P, uint32_t il, dsii_error *e) {
     return DSI_OK;
 }
 
+/* ---- DSpark (§4.5) ------------------------------------------------------------------------ */
+
+/* dst[t][0:D] = mean_h X[t][h] (Σ in stream order, then × 1/hc: exact for hc = 4). */
+static dsi_status tap_mean(const v41_step *P, dsib_view dst, uint32_t ldd, dsii_error *e) {
+    const dsii_hparams *hp = P->hp;
+    const dsib_ops *o = P->o;
+    dsib_stream *S = P->S;
+    const uint32_t D = hp->n_embd, hc = hp->hc_mult, n = P->n;
+    const uint64_t X = P->v->o_X;
+    if (hc == 1) {
+        CK(dsii_op_copy_rows(P->dev, S, SV(P, X), D, dst, ldd, n, D), "tap copy", -1);
+        return DSI_OK;
+    }
+    CK(o->add(S, SV(P, X), hc * D, SV(P, X + (uint64_t)D * 4), hc * D, dst, ldd, n, D), "tap add", -1);
+    for (uint32_t h = 2; h < hc; h++)
+        CK(o->add(S, dst, ldd, SV(P, X + (uint64_t)h * D * 4), hc * D, dst, ldd, n, D), "tap add", -1);
+    CK(o->scale(S, dst, ldd, n, D, 1.0f / (float)hc), "tap scale", -1);
+    return DSI_OK;
+}
+
+/* Seeds every stage's window ring with the step's rows (§4.5 "prefill only seeds this ring"
+ * — and every verified row after it): main_x = RMSNorm(main_proj · concat(taps), main_norm),
+ * main_kv = kv_norm(wkv · main_x), RoPE at the row's position, FP8 over the whole head. */
+static dsi_status dspark_seed(const v41_step *P, dsii_error *e) {
+    const dsii_arch_model *am = P->am;
+    const dsii_hparams *hp = P->hp;
+    const dsib_ops *o = P->o;
+    dsib_stream *S = P->S;
+    const v41_lane *v = P->v;
+    const uint32_t D = hp->n_embd, hd = hp->head_dim, n = P->n, T = hp->dspark.n_target;
+    CK(o->matmul(S, &am->main_proj, 0, SV(P, v->o_taps), T * D, SV(P, v->o_x), D, n),
+       "matmul main_proj", -1);
+    CK(o->rms_norm(S, SV(P, v->o_x), D, SV(P, v->o_xn), D, n, D, &am->main_norm, hp->rms_eps),
+       "main_norm", -1);
+    for (uint32_t st = 0; st < am->n_stage; st++) {
+        const v41_lw *w = &am->dl[st];
+        dsib_state ring = ST(P, w->c_ring);
+        int sl = (int)(hp->n_layer + st);
+        CK(o->matmul(S, &w->kv, 0, SV(P, v->o_xn), D, SV(P, v->o_kv), hd, n), "matmul draft kv", sl);
+        CK(o->rms_norm(S, SV(P, v->o_kv), hd, SV(P, v->o_kv), hd, n, hd, &w->kv_norm, hp->rms_eps),
+           "rms_norm draft kv", sl);
+        CK(o->rope_tail(S, SV(P, v->o_kv), hd, n, 1, hd, P->rows, 0, &w->rope, 0), "rope draft kv", sl);
+        CK(o->fake_quant(S, SV(P, v->o_kv), hd, n, 0, hd, 32, DSIB_FQ_E4M3_UE8M0, P->fq),
+           "fake_quant draft kv", sl);
+        CK(o->store_rows(S, SV(P, v->o_kv), hd, n, P->rows, &ring, hd, 1, DSIB_STORE_RING),
+           "draft ring", sl);
+    }
+    return DSI_OK;
+}
+
+/* DSparkAttention of stage `st` over the block's n rows (positions p+1 .. p+n in P->rows):
+ * the block's keys go into the stage ring at their positions, then every query attends to
+ * the ring rows of positions p−window+1 .. p AND all n block keys (non-causal inside the
+ * block): attn_sink where every row is a one-row sequence at the block's last position p+n
+ * (`arows`), with a window of window + n, so positions p−window+1 .. p+n−1 come from the
+ * ring and p+n from the step's own row — the last key for every row (ldkv 0). */
+static dsi_status dspark_attention(const v41_step *P, uint32_t st, dsib_view arows, dsii_error *e) {
+    const dsii_hparams *hp = P->hp;
+    const v41_lw *w = &P->am->dl[st];
+    const dsib_ops *o = P->o;
+    dsib_stream *S = P->S;
+    const v41_lane *v = P->v;
+    const uint32_t D = hp->n_embd, H = hp->n_head, hd = hp->head_dim, Q = hp->q_lora_rank;
+    const uint32_t n = P->n;
+    int il_ = (int)(hp->n_layer + st);
+    dsib_state ring = ST(P, w->c_ring);
+    CK(o->matmul(S, &w->q_a, 0, SV(P, v->o_xn), D, SV(P, v->o_qr), Q, n), "matmul q_a", il_);
+    CK(o->rms_norm(S, SV(P, v->o_qr), Q, SV(P, v->o_qr), Q, n, Q, &w->q_a_norm, hp->rms_eps),
+       "rms_norm q", il_);
+    CK(o->matmul(S, &w->q_b, 0, SV(P, v->o_qr), Q, SV(P, v->o_q), H * hd, n), "matmul q_b", il_);
+    CK(o->rope_tail(S, SV(P, v->o_q), H * hd, n, H, hd, P->rows, 0, &w->rope, 0), "rope q", il_);
+    CK(o->matmul(S, &w->kv, 0, SV(P, v->o_xn), D, SV(P, v->o_kv), hd, n), "matmul kv", il_);
+    CK(o->rms_norm(S, SV(P, v->o_kv), hd, SV(P, v->o_kv), hd, n, hd, &w->kv_norm, hp->rms_eps),
+       "rms_norm kv", il_);
+    CK(o->rope_tail(S, SV(P, v->o_kv), hd, n, 1, hd, P->rows, 0, &w->rope, 0), "rope kv", il_);
+    CK(o->fake_quant(S, SV(P, v->o_kv), hd, n, 0, hd, 32, DSIB_FQ_E4M3_UE8M0, P->fq),
+       "fake_quant kv", il_);
+    CK(o->store_rows(S, SV(P, v->o_kv), hd, n, P->rows, &ring, hd, 1, DSIB_STORE_RING),
+       "ring kv", il_);
+    CK(o->attn_sink(S, SV(P, v->o_q), H * hd, H, hd, arows, n, hp->window + n, &ring,
+                    SV(P, v->o_kv + (uint64_t)(n - 1) * hd * 4), 0, 0, NULL, NOVIEW, 0, &w->sinks,
+                    1.0f / sqrtf((float)hd), SV(P, v->o_att), H * hd),
+       "attn_sink", il_);
+    CK(o->rope_tail(S, SV(P, v->o_att), H * hd, n, H, hd, P->rows, 0, &w->rope, 1), "rope out", il_);
+    CK(dsii_op_matmul_grouped(P->dev, S, &w->out_a, hp->o_groups, SV(P, v->o_att), H * hd,
+                              SV(P, v->o_low), hp->o_groups * hp->o_lora_rank, n),
+       "matmul out_a", il_);
+    CK(o->matmul(S, &w->out_b, 0, SV(P, v->o_low), hp->o_groups * hp->o_lora_rank,
+                 SV(P, v->o_aout), D, n),
+       "matmul out_b", il_);
+    return DSI_OK;
+}
+
 static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
                              const dsii_step_shape *sh, dsii_error *e) {
     const dsii_hparams *hp = am->hp;
@@ -573,6 +709,7 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
     dsib_stream *S = P.S;
     const uint32_t D = hp->n_embd, hc = hp->hc_mult, M = DSIB_HC_COEF(hc), n = sh->n;
     const dsii_engram_hparams *eh = &hp->engram;
+    const int taps = (lane->flags & DSII_LANE_TAPS) && am->n_stage > 0;
     dsi_status s;
 
     CK(o->get_rows(S, &am->tok_embd, dsii_lane_io(lane, lane->io_ids), SV(&P, v->o_e), D, n),
@@ -591,6 +728,14 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
             CK(o->engram_gate(S, SV(&P, v->o_X), n, hc, D, SV(&P, v->o_ekv), (hc + 1) * D,
                               &w->eng_q, &w->eng_k, hp->rms_eps),
                "engram_gate", il_);
+        }
+        if (taps) { /* §4.5: main_hidden_i = mean over the HC streams of layer i's input */
+            for (uint32_t k = 0; k < hp->dspark.n_target; k++)
+                if (hp->dspark.target_layer_ids[k] == il) {
+                    s = tap_mean(&P, SV(&P, v->o_taps + (uint64_t)k * D * 4),
+                                 hp->dspark.n_target * D, e);
+                    if (s != DSI_OK) return s;
+                }
         }
         /* attention sublayer: mixes from X, input from the previous sublayer's pre (§4.2) */
         CK(o->hc_mix(S, SV(&P, v->o_X), n, hc, D, &w->hc_attn_fn, &w->hc_attn_scale,
@@ -629,6 +774,10 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
                       n, hc, D),
            "hc_post ffn", il_);
     }
+    if (taps) {
+        s = dspark_seed(&P, e);
+        if (s != DSI_OK) return s;
+    }
     if (sh->n_out == 0) return DSI_OK;
     /* §4.1: collapse with the last layer's FFN pre mix (no HC head), norm, head (f32), for
      * the output rows in one pass, logits into the io block */
@@ -647,6 +796,110 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
     return DSI_OK;
 }
 
+/* §4.5 drafting: draft_ids = [next, noise × (B−1)] at positions p+1 .. p+B (p = the last
+ * evaluated position), X = embed repeated over the streams, pre_mix one-hot, the stages in
+ * order (lagged mHC, DSparkAttention, MoE), then y = Σ pre_mix[h] X[h] and
+ * logits = head(RMSNorm(y, norm)) for all B rows. The Markov bias and the confidence head
+ * are applied sequentially by lib/spec (they depend on the drafted ids). */
+static dsi_status v41_draft(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                            dsii_draft_io *io, dsii_error *e) {
+    const dsii_hparams *hp = am->hp;
+    const v41_lane *v = lane->priv;
+    const uint32_t B = hp->dspark.block_size, D = hp->n_embd, hc = hp->hc_mult;
+    const uint32_t M = DSIB_HC_COEF(hc);
+    if (!am->n_stage || !(lane->flags & DSII_LANE_TAPS) || lane->max_rows < 2 * B ||
+        lane->max_out < B || io->n_tokens == 0 || io->n_tokens + B > lane->n_ctx)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: draft: bad lane or position");
+    const uint32_t p = io->n_tokens - 1;
+    int32_t *R = (int32_t *)(void *)(lane->io_host + lane->io_rows);
+    int32_t *ids = (int32_t *)(void *)(lane->io_host + lane->io_ids);
+    for (uint32_t t = 0; t < B; t++) {
+        int32_t *r = R + (size_t)t * DSIB_ROW_WORDS, *a = R + (size_t)(B + t) * DSIB_ROW_WORDS;
+        r[DSIB_ROW_POS] = (int32_t)(p + 1 + t);
+        a[DSIB_ROW_POS] = (int32_t)(p + B);
+        r[DSIB_ROW_SLOT] = a[DSIB_ROW_SLOT] = (int32_t)io->slot;
+        r[DSIB_ROW_FIRST] = 0;
+        r[DSIB_ROW_COUNT] = (int32_t)B;
+        a[DSIB_ROW_FIRST] = (int32_t)t; /* each attention row its own one-row sequence */
+        a[DSIB_ROW_COUNT] = 1;
+        ids[t] = t == 0 ? io->next : hp->dspark.noise_token;
+    }
+    const dsib_backend *be = am->dev->be;
+    dsib_error be_err = {{0}};
+    dsii_kv_pool_lock(pool);
+    v41_step P = {am, hp, am->dev, be->ops, lane->stream, lane, v, pool,
+                  dsii_lane_io(lane, lane->io_rows), B, 0};
+    dsii_arch_params pp;
+    dsii_exec_pool_params(pool, &pp);
+    if (pp.flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) P.fq = DSIB_FQ_NO_ROUND;
+    const dsib_ops *o = P.o;
+    dsib_stream *S = P.S;
+    dsib_view arows = dsii_lane_io(lane, lane->io_rows + (uint64_t)B * DSIB_ROW_WORDS * 4);
+    dsi_status s = DSI_OK;
+#define DK(expr, what)                                                                      \
+    do {                                                                                    \
+        s = (expr);                                                                         \
+        if (s != DSI_OK) { s = be_fail(e, s, what, -1); goto out; }                         \
+    } while (0)
+    DK(o->get_rows(S, &am->tok_embd, dsii_lane_io(lane, lane->io_ids), SV(&P, v->o_e), D, B), "get_rows");
+    DK(o->hc_expand(S, SV(&P, v->o_e), D, SV(&P, v->o_X), B, hc, D), "hc_expand");
+    for (uint32_t st = 0; st < am->n_stage; st++) {
+        const v41_lw *w = &am->dl[st];
+        DK(o->hc_mix(S, SV(&P, v->o_X), B, hc, D, &w->hc_attn_fn, &w->hc_attn_scale,
+                     &w->hc_attn_base, hp->rms_eps, hp->hc_eps, hp->hc_sinkhorn_iters,
+                     DSIB_HC_BLOCK, SV(&P, v->o_ca), M), "hc_mix attn");
+        if (st == 0) /* pre_mix = one-hot stream 0 */
+            DK(dsii_op_copy_rows(P.dev, S, SV(&P, v->o_X), hc * D, SV(&P, v->o_x), D, B, D), "copy_rows");
+        else
+            DK(o->hc_collapse(S, SV(&P, v->o_X), SV(&P, v->o_cf), M, SV(&P, v->o_x), D, B, hc, D),
+               "hc_collapse attn");
+        DK(o->rms_norm(S, SV(&P, v->o_x), D, SV(&P, v->o_xn), D, B, D, &w->attn_norm, hp->rms_eps),
+           "attn_norm");
+        s = dspark_attention(&P, st, arows, e);
+        if (s != DSI_OK) goto out;
+        DK(o->hc_post(S, SV(&P, v->o_aout), D, SV(&P, v->o_X), SV(&P, v->o_ca), M, SV(&P, v->o_X),
+                      B, hc, D), "hc_post attn");
+        DK(o->hc_mix(S, SV(&P, v->o_X), B, hc, D, &w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base,
+                     hp->rms_eps, hp->hc_eps, hp->hc_sinkhorn_iters, DSIB_HC_BLOCK, SV(&P, v->o_cf), M),
+           "hc_mix ffn");
+        DK(o->hc_collapse(S, SV(&P, v->o_X), SV(&P, v->o_ca), M, SV(&P, v->o_x), D, B, hc, D),
+           "hc_collapse ffn");
+        DK(o->rms_norm(S, SV(&P, v->o_x), D, SV(&P, v->o_xn), D, B, D, &w->ffn_norm, hp->rms_eps),
+           "ffn_norm");
+        dsii_moe_scratch ms = {SV(&P, v->o_lg), SV(&P, v->o_sel), SV(&P, v->o_wts),
+                               SV(&P, v->o_mout), SV(&P, v->o_shg), SV(&P, v->o_shu),
+                               SV(&P, v->o_sh)};
+        s = dsii_moe_forward(P.dev, S, &w->moe, &ms, SV(&P, v->o_xn), D,
+                             dsii_lane_io(lane, lane->io_ids), B, D, SV(&P, v->o_aout), D, e);
+        if (s != DSI_OK) goto out;
+        DK(o->hc_post(S, SV(&P, v->o_aout), D, SV(&P, v->o_X), SV(&P, v->o_cf), M, SV(&P, v->o_X),
+                      B, hc, D), "hc_post ffn");
+    }
+    DK(o->hc_collapse(S, SV(&P, v->o_X), SV(&P, v->o_cf), M, SV(&P, v->o_x), D, B, hc, D), "head collapse");
+    DK(dsii_op_copy_rows(P.dev, S, SV(&P, v->o_x), D, dsii_lane_io(lane, lane->io_spec), D, B, D), "y rows");
+    DK(o->rms_norm(S, SV(&P, v->o_x), D, SV(&P, v->o_xn), D, B, D, &am->draft_norm, hp->rms_eps),
+       "draft norm");
+    DK(o->matmul(S, &am->output, 0, SV(&P, v->o_xn), D, dsii_lane_io(lane, lane->io_logits),
+                 hp->n_vocab, B), "matmul output");
+#undef DK
+out:
+    {
+        dsi_status ss = be->sync(lane->stream, &be_err);
+        if (s == DSI_OK && ss != DSI_OK)
+            s = dsii_fail(e, ss, "%s: draft step failed: %s", am->dev->name, be_err.msg);
+    }
+    dsii_kv_pool_unlock(pool);
+    if (s != DSI_OK) return s;
+    io->n_rows = B;
+    io->logits = (const float *)(const void *)(lane->io_host + lane->io_logits);
+    io->hidden = (const float *)(const void *)(lane->io_host + lane->io_spec);
+    return DSI_OK;
+}
+
+static uint32_t v41_draft_rows(const dsii_arch_model *am) {
+    return am->n_stage ? am->hp->dspark.block_size : 0;
+}
+
 const dsii_arch dsii_arch_dsv41 = {
     .name = "deepseek41",
     .model_create = v41_model_create,
@@ -656,4 +909,6 @@ const dsii_arch dsii_arch_dsv41 = {
     .lane_fini = v41_lane_fini,
     .prepare = v41_prepare,
     .record = v41_record,
+    .draft = v41_draft,
+    .draft_rows = v41_draft_rows,
 };

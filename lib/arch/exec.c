@@ -234,6 +234,7 @@ dsi_status dsii_lane_create(dsii_exec *ex, uint32_t max_rows, uint32_t max_out, 
     IO_TAKE(io_ids, (uint64_t)max_rows * 4);
     IO_TAKE(io_out, (uint64_t)max_out * 4);
     IO_TAKE(io_extra, l->io_extra_bytes);
+    IO_TAKE(io_spec, l->io_spec_bytes);
     IO_TAKE(io_logits, (uint64_t)max_out * (uint64_t)ex->n_vocab * 4);
 #undef IO_TAKE
     l->io_bytes = o;

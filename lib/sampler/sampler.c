@@ -164,8 +164,10 @@ static void cand_sort(struct dsii_cand *c, size_t n) {
     }
 }
 
-dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vocab,
-                               dsi_token *token, dsii_error *err) {
+/* dist_only: computes s->probs (the distribution a draw would use) without drawing and
+ * without touching the history or the RNG. */
+static dsi_status sample_impl(dsi_sampler *s, const float *logits, int32_t n_vocab,
+                              dsi_token *token, int dist_only, dsii_error *err) {
     const dsi_sampler_options *o = &s->opt;
     for (size_t i = 0; i < o->n_logit_bias; i++)
         if (o->logit_bias[i].token >= n_vocab)
@@ -229,7 +231,7 @@ dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vo
         s->probs[best] = 1.0f;
         s->has_probs = 1;
         *token = best;
-        dsii_sampler_accept(s, best);
+        if (!dist_only) dsii_sampler_accept(s, best);
         return DSI_OK;
     }
     /* 5. candidates with a finite logit, temperature-scaled, in sampling order */
@@ -242,7 +244,7 @@ dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vo
         s->probs[0] = 1.0f;
         s->has_probs = 1;
         *token = 0;
-        dsii_sampler_accept(s, 0);
+        if (!dist_only) dsii_sampler_accept(s, 0);
         return DSI_OK;
     }
     cand_sort(c, n);
@@ -274,6 +276,12 @@ dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vo
     }
     sum = 0;
     for (size_t i = 0; i < n; i++) sum += c[i].v;
+    if (dist_only) {
+        for (size_t i = 0; i < n; i++) s->probs[c[i].id] = (float)(c[i].v / sum);
+        s->has_probs = 1;
+        *token = c[0].id;
+        return DSI_OK;
+    }
     /* 10. draw */
     double u = dsii_rng_uniform(s->rng) * sum, cum = 0;
     size_t pick = n - 1;
@@ -286,4 +294,48 @@ dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vo
     *token = c[pick].id;
     dsii_sampler_accept(s, *token);
     return DSI_OK;
+}
+
+dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vocab,
+                               dsi_token *token, dsii_error *err) {
+    return sample_impl(s, logits, n_vocab, token, 0, err);
+}
+
+dsi_status dsii_sampler_dist(dsi_sampler *s, const float *logits, int32_t n_vocab,
+                             const float **probs, dsii_error *err) {
+    dsi_token t;
+    dsi_status st = sample_impl(s, logits, n_vocab, &t, 1, err);
+    if (st != DSI_OK) return st;
+    *probs = s->probs;
+    return DSI_OK;
+}
+
+int dsii_sampler_is_greedy(const dsi_sampler *s) { return s->opt.temperature == 0.0f; }
+
+int dsii_sampler_accept_draft(dsi_sampler *s, const float *p, dsi_token d) {
+    if (s->opt.temperature == 0.0f) return p[d] == 1.0f; /* one-hot: no RNG */
+    return dsii_rng_uniform(s->rng) < (double)p[d];
+}
+
+dsi_token dsii_sampler_draw_residual(dsi_sampler *s, const float *p, int32_t n_vocab, dsi_token d) {
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (i != d) sum += (double)p[i];
+    dsi_token pick = -1;
+    if (s->opt.temperature == 0.0f || !(sum > 0)) {
+        /* one-hot (or degenerate): the most likely other token, lowest id first */
+        for (int32_t i = 0; i < n_vocab; i++)
+            if (i != d && (pick < 0 || p[i] > p[pick])) pick = i;
+    } else {
+        double u = dsii_rng_uniform(s->rng) * sum, cum = 0;
+        for (int32_t i = 0; i < n_vocab; i++) {
+            if (i == d || p[i] <= 0.0f) continue;
+            cum += (double)p[i];
+            pick = i;
+            if (u < cum) break;
+        }
+    }
+    if (pick < 0) pick = d == 0 ? 1 : 0;
+    dsii_sampler_accept(s, pick);
+    return pick;
 }

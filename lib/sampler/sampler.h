@@ -45,4 +45,16 @@ dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vo
                                dsi_token *token, dsii_error *err);
 void dsii_sampler_accept(dsi_sampler *s, dsi_token token);
 
+/* Speculative sampling (lib/spec, generate.c). dsii_sampler_dist: the distribution
+ * dsii_sampler_sample would draw from for these logits with the current history (s->probs,
+ * n_vocab floats), without drawing or accepting. accept_draft: accepts a draft `d` proposed
+ * with probability 1 (greedy drafter) with probability p[d] (greedy sampler: iff p[d] == 1,
+ * no RNG); the caller then calls dsii_sampler_accept. draw_residual: draws from p without
+ * `d` renormalised (the residual max(0, p − onehot(d))) and accepts the token. */
+dsi_status dsii_sampler_dist(dsi_sampler *s, const float *logits, int32_t n_vocab,
+                             const float **probs, dsii_error *err);
+int dsii_sampler_is_greedy(const dsi_sampler *s);
+int dsii_sampler_accept_draft(dsi_sampler *s, const float *p, dsi_token d);
+dsi_token dsii_sampler_draw_residual(dsi_sampler *s, const float *p, int32_t n_vocab, dsi_token d);
+
 #endif

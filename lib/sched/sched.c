@@ -216,7 +216,7 @@ dsi_status dsii_sched_eval(dsii_seq *q, uint32_t pos, uint32_t n, int32_t which,
         pthread_mutex_unlock(&s->mu);
     }
     uint32_t outs = which == DSII_LOGITS_ALL ? n : which == DSII_LOGITS_LAST ? 1u : 0u;
-    if (!coalesce || n > DSII_SCHED_ROWS || outs > DSII_SCHED_SEQS) {
+    if (!coalesce || q->own_steps || n > DSII_SCHED_ROWS || outs > DSII_SCHED_SEQS) {
         if (cancelled(q)) return dsii_fail(e, DSI_ERR_CANCELLED, "cancelled");
         dsii_seq_step st = {q->tokens, q->slot, pos, n, which, dst};
         return dsii_exec_step(q->lane, q->pool, &st, 1, e);

@@ -33,6 +33,7 @@ typedef struct dsii_seq {
     dsii_lane *lane;             /* its own steps */
     const dsi_token *tokens;     /* its timeline */
     atomic_int *cancel;          /* nonzero: stop before the next step */
+    int32_t own_steps;           /* 1: never coalesced (its lane feeds draft rings, lib/spec) */
 } dsii_seq;
 
 typedef struct dsii_sched dsii_sched;

@@ -48,6 +48,8 @@ int main(void) {
     S(dsi_session_options);
     F(dsi_session_options, struct_size); F(dsi_session_options, n_ctx);
     F(dsi_session_options, n_batch); F(dsi_session_options, flags);
+    F(dsi_session_options, spec); F(dsi_session_options, draft_max);
+    F(dsi_session_options, draft_confidence); F(dsi_session_options, spec_reserved);
     S(dsi_logit_bias);
     F(dsi_logit_bias, token); F(dsi_logit_bias, bias);
     S(dsi_sampler_options);
@@ -68,7 +70,8 @@ int main(void) {
     F(dsi_generate_result, struct_size); F(dsi_generate_result, finish_reason);
     F(dsi_generate_result, n_prompt); F(dsi_generate_result, n_reused);
     F(dsi_generate_result, n_generated); F(dsi_generate_result, prefill_ms);
-    F(dsi_generate_result, decode_ms);
+    F(dsi_generate_result, decode_ms); F(dsi_generate_result, n_spec_steps);
+    F(dsi_generate_result, n_drafted); F(dsi_generate_result, n_accepted);
     /* appended fields (ABI 2) */
     F(dsi_context_options, devices);
     return 0;
