@@ -7,6 +7,13 @@
  *   dsinfer-bench -m FILE [-p 512] [-n 128] [-r 5] [-t THREADS] [--backend NAME] [--json]
  *   dsinfer-bench -m FILE --sessions 1,2,4,8 [-n 32] [-r 3] [-t THREADS]
  *   dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--json]
+ *   dsinfer-bench -m FILE --spec [-n 128] [-r 3] [--prompt TEXT] [--draft-max N]
+ *
+ * --spec: speculative decoding (lib/spec) against plain decoding in the same run: greedy
+ * dsi_session_generate of -n tokens from a text prompt (several prompts, r repetitions),
+ * speculation off and on alternately; reported: tokens/s of both, mean accepted drafts per
+ * verify step and tokens per step (measured), the output identity, and where the time goes
+ * — one-token step, verify step of 1 + k rows, draft call — each timed alone.
  *
  * Model runs use the public session API (dsi_session_sync for pp, dsi_session_append one
  * token at a time for tg); the byte and FLOP counts come from the model's bound tensors
@@ -27,6 +34,7 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
 #include "bench_hw.h"
+#include "api/session_impl.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -51,6 +59,9 @@ typedef struct opts {
     int no_limits;
     const char *sessions;
     int n_given;
+    int spec;
+    const char *prompt;
+    int draft_max;
 } opts;
 
 static void usage(FILE *f) {
@@ -71,7 +82,10 @@ static void usage(FILE *f) {
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n"
             "  --sessions L batch sizes of the serving frontier, e.g. 1,2,4,8 (-n decode steps,\n"
-            "               default 32 here; prompts of 16 tokens)\n");
+            "               default 32 here; prompts of 16 tokens)\n"
+            "  --spec       speculative vs plain greedy decoding (models with draft blocks)\n"
+            "  --prompt T   --spec: the first prompt (four built-in ones follow)\n"
+            "  --draft-max N --spec: drafts per step (default: the block's)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -104,6 +118,9 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
         else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
         else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--spec")) o->spec = 1;
+        else if (!strcmp(a, "--prompt")) { NEEDV; o->prompt = v; }
+        else if (!strcmp(a, "--draft-max")) { NEEDV; o->draft_max = atoi(v); }
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
@@ -534,6 +551,124 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
     return fail;
 }
 
+/* ---- --spec: speculative decoding vs plain, same run ------------------------------------- */
+
+static dsi_session *spec_session(dsi_model *model, uint32_t n_ctx, uint32_t spec, int draft_max) {
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = n_ctx;
+    so.spec = spec;
+    if (spec) so.draft_max = draft_max > 0 ? (uint32_t)draft_max : 0;
+    dsi_session *s = NULL;
+    if (dsi_session_create(model, &so, &s) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: session: %s\n", dsi_last_error());
+        return NULL;
+    }
+    return s;
+}
+
+static int run_spec(const opts *o, dsi_model *model, int32_t nv) {
+    const char *texts[5] = {o->prompt ? o->prompt : "In the beginning God created the heaven and the earth.",
+                            "And the LORD spake unto Moses, saying,",
+                            "Blessed are the poor in spirit: for theirs is the kingdom of heaven.",
+                            "The LORD is my shepherd; I shall not want.",
+                            "And it came to pass in those days, that"};
+    const int n_prompts = 5, n = o->n_given ? o->n : 128;
+    uint32_t n_ctx = 128 + (uint32_t)n + 64;
+    dsi_sampler_options sopt;
+    dsi_sampler_options_init(&sopt);
+    sopt.temperature = 0.0f;
+    double ms[2] = {0, 0};
+    uint64_t gen[2] = {0, 0}, steps = 0, drafted = 0, accepted = 0;
+    int identical = 1, fail = 0;
+    static dsi_token out[2][4096];
+    size_t nout[2] = {0, 0};
+    for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
+        for (int pi = 0; pi < n_prompts && !fail; pi++) {
+            dsi_token prompt[256];
+            size_t np = 0;
+            if (dsi_tokenize(model, texts[pi], strlen(texts[pi]), 0, prompt, 256, &np) != DSI_OK || np == 0) {
+                for (np = 0; np < 16; np++) prompt[np] = (dsi_token)((np * 7919u + (size_t)pi) % (size_t)nv);
+            }
+            for (int mode = 0; mode < 2 && !fail; mode++) {
+                dsi_session *s = spec_session(model, n_ctx, mode ? DSI_SPEC_ON : DSI_SPEC_OFF, o->draft_max);
+                if (!s) return 1;
+                dsi_sampler *smp = NULL;
+                dsi_sampler_create(&sopt, &smp);
+                dsi_generate_options go;
+                dsi_generate_options_init(&go);
+                go.prompt = prompt;
+                go.n_prompt = np;
+                go.max_tokens = n;
+                dsi_generate_result r;
+                dsi_generate_result_init(&r);
+                if (dsi_session_generate(s, smp, &go, &r) != DSI_OK) {
+                    fprintf(stderr, "dsinfer-bench: generate: %s\n", dsi_session_last_error(s));
+                    fail = 1;
+                }
+                dsi_session_tokens(s, out[mode], 4096, &nout[mode]);
+                if (rep > 0) { /* the first round warms up */
+                    ms[mode] += r.decode_ms;
+                    gen[mode] += r.n_generated;
+                    if (mode) {
+                        steps += r.n_spec_steps;
+                        drafted += r.n_drafted;
+                        accepted += r.n_accepted;
+                    }
+                }
+                dsi_sampler_free(smp);
+                dsi_session_free(s);
+            }
+            if (nout[0] != nout[1] || memcmp(out[0], out[1], nout[0] * sizeof(dsi_token)) != 0) identical = 0;
+        }
+    }
+    if (fail) return 1;
+    /* where the time goes: one-token step, verify step (1 + k rows), draft call, alone */
+    dsi_session *s = spec_session(model, n_ctx, DSI_SPEC_ON, o->draft_max);
+    if (!s) return 1;
+    dsi_token base[64];
+    for (int i = 0; i < 64; i++) base[i] = (dsi_token)((i * 7919) % nv);
+    dsi_session_sync(s, base, 48, NULL);
+    uint32_t k = (uint32_t)(o->draft_max > 0 ? o->draft_max : (int)s->draft_max);
+    const int R = 20;
+    double t_one = 0, t_ver = 0, t_draft = 0;
+    float *buf = malloc(sizeof(float) * (size_t)nv * (k + 1));
+    dsi_token ids[16];
+    size_t nd = 0;
+    for (int i = 0; i < R && buf; i++) {
+        double t0 = bench_now();
+        dsi_session_append(s, base + 48, 1);
+        t_one += bench_now() - t0;
+        dsii_session_rewind(s, 48);
+        t0 = bench_now();
+        dsii_session_append_all_logits(s, base + 48, k + 1, buf);
+        t_ver += bench_now() - t0;
+        dsii_session_rewind(s, 48);
+        t0 = bench_now();
+        dsi_session_draft(s, base[48], ids, NULL, 16, &nd);
+        t_draft += bench_now() - t0;
+    }
+    free(buf);
+    dsi_session_free(s);
+    double ts_off = gen[0] / (ms[0] / 1e3), ts_on = gen[1] / (ms[1] / 1e3);
+    double acc = steps ? (double)accepted / (double)steps : 0;
+    double tps = steps ? (double)gen[1] / (double)steps : 0;
+    printf("| mode | tokens | t/s | accepted / step | tokens / step |\n| ---- | ---: | --: | --: | --: |\n");
+    printf("| plain | %llu | %.2f | - | 1 |\n", (unsigned long long)gen[0], ts_off);
+    printf("| spec (draft max %u) | %llu | %.2f | %.3f (%llu of %llu drafted) | %.3f |\n", k,
+           (unsigned long long)gen[1], ts_on, acc, (unsigned long long)accepted,
+           (unsigned long long)drafted, tps);
+    printf("\nspeed-up %.3fx; output identical to plain decoding: %s (%d prompts x %d tokens x %d reps)\n",
+           ts_on / ts_off, identical ? "yes" : "NO", n_prompts, n, o->r);
+    printf("step times (each alone, mean of %d): one-token step %.2f ms, verify step of %u rows %.2f ms "
+           "(%.2fx), draft call %.2f ms\n", R, 1e3 * t_one / R, k + 1, 1e3 * t_ver / R,
+           t_ver / t_one, 1e3 * t_draft / R);
+    printf("bound from these: a spec step costs draft + verify = %.2f ms for %.3f tokens -> %.1f t/s "
+           "(plain %.1f t/s at %.2f ms / token)\n", 1e3 * (t_draft + t_ver) / R, tps,
+           tps / ((t_draft + t_ver) / R), R / t_one, 1e3 * t_one / R);
+    return identical ? 0 : 1;
+}
+
 static int run_model(const opts *o) {
     dsib_threadpool *pool = NULL;
     char msg[256];
@@ -568,6 +703,12 @@ static int run_model(const opts *o) {
     dsi_model_get_info(model, &info);
     double tok_bytes = 0, tok_flops = 0, cat_bytes[C_COUNT];
     per_token_cost(model, &tok_bytes, &tok_flops, cat_bytes);
+    if (o->spec) {
+        int rc = run_spec(o, model, info.n_vocab);
+        dsi_model_free(model);
+        dsi_context_free(ctx);
+        return rc;
+    }
     if (o->sessions) {
         int rc = run_sessions(o, ctx, model, &l, tok_bytes, cat_bytes, info.n_vocab);
         dsi_model_free(model);
