@@ -7,14 +7,15 @@
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. mutation checks: deliberate defects the suite must catch (tests/mutation/run.py)
 #   7. bounded libFuzzer run of the GGUF reader (clang)
+#   8. ThreadSanitizer build of the concurrency tests (label concurrency)
 # Ends with a summary line "N passed, N failed, N skipped [who: why; ...]"; exits non-zero on
 # any failure. A skip means only "absent here" (tests/common/skip.h): every program logs its
 # skips (whole program, or one test inside it) to $DSI_SKIP_LOG, and since setup-deps.sh
 # installed the Debian packages, their absence is a failure here (DSI_REQUIRE_*). Stages
 # disabled by the environment count as skipped.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
-#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_MUTATION=1
-#              to shorten local runs (reported as skipped);
+#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_MUTATION=1 /
+#              DSI_SKIP_TSAN=1 to shorten local runs (reported as skipped);
 #              DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup could not install.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -214,6 +215,24 @@ elif [ "${DSI_SKIP_FUZZ:-0}" = 1 ]; then
   skip_stage fuzz "disabled by DSI_SKIP_FUZZ=1"
 else
   record fuzz-missing 1 # tests/fuzz/run.sh is part of the tree
+fi
+
+if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
+  stage "ThreadSanitizer build (concurrency tests)"
+  rm -rf "$out/tsan"
+  if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
+       -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
+     cmake --build "$out/tsan" -j"$jobs" >"$out/tsan-build.log" 2>&1; then
+    record tsan-build 0
+    sl=$(skiplog tsan)
+    (cd "$out/tsan" && DSI_SKIP_LOG=$sl ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
+    count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}" "$sl"
+  else
+    tail -60 "$out/tsan-build.log" 2>/dev/null
+    record tsan-build 1
+  fi
+else
+  skip_stage tsan "disabled by DSI_SKIP_TSAN=1"
 fi
 
 t1=$(date +%s)

@@ -2,7 +2,8 @@
 #define _GNU_SOURCE
 #include "fq_trace.h"
 
-#include "api/backend_loader.h"
+#include "backend/device.h"
+#include "backend/registry.h"
 #include "backends/backend.h"
 #include "base/context_impl.h"
 
@@ -48,136 +49,197 @@ static fqt_call *new_call(fqt_trace *t, uint32_t n) {
 
 /* ---- the wrapped op table ------------------------------------------------------------------- */
 
+/* Backend interface v2 (backends/backend.h): ops are recorded on streams; work is complete
+ * after `sync`. The wrapped table maps each stream created through it to its slot, records
+ * fake_quant calls (host-addressable buffers at once, device buffers through a copy
+ * downloaded at the stream's next sync) and disables capture / replay on the wrapped device
+ * (a replayed graph would not call the wrapper). */
+
 typedef struct pending {
     dsib_buffer *buf;
     float *dst;
     uint64_t bytes;
 } pending;
 
-typedef struct wrap_slot {
-    dsi_context *ctx;
-    dsib_instance *inst;
-    const dsib_backend *orig;
-    dsib_backend be;
-    dsib_ops ops;
+typedef struct wrap_slot wrap_slot;
+
+typedef struct stream_ent {
+    dsib_stream *s;
+    wrap_slot *slot;
     pending *pend;
     size_t n_pend, cap_pend;
+} stream_ent;
+
+struct wrap_slot {
+    dsi_context *ctx;
+    dsii_device *dev;
+    const dsib_backend *orig;
+    int32_t orig_can_capture;
+    dsib_backend be;
+    dsib_ops ops;
     int failed;
-} wrap_slot;
+};
 
 static wrap_slot g_slot[2];
+static stream_ent g_streams[64];
 static fqt_trace *g_rec;
 static int64_t g_pos = -1;
 static uint32_t g_ordinal;
 static fqt_force *g_forces;
 static size_t g_n_forces;
 
-static wrap_slot *slot_of(dsib_instance *inst) {
-    for (int i = 0; i < 2; i++)
-        if (g_slot[i].ctx && g_slot[i].inst == inst) return &g_slot[i];
+static stream_ent *stream_of(dsib_stream *st) {
+    for (size_t i = 0; i < sizeof g_streams / sizeof g_streams[0]; i++)
+        if (g_streams[i].s && g_streams[i].s == st) return &g_streams[i];
     return NULL;
 }
 
+static void drop_pending(stream_ent *se) {
+    for (size_t i = 0; i < se->n_pend; i++)
+        se->slot->orig->buffer_free(se->slot->dev->inst, se->pend[i].buf);
+    se->n_pend = 0;
+}
+
 /* Copies rows × ncols floats at x (+col0, stride ldx) into dst: at once on a host-addressable
- * backend, else through a device copy downloaded at the next submit. */
-static int capture(wrap_slot *s, dsib_view x, uint32_t ldx, uint32_t rows, uint32_t col0,
+ * backend, else through a device copy downloaded at the stream's next sync. */
+static int capture(stream_ent *se, dsib_view x, uint32_t ldx, uint32_t rows, uint32_t col0,
                    uint32_t ncols, float *dst) {
+    wrap_slot *s = se->slot;
     const dsib_backend *b = s->orig;
-    uint8_t *host = b->buffer_host_ptr ? b->buffer_host_ptr(s->inst, x.buf) : NULL;
+    dsib_instance *inst = s->dev->inst;
+    uint8_t *host = b->buffer_host_ptr ? b->buffer_host_ptr(inst, x.buf) : NULL;
     if (host) {
         const float *p = (const float *)(const void *)(host + x.offset) + col0;
         for (uint32_t r = 0; r < rows; r++)
             memcpy(dst + (size_t)r * ncols, p + (size_t)r * ldx, (size_t)ncols * sizeof(float));
         return 0;
     }
-    if (s->n_pend == s->cap_pend) {
-        size_t cap = s->cap_pend ? 2 * s->cap_pend : 64;
-        pending *p = realloc(s->pend, cap * sizeof *p);
+    if (se->n_pend == se->cap_pend) {
+        size_t cap = se->cap_pend ? 2 * se->cap_pend : 64;
+        pending *p = realloc(se->pend, cap * sizeof *p);
         if (!p) return -1;
-        s->pend = p;
-        s->cap_pend = cap;
+        se->pend = p;
+        se->cap_pend = cap;
     }
-    pending *p = &s->pend[s->n_pend];
+    pending *p = &se->pend[se->n_pend];
     p->bytes = (uint64_t)rows * ncols * sizeof(float);
     p->dst = dst;
     dsib_error e;
     memset(&e, 0, sizeof e);
-    if (b->buffer_alloc(s->inst, p->bytes, DSIB_BUFFER_SCRATCH, &p->buf, &e) != DSI_OK) {
+    if (b->buffer_alloc(inst, p->bytes, DSIB_BUFFER_SCRATCH, &p->buf, &e) != DSI_OK) {
         printf("fq_trace: capture buffer: %s\n", e.msg);
         return -1;
     }
     dsib_view src = {x.buf, x.offset + (uint64_t)col0 * sizeof(float)}, dv = {p->buf, 0};
-    if (b->ops->copy_rows(s->inst, src, ldx, dv, ncols, rows, ncols) != DSI_OK) {
-        b->buffer_free(s->inst, p->buf);
+    if (b->ops->copy_rows(se->s, src, ldx, dv, ncols, rows, ncols) != DSI_OK) {
+        b->buffer_free(inst, p->buf);
         return -1;
     }
-    s->n_pend++;
+    se->n_pend++;
     return 0;
 }
 
-static dsi_status w_fake_quant(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status w_fake_quant(dsib_stream *st, dsib_view x, uint32_t ldx, uint32_t rows,
                                uint32_t col0, uint32_t ncols, uint32_t block, int32_t recipe,
                                uint32_t flags) {
-    wrap_slot *s = slot_of(inst);
+    stream_ent *se = stream_of(st);
+    if (!se) return DSI_ERR_INTERNAL; /* a stream not created through the wrapped table */
+    wrap_slot *s = se->slot;
     const dsib_ops *o = s->orig->ops;
     if (!g_rec || rows == 0 || ncols == 0)
-        return o->fake_quant(inst, x, ldx, rows, col0, ncols, block, recipe, flags);
+        return o->fake_quant(st, x, ldx, rows, col0, ncols, block, recipe, flags);
     fqt_call *c = new_call(g_rec, rows * ncols);
     if (!c) {
         s->failed = 1;
-        return o->fake_quant(inst, x, ldx, rows, col0, ncols, block, recipe, flags);
+        return o->fake_quant(st, x, ldx, rows, col0, ncols, block, recipe, flags);
     }
     c->pos = g_pos;
     c->recipe = recipe;
     c->block = block;
     c->ncols = ncols;
     c->ordinal = g_ordinal++;
-    if (capture(s, x, ldx, rows, col0, ncols, c->x) != 0) s->failed = 1;
-    dsi_status st = o->fake_quant(inst, x, ldx, rows, col0, ncols, block, recipe, flags);
+    if (capture(se, x, ldx, rows, col0, ncols, c->x) != 0) s->failed = 1;
+    dsi_status r = o->fake_quant(st, x, ldx, rows, col0, ncols, block, recipe, flags);
     if (g_n_forces) {
-        uint8_t *host = s->orig->buffer_host_ptr ? s->orig->buffer_host_ptr(inst, x.buf) : NULL;
+        uint8_t *host = s->orig->buffer_host_ptr ? s->orig->buffer_host_ptr(s->dev->inst, x.buf)
+                                                 : NULL;
         for (size_t i = 0; i < g_n_forces; i++) {
             if (g_forces[i].ordinal != c->ordinal) continue;
             if (!host || g_forces[i].elem >= c->n) {
                 s->failed = 1;
                 continue;
             }
-            uint32_t r = g_forces[i].elem / ncols, k = g_forces[i].elem % ncols;
-            float *p = (float *)(void *)(host + x.offset) + (size_t)r * ldx + col0 + k;
+            uint32_t rr = g_forces[i].elem / ncols, k = g_forces[i].elem % ncols;
+            float *p = (float *)(void *)(host + x.offset) + (size_t)rr * ldx + col0 + k;
             *p = g_forces[i].value;
         }
     }
-    if (capture(s, x, ldx, rows, col0, ncols, c->out) != 0) s->failed = 1;
+    if (capture(se, x, ldx, rows, col0, ncols, c->out) != 0) s->failed = 1;
+    return r;
+}
+
+static dsi_status w_stream_create(dsib_instance *inst, const dsib_stream_desc *desc,
+                                  dsib_stream **out, dsib_error *err) {
+    wrap_slot *s = NULL;
+    for (int i = 0; i < 2 && !s; i++)
+        if (g_slot[i].ctx && g_slot[i].dev->inst == inst) s = &g_slot[i];
+    if (!s) return DSI_ERR_INTERNAL;
+    stream_ent *se = NULL; /* a free entry */
+    for (size_t i = 0; i < sizeof g_streams / sizeof g_streams[0] && !se; i++)
+        if (!g_streams[i].s) se = &g_streams[i];
+    if (!se) {
+        snprintf(err->msg, sizeof err->msg, "fq_trace: more than %zu streams",
+                 sizeof g_streams / sizeof g_streams[0]);
+        return DSI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    dsi_status st = s->orig->stream_create(inst, desc, out, err);
+    if (st == DSI_OK) {
+        memset(se, 0, sizeof *se);
+        se->s = *out;
+        se->slot = s;
+    }
     return st;
 }
 
-static dsi_status w_submit(dsib_instance *inst, dsib_error *err) {
-    wrap_slot *s = slot_of(inst);
-    dsi_status st = s->orig->submit(inst, err);
-    for (size_t i = 0; i < s->n_pend; i++) {
-        pending *p = &s->pend[i];
+static void w_stream_destroy(dsib_stream *st) {
+    stream_ent *se = st ? stream_of(st) : NULL;
+    if (!se) return;
+    const dsib_backend *b = se->slot->orig;
+    b->stream_destroy(st); /* waits for the stream's work */
+    drop_pending(se);
+    free(se->pend);
+    memset(se, 0, sizeof *se);
+}
+
+static dsi_status w_sync(dsib_stream *st, dsib_error *err) {
+    stream_ent *se = stream_of(st);
+    if (!se) return DSI_ERR_INTERNAL;
+    wrap_slot *s = se->slot;
+    dsi_status r = s->orig->sync(st, err);
+    for (size_t i = 0; i < se->n_pend; i++) {
+        pending *p = &se->pend[i];
         dsib_error e;
         memset(&e, 0, sizeof e);
-        if (st == DSI_OK && s->orig->download(inst, p->buf, 0, p->dst, p->bytes, &e) != DSI_OK) {
+        if (r == DSI_OK && s->orig->download(s->dev->inst, p->buf, 0, p->dst, p->bytes, &e) != DSI_OK) {
             printf("fq_trace: download: %s\n", e.msg);
             s->failed = 1;
         }
-        s->orig->buffer_free(inst, p->buf);
     }
-    s->n_pend = 0;
-    return st;
+    drop_pending(se);
+    return r;
 }
 
 int fqt_wrap_context(dsi_context *ctx) {
     wrap_slot *s = NULL;
     for (int i = 0; i < 2 && !s; i++)
         if (!g_slot[i].ctx) s = &g_slot[i];
-    if (!s || !ctx || !ctx->backend || !ctx->backend->backend || !ctx->backend->backend->ops)
-        return -1;
+    dsii_device *d = ctx ? dsii_context_compute(ctx) : NULL;
+    if (!s || !d || !d->be || !d->be->ops) return -1;
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
-    s->inst = ctx->backend->inst;
-    s->orig = ctx->backend->backend;
+    s->dev = d;
+    s->orig = d->be;
+    s->orig_can_capture = d->can_capture;
     s->be = *s->orig;
     size_t osz = s->orig->ops->struct_size < sizeof s->ops ? s->orig->ops->struct_size : sizeof s->ops;
     memcpy(&s->ops, s->orig->ops, osz);
@@ -187,17 +249,27 @@ int fqt_wrap_context(dsi_context *ctx) {
     }
     s->ops.fake_quant = w_fake_quant;
     s->be.ops = &s->ops;
-    s->be.submit = w_submit;
-    ctx->backend->backend = &s->be;
+    s->be.stream_create = w_stream_create;
+    s->be.stream_destroy = w_stream_destroy;
+    s->be.sync = w_sync;
+    d->be = &s->be;
+    d->can_capture = 0;
     return 0;
 }
 
 void fqt_unwrap_context(dsi_context *ctx) {
     for (int i = 0; i < 2; i++) {
         wrap_slot *s = &g_slot[i];
-        if (s->ctx != ctx) continue;
-        ctx->backend->backend = s->orig;
-        free(s->pend);
+        if (!ctx || s->ctx != ctx) continue;
+        for (size_t k = 0; k < sizeof g_streams / sizeof g_streams[0]; k++) {
+            if (g_streams[k].slot != s) continue;
+            /* streams still open (sessions outliving the wrap): keep them usable */
+            drop_pending(&g_streams[k]);
+            free(g_streams[k].pend);
+            memset(&g_streams[k], 0, sizeof g_streams[k]);
+        }
+        s->dev->be = s->orig;
+        s->dev->can_capture = s->orig_can_capture;
         memset(s, 0, sizeof *s);
     }
 }

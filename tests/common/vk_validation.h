@@ -9,7 +9,7 @@
 #ifndef DSI_TEST_VK_VALIDATION_H
 #define DSI_TEST_VK_VALIDATION_H
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 
 #include <dlfcn.h>
 #include <stdint.h>
