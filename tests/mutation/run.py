@@ -12,10 +12,11 @@ A mutant is killed when every listed test fails (exit status neither 0 nor 77: a
 a kill). The run fails if any mutant survives, does not compile, or if its anchor is not
 found exactly once in its file — after a refactor, update the mutant's anchor instead of
 losing the check. Before the mutants, each listed test runs once on the unmutated copy and
-must pass (else a "kill" would mean nothing).
+must pass (else a "kill" would mean nothing) — unless --baselines-from names a ctest log of
+the same tree (scripts/test-all.sh: its CMake stage) in which that test passed.
 
 Usage: /usr/bin/python3 tests/mutation/run.py --out DIR [--jobs N] [--only NAME ...]
-       [--keep-going]
+       [--baselines-from CTEST_LOG]
 Mutant file format (see the files; '#' lines are comments):
     what: one line for the report
     file: path relative to the repository root          (absent for injected failures)
@@ -219,6 +220,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--only", nargs="*", help="mutant names (file names without .mut)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    ap.add_argument("--baselines-from", metavar="CTEST_LOG",
+                    help="ctest output of an unmutated build of the same tree: tests it shows "
+                         "passed (the whole program) need no baseline run here")
     args = ap.parse_args()
     t_start = time.time()
     out = os.path.abspath(args.out)
@@ -262,6 +266,23 @@ def main():
 
     # baselines: every (test, filter) passes on the unmutated copy
     seen = set()
+    if args.baselines_from:
+        import re
+        passed = set()
+        try:
+            for ln in open(args.baselines_from, encoding="utf-8", errors="replace"):
+                mt = re.search(r"Test +#[0-9]+: (\S+) \.+ +Passed", ln)
+                if mt:
+                    passed.add(mt.group(1))
+        except OSError as ex:
+            print("mutation: ERROR: --baselines-from: %s" % ex)
+            return 1
+        for m in mutants:
+            for name, filt in m["tests"]:
+                if name in passed and (name, filt) not in seen:
+                    seen.add((name, filt))
+                    print("  baseline %-28s %-30s passed in %s" % (name, filt or "",
+                                                                   args.baselines_from))
     for m in mutants:
         for name, filt in m["tests"]:
             if (name, filt) in seen:
