@@ -262,6 +262,11 @@ static int cmp_ptr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static int cmp_ptr_r(const void *a, const void *b, void *user) {
+    (void)user;
+    return cmp_ptr(a, b);
+}
+
 static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
     dsi_model *m = b->m;
     dsii_model_tensors *w = &m->w;
@@ -361,7 +366,7 @@ static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
     if (m->n_ignored)
         dsii_log(m->ctx, DSI_LOG_INFO, "ignoring %u vision tensors (%" PRIu64 " bytes): libdsinfer is text-only",
                  m->n_ignored, vis_bytes);
-    qsort(b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr);
+    dsii_sort(b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr_r, NULL); /* no malloc */
     for (int64_t i = 0; i < nt; i++) {
         const dsii_gguf_tensor *gt = dsii_gguf_tensor_at(b->g, i);
         const char *key = gt->name;
