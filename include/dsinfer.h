@@ -280,7 +280,7 @@ DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader
                                               const dsi_model_options *opt, dsi_model **out);
 
 /* [per-handle] Frees a model. NULL accepted. Returns DSI_ERR_BUSY (and frees nothing) while
- * sessions created from it are alive. */
+ * sessions or detokenizers created from it are alive (docs/api.md "Lifetimes"). */
 DSI_API dsi_status dsi_model_free(dsi_model *model);
 
 /* [thread-safe] Last error recorded on this model; "". */
@@ -401,7 +401,8 @@ DSI_API dsi_status dsi_model_special_token(const dsi_model *model, int32_t which
 
 /* [thread-safe] Incremental decoder: turns a stream of tokens into complete UTF-8 pieces,
  * holding back the bytes of an unfinished character. Invalid sequences are passed through
- * as U+FFFD. */
+ * as U+FFFD. The detokenizer points at the model: dsi_model_free returns DSI_ERR_BUSY until
+ * it is freed. */
 DSI_API dsi_status dsi_detokenizer_create(const dsi_model *model, dsi_detokenizer **out);
 /* [per-handle] Feeds one token; writes the text that became complete. Two-call pattern: if
  * `cap` is too small nothing is consumed and INVALID_ARGUMENT is returned with *n_needed. */

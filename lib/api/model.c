@@ -129,10 +129,12 @@ DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader
 
 DSI_API dsi_status dsi_model_free(dsi_model *model) {
     if (!model) return DSI_OK;
-    if (atomic_load(&model->n_sessions) > 0) {
+    int n_s = atomic_load(&model->n_sessions), n_d = atomic_load(&model->n_detokenizers);
+    if (n_s > 0 || n_d > 0) {
         dsii_error e;
-        dsii_fail(&e, DSI_ERR_BUSY, "dsi_model_free: %d sessions are still alive",
-                  atomic_load(&model->n_sessions));
+        dsii_fail(&e, DSI_ERR_BUSY,
+                  "dsi_model_free: %d session(s) and %d detokenizer(s) of this model are still "
+                  "alive; free them first", n_s, n_d);
         return dsii_model_fail(model, &e);
     }
     dsi_context *ctx = model->ctx;

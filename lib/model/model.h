@@ -9,8 +9,8 @@
  * Nothing is fixed to the released shapes: every constant of §1 is a runtime field here, and
  * any configuration that passes the consistency checks of docs/model-files.md loads.
  *
- * Lifetime and threading: a loaded dsi_model is immutable (except `n_sessions` and
- * `last_error`); every field may be read from any thread without locking. Tensor data
+ * Lifetime and threading: a loaded dsi_model is immutable (except its dependant counters
+ * `n_sessions` / `n_detokenizers` and `last_error`); every field may be read from any thread without locking. Tensor data
  * pointers stay valid until dsi_model_free.
  */
 #ifndef DSI_MODEL_MODEL_H
@@ -296,6 +296,7 @@ struct dsi_model {
     struct dsii_tokenizer *tokenizer; /* built from the GGUF at load; NULL only while the
                                          tokenizer module is absent */
     atomic_int n_sessions;          /* live sessions; dsi_model_free is BUSY while > 0 */
+    atomic_int n_detokenizers;      /* live detokenizers; likewise (docs/api.md "Lifetimes") */
     atomic_flag error_lock;         /* guards last_error writes (thread-safe getters) */
     dsii_error last_error;
     uint8_t fingerprint[32];        /* hash of arch + hparams + tensor names/types/shapes */

@@ -688,6 +688,7 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
     m->access = dsii_file_mode(file);
     if (m->access == DSII_FILE_MEMORY) m->access = DSI_ACCESS_MMAP;
     atomic_init(&m->n_sessions, 0);
+    atomic_init(&m->n_detokenizers, 0);
     atomic_flag_clear(&m->error_lock);
     pthread_mutex_init(&m->dev_lock, NULL);
     dsi_status st = dsii_gguf_open(file, &m->gguf, err); /* owns file from here */
