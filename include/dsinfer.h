@@ -271,7 +271,9 @@ DSI_API void dsi_reader_init(dsi_reader *reader);
 
 /* [thread-safe] Loads a GGUF model. Status: INVALID_ARGUMENT, IO, BAD_FORMAT (message names
  * the key or tensor and the offending value), UNSUPPORTED (unknown arch or tensor type),
- * OUT_OF_HOST_MEMORY, OUT_OF_DEVICE_MEMORY, CANCELLED. On failure *out is NULL. */
+ * OUT_OF_HOST_MEMORY, OUT_OF_DEVICE_MEMORY, CANCELLED. On failure *out is NULL. `path` must
+ * name a regular file (or a block device): a FIFO, socket, character device or directory
+ * gives DSI_ERR_IO at once — no path makes the call block. */
 DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path,
                                   const dsi_model_options *opt, dsi_model **out);
 

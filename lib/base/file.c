@@ -44,6 +44,16 @@ static dsii_file *file_new(const dsi_context *ctx, int32_t mode) {
     return f;
 }
 
+#if !defined(_WIN32)
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    return "a special file";
+}
+#endif
+
 #if defined(_WIN32)
 dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode,
                           dsii_file **out, dsii_error *err) {
@@ -62,21 +72,34 @@ dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode
     if (mode != DSII_FILE_MMAP && mode != DSII_FILE_PREAD)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "bad file access mode %d", (int)mode);
 
+    /* No path may block the caller: a FIFO (or a device) blocks in open(2) until a writer
+     * appears. So stat first and refuse anything but a regular file or a block device, then
+     * open with O_NONBLOCK (if the path was swapped for a FIFO in between, the open still
+     * returns at once) and check that the descriptor is the file that was stat'ed. */
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return dsii_fail(err, DSI_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+        return dsii_fail(err, DSI_ERR_IO, "'%s' is not a regular file (%s)", path, file_kind(st.st_mode));
     int fd;
     do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return dsii_fail(err, DSI_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    struct stat st2;
+    if (fstat(fd, &st2) != 0) {
         int e = errno;
         close(fd);
         return dsii_fail(err, DSI_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    if ((!S_ISREG(st2.st_mode) && !S_ISBLK(st2.st_mode)) || st2.st_dev != st.st_dev ||
+        st2.st_ino != st.st_ino) {
         close(fd);
-        return dsii_fail(err, DSI_ERR_IO, "'%s' is not a regular file", path);
+        return dsii_fail(err, DSI_ERR_IO, "'%s' was replaced while it was being opened", path);
     }
+    st = st2;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* plain blocking reads from here */
     uint64_t size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
     if (S_ISBLK(st.st_mode)) {
         off_t end = lseek(fd, 0, SEEK_END);
