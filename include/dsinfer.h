@@ -94,9 +94,11 @@ enum {
 /* [thread-safe] A short static description of a status code ("unknown status" otherwise). */
 DSI_API const char *dsi_status_string(dsi_status status);
 
-/* [thread-safe] The message of the last failed call on this thread that had no handle to
- * keep it on (constructors: dsi_context_create, dsi_model_load, dsi_session_create,
- * dsi_sampler_create, …). Valid until the next failing call on this thread; "" if none. */
+/* [thread-safe] The message of the last failed call made by this thread; "" if none. Every
+ * failing call records its message here (also those that keep it on a handle), so this is
+ * the way to read the failure of one's own call on a handle that several threads share, and
+ * the only one for calls without a handle (constructors, NULL handles). Thread-local: other
+ * threads never change it; valid until this thread's next failing call. */
 DSI_API const char *dsi_last_error(void);
 
 /* ------------------------------------------------------------------------------------ */
@@ -164,8 +166,10 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *opt, dsi_contex
  * freed first (otherwise DSI_ERR_BUSY is returned and nothing is freed). */
 DSI_API dsi_status dsi_context_free(dsi_context *ctx);
 
-/* [thread-safe] The last error message recorded on this context; "" if none. The pointer
- * stays valid until the next failing call on this context from the same thread. */
+/* [thread-safe] The last error recorded on this context, by a call from any thread; "" if
+ * none. The message is copied under the context's lock into storage owned by the calling
+ * thread: the pointer and its text stay valid until this thread calls
+ * dsi_context_last_error again (other threads' failures do not touch it). */
 DSI_API const char *dsi_context_last_error(const dsi_context *ctx);
 
 /* [thread-safe] Name of the backend the context runs on ("cpu", "vulkan", "cuda"). */
@@ -285,7 +289,9 @@ DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader
  * sessions or detokenizers created from it are alive (docs/api.md "Lifetimes"). */
 DSI_API dsi_status dsi_model_free(dsi_model *model);
 
-/* [thread-safe] Last error recorded on this model; "". */
+/* [thread-safe] Last error recorded on this model (by any thread; "" if none), copied under
+ * the model's lock into storage owned by the calling thread: valid until this thread calls
+ * dsi_model_last_error again. For the failure of one's own call use dsi_last_error(). */
 DSI_API const char *dsi_model_last_error(const dsi_model *model);
 
 enum {
@@ -491,7 +497,7 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
                                       dsi_session **out);
 /* [per-handle] NULL accepted. */
 DSI_API void dsi_session_free(dsi_session *session);
-/* [per-handle] Last error recorded on this session; "". */
+/* [per-handle] Last error recorded on this session; "". Valid until the next call on it. */
 DSI_API const char *dsi_session_last_error(const dsi_session *session);
 
 /* [per-handle] Makes the timeline equal to tokens[0..n): keeps the longest common prefix
@@ -558,7 +564,7 @@ DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt);
 DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out);
 /* [per-handle] NULL accepted. */
 DSI_API void dsi_sampler_free(dsi_sampler *sampler);
-/* [per-handle] */
+/* [per-handle] Last error recorded on this sampler; "". Valid until the next call on it. */
 DSI_API const char *dsi_sampler_last_error(const dsi_sampler *sampler);
 /* [per-handle] Samples a token from `logits` (n_vocab floats; not modified) and records it
  * in the penalty history. Order: penalties over the last penalty_last_n tokens (repetition:

@@ -53,7 +53,9 @@ static const char *const k_backends[] = {"cpu", "vulkan", "cuda", "auto"};
 
 dsi_status dsii_context_fail(dsi_context *ctx, const dsii_error *e) {
     if (ctx) {
+        pthread_mutex_lock(&ctx->error_lock);
         ctx->last_error = *e;
+        pthread_mutex_unlock(&ctx->error_lock);
     }
     dsii_set_thread_error(e->msg);
     return e->status;
@@ -129,6 +131,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     dsi_context *ctx = dsii_calloc(&tmp, 1, sizeof *ctx);
     if (!ctx) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
     ctx->opt = opt;
+    pthread_mutex_init(&ctx->error_lock, NULL);
     ctx->opt.backend = NULL;
     ctx->opt.backend_dir = NULL;
     atomic_init(&ctx->n_models, 0);
@@ -136,6 +139,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     if (opt.backend_dir) {
         ctx->backend_dir = dsii_strdup(ctx, opt.backend_dir);
         if (!ctx->backend_dir) {
+            pthread_mutex_destroy(&ctx->error_lock);
             dsii_free(ctx, ctx);
             return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
         }
@@ -145,6 +149,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     dsi_status st = dsii_context_open_backend(ctx, backend, opt.device_index, &err);
     if (st != DSI_OK) {
         dsii_free(ctx, ctx->backend_dir);
+        pthread_mutex_destroy(&ctx->error_lock);
         dsii_free(ctx, ctx);
         dsii_set_thread_error(err.msg);
         return st;
@@ -166,13 +171,22 @@ DSI_API dsi_status dsi_context_free(dsi_context *ctx) {
     }
     dsii_context_close_backend(ctx);
     dsii_free(ctx, ctx->backend_dir);
+    pthread_mutex_destroy(&ctx->error_lock);
     dsii_free(ctx, ctx);
     return DSI_OK;
 }
 
 DSI_API const char *dsi_context_last_error(const dsi_context *ctx) {
+    /* Another thread may be recording a failure on this context right now: copy the message
+     * under the lock into storage this thread owns (valid until its next call here). */
+    static _Thread_local char copy[DSII_ERROR_MSG_MAX];
     if (!ctx) return "";
-    return ctx->last_error.msg;
+    dsi_context *c = (dsi_context *)(uintptr_t)ctx;
+    pthread_mutex_lock(&c->error_lock);
+    memcpy(copy, c->last_error.msg, sizeof copy);
+    pthread_mutex_unlock(&c->error_lock);
+    copy[sizeof copy - 1] = '\0';
+    return copy;
 }
 
 DSI_API const char *dsi_context_backend(const dsi_context *ctx) {

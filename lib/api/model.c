@@ -144,7 +144,11 @@ DSI_API dsi_status dsi_model_free(dsi_model *model) {
 }
 
 DSI_API const char *dsi_model_last_error(const dsi_model *model) {
-    return model ? model->last_error.msg : "";
+    /* a copy taken under the model's error lock, in storage this thread owns */
+    static _Thread_local char copy[DSII_ERROR_MSG_MAX];
+    if (!model) return "";
+    dsii_model_error_copy(model, copy);
+    return copy;
 }
 
 /* Records an argument error on a (const) model: last_error is the one mutable field and

@@ -4,6 +4,7 @@
 
 #include "base/base.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 struct dsi_context {
@@ -13,6 +14,7 @@ struct dsi_context {
     atomic_int n_models;        /* live models; dsi_context_free refuses while > 0 */
     struct dsii_backend_slot *backend; /* the backend instance (backends/backend.h) */
     char *backend_dir;          /* owned copy of opt.backend_dir */
+    pthread_mutex_t error_lock; /* guards last_error: failing [thread-safe] calls write it */
     dsii_error last_error;
 };
 

@@ -297,7 +297,8 @@ struct dsi_model {
                                          tokenizer module is absent */
     atomic_int n_sessions;          /* live sessions; dsi_model_free is BUSY while > 0 */
     atomic_int n_detokenizers;      /* live detokenizers; likewise (docs/api.md "Lifetimes") */
-    atomic_flag error_lock;         /* guards last_error writes (thread-safe getters) */
+    atomic_flag error_lock;         /* guards last_error (written by failing thread-safe
+                                       calls, read by dsi_model_last_error) */
     dsii_error last_error;
     uint8_t fingerprint[32];        /* hash of arch + hparams + tensor names/types/shapes */
     uint64_t n_params;              /* elements of all bound tensors (views excluded) */
@@ -352,5 +353,7 @@ static inline void dsii_model_session_release(dsi_model *m) {
 
 /* Records `e` as the model's last error (and the thread's). Returns e->status. */
 dsi_status dsii_model_fail(dsi_model *m, const dsii_error *e);
+/* Copies the model's last error message into `out` under the error lock. */
+void dsii_model_error_copy(const dsi_model *m, char out[DSII_ERROR_MSG_MAX]);
 
 #endif /* DSI_MODEL_MODEL_H */

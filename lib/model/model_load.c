@@ -724,13 +724,25 @@ dsi_status dsii_model_tensor_read(const dsi_model *m, const dsii_tensor *t, uint
     return dsii_file_read(dsii_gguf_file(m->gguf), t->file_offset + offset, len, dst, err);
 }
 
+static void error_lock(dsi_model *m) {
+    while (atomic_flag_test_and_set_explicit(&m->error_lock, memory_order_acquire)) {
+    }
+}
+
 dsi_status dsii_model_fail(dsi_model *m, const dsii_error *e) {
     dsii_set_thread_error(e->msg);
     if (m) {
-        while (atomic_flag_test_and_set_explicit(&m->error_lock, memory_order_acquire)) {
-        }
+        error_lock(m);
         m->last_error = *e;
         atomic_flag_clear_explicit(&m->error_lock, memory_order_release);
     }
     return e->status;
+}
+
+void dsii_model_error_copy(const dsi_model *m, char out[DSII_ERROR_MSG_MAX]) {
+    dsi_model *mm = (dsi_model *)(uintptr_t)m; /* the lock is the one mutable part */
+    error_lock(mm);
+    memcpy(out, mm->last_error.msg, DSII_ERROR_MSG_MAX);
+    atomic_flag_clear_explicit(&mm->error_lock, memory_order_release);
+    out[DSII_ERROR_MSG_MAX - 1] = '\0';
 }
