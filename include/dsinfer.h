@@ -58,7 +58,8 @@ extern "C" {
 
 /* The ABI this header describes. Bumped when a function or struct field is appended
  * (compatible) — the SONAME major (libdsinfer.so.0) changes only on an incompatible break. */
-#define DSI_ABI_VERSION 1
+#define DSI_ABI_VERSION 2   /* 2: dsi_session_cancel_clear, dsi_sampler_create_with_context,
+                                  dsi_chat_tokenize, DSI_MODEL_FLAG_* */
 
 /* [thread-safe] Library version "MAJOR.MINOR.PATCH"; static storage. */
 DSI_API const char *dsi_version_string(void);
@@ -528,10 +529,22 @@ DSI_API dsi_status dsi_session_tokens(const dsi_session *session, dsi_token *tok
 /* [per-handle] Empties the timeline. */
 DSI_API dsi_status dsi_session_reset(dsi_session *session);
 
-/* [any-thread] Asks the running call on this session to stop at the next token or prefill
- * chunk; it then returns DSI_ERR_CANCELLED. Only sets an atomic flag (async-signal-safe).
- * The flag is cleared when the next call on the session starts. */
+/* [any-thread] Asks the running dsi_session_sync / append / generate on this session to stop
+ * at the next token or prefill chunk; it then returns DSI_ERR_CANCELLED. The request is
+ * sticky: made while no such call runs, it stays pending and the next one returns
+ * DSI_ERR_CANCELLED as soon as its arguments are checked, before it changes the session — a
+ * "stop" pressed just before a call starts is never lost. One request cancels one call: the
+ * call that returns DSI_ERR_CANCELLED absorbs every request made until it returns; other
+ * calls (reset, logits, …) leave a pending request alone. Only atomic stores
+ * (async-signal-safe). The session must stay alive while this runs: never call it
+ * concurrently with or after dsi_session_free (docs/api.md "Cancellation"). */
 DSI_API void dsi_session_cancel(dsi_session *session);
+
+/* [any-thread] Drops a pending cancel request (since ABI 2). For a request that arrived after
+ * the call it was meant for had already finished: call it when starting a new piece of work
+ * (e.g. when the user sends the next message), before the call that does it. Only an atomic
+ * store (async-signal-safe); NULL accepted. */
+DSI_API void dsi_session_cancel_clear(dsi_session *session);
 
 /* ------------------------------------------------------------------------------------ */
 /* Sampler                                                                               */
@@ -640,11 +653,13 @@ DSI_API void dsi_generate_options_init(dsi_generate_options *opt);
 /* [thread-safe] */
 DSI_API void dsi_generate_result_init(dsi_generate_result *result);
 
-/* [per-handle: session and sampler] Generates up to max_tokens tokens. Returns DSI_OK for
- * every normal finish (see result->finish_reason), DSI_ERR_CANCELLED when cancelled (the
- * session keeps the prompt and every delivered token; a later call without a prompt
- * continues from it), or an error (recorded on the session). Without a prompt the session
- * must already hold logits. EOS / stop tokens end the call without being appended; they
+/* [per-handle: session and sampler] Generates up to max_tokens tokens. `opt` may be NULL for
+ * all defaults (dsi_generate_options_init: no prompt, 256 tokens, no callback). Returns
+ * DSI_OK for every normal finish (see result->finish_reason), DSI_ERR_CANCELLED when
+ * cancelled (the session keeps the prompt and every delivered token, and a later call
+ * without a prompt continues from it; a call cancelled before it started — a request was
+ * pending, see dsi_session_cancel — leaves the session unchanged), or an error (recorded on
+ * the session). Without a prompt the session must already hold logits. EOS / stop tokens end the call without being appended; they
  * count in n_generated. A stop string is never delivered; the token that completed it stays
  * in the session. The prompt is not added to the sampler's penalty history (use
  * dsi_sampler_accept). `result` may be NULL; only the fields its struct_size covers are
