@@ -163,8 +163,8 @@ DSI_API void dsi_context_options_init(dsi_context_options *opt, uint32_t abi_ver
  * UNSUPPORTED / BACKEND (requested backend unavailable), OUT_OF_HOST_MEMORY. */
 DSI_API dsi_status dsi_context_create(const dsi_context_options *opt, dsi_context **out);
 
-/* [per-handle] Frees a context. NULL is accepted. All models created from it must have been
- * freed first (otherwise DSI_ERR_BUSY is returned and nothing is freed). */
+/* [per-handle] Frees a context. NULL is accepted. All models and samplers created from it must
+ * have been freed first (otherwise DSI_ERR_BUSY is returned and nothing is freed). */
 DSI_API dsi_status dsi_context_free(dsi_context *ctx);
 
 /* [thread-safe] The last error recorded on this context, by a call from any thread; "" if
@@ -462,8 +462,12 @@ DSI_API void dsi_chat_message_init(dsi_chat_message *msg);
 DSI_API void dsi_chat_options_init(dsi_chat_options *opt);
 
 /* [thread-safe] Renders a conversation (array of `n` pointers) as text; the text contains
- * special tokens literally, so tokenize it with DSI_TOKENIZE_PARSE_SPECIAL (docs/tokenizer.md
- * "Chat rendering" has the exact format). Consecutive user / tool messages form one user
+ * special tokens literally (docs/tokenizer.md "Chat rendering" has the exact format).
+ * Prompt-injection risk: tokenizing this text with DSI_TOKENIZE_PARSE_SPECIAL turns special-
+ * token text inside a message (e.g. a user typing the assistant-turn marker) into real
+ * special tokens, letting message content forge turns. To run a conversation, use
+ * dsi_chat_tokenize, which cannot be forged that way; this text form is for display,
+ * logging and other tools. Consecutive user / tool messages form one user
  * turn (parts joined by "\n\n"). Two-call pattern: `*n_needed` receives the length without
  * the NUL; when cap >= that length the text is written (NUL-terminated if cap > length) and
  * DSI_OK returned, otherwise INVALID_ARGUMENT and nothing is written. `model` is required
@@ -473,6 +477,18 @@ DSI_API dsi_status dsi_chat_render(const dsi_model *model,
                                    const dsi_chat_message *const *messages, size_t n,
                                    const dsi_chat_options *opt,
                                    char *buf, size_t cap, size_t *n_needed);
+
+/* [thread-safe] The token ids of the conversation dsi_chat_render renders (since ABI 2): the
+ * template's structure (BOS, turn markers, think tags) becomes special tokens, and every
+ * message's content and reasoning is tokenized as plain text — special-token text inside a
+ * message stays text. For ordinary messages the ids equal dsi_tokenize(rendered text,
+ * DSI_TOKENIZE_PARSE_SPECIAL). Two-call pattern as dsi_tokenize: `*n_needed` receives the
+ * count; ids are written only when they all fit (INVALID_ARGUMENT otherwise). Errors as
+ * dsi_chat_render (recorded on the model); UNSUPPORTED if the model has no tokenizer. */
+DSI_API dsi_status dsi_chat_tokenize(const dsi_model *model,
+                                     const dsi_chat_message *const *messages, size_t n,
+                                     const dsi_chat_options *opt,
+                                     dsi_token *tokens, size_t cap, size_t *n_needed);
 
 /* ------------------------------------------------------------------------------------ */
 /* Session                                                                               */
@@ -573,8 +589,16 @@ typedef struct dsi_sampler_options {
 
 /* [thread-safe] */
 DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt);
-/* [thread-safe] INVALID_ARGUMENT (with a message naming the field) for bad options. */
+/* [thread-safe] INVALID_ARGUMENT (with a message naming the field) for bad options. The
+ * sampler allocates with the C library's malloc; see dsi_sampler_create_with_context. */
 DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out);
+/* [thread-safe] Like dsi_sampler_create, but every allocation the sampler makes (now and in
+ * dsi_sampler_sample) goes through the allocator hooks of `ctx` (since ABI 2). The sampler
+ * points at the context: dsi_context_free returns DSI_ERR_BUSY until it is freed. A NULL
+ * `ctx` behaves as dsi_sampler_create. */
+DSI_API dsi_status dsi_sampler_create_with_context(dsi_context *ctx,
+                                                   const dsi_sampler_options *opt,
+                                                   dsi_sampler **out);
 /* [per-handle] NULL accepted. */
 DSI_API void dsi_sampler_free(dsi_sampler *sampler);
 /* [per-handle] Last error recorded on this sampler; "". Valid until the next call on it. */

@@ -396,21 +396,20 @@ static int run_chat(dsi_model *m, dsi_session *s, dsi_sampler *smp, const cli_op
         const dsi_chat_message **ptrs = malloc(c.n * sizeof *ptrs);
         if (!ptrs) { rc = 1; break; }
         for (size_t i = 0; i < c.n; i++) ptrs[i] = &c.m[i];
-        size_t need = 0;
-        dsi_chat_render(m, ptrs, c.n, &co, NULL, 0, &need);
-        char *text = malloc(need + 1);
-        if (!text || dsi_chat_render(m, ptrs, c.n, &co, text, need + 1, &need) != DSI_OK) {
-            fprintf(stderr, "%s: chat render: %s\n", prog, dsi_model_last_error(m));
-            free(text);
+        /* token ids straight from the template: what the user typed stays plain text even if
+         * it spells a special token (rendering to text and parsing special tokens would let
+         * a message forge turns) */
+        size_t nt = 0;
+        dsi_chat_tokenize(m, ptrs, c.n, &co, NULL, 0, &nt);
+        dsi_token *toks = malloc((nt ? nt : 1) * sizeof *toks);
+        if (!toks || dsi_chat_tokenize(m, ptrs, c.n, &co, toks, nt, &nt) != DSI_OK) {
+            fprintf(stderr, "%s: chat: %s\n", prog, toks ? dsi_last_error() : "out of memory");
+            free(toks);
             free(ptrs);
             rc = 1;
             break;
         }
         free(ptrs);
-        size_t nt = 0;
-        dsi_token *toks = tokenize(m, text, need, DSI_TOKENIZE_PARSE_SPECIAL, &nt);
-        free(text);
-        if (!toks) { rc = 1; break; }
 
         answer_buf answer = {m, {0}};
         dsi_generate_options go;

@@ -135,6 +135,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     ctx->opt.backend = NULL;
     ctx->opt.backend_dir = NULL;
     atomic_init(&ctx->n_models, 0);
+    atomic_init(&ctx->n_samplers, 0);
     ctx->n_threads = opt.n_threads > 0 ? opt.n_threads : dsii_cpu_count();
     if (opt.backend_dir) {
         ctx->backend_dir = dsii_strdup(ctx, opt.backend_dir);
@@ -162,11 +163,11 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
 
 DSI_API dsi_status dsi_context_free(dsi_context *ctx) {
     if (!ctx) return DSI_OK;
-    int n = atomic_load(&ctx->n_models);
-    if (n > 0) {
+    int n = atomic_load(&ctx->n_models), n_smp = atomic_load(&ctx->n_samplers);
+    if (n > 0 || n_smp > 0) {
         dsii_error e;
-        dsii_fail(&e, DSI_ERR_BUSY, "dsi_context_free: %d model(s) created from this context "
-                  "are still alive; free them first", n);
+        dsii_fail(&e, DSI_ERR_BUSY, "dsi_context_free: %d model(s) and %d sampler(s) created "
+                  "from this context are still alive; free them first", n, n_smp);
         return dsii_context_fail(ctx, &e);
     }
     dsii_context_close_backend(ctx);

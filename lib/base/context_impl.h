@@ -12,6 +12,7 @@ struct dsi_context {
     char backend_name[16];      /* effective backend */
     int32_t n_threads;          /* effective */
     atomic_int n_models;        /* live models; dsi_context_free refuses while > 0 */
+    atomic_int n_samplers;      /* live samplers created with this context; likewise */
     struct dsii_backend_slot *backend; /* the backend instance (backends/backend.h) */
     char *backend_dir;          /* owned copy of opt.backend_dir */
     pthread_mutex_t error_lock; /* guards last_error: failing [thread-safe] calls write it */

@@ -97,6 +97,31 @@ static void test_context_keeps_models(void **state) {
     close_fixture(&f);
 }
 
+/* A sampler created with a context allocates through its hooks and counts on it. */
+static void test_sampler_keeps_context(void **state) {
+    (void)state;
+    static fixture f;
+    open_fixture(&f);
+    long before = atomic_load(&f.stats.live);
+    dsi_sampler *smp = NULL;
+    assert_int_equal(dsi_sampler_create_with_context(f.ctx, NULL, &smp), DSI_OK);
+    assert_true(atomic_load(&f.stats.live) > before); /* the sampler is in the hooks' books */
+    assert_int_equal(dsi_model_free(f.model), DSI_OK);
+    f.model = NULL;
+    assert_int_equal(dsi_context_free(f.ctx), DSI_ERR_BUSY);
+    assert_non_null(strstr(dsi_context_last_error(f.ctx), "sampler"));
+    float logits[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    dsi_token t = -1;
+    assert_int_equal(dsi_sampler_sample(smp, logits, 8, &t), DSI_OK);
+    dsi_sampler_free(smp);
+    /* a plain sampler points at nothing */
+    assert_int_equal(dsi_sampler_create_with_context(NULL, NULL, &smp), DSI_OK);
+    assert_int_equal(dsi_context_free(f.ctx), DSI_OK);
+    assert_int_equal(atomic_load(&f.stats.live), 0);
+    assert_int_equal(dsi_sampler_sample(smp, logits, 8, &t), DSI_OK);
+    dsi_sampler_free(smp);
+}
+
 int main(void) {
     model_path = apiu_model_path("tiny-v41.gguf");
     if (!model_path) {
@@ -107,6 +132,7 @@ int main(void) {
         cmocka_unit_test(test_detokenizer_keeps_model),
         cmocka_unit_test(test_session_keeps_model),
         cmocka_unit_test(test_context_keeps_models),
+        cmocka_unit_test(test_sampler_keeps_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
