@@ -227,11 +227,39 @@ DSI_API dsi_status dsi_context_device_info(dsi_context *ctx, int32_t i, dsi_devi
 /* Model                                                                                 */
 /* ------------------------------------------------------------------------------------ */
 
+/* Access modes and the file-stability contract (docs/api.md "Model files"). A model file
+ * must not be modified or truncated while a model loaded from it is alive: replace files
+ * atomically (write a new file, then rename it over the old one — a loaded model keeps
+ * reading the old one).
+ *   DSI_ACCESS_MMAP   the file is mapped and the weights are used in place: truncating it
+ *                     kills the process with SIGBUS at the next access, rewriting it in
+ *                     place changes the results (DSI_MODEL_FLAG_VERIFY_FILE turns both,
+ *                     when they happen between calls, into DSI_ERR_IO).
+ *   DSI_ACCESS_PREAD  everything is copied into library-owned memory during the load except
+ *                     the Engram tables (model-spec §4.6; up to ~100 GB), whose rows are read
+ *                     from the open file on demand during inference, by the threads running
+ *                     sessions; a truncation then gives DSI_ERR_IO. With
+ *                     DSI_MODEL_FLAG_RESIDENT the tables are copied too and the file is
+ *                     closed before the load returns: nothing is read later.
+ *   DSI_ACCESS_READER as PREAD, through the application's dsi_reader. */
 enum {
     DSI_ACCESS_MMAP = 0,   /* default: weights used in place from the mapping */
-    DSI_ACCESS_PREAD = 1,  /* buffered reads into library-owned memory */
+    DSI_ACCESS_PREAD = 1,  /* buffered reads into library-owned memory (Engram rows lazily) */
     DSI_ACCESS_READER = 2  /* set implicitly by dsi_model_load_from_reader */
 };
+
+/* dsi_model_options.flags (since ABI 2; older libraries refuse them with INVALID_ARGUMENT).
+ * VERIFY_FILE (dsi_model_load only): the file's size and modification time are recorded at
+ *   load and compared before every evaluation step and every lazy read; a difference fails
+ *   the call with DSI_ERR_IO and leaves the session as it was. It cannot see a change made
+ *   during a step (in MMAP mode that may still be SIGBUS): it is a safety net, not a
+ *   licence to modify files. Keeps one descriptor open per model.
+ * RESIDENT (DSI_ACCESS_PREAD or a reader): read every tensor, Engram tables included, into
+ *   library-owned memory during the load, then close the file — or call the reader's
+ *   close_fn — before the load returns; the model never touches its source again. The way
+ *   to load without mmap into owned memory. */
+#define DSI_MODEL_FLAG_VERIFY_FILE (1u << 0)
+#define DSI_MODEL_FLAG_RESIDENT    (1u << 1)
 
 enum {
     DSI_LOAD_STAGE_HEADER = 0,
@@ -251,17 +279,23 @@ typedef struct dsi_model_options {
     int32_t access;               /* DSI_ACCESS_MMAP (default) or DSI_ACCESS_PREAD */
     dsi_progress_fn progress_fn;  /* may be NULL */
     void *progress_user_data;
-    uint32_t flags;               /* reserved, must be 0 */
+    uint32_t flags;               /* DSI_MODEL_FLAG_*; default 0 */
     uint32_t reserved;
 } dsi_model_options;
 
 /* [thread-safe] Fills `opt` with defaults. */
 DSI_API void dsi_model_options_init(dsi_model_options *opt);
 
-/* Reader callbacks for models stored in an application's own containers. `pread_fn` reads
- * exactly `size` bytes at `offset` into `buf` and returns 0, or nonzero on failure.
- * `close_fn` (may be NULL) is called once when the model no longer needs the reader —
- * also when loading fails. */
+/* Reader callbacks for models stored in an application's own containers (docs/api.md
+ * "Reader callbacks"). `pread_fn` reads exactly `size` bytes at `offset` into `buf` and
+ * returns 0, or nonzero on failure (the library's call then fails with DSI_ERR_IO). It must
+ * be reentrant and thread-safe: it runs during the load and — unless the model was loaded
+ * with DSI_MODEL_FLAG_RESIDENT — after it, for Engram rows read on demand during inference,
+ * from any thread that runs a session of the model, several calls at once. Reads always lie
+ * inside [0, size). The struct is copied at load; the functions and `user_data` must stay
+ * valid until `close_fn` (may be NULL) is called, exactly once: when the model is freed,
+ * when loading fails, or (RESIDENT) before the load returns. `pread_fn` is never called
+ * after `close_fn`. */
 typedef struct dsi_reader {
     uint32_t struct_size;
     uint32_t reserved;

@@ -42,11 +42,19 @@ static dsi_status read_model_options(const dsi_model_options *user, dsi_model_op
     dsi_model_options_init(opt);
     dsi_status st = dsii_read_options(opt, sizeof *opt, user, "dsi_model_options", err);
     if (st != DSI_OK) return st;
-    if (opt->flags != 0)
-        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_model_options.flags must be 0 (got 0x%x)", opt->flags);
+    const uint32_t known = DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT;
+    if (opt->flags & ~known)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_model_options.flags has unknown bits 0x%x",
+                         opt->flags & ~known);
     if (!reader && opt->access != DSI_ACCESS_MMAP && opt->access != DSI_ACCESS_PREAD)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
                          "dsi_model_options.access %d is not DSI_ACCESS_MMAP or DSI_ACCESS_PREAD", opt->access);
+    if (reader && (opt->flags & DSI_MODEL_FLAG_VERIFY_FILE))
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
+                         "DSI_MODEL_FLAG_VERIFY_FILE needs a model file (dsi_model_load), not a reader");
+    if (!reader && (opt->flags & DSI_MODEL_FLAG_RESIDENT) && opt->access != DSI_ACCESS_PREAD)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
+                         "DSI_MODEL_FLAG_RESIDENT needs DSI_ACCESS_PREAD (a mapping is not owned memory)");
     return DSI_OK;
 }
 
@@ -90,7 +98,8 @@ DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path, const dsi_
     dsi_model_options opt;
     if (read_model_options(user_opt, &opt, 0, &err) != DSI_OK) return ctor_fail(ctx, &err);
     dsii_file *f = NULL;
-    if (dsii_file_open(ctx, path, opt.access, &f, &err) != DSI_OK) return ctor_fail(ctx, &err);
+    uint32_t fflags = (opt.flags & DSI_MODEL_FLAG_VERIFY_FILE) ? DSII_FILE_VERIFY : 0;
+    if (dsii_file_open_ex(ctx, path, opt.access, fflags, &f, &err) != DSI_OK) return ctor_fail(ctx, &err);
     if (dsii_model_load_file(ctx, f, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
     if (finish_load(ctx, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
     dsii_log(ctx, DSI_LOG_INFO, "loaded %s model '%s' from %s: %u layers, %llu params, %llu bytes",

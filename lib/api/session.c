@@ -179,6 +179,9 @@ static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
             return dsii_session_fail(s, DSI_ERR_CANCELLED,
                                      "cancelled after %u of %u tokens (timeline holds %u)",
                                      s->n_tokens - start, end - start, s->n_tokens);
+        /* DSI_MODEL_FLAG_VERIFY_FILE: a truncated / rewritten file is an error here, not a
+         * SIGBUS or wrong numbers inside the step (the session is unchanged) */
+        if (dsii_model_check_file(s->model, &e) != DSI_OK) return session_fail_e(s, &e);
         uint32_t n = end - s->n_tokens;
         if (n > s->params.n_batch) n = s->params.n_batch;
         int last = s->n_tokens + n == end;

@@ -284,6 +284,7 @@ struct dsi_model {
     dsi_context *ctx;               /* owning context (its n_models counts this model) */
     dsii_gguf *gguf;                /* reader kept alive: names, metadata, the file */
     int32_t access;                 /* DSI_ACCESS_* actually used */
+    uint32_t load_flags;            /* DSI_MODEL_FLAG_* it was loaded with */
     char name[128];                 /* general.name */
     dsii_hparams hp;
     dsii_model_tensors w;
@@ -338,6 +339,11 @@ const dsii_tensor *dsii_model_find_tensor(const dsi_model *m, const char *name);
  * (Engram tables in pread / reader mode) and resident ones alike. [thread-safe] */
 dsi_status dsii_model_tensor_read(const dsi_model *m, const dsii_tensor *t, uint64_t offset,
                                   uint64_t len, void *dst, dsii_error *err);
+
+/* DSI_OK, or IO when the model was loaded with DSI_MODEL_FLAG_VERIFY_FILE and its file has
+ * been truncated or modified in place since (sessions call it before every evaluation step).
+ * [thread-safe] */
+dsi_status dsii_model_check_file(const dsi_model *m, dsii_error *err);
 
 /* Counter slot of a type id, or -1. */
 int dsii_model_type_slot(int32_t type);

@@ -136,7 +136,9 @@ static dsi_status bind(binder *b, const dsii_tensor **dst, int required, int cls
     t->row_stride = rb;
     t->nbytes = gt->nbytes;
     t->file_offset = gt->offset;
-    t->lazy = cls == C_TABLE && b->m->access != DSI_ACCESS_MMAP;
+    /* Engram tables stay in the file in pread / reader mode, unless asked to be resident */
+    t->lazy = cls == C_TABLE && b->m->access != DSI_ACCESS_MMAP &&
+              !(b->m->load_flags & DSI_MODEL_FLAG_RESIDENT);
     b->parent[b->n] = -1;
     b->src[b->n] = gt;
     b->n++;
@@ -685,6 +687,7 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
         return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
     }
     m->ctx = ctx;
+    m->load_flags = opt ? opt->flags : 0;
     m->access = dsii_file_mode(file);
     if (m->access == DSII_FILE_MEMORY) m->access = DSI_ACCESS_MMAP;
     atomic_init(&m->n_sessions, 0);
@@ -697,9 +700,16 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
         dsii_model_destroy(m);
         return st;
     }
+    /* Resident: every byte is in library memory now, so the file (or the application's
+     * reader) is let go before the load returns and never read again. */
+    if (m->load_flags & DSI_MODEL_FLAG_RESIDENT) dsii_file_release(dsii_gguf_file(m->gguf));
     if (ctx) atomic_fetch_add(&ctx->n_models, 1);
     *out = m;
     return DSI_OK;
+}
+
+dsi_status dsii_model_check_file(const dsi_model *m, dsii_error *err) {
+    return m ? dsii_file_check(dsii_gguf_file(m->gguf), err) : DSI_OK;
 }
 
 const dsii_tensor *dsii_model_find_tensor(const dsi_model *m, const char *name) {

@@ -1,0 +1,416 @@
+/*
+ * The file-stability and reader-callback contracts (docs/api.md "Model files", "Reader
+ * callbacks"; dsinfer.h DSI_ACCESS_*, DSI_MODEL_FLAG_*, dsi_reader).
+ *
+ * Files changed under a loaded model — each case in a child process (a SIGBUS must not take
+ * the test down), bounded in time, on a private copy of the tiny model:
+ *   - MMAP, no flag, truncated: the process dies (SIGBUS) at the next evaluation — the
+ *     documented hazard;
+ *   - MMAP + VERIFY_FILE, truncated or rewritten in place: DSI_ERR_IO, session unchanged;
+ *   - PREAD, truncated: the Engram rows read lazily fail with DSI_ERR_IO (no crash);
+ *   - PREAD + VERIFY_FILE, truncated or rewritten in place: DSI_ERR_IO;
+ *   - PREAD + RESIDENT, truncated to 0 and unlinked: the model goes on with identical logits.
+ * Reader callbacks: with a reader that checks every call, pread_fn is called after the load
+ * (Engram rows, from the threads running sessions), never outside [0, size), never after
+ * close_fn, close_fn exactly once; the dsi_reader struct itself may die after the load;
+ * RESIDENT closes the reader before the load returns and then never reads.
+ * (The flags are new: the old library refused them with INVALID_ARGUMENT.)
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api_util.h"
+
+#define BOUND_S 300.0
+#define RETURNED 42 /* child exit code: the call after the change returned */
+
+static const char *model_src;
+static char dir[4096];
+static int n_case;
+
+enum { CH_TRUNC_HALF, CH_TRUNC_SMALL, CH_OVERWRITE, CH_TRUNC_ZERO_UNLINK };
+
+typedef struct {
+    int32_t access;
+    uint32_t flags;
+    int change;
+    dsi_status expect;    /* status of the append after the change */
+    int compare_logits;   /* RESIDENT: a fresh session gives the same logits as before */
+    char path[4300];
+} file_case;
+
+static void tokens_of(dsi_model *m, dsi_token *t, size_t *n) {
+    const char *text = "Files must be replaced atomically, never rewritten in place.";
+    if (dsi_tokenize(m, text, strlen(text), DSI_TOKENIZE_ADD_BOS, t, 64, n) != DSI_OK) *n = 0;
+}
+
+static int child_file_case(void *arg) {
+    file_case *c = arg;
+    signal(SIGBUS, SIG_DFL); /* not cmocka's handler: the parent looks at how the child ended */
+    signal(SIGSEGV, SIG_DFL);
+    if (apiu_copy_file(model_src, c->path) != 0) return 10;
+    /* an old modification time, so that an in-place rewrite surely changes it */
+    struct timespec old[2] = {{978307200, 0}, {978307200, 0}};
+    if (utimensat(AT_FDCWD, c->path, old, 0) != 0) return 11;
+    dsi_context_options co;
+    dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.n_threads = 2;
+    dsi_context *ctx = NULL;
+    dsi_model *m = NULL;
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.access = c->access;
+    mo.flags = c->flags;
+    if (dsi_context_create(&co, &ctx) != DSI_OK) return 12;
+    if (dsi_model_load(ctx, c->path, &mo, &m) != DSI_OK) {
+        printf("child: load: %s\n", dsi_last_error());
+        return 13;
+    }
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = 96;
+    dsi_session *s = NULL;
+    dsi_token t[64];
+    size_t n = 0;
+    tokens_of(m, t, &n);
+    if (n < 4 || dsi_session_create(m, &so, &s) != DSI_OK) return 14;
+    if (dsi_session_sync(s, t, n, NULL) != DSI_OK) return 15;
+    const float *lg = NULL;
+    int32_t nv = 0;
+    if (dsi_session_logits(s, &lg, &nv) != DSI_OK) return 16;
+    float *before = malloc((size_t)nv * sizeof *before);
+    if (!before) return 17;
+    memcpy(before, lg, (size_t)nv * sizeof *before);
+
+    struct stat st;
+    if (stat(c->path, &st) != 0) return 18;
+    switch (c->change) {
+    case CH_TRUNC_HALF: if (truncate(c->path, st.st_size / 2) != 0) return 19; break;
+    case CH_TRUNC_SMALL: if (truncate(c->path, 4096) != 0) return 19; break;
+    case CH_TRUNC_ZERO_UNLINK:
+        if (truncate(c->path, 0) != 0 || unlink(c->path) != 0) return 19;
+        break;
+    case CH_OVERWRITE: {
+        /* same size, bytes changed in place in the second half (weights, Engram tables) */
+        int fd = open(c->path, O_WRONLY);
+        static char junk[1 << 16];
+        memset(junk, 0x7F, sizeof junk);
+        int ok = fd >= 0;
+        for (off_t o = st.st_size / 2; ok && o + (off_t)sizeof junk <= st.st_size; o += 4 * (off_t)sizeof junk)
+            ok = pwrite(fd, junk, sizeof junk, o) == (ssize_t)sizeof junk;
+        if (fd >= 0) close(fd);
+        if (!ok) return 19;
+        break;
+    }
+    }
+    uint32_t pos0 = 0, pos1 = 0;
+    dsi_session_position(s, &pos0);
+    dsi_status r = dsi_session_append(s, &t[1], 1);
+    dsi_session_position(s, &pos1);
+    if (r != c->expect) {
+        printf("child: append returned %d (%s), expected %d\n", (int)r, dsi_session_last_error(s), (int)c->expect);
+        return RETURNED;
+    }
+    /* VERIFY_FILE fails before the step: the session is unchanged. A read failing inside a
+     * step (no verification) empties the timeline instead of keeping half-updated state. */
+    int verify = (c->flags & DSI_MODEL_FLAG_VERIFY_FILE) != 0;
+    if (r == DSI_ERR_IO && (verify ? pos1 != pos0 || !strstr(dsi_session_last_error(s), "since it was loaded")
+                                   : pos1 != 0)) {
+        printf("child: after IO: position %u -> %u, message '%s'\n", pos0, pos1, dsi_session_last_error(s));
+        return 21;
+    }
+    if (c->compare_logits) {
+        dsi_session *s2 = NULL;
+        if (dsi_session_create(m, &so, &s2) != DSI_OK || dsi_session_sync(s2, t, n, NULL) != DSI_OK ||
+            dsi_session_logits(s2, &lg, &nv) != DSI_OK)
+            return 22;
+        if (memcmp(before, lg, (size_t)nv * sizeof *before) != 0) return 23;
+        dsi_session_free(s2);
+    }
+    free(before);
+    dsi_session_free(s);
+    dsi_model_free(m);
+    dsi_context_free(ctx);
+    unlink(c->path);
+    return 0;
+}
+
+static int run_case(int32_t access, uint32_t flags, int change, dsi_status expect, int cmp) {
+    static file_case c;
+    memset(&c, 0, sizeof c);
+    c.access = access;
+    c.flags = flags;
+    c.change = change;
+    c.expect = expect;
+    c.compare_logits = cmp;
+    snprintf(c.path, sizeof c.path, "%s/model-%d.gguf", dir, n_case++);
+    int status = apiu_run_child(child_file_case, &c, BOUND_S);
+    unlink(c.path);
+    if (status == -1) fail_msg("the child did not finish within %.0f s", BOUND_S);
+    return status;
+}
+
+static void expect_ok_child(int status) {
+    if (WIFSIGNALED(status)) fail_msg("the child died of signal %d", WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_mmap_truncated_is_fatal(void **state) {
+    (void)state;
+    /* the documented hazard: the mapping loses its pages (SIGBUS; under a sanitizer its
+     * report and abort) — anything but the call returning */
+    int status = run_case(DSI_ACCESS_MMAP, 0, CH_TRUNC_HALF, DSI_OK, 0);
+    assert_false(WIFEXITED(status) && (WEXITSTATUS(status) == RETURNED || WEXITSTATUS(status) == 0));
+    assert_false(WIFEXITED(status) && WEXITSTATUS(status) >= 10 && WEXITSTATUS(status) < 20);
+    if (WIFSIGNALED(status)) print_message("child ended by signal %d (SIGBUS is %d)\n", WTERMSIG(status), SIGBUS);
+}
+
+static void test_mmap_verify(void **state) {
+    (void)state;
+    expect_ok_child(run_case(DSI_ACCESS_MMAP, DSI_MODEL_FLAG_VERIFY_FILE, CH_TRUNC_HALF, DSI_ERR_IO, 0));
+    expect_ok_child(run_case(DSI_ACCESS_MMAP, DSI_MODEL_FLAG_VERIFY_FILE, CH_OVERWRITE, DSI_ERR_IO, 0));
+}
+
+static void test_pread_lazy_rows(void **state) {
+    (void)state;
+    /* without verification the lazily read Engram rows meet the end of the file */
+    expect_ok_child(run_case(DSI_ACCESS_PREAD, 0, CH_TRUNC_SMALL, DSI_ERR_IO, 0));
+}
+
+static void test_pread_verify(void **state) {
+    (void)state;
+    expect_ok_child(run_case(DSI_ACCESS_PREAD, DSI_MODEL_FLAG_VERIFY_FILE, CH_TRUNC_HALF, DSI_ERR_IO, 0));
+    expect_ok_child(run_case(DSI_ACCESS_PREAD, DSI_MODEL_FLAG_VERIFY_FILE, CH_OVERWRITE, DSI_ERR_IO, 0));
+}
+
+static void test_pread_resident(void **state) {
+    (void)state;
+    expect_ok_child(run_case(DSI_ACCESS_PREAD, DSI_MODEL_FLAG_RESIDENT, CH_TRUNC_ZERO_UNLINK, DSI_OK, 1));
+    expect_ok_child(run_case(DSI_ACCESS_PREAD, DSI_MODEL_FLAG_RESIDENT | DSI_MODEL_FLAG_VERIFY_FILE,
+                             CH_OVERWRITE, DSI_OK, 1));
+}
+
+static void test_flag_combinations(void **state) {
+    (void)state;
+    dsi_context *ctx = NULL;
+    assert_int_equal(dsi_context_create(NULL, &ctx), DSI_OK);
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    dsi_model *m = NULL;
+    mo.flags = DSI_MODEL_FLAG_RESIDENT; /* with MMAP: a mapping is not owned memory */
+    assert_int_equal(dsi_model_load(ctx, model_src, &mo, &m), DSI_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsi_last_error(), "DSI_ACCESS_PREAD"));
+    mo.flags = 1u << 9;
+    assert_int_equal(dsi_model_load(ctx, model_src, &mo, &m), DSI_ERR_INVALID_ARGUMENT);
+    dsi_reader r;
+    dsi_reader_init(&r);
+    mo.flags = DSI_MODEL_FLAG_VERIFY_FILE; /* a reader has no file to verify */
+    assert_int_equal(dsi_model_load_from_reader(ctx, &r, &mo, &m), DSI_ERR_INVALID_ARGUMENT);
+    assert_null(m);
+    dsi_context_free(ctx);
+}
+
+/* ---- reader callbacks -------------------------------------------------------------------- */
+
+typedef struct {
+    int fd;
+    uint64_t size;
+    atomic_int loaded;        /* set by the test when the load returned */
+    atomic_int closed;        /* close_fn calls */
+    atomic_long calls, after_load, bad, in_flight, max_in_flight;
+} probe;
+
+static int32_t probe_pread(void *user, void *buf, uint64_t size, uint64_t offset) {
+    probe *p = user;
+    if (atomic_load(&p->closed) || offset > p->size || size > p->size - offset) atomic_fetch_add(&p->bad, 1);
+    long f = atomic_fetch_add(&p->in_flight, 1) + 1;
+    long mx = atomic_load(&p->max_in_flight);
+    while (f > mx && !atomic_compare_exchange_weak(&p->max_in_flight, &mx, f)) {
+    }
+    atomic_fetch_add(&p->calls, 1);
+    if (atomic_load(&p->loaded)) atomic_fetch_add(&p->after_load, 1);
+    uint64_t done = 0;
+    while (done < size) {
+        ssize_t r = pread(p->fd, (char *)buf + done, (size_t)(size - done), (off_t)(offset + done));
+        if (r <= 0) break;
+        done += (uint64_t)r;
+    }
+    atomic_fetch_sub(&p->in_flight, 1);
+    return done == size ? 0 : 1;
+}
+
+static void probe_close(void *user) {
+    probe *p = user;
+    atomic_fetch_add(&p->closed, 1);
+}
+
+static void probe_open(probe *p) {
+    memset(p, 0, sizeof *p);
+    p->fd = open(model_src, O_RDONLY);
+    assert_true(p->fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(p->fd, &st), 0);
+    p->size = (uint64_t)st.st_size;
+}
+
+static dsi_model *load_probe(dsi_context *ctx, probe *p, uint32_t flags) {
+    dsi_reader r; /* copied by the load: garbage afterwards must not matter */
+    dsi_reader_init(&r);
+    r.size = p->size;
+    r.pread_fn = probe_pread;
+    r.close_fn = probe_close;
+    r.user_data = p;
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.flags = flags;
+    dsi_model *m = NULL;
+    assert_int_equal(dsi_model_load_from_reader(ctx, &r, &mo, &m), DSI_OK);
+    atomic_store(&p->loaded, 1);
+    memset(&r, 0xA5, sizeof r);
+    return m;
+}
+
+typedef struct {
+    dsi_model *m;
+    dsi_token out[8];
+    dsi_status st;
+} gen_job;
+
+static void *gen_thread(void *arg) {
+    gen_job *j = arg;
+    dsi_token t[64];
+    size_t n = 0;
+    tokens_of(j->m, t, &n);
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = 96;
+    dsi_session *s = NULL;
+    dsi_sampler_options o;
+    dsi_sampler_options_init(&o);
+    o.temperature = 0.0f;
+    dsi_sampler *smp = NULL;
+    j->st = dsi_session_create(j->m, &so, &s);
+    if (j->st == DSI_OK) j->st = dsi_sampler_create(&o, &smp);
+    for (int k = 0; k < 8 && j->st == DSI_OK; k++) {
+        const float *lg;
+        int32_t nv;
+        j->st = k == 0 ? dsi_session_sync(s, t, n, NULL) : dsi_session_append(s, &j->out[k - 1], 1);
+        if (j->st == DSI_OK) j->st = dsi_session_logits(s, &lg, &nv);
+        if (j->st == DSI_OK) j->st = dsi_sampler_sample(smp, lg, nv, &j->out[k]);
+    }
+    dsi_sampler_free(smp);
+    dsi_session_free(s);
+    return NULL;
+}
+
+static void run_two_sessions(dsi_model *m, gen_job jobs[2]) {
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].m = m;
+        assert_int_equal(pthread_create(&th[i], NULL, gen_thread, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) assert_int_equal(jobs[i].st, DSI_OK);
+    assert_memory_equal(jobs[0].out, jobs[1].out, sizeof jobs[0].out);
+}
+
+static void test_reader_contract(void **state) {
+    (void)state;
+    dsi_context_options co;
+    dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.n_threads = 2;
+    dsi_context *ctx = NULL;
+    assert_int_equal(dsi_context_create(&co, &ctx), DSI_OK);
+    /* reference tokens from the mapped file */
+    dsi_model *ref = NULL;
+    assert_int_equal(dsi_model_load(ctx, model_src, NULL, &ref), DSI_OK);
+    static gen_job want[2], got[2];
+    run_two_sessions(ref, want);
+    assert_int_equal(dsi_model_free(ref), DSI_OK);
+
+    /* lazy: the reader is used after the load, by the sessions' threads */
+    static probe p;
+    probe_open(&p);
+    dsi_model *m = load_probe(ctx, &p, 0);
+    assert_int_equal(atomic_load(&p.closed), 0);
+    long at_load = atomic_load(&p.calls);
+    assert_true(at_load > 0);
+    run_two_sessions(m, got);
+    assert_memory_equal(got[0].out, want[0].out, sizeof want[0].out);
+    assert_true(atomic_load(&p.after_load) > 0); /* Engram rows, read on demand */
+    print_message("reader: %ld calls during the load, %ld after it, at most %ld at once\n", at_load,
+                  (long)atomic_load(&p.after_load), (long)atomic_load(&p.max_in_flight));
+    assert_int_equal(atomic_load(&p.closed), 0);
+    assert_int_equal(dsi_model_free(m), DSI_OK);
+    assert_int_equal(atomic_load(&p.closed), 1);
+    assert_int_equal(atomic_load(&p.bad), 0);
+    close(p.fd);
+
+    /* resident: closed before the load returns, never read again, same tokens */
+    probe_open(&p);
+    m = load_probe(ctx, &p, DSI_MODEL_FLAG_RESIDENT);
+    assert_int_equal(atomic_load(&p.closed), 1);
+    run_two_sessions(m, got);
+    assert_memory_equal(got[0].out, want[0].out, sizeof want[0].out);
+    assert_int_equal(atomic_load(&p.after_load), 0);
+    assert_int_equal(dsi_model_free(m), DSI_OK);
+    assert_int_equal(atomic_load(&p.closed), 1);
+    assert_int_equal(atomic_load(&p.bad), 0);
+
+    /* a failing load closes exactly once too */
+    dsi_reader r;
+    dsi_reader_init(&r);
+    r.size = 100; /* a truncated container */
+    r.pread_fn = probe_pread;
+    r.close_fn = probe_close;
+    r.user_data = &p;
+    atomic_store(&p.closed, 0);
+    atomic_store(&p.loaded, 0);
+    dsi_model *bad = NULL;
+    assert_int_not_equal(dsi_model_load_from_reader(ctx, &r, NULL, &bad), DSI_OK);
+    assert_null(bad);
+    assert_int_equal(atomic_load(&p.closed), 1);
+    close(p.fd);
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+}
+
+int main(void) {
+    model_src = apiu_model_path("tiny-v41.gguf");
+    if (!model_src) {
+        printf("skip: the tiny model is not built\n");
+        return 77;
+    }
+    const char *d = apiu_tmpdir();
+    if (!d) return 1;
+    snprintf(dir, sizeof dir, "%s", d);
+    /* the forking cases first, while this process has no other threads */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mmap_truncated_is_fatal),
+        cmocka_unit_test(test_mmap_verify),
+        cmocka_unit_test(test_pread_lazy_rows),
+        cmocka_unit_test(test_pread_verify),
+        cmocka_unit_test(test_pread_resident),
+        cmocka_unit_test(test_flag_combinations),
+        cmocka_unit_test(test_reader_contract),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    apiu_rmdir(dir);
+    return rc;
+}
