@@ -423,6 +423,9 @@ static int run_chat(dsi_model *m, dsi_session *s, dsi_sampler *smp, const cli_op
         go.user_data = &answer;
         dsi_generate_result r;
         dsi_generate_result_init(&r);
+        /* a new answer: forget a Ctrl+C that came after the previous one had finished, then
+         * accept new ones (a press from here on stops this answer, even before it starts) */
+        dsi_session_cancel_clear(s);
         g_generating = 1;
         dsi_status st = dsi_session_generate(s, smp, &go, &r);
         g_generating = 0;
@@ -583,6 +586,10 @@ int main(int argc, char **argv) {
     if (st == DSI_ERR_CANCELLED) rc = 130; /* like a shell's Ctrl+C status */
 
 done:
+    /* the signal handler may cancel g_session: unpublish it before the free (docs/api.md
+     * "Cancellation"); the library's threads block SIGINT, so the handler runs on this one */
+    g_generating = 0;
+    g_session = NULL;
     free(toks);
     free(file_text);
     dsi_sampler_free(smp);

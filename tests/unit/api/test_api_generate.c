@@ -9,7 +9,9 @@
  *     that are not cancellable (reset), and dsi_session_cancel_clear withdraws it; one
  *     request cancels one call, however often it was pressed during that call;
  *   - a "stop button" thread pressing at random moments against a generating thread, and the
- *     documented way to free a session another thread may cancel (run under TSan in CI).
+ *     documented way to free a session another thread may cancel (run under TSan in CI);
+ *   - the library's worker threads block asynchronous signals, so a host's handler that
+ *     cancels runs on a host thread (the old pool left them open: checked via /proc).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -18,8 +20,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -314,6 +320,39 @@ static void test_stop_button_thread(void **state) {
     dsi_sampler_free(smp);
 }
 
+/* Every thread but this one belongs to the context's CPU pool: its blocked set (Linux
+ * /proc/self/task/<tid>/status "SigBlk") holds SIGINT, SIGTERM and SIGUSR1, not SIGSEGV. */
+static void test_workers_block_signals(void **state) {
+    (void)state;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) {
+        print_message("no /proc/self/task here\n");
+        skip();
+    }
+    int workers = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' || atoi(e->d_name) == (int)getpid()) continue;
+        char path[300], line[256];
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue; /* the thread just ended */
+        unsigned long long blk = 0;
+        int found = 0;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "SigBlk: %llx", &blk) == 1) found = 1;
+        fclose(f);
+        assert_true(found);
+        workers++;
+        assert_true(blk & (1ull << (SIGINT - 1)));
+        assert_true(blk & (1ull << (SIGTERM - 1)));
+        assert_true(blk & (1ull << (SIGUSR1 - 1)));
+        assert_false(blk & (1ull << (SIGSEGV - 1)));
+    }
+    closedir(d);
+    assert_true(workers >= 1); /* n_threads = 2: one worker besides the caller */
+}
+
 int main(void) {
     const char *path = apiu_model_path("tiny-v41.gguf");
     if (!path) {
@@ -340,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_is_sticky),
         cmocka_unit_test(test_one_request_one_cancelled_call),
         cmocka_unit_test(test_stop_button_thread),
+        cmocka_unit_test(test_workers_block_signals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dsi_model_free(model);
