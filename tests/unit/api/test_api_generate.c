@@ -320,8 +320,9 @@ static void test_stop_button_thread(void **state) {
     dsi_sampler_free(smp);
 }
 
-/* Every thread but this one belongs to the context's CPU pool: its blocked set (Linux
- * /proc/self/task/<tid>/status "SigBlk") holds SIGINT, SIGTERM and SIGUSR1, not SIGSEGV. */
+/* Every thread but this one belongs to the library (its CPU pool) or to a sanitizer's
+ * runtime: each blocks SIGINT, SIGTERM and SIGUSR1 (Linux /proc/self/task/<tid>/status
+ * "SigBlk"); the pool's workers leave faults such as SIGSEGV deliverable. */
 static void test_workers_block_signals(void **state) {
     (void)state;
     DIR *d = opendir("/proc/self/task");
@@ -329,7 +330,7 @@ static void test_workers_block_signals(void **state) {
         print_message("no /proc/self/task here\n");
         skip();
     }
-    int workers = 0;
+    int workers = 0, faults_open = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.' || atoi(e->d_name) == (int)getpid()) continue;
@@ -347,10 +348,11 @@ static void test_workers_block_signals(void **state) {
         assert_true(blk & (1ull << (SIGINT - 1)));
         assert_true(blk & (1ull << (SIGTERM - 1)));
         assert_true(blk & (1ull << (SIGUSR1 - 1)));
-        assert_false(blk & (1ull << (SIGSEGV - 1)));
+        faults_open += !(blk & (1ull << (SIGSEGV - 1)));
     }
     closedir(d);
     assert_true(workers >= 1); /* n_threads = 2: one worker besides the caller */
+    assert_true(faults_open >= 1);
 }
 
 int main(void) {
