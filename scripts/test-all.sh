@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets up and runs every test of libdsinfer, the way CI does:
-#   1. CMake build (warnings are errors) + ctest, install to a scratch prefix
-#   2. Meson build (warnings are errors) + meson test, install to a scratch prefix
-#   3. pkg-config consumers against both install trees
+#   1. CMake build (warnings are errors) + ctest
+#   2. Meson build (warnings are errors) + meson test
+#   3. installs (both builds configured with default install settings): `cmake --install
+#      --prefix <scratch>`, DESTDIR / `meson install --destdir` staging of both (same tree),
+#      C and C++ pkg-config consumers and the installed dsinfer-cli in a clean environment
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   4b. ThreadSanitizer build of the concurrency, cancellation and error-path tests
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
@@ -59,14 +61,14 @@ t0=$(date +%s)
 
 stage "CMake build (Release, -Werror)"
 rm -rf "$out/cmake" "$out/cmake-prefix"
+# No install prefix here: the install stage below installs with --prefix / DESTDIR.
 if cmake -S . -B "$out/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSI_WERROR=ON \
-     -DDSI_VULKAN=auto -DCMAKE_INSTALL_PREFIX="$out/cmake-prefix" >"$out/cmake-configure.log" 2>&1 &&
+     -DDSI_VULKAN=auto >"$out/cmake-configure.log" 2>&1 &&
    cmake --build "$out/cmake" -j"$jobs" >"$out/cmake-build.log" 2>&1; then
   record cmake-build 0
   stage "CMake tests (ctest)"
   (cd "$out/cmake" && ctest -j"$jobs" --output-on-failure --timeout 1200) 2>&1 | tee "$out/ctest.log"
   count_ctest ctest "$out/ctest.log" "${PIPESTATUS[0]}"
-  cmake --install "$out/cmake" >"$out/cmake-install.log" 2>&1; record cmake-install $?
 else
   cat "$out/cmake-configure.log" "$out/cmake-build.log" 2>/dev/null | tail -60
   record cmake-build 1
@@ -75,28 +77,25 @@ fi
 if [ "${DSI_SKIP_MESON:-0}" != 1 ]; then
   stage "Meson build (--werror)"
   rm -rf "$out/meson" "$out/meson-prefix"
-  if meson setup "$out/meson" --werror --buildtype=release --prefix="$out/meson-prefix" \
-       >"$out/meson-configure.log" 2>&1 &&
+  if meson setup "$out/meson" --werror --buildtype=release >"$out/meson-configure.log" 2>&1 &&
      meson compile -C "$out/meson" -j "$jobs" >"$out/meson-build.log" 2>&1; then
     record meson-build 0
     stage "Meson tests"
     meson test -C "$out/meson" --num-processes "$jobs" --print-errorlogs -t 2 2>&1 | tee "$out/meson-test.log"
     count_meson meson "$out/meson-test.log" "${PIPESTATUS[0]}"
-    meson install -C "$out/meson" >"$out/meson-install.log" 2>&1; record meson-install $?
   else
     cat "$out/meson-configure.log" "$out/meson-build.log" 2>/dev/null | tail -60
     record meson-build 1
   fi
 fi
 
-stage "pkg-config consumers"
-model=""
-[ -f "$out/cmake/models/tiny-v41.gguf" ] && model="$out/cmake/models/tiny-v41.gguf"
-for tree in cmake-prefix meson-prefix; do
-  if [ -d "$out/$tree" ]; then
-    bash tests/abi/consumer-test.sh "$out/$tree" $model; record "consumer-$tree" $?
-  fi
-done
+if [ -d "$out/cmake" ]; then
+  stage "installs: --prefix, DESTDIR and --destdir trees, pkg-config consumers, installed CLI"
+  meson_dir=-
+  [ "${DSI_SKIP_MESON:-0}" != 1 ] && [ -f "$out/meson/build.ninja" ] && meson_dir=$out/meson
+  bash tests/install/check-install.sh "$out/cmake" "$meson_dir" "$out/install" 2>&1 | tee "$out/install.log"
+  record installs "${PIPESTATUS[0]}"
+fi
 
 if [ "${DSI_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "ASan + UBSan build (unit, abi, model tiers)"

@@ -4,8 +4,10 @@
  *   one-shot:  dsinfer-cli [-m FILE] -p "text" [-n N] …   streams the completion to stdout
  *   chat:      dsinfer-cli [-m FILE] --chat [--think]      interactive, multi-turn
  *
- * Without -m the build's tiny-v41.gguf (path baked in at build time) or the installed
- * $datadir/dsinfer/models/tiny-v41.gguf is used, and stderr says so.
+ * Without -m the default model is used, and stderr says which file: the installed one next
+ * to this executable (<bindir>/<DSI_CLI_EXE_MODEL>, i.e. $prefix/share/dsinfer/models/…,
+ * wherever the tree was installed), else the build's own (path baked in at build time), else
+ * the configured install location.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "dsinfer.h"
@@ -23,6 +25,9 @@
 #endif
 #ifndef DSI_CLI_INSTALL_MODEL
 #define DSI_CLI_INSTALL_MODEL "/usr/local/share/dsinfer/models/tiny-v41.gguf"
+#endif
+#ifndef DSI_CLI_EXE_MODEL
+#define DSI_CLI_EXE_MODEL "../share/dsinfer/models/tiny-v41.gguf"
 #endif
 
 static const char *prog = "dsinfer-cli";
@@ -314,6 +319,26 @@ static int list_devices(dsi_context *ctx) {
     return 0;
 }
 
+/* The default model's path (static storage): relative to this executable first, so that an
+ * install tree moved or installed with `cmake --install --prefix` finds its own model. */
+static const char *default_model(void) {
+    static char path[PATH_MAX + 256];
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            if (snprintf(path, sizeof path, "%s/%s", exe, DSI_CLI_EXE_MODEL) < (int)sizeof path &&
+                access(path, R_OK) == 0)
+                return path;
+        }
+    }
+    if (DSI_CLI_BUILD_MODEL[0] && access(DSI_CLI_BUILD_MODEL, R_OK) == 0) return DSI_CLI_BUILD_MODEL;
+    return DSI_CLI_INSTALL_MODEL;
+}
+
 /* ---- chat ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -499,8 +524,7 @@ int main(int argc, char **argv) {
 
     const char *path = o.model;
     if (!path) {
-        if (DSI_CLI_BUILD_MODEL[0] && access(DSI_CLI_BUILD_MODEL, R_OK) == 0) path = DSI_CLI_BUILD_MODEL;
-        else path = DSI_CLI_INSTALL_MODEL;
+        path = default_model();
         fprintf(stderr, "%s: no -m given; using the built-in default model %s\n", prog, path);
     }
     if (!o.prompt && !o.prompt_file && !o.chat) {
