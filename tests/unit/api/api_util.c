@@ -26,6 +26,23 @@ const char *apiu_model_path(const char *name) {
     return path;
 }
 
+int apiu_open_tiny(int32_t n_threads, dsi_context **ctx, dsi_model **model, const char **path) {
+    const char *p = apiu_model_path("tiny-v41.gguf");
+    if (path) *path = p;
+    if (!p) {
+        printf("skip: the tiny model is not built\n");
+        return 77;
+    }
+    dsi_context_options o;
+    dsi_context_options_init(&o, DSI_ABI_VERSION);
+    o.n_threads = n_threads;
+    if (dsi_context_create(&o, ctx) != DSI_OK || dsi_model_load(*ctx, p, NULL, model) != DSI_OK) {
+        printf("cannot load %s: %s\n", p, dsi_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 #define HDR 16 /* keeps 16-byte alignment of the returned block */
 
 void *apiu_malloc(size_t size, void *user) {

@@ -16,6 +16,11 @@
  * (with a note on stdout) when it was not built. */
 const char *apiu_model_path(const char *name);
 
+/* Opens the tiny model on a new context with `n_threads` CPU threads (0 = default); *path
+ * (may be NULL) receives its path. Returns 0, or the exit status for main: 77 (skip, with a
+ * note) when the model is not built, 1 (with the message) when it does not load. */
+int apiu_open_tiny(int32_t n_threads, dsi_context **ctx, dsi_model **model, const char **path);
+
 /* Allocator hooks that count: every block carries a header with its size; `live` and
  * `bytes` follow the blocks currently allocated, `calls` every malloc/realloc. */
 typedef struct apiu_alloc_stats {

@@ -221,15 +221,8 @@ static void test_cli_uses_chat_tokens(void **state) {
 }
 
 int main(void) {
-    model_path = apiu_model_path("tiny-v41.gguf");
-    if (!model_path) {
-        printf("skip: the tiny model is not built\n");
-        return 77;
-    }
-    if (dsi_context_create(NULL, &ctx) != DSI_OK || dsi_model_load(ctx, model_path, NULL, &model) != DSI_OK) {
-        printf("cannot load %s: %s\n", model_path, dsi_last_error());
-        return 1;
-    }
+    int open_rc = apiu_open_tiny(0, &ctx, &model, &model_path);
+    if (open_rc) return open_rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_as_text_path),
         cmocka_unit_test(test_injection),

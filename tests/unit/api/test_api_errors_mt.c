@@ -151,18 +151,8 @@ static void test_message_pointer_stays_mine(void **state) {
 }
 
 int main(void) {
-    const char *path = apiu_model_path("tiny-v41.gguf");
-    if (!path) {
-        printf("skip: the tiny model is not built\n");
-        return 77;
-    }
-    dsi_context_options o;
-    dsi_context_options_init(&o, DSI_ABI_VERSION);
-    o.n_threads = 1;
-    if (dsi_context_create(&o, &ctx) != DSI_OK || dsi_model_load(ctx, path, NULL, &model) != DSI_OK) {
-        printf("cannot load %s: %s\n", path, dsi_last_error());
-        return 1;
-    }
+    int open_rc = apiu_open_tiny(1, &ctx, &model, NULL);
+    if (open_rc) return open_rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_context_errors_concurrent),
         cmocka_unit_test(test_model_errors_concurrent),

@@ -356,21 +356,11 @@ static void test_workers_block_signals(void **state) {
 }
 
 int main(void) {
-    const char *path = apiu_model_path("tiny-v41.gguf");
-    if (!path) {
-        printf("skip: the tiny model is not built\n");
-        return 77;
-    }
-    dsi_context_options o;
-    dsi_context_options_init(&o, DSI_ABI_VERSION);
-    o.n_threads = 2;
+    int open_rc = apiu_open_tiny(2, &ctx, &model, NULL);
+    if (open_rc) return open_rc;
     dsi_model_info info;
     dsi_model_info_init(&info);
-    if (dsi_context_create(&o, &ctx) != DSI_OK || dsi_model_load(ctx, path, NULL, &model) != DSI_OK ||
-        dsi_model_get_info(model, &info) != DSI_OK) {
-        printf("cannot load %s: %s\n", path, dsi_last_error());
-        return 1;
-    }
+    if (dsi_model_get_info(model, &info) != DSI_OK) return 1;
     n_vocab = info.n_vocab;
     const char *text = "The quick brown fox jumps over the lazy dog.";
     if (dsi_tokenize(model, text, strlen(text), DSI_TOKENIZE_ADD_BOS, prompt, 64, &n_prompt) != DSI_OK)
