@@ -292,7 +292,7 @@ DSI_API void dsi_model_options_init(dsi_model_options *opt);
  * be reentrant and thread-safe: it runs during the load and — unless the model was loaded
  * with DSI_MODEL_FLAG_RESIDENT — after it, for Engram rows read on demand during inference,
  * from any thread that runs a session of the model, several calls at once. Reads always lie
- * inside [0, size). The struct is copied at load; the functions and `user_data` must stay
+ * inside [0, dsi_reader.size). The struct is copied at load; the functions and `user_data` must stay
  * valid until `close_fn` (may be NULL) is called, exactly once: when the model is freed,
  * when loading fails, or (RESIDENT) before the load returns. `pread_fn` is never called
  * after `close_fn`. */
