@@ -6,12 +6,13 @@
 #      --prefix <scratch>`, DESTDIR / `meson install --destdir` staging of both (same tree),
 #      C and C++ pkg-config consumers and the installed dsinfer-cli in a clean environment
 #   4. ASan + UBSan build of the unit, abi and model tiers
-#   4b. ThreadSanitizer build of the concurrency, cancellation and error-path tests
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. bounded libFuzzer run of the GGUF reader (clang)
+#   7. ThreadSanitizer build of the concurrency, cancellation and error-path tests (label
+#      concurrency; only those tests and the tiny models are built)
 # Ends with a summary line "N passed, N failed, N skipped"; exits non-zero on any failure.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
-#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_TSAN=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 to
+#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_TSAN=1 to
 #              shorten local runs.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -112,31 +113,6 @@ if [ "${DSI_SKIP_SANITIZE:-0}" != 1 ]; then
   fi
 fi
 
-if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
-  # Only the tests named here (and what they need: the tiny models, the CLI) are built.
-  stage "ThreadSanitizer (concurrency, cancellation and error-path tests)"
-  rm -rf "$out/tsan"
-  tsan_tests='^(test_api_(lifetime|errors_mt|generate|reader|robustness)|test_generate|test_threadpool|test_context)$'
-  tsan_flags=-fsanitize=thread
-  if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
-       -DDSI_VULKAN=off -DDSI_CUDA=off -DCMAKE_C_FLAGS="$tsan_flags" -DCMAKE_CXX_FLAGS="$tsan_flags" \
-       -DCMAKE_EXE_LINKER_FLAGS="$tsan_flags" -DCMAKE_SHARED_LINKER_FLAGS="$tsan_flags" \
-       >"$out/tsan-configure.log" 2>&1 &&
-     tsan_targets=$(cd "$out/tsan" && ctest -N -R "$tsan_tests" | sed -n 's/^ *Test *#[0-9]*: *//p') &&
-     [ -n "$tsan_targets" ] &&
-     cmake --build "$out/tsan" -j"$jobs" --target dsinfer-models dsinfer-cli $tsan_targets \
-       >"$out/tsan-build.log" 2>&1; then
-    record tsan-build 0
-    (cd "$out/tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-       ctest -j"$jobs" --output-on-failure --timeout 1800 -R "$tsan_tests") 2>&1 | tee "$out/ctest-tsan.log"
-    count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}"
-  else
-    cat "$out/tsan-configure.log" 2>/dev/null | tail -20
-    tail -60 "$out/tsan-build.log" 2>/dev/null
-    record tsan-build 1
-  fi
-fi
-
 if [ -d "$out/cmake" ] && [ "$(cd "$out/cmake" && ctest -N -L backend | grep -c 'Test *#')" -gt 0 ]; then
   stage "Vulkan tests under the Khronos validation layer"
   (cd "$out/cmake" && DSINFER_VULKAN_VALIDATION=1 ctest -j1 --output-on-failure --timeout 1800 -L backend) 2>&1 | tee "$out/ctest-vkval.log"
@@ -157,6 +133,28 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
   else
     cat "$out/fuzz-configure.log" "$out/fuzz-build.log" | tail -40
     record fuzz-build 1
+  fi
+fi
+
+if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
+  # Only the programs of the tests labelled concurrency (and the tiny models they load) are
+  # built, not the whole tree.
+  stage "ThreadSanitizer (concurrency, cancellation and error-path tests: label concurrency)"
+  rm -rf "$out/tsan"
+  if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
+       -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
+     tsan_targets=$(cd "$out/tsan" && ctest -N -V -L concurrency |
+                      sed -n 's|^.*Test command: *\([^ ]*\).*$|\1|p' | xargs -r -n1 basename | sort -u) &&
+     [ -n "$tsan_targets" ] &&
+     cmake --build "$out/tsan" -j"$jobs" --target dsinfer-models $tsan_targets \
+       >"$out/tsan-build.log" 2>&1; then
+    record tsan-build 0
+    (cd "$out/tsan" && ctest -j"$jobs" --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
+    count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}"
+  else
+    tail -20 "$out/tsan-configure.log" 2>/dev/null
+    tail -60 "$out/tsan-build.log" 2>/dev/null
+    record tsan-build 1
   fi
 fi
 

@@ -7,6 +7,7 @@
 #include "base/file.h"
 #include "arch/arch.h"
 #include "model/model.h"
+#include "sched/sched.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -37,12 +38,16 @@ static dsi_status ctor_fail(dsi_context *ctx, const dsii_error *e) {
     return e->status;
 }
 
+_Static_assert((DSII_MODEL_FLAG_COALESCE & (DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT)) == 0,
+               "the experimental and stable dsi_model_options.flags bits must be distinct");
+
 static dsi_status read_model_options(const dsi_model_options *user, dsi_model_options *opt,
                                      int reader, dsii_error *err) {
     dsi_model_options_init(opt);
     dsi_status st = dsii_read_options(opt, sizeof *opt, user, "dsi_model_options", err);
     if (st != DSI_OK) return st;
-    const uint32_t known = DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT;
+    const uint32_t known =
+        (uint32_t)DSII_MODEL_FLAG_COALESCE | DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT;
     if (opt->flags & ~known)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_model_options.flags has unknown bits 0x%x",
                          opt->flags & ~known);
@@ -67,7 +72,9 @@ static dsi_status finish_load(dsi_context *ctx, const dsi_model_options *opt, ds
     const char *stage = "upload";
     if (opt->progress_fn && opt->progress_fn(DSI_LOAD_STAGE_UPLOAD, 0, 1, opt->progress_user_data) == 0)
         st = DSI_ERR_CANCELLED;
-    if (st == DSI_OK) st = dsii_arch_model_prepare(m, err);
+    if (st == DSI_OK) st = dsii_exec_create(m, err);
+    if (st == DSI_OK && (opt->flags & DSII_MODEL_FLAG_COALESCE) && m->exec)
+        st = dsii_sched_enable(m->exec, err);
     if (st == DSI_OK && opt->progress_fn &&
         opt->progress_fn(DSI_LOAD_STAGE_UPLOAD, 1, 1, opt->progress_user_data) == 0)
         st = DSI_ERR_CANCELLED;
