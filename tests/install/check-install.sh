@@ -11,7 +11,8 @@
 #      (plus the usual -Wl,-rpath to pkg-config's libdir), runs both on the installed default
 #      model, links the C one statically through Libs.private, and runs the installed
 #      dsinfer-cli on its default model (found the way the CLI finds it: no -m);
-#   4. checks the installed executables' run path ($ORIGIN-relative) and that the library's
+#   4. runs every installed executable (--help) in the clean environment, checks that each
+#      one linking libdsinfer.so has the run path $ORIGIN/../lib, and that the library's
 #      SONAME is libdsinfer.so.0 with no run path of its own.
 # Usage: check-install.sh CMAKE_BUILD_DIR MESON_BUILD_DIR|- SCRATCH_DIR
 # Exit status 0 = everything held; failures are printed as "FAIL: …".
@@ -133,6 +134,21 @@ for tree in "${trees[@]}"; do
   else
     bad "no dsinfer-cli in $tree/bin"
   fi
+  # every installed executable starts in the clean environment (no LD_LIBRARY_PATH), and
+  # each one that links libdsinfer.so carries an $ORIGIN-relative run path to it
+  n_exe=0
+  for exe in "$tree"/bin/*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
+    n_exe=$((n_exe + 1))
+    if ! (cd "$scratch" && "${clean_env[@]}" "$exe" --help >"$out/help.out" 2>&1); then
+      bad "installed $(basename "$exe") --help failed in $tree:"; tail -3 "$out/help.out"
+    fi
+    if readelf -d "$exe" | grep -q 'NEEDED.*\[libdsinfer\.so'; then
+      readelf -d "$exe" | grep -E 'R(UN)?PATH' | grep -q '\[\$ORIGIN/\.\./lib\]' ||
+        bad "$(basename "$exe") links libdsinfer.so without the run path \$ORIGIN/../lib"
+    fi
+  done
+  [ "$n_exe" -ge 3 ] || bad "only $n_exe executables installed in $tree/bin (cli, bench, mkmodel expected)"
   lib=$tree/lib/libdsinfer.so.0
   readelf -d "$lib" | grep -q 'SONAME.*\[libdsinfer.so.0\]' || bad "SONAME of $lib is not libdsinfer.so.0"
   ! readelf -d "$lib" | grep -qE 'R(UN)?PATH' || bad "$lib carries a run path"
