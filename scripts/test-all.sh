@@ -6,9 +6,12 @@
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. bounded libFuzzer run of the GGUF reader (clang)
+#   7. Python, Rust and Go bindings; dsinfer-server (curl, OpenAI Node SDK, load test,
+#      malformed input), also under ASan
 # Ends with a summary line "N passed, N failed, N skipped"; exits non-zero on any failure.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
-#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 to shorten local runs.
+#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_BINDINGS=1 to
+#              shorten local runs.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -131,6 +134,43 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
   else
     cat "$out/fuzz-configure.log" "$out/fuzz-build.log" | tail -40
     record fuzz-build 1
+  fi
+fi
+
+# Bindings and the server (docs/bindings.md, docs/server.md): each prints a last line
+# "RESULT: N passed, N failed, N skipped".
+count_result() { # label logfile rc
+  local line p f s
+  line=$(grep -E '^RESULT: ' "$2" | tail -n1)
+  p=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) passed.*/\1/p')
+  f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+  s=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) skipped.*/\1/p')
+  p=${p:-0}; f=${f:-1}; s=${s:-0}
+  if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  [ "$f" -eq 0 ] || failures+=("$1: see $2")
+  echo "[$1] $p passed, $f failed, $s skipped"
+}
+if [ "${DSI_SKIP_BINDINGS:-0}" != 1 ] && [ -x "$out/cmake/bin/dsinfer-cli" ]; then
+  for b in python rust go; do
+    stage "$b binding"
+    bash scripts/test-bindings.sh $b "$out/cmake" "$out/cmake-prefix" >"$out/bindings-$b.log" 2>&1
+    rc=$?
+    tail -5 "$out/bindings-$b.log"
+    count_result "$b-binding" "$out/bindings-$b.log" $rc
+  done
+  stage "dsinfer-server: curl, OpenAI Node SDK, 16-client load, malformed input"
+  bash tests/server/run.sh "$out/cmake" >"$out/server.log" 2>&1
+  rc=$?
+  grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server.log" | tail -12
+  count_result server "$out/server.log" $rc
+  if [ -x "$out/asan/bin/dsinfer-server" ]; then
+    stage "dsinfer-server under ASan + UBSan (no leaks at shutdown)"
+    DSI_CLI="$out/cmake/bin/dsinfer-cli" DSI_LOAD_PER_CLIENT=2 bash tests/server/run.sh "$out/asan" asan \
+      >"$out/server-asan.log" 2>&1
+    rc=$?
+    grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server-asan.log" | tail -12
+    count_result server-asan "$out/server-asan.log" $rc
   fi
 fi
 

@@ -216,6 +216,7 @@ func TestStreamStopsWhenContextEnds(t *testing.T) {
 	f := setup(t, false)
 	s, smp := f.session(t)
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	st := s.Stream(ctx, smp, &GenerateOptions{Prompt: f.prompt, MaxTokens: 200})
 	n := 0
 	for range st.C {
