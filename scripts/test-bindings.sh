@@ -57,7 +57,7 @@ go)
     echo "go is not installed (scripts/setup-deps.sh installs golang-go)"
     result 0 0 1
   fi
-  export GOCACHE=${DSI_GOCACHE:-$build/go-cache} GOFLAGS=-count=1
+  export GOCACHE=${DSI_GOCACHE:-$build/go-cache} GOFLAGS=-count=1 GOPATH=${GOPATH:-$build/go-path}
   if [ -n "$prefix" ]; then
     pc=$(find "$prefix" -name dsinfer.pc -path '*pkgconfig*' | head -n1)
     export PKG_CONFIG_PATH=$(dirname "$pc")
