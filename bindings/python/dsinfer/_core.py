@@ -132,6 +132,12 @@ class _Handle:
 
     _kind = "handle"
     _h = None
+    _last_error = None  # name of the handle's dsi_*_last_error function
+
+    def _fail(self, st):
+        """Raises the Error of a failed call on this handle (a no-op for DSI_OK)."""
+        h, fn = self._h, getattr(_lib, self._last_error)
+        _check(st, lambda: fn(h))
 
     def _adopt(self, h):
         self._h = h
@@ -337,6 +343,7 @@ class Model(_Handle):
     """
 
     _kind = "model"
+    _last_error = "dsi_model_last_error"
 
     def __init__(self, context, path, *, access="mmap", progress=None):
         self.context = context
@@ -370,9 +377,6 @@ class Model(_Handle):
                             % (len(alive), type(alive[0]).__name__))
         _check(_lib.dsi_model_free(h), lambda: _lib.dsi_model_last_error(h))
 
-    def _fail(self, st):
-        h = self._h
-        _check(st, lambda: _lib.dsi_model_last_error(h))
 
     @property
     def info(self):
@@ -597,6 +601,7 @@ class Sampler(_Handle):
     greedy. ``logit_bias`` is {token: bias}."""
 
     _kind = "sampler"
+    _last_error = "dsi_sampler_last_error"
 
     def __init__(self, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
@@ -623,9 +628,6 @@ class Sampler(_Handle):
     def _free(self, h):
         _lib.dsi_sampler_free(h)
 
-    def _fail(self, st):
-        h = self._h
-        _check(st, lambda: _lib.dsi_sampler_last_error(h))
 
     def sample(self, logits):
         """Samples a token from a sequence of n_vocab floats (NumPy array, memoryview,
@@ -744,6 +746,7 @@ class Session(_Handle):
     cancel(), which any thread may call. ``n_ctx`` 0 = min(4096, trained context)."""
 
     _kind = "session"
+    _last_error = "dsi_session_last_error"
 
     def __init__(self, model, *, n_ctx=0, n_batch=0, flags=0):
         self.model = model
@@ -761,9 +764,6 @@ class Session(_Handle):
     def _free(self, h):
         _lib.dsi_session_free(h)
 
-    def _fail(self, st):
-        h = self._h
-        _check(st, lambda: _lib.dsi_session_last_error(h))
 
     def sync(self, tokens):
         """Makes the timeline equal ``tokens`` (longest common prefix kept); returns how
