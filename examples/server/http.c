@@ -39,7 +39,7 @@ typedef struct req {
     size_t pend_n, pend_off;
     int stage;                /* 0 opening chunk, 1 tokens, 2 [DONE] next, 3 end */
     long long last_write_ms;
-    int status;               /* for the access log */
+    int status;               /* for the access log; nonzero once a response is queued */
     long long t0_ms;
     int refs;                 /* the request + a streaming response */
 } req;
@@ -355,6 +355,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                 return respond_error(r, 413, NULL, "request_too_large", "the request body is larger than %zu bytes", h->cfg->max_body);
         }
         return MHD_YES; /* the body follows */
+    }
+    if (r->status) {
+        /* answered at the first call (an error): discard whatever body follows */
+        *upload_size = 0;
+        return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;

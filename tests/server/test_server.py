@@ -367,8 +367,16 @@ def test_context_length_exceeded():
     expect_4xx(st, r, 400, code="context_length_exceeded")
 
 
+def worker_lines():
+    with open(LOG, encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if " slot " in line and " generated" in line)
+
+
 def test_routing_auth_and_methods():
+    before = worker_lines()
     st, _, r = request("GET", "/v1/nothing")
+    expect_4xx(st, r, 404)
+    st, _, r = post("/v1/nothing", completion_body("x"))  # a body after an early answer
     expect_4xx(st, r, 404)
     st, resp, r = request("GET", "/v1/chat/completions")
     expect_4xx(st, r, 405)
@@ -380,6 +388,8 @@ def test_routing_auth_and_methods():
         expect_4xx(st, r, 401)
         st, _, r = post("/v1/completions", completion_body("x"), headers={"Authorization": "Bearer wrong"})
         expect_4xx(st, r, 401)
+    time.sleep(0.3)
+    assert worker_lines() == before, "a refused request started a generation"
 
 
 def test_body_limits():
