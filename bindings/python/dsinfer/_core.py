@@ -897,14 +897,13 @@ class Stream:
         self._detok = Detokenizer(session.model)
         self._held = b""
         self._done = False
-        self._last = []
-        session._cancel.clear()
+        last = self._last = []  # the callback must not refer to self: no reference cycle,
+        session._cancel.clear()  # so an abandoned stream is freed (and closed) at once
 
         def _cb(token, _text, _n, _ud):
             if token >= 0:
-                self._last.append(int(token))
+                last.append(int(token))
             return 1
-        self._cb = _cb
         self._gen = _GenOptions(None, 1, [], self._stop_tokens, _cb)
 
     def __iter__(self):
@@ -975,7 +974,7 @@ class Stream:
             o.max_tokens = min(1, self._max)
         res = _ffi.generate_result()
         res.struct_size = ctypes.sizeof(res)
-        self._last = []
+        del self._last[:]
         st = _lib.dsi_session_generate(s._handle(), self.sampler._handle(), ctypes.byref(o),
                                        ctypes.byref(res))
         if first:

@@ -26,6 +26,23 @@ def one_round(model, stop_stream_early=False):
     del it
 
 
+def test_abandoned_stream_closes_without_gc(model):
+    """An abandoned stream is freed by reference counting alone (no cycle): its
+    detokenizer closes at once."""
+    import gc as _gc
+    before = dsinfer.open_handles().get("detokenizer", 0)
+    _gc.disable()
+    try:
+        with model.session() as s, dsinfer.Sampler(temperature=0) as smp:
+            it = s.stream(smp, model.tokenize(PROMPT, add_bos=True), max_tokens=8)
+            next(it)
+            assert dsinfer.open_handles().get("detokenizer", 0) == before + 1
+            del it
+            assert dsinfer.open_handles().get("detokenizer", 0) == before
+    finally:
+        _gc.enable()
+
+
 def test_handles_all_closed(default_model_path):
     before = dsinfer.open_handles()
     with dsinfer.Context(n_threads=2) as ctx:
