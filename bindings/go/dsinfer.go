@@ -102,8 +102,12 @@ func check(st C.dsi_status, msg func() *C.char) error {
 	return &Error{Status: int(st), Message: C.GoString(msg())}
 }
 
-func checkThread(st C.dsi_status) error {
-	return check(st, func() *C.char { return C.dsi_last_error() })
+// onThread runs one C call and, on failure, reads dsi_last_error — which is thread-local —
+// on the same OS thread (a goroutine may otherwise move between the two cgo calls).
+func onThread(call func() C.dsi_status) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(call(), func() *C.char { return C.dsi_last_error() })
 }
 
 func closedErr(what string) error {
@@ -216,7 +220,7 @@ func NewContext(opts *ContextOptions) (*Context, error) {
 		C.dsigo_set_alloc_hooks(o, c.stats)
 	}
 	var p *C.dsi_context
-	if err := checkThread(C.dsi_context_create(o, &p)); err != nil {
+	if err := onThread(func() C.dsi_status { return C.dsi_context_create(o, &p) }); err != nil {
 		c.release()
 		return nil, err
 	}
@@ -355,7 +359,7 @@ func (c *Context) LoadModel(path string, opts *ModelOptions) (*Model, error) {
 		C.dsigo_set_progress(o, C.uintptr_t(h))
 	}
 	var mp *C.dsi_model
-	if err := checkThread(C.dsi_model_load(p, m.str(path), o, &mp)); err != nil {
+	if err := onThread(func() C.dsi_status { return C.dsi_model_load(p, m.str(path), o, &mp) }); err != nil {
 		return nil, err
 	}
 	model := &Model{ptr: mp, ctx: c}
@@ -690,7 +694,7 @@ func (m *Model) NewSession(opts *SessionOptions) (*Session, error) {
 			o.n_ctx, o.n_batch, o.flags = C.uint32_t(opts.Ctx), C.uint32_t(opts.Batch), C.uint32_t(opts.Flags)
 		}
 		var sp *C.dsi_session
-		if err := checkThread(C.dsi_session_create(p, &o, &sp)); err != nil {
+		if err := onThread(func() C.dsi_status { return C.dsi_session_create(p, &o, &sp) }); err != nil {
 			return err
 		}
 		s = &Session{ptr: sp, model: m}
@@ -719,7 +723,7 @@ func (m *Model) NewDetokenizer() (*Detokenizer, error) {
 		return nil, closedErr("Model")
 	}
 	var d *C.dsi_detokenizer
-	if err := checkThread(C.dsi_detokenizer_create(m.ptr, &d)); err != nil {
+	if err := onThread(func() C.dsi_status { return C.dsi_detokenizer_create(m.ptr, &d) }); err != nil {
 		return nil, err
 	}
 	m.children++
@@ -844,7 +848,7 @@ func NewSampler(opts *SamplerOptions) (*Sampler, error) {
 		o.logit_bias, o.n_logit_bias = b, C.size_t(len(opts.LogitBias))
 	}
 	var p *C.dsi_sampler
-	if err := checkThread(C.dsi_sampler_create(o, &p)); err != nil {
+	if err := onThread(func() C.dsi_status { return C.dsi_sampler_create(o, &p) }); err != nil {
 		return nil, err
 	}
 	s := &Sampler{ptr: p}
