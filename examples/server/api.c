@@ -666,6 +666,11 @@ char *api_usage_chunk_json(const srv_config *cfg, const srv_job *j) {
                           fingerprint(), "choices", "usage", usage_json(j)));
 }
 
+char *api_shutdown_error_json(void) {
+    return dump(json_pack("{s:{s:s,s:s,s:n,s:s}}", "error", "message", "the server is shutting down", "type",
+                          "server_error", "param", "code", "shutting_down"));
+}
+
 char *api_stream_error_json(const srv_job *j) {
     char msg[300];
     snprintf(msg, sizeof msg, "generation failed: %s", j->error[0] ? j->error : dsi_status_string(j->status));

@@ -20,6 +20,7 @@ struct srv_slot {
     pthread_t thread;
     srv_engine *engine;
     srv_job *assigned;        /* engine mutex */
+    srv_job *running;         /* the job the worker runs (engine mutex) */
     int busy;                 /* engine mutex */
     dsi_token *cached;        /* the session's timeline after its last job (engine mutex) */
     size_t n_cached;
@@ -67,9 +68,9 @@ void job_release(srv_job *j) {
     free(j);
 }
 
-void job_cancel(srv_job *j) {
+void job_cancel(srv_job *j, int why) {
     pthread_mutex_lock(&j->mu);
-    j->cancelled = 1;
+    if (!j->cancelled) j->cancelled = why;
     /* Only while the worker is inside dsi_session_generate (in_call is set before and
      * cleared after the call under this mutex), so a cancel never reaches the next job
      * of the slot. A cancel that lands before the call starts is cleared by it; the
@@ -164,6 +165,7 @@ static void run_job(srv_slot *slot, srv_job *j) {
         srv_engine *e = slot->engine;
         pthread_mutex_lock(&e->mu);
         slot->busy = 0;
+        slot->running = NULL;
         job_finish(j, DSI_ERR_CANCELLED, "cancelled before it started");
         pthread_mutex_unlock(&e->mu);
         return;
@@ -216,6 +218,7 @@ static void run_job(srv_slot *slot, srv_job *j) {
     srv_engine *e = slot->engine;
     pthread_mutex_lock(&e->mu);
     slot->busy = 0;
+    slot->running = NULL;
     job_finish(j, st, msg);
     pthread_mutex_unlock(&e->mu);
 }
@@ -236,6 +239,7 @@ static void *worker(void *arg) {
         }
         if (!j) break; /* stopping and nothing left */
         slot->busy = 1;
+        slot->running = j;
         pthread_mutex_unlock(&e->mu);
         run_job(slot, j); /* marks the slot free (busy = 0) as it finishes the job */
         job_release(j);   /* the engine's reference */
@@ -362,14 +366,13 @@ int engine_submit(srv_engine *e, srv_job *j) {
 void engine_stop(srv_engine *e) {
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
-    for (srv_job *j = e->q_head; j; j = j->next) job_cancel(j);
+    for (srv_job *j = e->q_head; j; j = j->next) job_cancel(j, JOB_CANCEL_SHUTDOWN);
     for (int i = 0; i < e->n_slots; i++) {
-        if (e->slots[i].assigned) job_cancel(e->slots[i].assigned);
+        if (e->slots[i].assigned) job_cancel(e->slots[i].assigned, JOB_CANCEL_SHUTDOWN);
+        if (e->slots[i].running) job_cancel(e->slots[i].running, JOB_CANCEL_SHUTDOWN);
     }
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    /* running jobs: cancelled by their connections as the HTTP side shuts down, and here */
-    for (int i = 0; i < e->n_slots; i++) dsi_session_cancel(e->slots[i].session);
 }
 
 void engine_stats(srv_engine *e, int *busy, int *idle, int *queued) {

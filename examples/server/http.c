@@ -14,12 +14,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 struct srv_http {
     struct MHD_Daemon *d;
     const srv_config *cfg;
     srv_engine *e;
     long long started;
+    int live;                 /* requests not yet freed (atomic) */
 };
 
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL_ID, R_CHAT, R_COMPLETIONS };
@@ -52,6 +54,7 @@ static long long now_ms(void) {
 
 static void req_unref(req *r) {
     if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+    __atomic_sub_fetch(&r->h->live, 1, __ATOMIC_ACQ_REL);
     free(r->body);
     free(r->pend);
     job_release(r->job);
@@ -176,7 +179,7 @@ static int wait_job(req *r, srv_job *j, int need_text) {
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
         if (j->state != JOB_DONE && client_gone(r)) {
             pthread_mutex_unlock(&j->mu);
-            job_cancel(j);
+            job_cancel(j, JOB_CANCEL_CLIENT);
             pthread_mutex_lock(&j->mu);
             return -1;
         }
@@ -248,8 +251,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                 fin = both;
             }
             take_event(r, fin, "data: ");
+        } else if (cancelled == JOB_CANCEL_CLIENT) {
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* nobody is listening */
         } else if (cancelled) {
-            return MHD_CONTENT_READER_END_WITH_ERROR; /* the client left or the server stops */
+            take_event(r, api_shutdown_error_json(), "data: ");
         } else {
             take_event(r, api_stream_error_json(j), "data: ");
         }
@@ -283,7 +288,7 @@ static enum MHD_Result run_generation(req *r, int kind) {
     if (j->stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, r, sse_free);
         if (!resp) {
-            job_cancel(j);
+            job_cancel(j, JOB_CANCEL_CLIENT);
             return MHD_NO;
         }
         __atomic_add_fetch(&r->refs, 1, __ATOMIC_ACQ_REL);
@@ -322,6 +327,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->h = h;
         r->conn = conn;
         r->refs = 1;
+        __atomic_add_fetch(&h->live, 1, __ATOMIC_ACQ_REL);
         r->t0_ms = now_ms();
         snprintf(r->method, sizeof r->method, "%s", method);
         snprintf(r->url, sizeof r->url, "%s", url);
@@ -401,7 +407,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pthread_mutex_lock(&r->job->mu);
         int running = r->job->state != JOB_DONE;
         pthread_mutex_unlock(&r->job->mu);
-        if (running) job_cancel(r->job); /* the client left mid-stream */
+        if (running) job_cancel(r->job, JOB_CANCEL_CLIENT); /* the client left mid-stream */
     }
     if (slog_level() <= SLOG_INFO) {
         char extra[160] = "";
@@ -450,7 +456,7 @@ int http_start(const srv_config *cfg, srv_engine *e, srv_http **out, int *bound_
         return -1;
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG;
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC /* for MHD_quiesce_daemon */;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     h->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, h,
                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, /* first: all messages */
@@ -469,6 +475,17 @@ int http_start(const srv_config *cfg, srv_engine *e, srv_http **out, int *bound_
     *bound_port = di ? di->port : cfg->port;
     *out = h;
     return 0;
+}
+
+void http_drain(srv_http *h, int timeout_ms) {
+    if (!h) return;
+    MHD_socket fd = MHD_quiesce_daemon(h->d); /* no new connections from here on */
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+    long long t0 = now_ms();
+    while (__atomic_load_n(&h->live, __ATOMIC_ACQUIRE) > 0 && now_ms() - t0 < timeout_ms) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void http_stop(srv_http *h) {

@@ -220,6 +220,7 @@ int main(int argc, char **argv) {
 
 done:
     if (engine) engine_stop(engine);  /* refuse new jobs, cancel running ones */
+    http_drain(http, 10000);          /* let answers in flight (e.g. 503s) go out */
     http_stop(http);                  /* close connections, join their threads */
     engine_close(engine);             /* join workers, free sessions, model, context */
     slog(SLOG_INFO, "stopped");

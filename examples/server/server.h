@@ -53,6 +53,7 @@ typedef struct srv_config {
 
 enum { JOB_CHAT = 0, JOB_COMPLETION = 1 };
 enum { JOB_QUEUED = 0, JOB_RUNNING = 1, JOB_DONE = 2 };
+enum { JOB_CANCEL_CLIENT = 1, JOB_CANCEL_SHUTDOWN = 2 };
 
 typedef struct srv_slot srv_slot;
 
@@ -78,7 +79,7 @@ typedef struct srv_job {
     pthread_cond_t cv;
     int state;                /* JOB_*; DONE only once every result field is final */
     int in_call;              /* the worker is inside dsi_session_generate */
-    int cancelled;            /* the client went away or the server stops */
+    int cancelled;            /* JOB_CANCEL_*: the client went away or the server stops */
     char *out;                /* text generated and not yet taken by the connection */
     size_t out_n, out_cap;
     int out_failed;           /* out of memory while buffering */
@@ -94,8 +95,9 @@ typedef struct srv_job {
 
 srv_job *job_new(void);
 void job_release(srv_job *job);
-/* Any thread: marks the job cancelled and, while it runs, cancels its session. */
-void job_cancel(srv_job *job);
+/* Any thread: marks the job cancelled (why: JOB_CANCEL_*) and, while it runs, cancels its
+ * session. */
+void job_cancel(srv_job *job, int why);
 
 typedef struct srv_engine srv_engine;
 
@@ -135,12 +137,16 @@ char *api_chunk_json(const srv_config *cfg, const srv_job *job, const char *text
                      int role_chunk, int final_chunk);
 char *api_usage_chunk_json(const srv_config *cfg, const srv_job *job);
 char *api_stream_error_json(const srv_job *job);
+char *api_shutdown_error_json(void);
 const char *api_finish_reason(int32_t dsi_finish);
 
 /* ---- HTTP (http.c) -------------------------------------------------------------------- */
 
 typedef struct srv_http srv_http;
 int http_start(const srv_config *cfg, srv_engine *e, srv_http **out, int *bound_port);
+/* Stops accepting connections and waits (at most timeout_ms) until every request in
+ * flight has been answered — after engine_stop, they end quickly. */
+void http_drain(srv_http *h, int timeout_ms);
 void http_stop(srv_http *h);
 
 #endif

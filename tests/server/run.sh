@@ -124,6 +124,14 @@ done
 printf '%s' "$summary" | grep -qE '[0-9]+ passed' || fail "pytest did not run: $summary"
 
 # ---- shutdown --------------------------------------------------------------------------------------
+# a stream in flight when SIGTERM arrives ends with a shutting_down error event
+lbody=$("$py" -c 'import json; print(json.dumps({"model":"m","prompt":"A long story","max_tokens":3000,"temperature":0,"stream":True}))')
+curl -sN "${auth[@]}" -d "$lbody" "$url/v1/completions" >"$tmp/inflight.txt" 2>/dev/null &
+cpid=$!
+for _ in $(seq 1 300); do
+  grep -q '"text"' "$tmp/inflight.txt" 2>/dev/null && break
+  sleep 0.1
+done
 kill -TERM $pid
 for _ in $(seq 1 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 if kill -0 $pid 2>/dev/null; then
@@ -134,6 +142,10 @@ wait $pid
 rc=$?
 grep -q 'info stopped' "$tmp/server.log" && [ $rc -eq 0 ] && pass "SIGTERM: orderly shutdown, exit 0" \
   || fail "shutdown: exit status $rc: $(tail -3 "$tmp/server.log")"
+wait $cpid
+grep -q '"code":"shutting_down"' "$tmp/inflight.txt" && grep -q 'data: \[DONE\]' "$tmp/inflight.txt" \
+  && pass "SIGTERM mid-stream: the client gets a shutting_down error event and [DONE]" \
+  || fail "SIGTERM mid-stream: $(tail -c 300 "$tmp/inflight.txt")"
 if [ "$mode" = asan ]; then
   if grep -qE 'ERROR: (Leak|Address)Sanitizer|runtime error:' "$tmp/server.stderr"; then
     fail "sanitizers: $(grep -m1 -A12 -E 'ERROR|runtime error' "$tmp/server.stderr")"
