@@ -313,7 +313,14 @@ func onTokenGo(st *genState, tok Token, text string) (cont bool) {
 			cont = false
 		}
 	}()
-	return st.onToken(tok, text)
+	if !st.onToken(tok, text) {
+		return false
+	}
+	if st.ctx.Err() != nil { // ended while the callback ran: no further token
+		st.stopped = true
+		return false
+	}
+	return true
 }
 
 // Stream is a generation running on its own goroutine; read C until it is closed, then
