@@ -10,6 +10,10 @@ for each count C: C clients each send R streaming /v1/completions requests (same
 greedy, max_tokens M, stream_options.include_usage) one after another. Reports the
 completion tokens the server counted (usage), the wall time from the first request to the
 last [DONE], aggregate tokens/s, per-client tokens/s and mean time to first token.
+
+--compare also runs every count against a second server started with --no-batch (each
+request generated alone, no coalescing) and prints the speed-up of batching, measured in the
+same run. The two servers run one after the other, never at the same time.
 """
 import argparse
 import http.client
@@ -79,6 +83,38 @@ def run(port, clients, per_client, max_tokens, prompt):
             "ttft_ms": 1000 * sum(r[1] for r in results) / max(len(results), 1)}
 
 
+def serve(a, counts, extra):
+    """Starts a server, runs every client count against it, stops it; returns the rows."""
+    tmp = tempfile.mkdtemp()
+    port_file, log = os.path.join(tmp, "port"), os.path.join(tmp, "server.log")
+    cmd = [a.server, "-m", a.model, "--port", "0", "--port-file", port_file, "--log", log,
+           "--parallel", str(max(counts)), "--queue", "0", "--ctx", str(a.ctx)]
+    if a.threads:
+        cmd += ["-t", str(a.threads)]
+    cmd += extra
+    t_load = time.monotonic()
+    srv = subprocess.Popen(cmd)
+    rows = []
+    try:
+        while not os.path.exists(port_file):
+            if srv.poll() is not None:
+                sys.exit("the server exited: " + open(log).read()[-2000:])
+            time.sleep(0.1)
+        port = int(open(port_file).read())
+        print("server %s up in %.1f s (model load + %d sessions)" % (
+            " ".join(extra) or "(batched)", time.monotonic() - t_load, max(counts)), flush=True)
+        run(port, 1, 1, 8, a.prompt)  # warm the page cache and the code paths
+        for c in counts:
+            r = run(port, c, a.requests, a.max_tokens, a.prompt)
+            print("  %d clients: %d tokens in %.1f s = %.2f tok/s, %d errors" % (
+                c, r["tokens"], r["wall_s"], r["agg_tps"], r["errors"]), flush=True)
+            rows.append(r)
+    finally:
+        srv.terminate()
+        srv.wait(120)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", required=True)
@@ -90,35 +126,30 @@ def main():
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--prompt", default="The history of the printing press begins")
     ap.add_argument("--extra", default="", help="more server options, space-separated")
+    ap.add_argument("--compare", action="store_true",
+                    help="also measure a --no-batch server and print the speed-up")
     a = ap.parse_args()
     counts = [int(x) for x in a.clients.split(",")]
-    tmp = tempfile.mkdtemp()
-    port_file, log = os.path.join(tmp, "port"), os.path.join(tmp, "server.log")
-    cmd = [a.server, "-m", a.model, "--port", "0", "--port-file", port_file, "--log", log,
-           "--parallel", str(max(counts)), "--queue", "0", "--ctx", str(a.ctx)]
-    if a.threads:
-        cmd += ["-t", str(a.threads)]
-    cmd += a.extra.split()
-    t_load = time.monotonic()
-    srv = subprocess.Popen(cmd)
-    try:
-        while not os.path.exists(port_file):
-            if srv.poll() is not None:
-                sys.exit("the server exited: " + open(log).read()[-2000:])
-            time.sleep(0.1)
-        port = int(open(port_file).read())
-        print("server up in %.1f s (model load + %d sessions)" % (time.monotonic() - t_load, max(counts)))
-        run(port, 1, 1, 8, a.prompt)  # warm the page cache and the code paths
-        print("| clients | requests | completion tokens | wall s | aggregate tok/s | tok/s per client | mean TTFT ms | errors |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for c in counts:
-            r = run(port, c, a.requests, a.max_tokens, a.prompt)
-            print("| %d | %d | %d | %.1f | %.2f | %.2f | %.0f | %d |" % (
-                r["clients"], r["requests"], r["tokens"], r["wall_s"], r["agg_tps"],
-                r["per_client_tps"], r["ttft_ms"], r["errors"]), flush=True)
-    finally:
-        srv.terminate()
-        srv.wait(120)
+    extra = a.extra.split()
+    rows = serve(a, counts, extra)
+    base = serve(a, counts, extra + ["--no-batch"]) if a.compare else None
+    hdr = "| clients | requests | completion tokens | wall s | aggregate tok/s | tok/s per client | mean TTFT ms | errors |"
+    sep = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    if base:
+        hdr += " --no-batch tok/s | speed-up |"
+        sep += "---:|---:|"
+    print(hdr)
+    print(sep)
+    for i, r in enumerate(rows):
+        line = "| %d | %d | %d | %.1f | %.2f | %.2f | %.0f | %d |" % (
+            r["clients"], r["requests"], r["tokens"], r["wall_s"], r["agg_tps"],
+            r["per_client_tps"], r["ttft_ms"], r["errors"])
+        if base:
+            b = base[i]
+            line += " %.2f | %.2fx |" % (b["agg_tps"], r["agg_tps"] / b["agg_tps"] if b["agg_tps"] else 0.0)
+        print(line, flush=True)
+    if any(r["errors"] for r in rows + (base or [])):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

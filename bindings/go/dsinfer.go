@@ -167,7 +167,8 @@ type ContextOptions struct {
 	Threads     int    // CPU worker threads; 0 = all online CPUs
 	Backend     string // "cpu" (default), "vulkan", "cuda", "auto"
 	BackendDir  string
-	DeviceIndex *int // nil = best device (-1)
+	DeviceIndex *int   // nil = best device (-1)
+	Devices     string // "backend[:index],..." to open (since ABI 2); "" = Backend + DeviceIndex
 	// Log receives the library's messages on the goroutine that called into it; nil: no
 	// logging anywhere.
 	Log      func(level LogLevel, message string)
@@ -209,6 +210,9 @@ func NewContext(opts *ContextOptions) (*Context, error) {
 	}
 	if opts.BackendDir != "" {
 		o.backend_dir = m.str(opts.BackendDir)
+	}
+	if opts.Devices != "" {
+		o.devices = m.str(opts.Devices)
 	}
 	c := &Context{}
 	if opts.Log != nil {
@@ -336,6 +340,9 @@ func (c *Context) Devices() ([]DeviceInfo, error) {
 // ModelOptions of LoadModel; nil = memory-mapped, no progress callback.
 type ModelOptions struct {
 	Pread bool // read into library memory instead of mapping the file
+	// Coalesce (experimental, DSI_MODEL_FLAG_COALESCE, since 0.2): generations running at
+	// once on sessions of this model, from different goroutines, share batched steps.
+	Coalesce bool
 	// Progress(stage, done, total) runs on the loading goroutine; false aborts the load.
 	Progress func(stage int, done, total uint64) bool
 }
@@ -352,6 +359,9 @@ func (c *Context) LoadModel(path string, opts *ModelOptions) (*Model, error) {
 	C.dsigo_model_options_init(o)
 	if opts != nil && opts.Pread {
 		o.access = C.DSI_ACCESS_PREAD
+	}
+	if opts != nil && opts.Coalesce {
+		o.flags |= C.DSI_MODEL_FLAG_COALESCE
 	}
 	if opts != nil && opts.Progress != nil {
 		h := cgo.NewHandle(opts.Progress)

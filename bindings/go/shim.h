@@ -2,6 +2,7 @@
  * and *_init wrappers that run the library's init on a padded scratch buffer. */
 #ifndef DSINFER_GO_SHIM_H
 #define DSINFER_GO_SHIM_H
+#define DSI_EXPERIMENTAL /* DSI_MODEL_FLAG_COALESCE */
 #include <dsinfer.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -5,8 +5,8 @@
  * last timeline shares the longest prefix with the job's prompt (dsi_session_sync then
  * re-evaluates only the rest: a multi-turn chat keeps its KV cache), or waits in a FIFO
  * queue until a slot is free. Workers call dsi_session_generate concurrently on sessions
- * of one model; that is where the execution core's scheduler merges them into shared
- * batched steps once enabled (engine_open).
+ * of one model, and the execution core's scheduler merges them into shared batched steps
+ * (DSI_MODEL_FLAG_COALESCE, engine_open; --no-batch turns it off).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "server.h"
@@ -270,15 +270,18 @@ int engine_open(const srv_config *cfg, srv_engine **out) {
     co.backend = cfg->backend;
     co.log_fn = on_log; /* the library logs only through the server's own sink */
     co.log_level = slog_level() < SLOG_NONE ? slog_level() : DSI_LOG_NONE;
-    /* BATCHING: when the execution core's coalescing scheduler lands (issue 9, an opt-in
-     * context/model option), enable it here; the workers below already generate
-     * concurrently on sessions of one model, which is all it needs. */
     if (dsi_context_create(&co, &e->ctx) != DSI_OK) {
         slog(SLOG_ERROR, "cannot create the context: %s", dsi_last_error());
         engine_close(e);
         return -1;
     }
-    if (dsi_model_load(e->ctx, cfg->model_path, NULL, &e->model) != DSI_OK) {
+    /* Batching: the workers generate concurrently on sessions of one model; with
+     * DSI_MODEL_FLAG_COALESCE the execution core's scheduler merges their steps into
+     * shared batched steps (bit-identical results, per-session cancellation). */
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    if (!cfg->no_batch) mo.flags |= DSI_MODEL_FLAG_COALESCE;
+    if (dsi_model_load(e->ctx, cfg->model_path, &mo, &e->model) != DSI_OK) {
         slog(SLOG_ERROR, "cannot load model '%s': %s", cfg->model_path, dsi_last_error());
         engine_close(e);
         return -1;

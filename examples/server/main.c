@@ -55,7 +55,7 @@ static void usage(FILE *f) {
             "usage: %s -m FILE [--host ADDR] [--port N] [--port-file FILE] [--name ID]\n"
             "       [--parallel N] [--queue N] [--max-connections N] [--max-body BYTES]\n"
             "       [--max-tokens N] [--ctx N] [-t THREADS] [--backend NAME] [--timeout S]\n"
-            "       [--api-key KEY] [--log FILE|-] [--log-level LEVEL] [-h]\n"
+            "       [--api-key KEY] [--no-batch] [--log FILE|-] [--log-level LEVEL] [-h]\n"
             "\n"
             "  -m FILE            model (GGUF)\n"
             "  --host ADDR        address to listen on (default 127.0.0.1)\n"
@@ -72,6 +72,7 @@ static void usage(FILE *f) {
             "  --backend NAME     cpu, vulkan, cuda or auto (default cpu)\n"
             "  --timeout S        close idle connections after S seconds (default 120)\n"
             "  --api-key KEY      require 'Authorization: Bearer KEY'\n"
+            "  --no-batch         do not merge concurrent requests into batched steps\n"
             "  --log FILE|-       where logs go (default: stderr; '-' = stdout)\n"
             "  --log-level LEVEL  debug, info (default), warn, error or none\n",
             prog);
@@ -106,6 +107,10 @@ static int parse_args(int argc, char **argv, srv_config *c, const char **log_pat
         long long v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             *help = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-batch")) {
+            c->no_batch = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -200,9 +205,9 @@ int main(int argc, char **argv) {
         rc = 1;
         goto done;
     }
-    slog(SLOG_INFO, "serving '%s' on http://%s:%d (%d slots, context %u, queue %d, body limit %zu, max_tokens %d)",
-         cfg.model_name, cfg.host, port, cfg.parallel, (unsigned)engine_n_ctx(engine), cfg.max_queue, cfg.max_body,
-         (int)cfg.max_tokens);
+    slog(SLOG_INFO, "serving '%s' on http://%s:%d (%d slots%s, context %u, queue %d, body limit %zu, max_tokens %d)",
+         cfg.model_name, cfg.host, port, cfg.parallel, cfg.no_batch ? "" : ", batched steps",
+         (unsigned)engine_n_ctx(engine), cfg.max_queue, cfg.max_body, (int)cfg.max_tokens);
     if (cfg.port_file) {
         char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s.tmp", cfg.port_file);

@@ -10,12 +10,13 @@
  *
  * Threads: libmicrohttpd runs one thread per connection; each slot has a worker thread
  * that calls dsi_session_generate. Concurrent requests therefore generate concurrently on
- * sessions of one model — the shape the execution core's coalescing scheduler batches
- * (engine.c, engine_open).
+ * sessions of one model, which the execution core's scheduler merges into shared batched
+ * steps (DSI_MODEL_FLAG_COALESCE, engine_open).
  */
 #ifndef DSINFER_SERVER_H
 #define DSINFER_SERVER_H
 
+#define DSI_EXPERIMENTAL /* DSI_MODEL_FLAG_COALESCE: batched steps (docs/api.md) */
 #include "dsinfer.h"
 
 #include <pthread.h>
@@ -47,6 +48,7 @@ typedef struct srv_config {
     size_t max_body;          /* request body limit (bytes) */
     int32_t max_tokens;       /* the most a request may ask for (and the chat default) */
     int timeout_s;            /* idle connection timeout */
+    int no_batch;             /* 1: generate without coalescing concurrent requests */
 } srv_config;
 
 /* ---- jobs (engine.c) ------------------------------------------------------------------- */

@@ -244,7 +244,7 @@ class Context(_Handle):
     _kind = "context"
 
     def __init__(self, *, n_threads=0, backend=None, backend_dir=None, device_index=-1,
-                 log=None, log_level="info", track_allocations=False):
+                 devices=None, log=None, log_level="info", track_allocations=False):
         opt = _ffi.init_struct(_ffi.context_options, _lib.dsi_context_options_init,
                                _ffi.ABI_VERSION)
         opt.n_threads = n_threads
@@ -255,6 +255,8 @@ class Context(_Handle):
             opt.backend = backend.encode()
         if backend_dir is not None:
             opt.backend_dir = backend_dir.encode()
+        if devices is not None:  # "backend[:index],..." (since ABI 2)
+            opt.devices = devices.encode()
         if log is not None:
             def _log(level, msg, _ud):
                 try:
@@ -339,16 +341,20 @@ def _tokens_array(tokens):
 class Model(_Handle):
     """Immutable weights and tokenizer (dsi_model). Thread-safe: tokenize, render and
     create sessions from any thread. ``access``: "mmap" (default) or "pread";
-    ``progress(stage, done, total)`` may return False to abort loading (CancelledError).
+    ``progress(stage, done, total)`` may return False to abort loading (CancelledError);
+    ``coalesce=True`` (experimental, DSI_MODEL_FLAG_COALESCE): generations running at once
+    on sessions of this model, from different threads, share batched steps.
     """
 
     _kind = "model"
     _last_error = "dsi_model_last_error"
 
-    def __init__(self, context, path, *, access="mmap", progress=None):
+    def __init__(self, context, path, *, access="mmap", progress=None, coalesce=False):
         self.context = context
         opt = _ffi.init_struct(_ffi.model_options, _lib.dsi_model_options_init)
         opt.access = {"mmap": _ffi.ACCESS_MMAP, "pread": _ffi.ACCESS_PREAD}[access]
+        if coalesce:  # experimental (DSI_MODEL_FLAG_COALESCE, since 0.2)
+            opt.flags |= _ffi.MODEL_FLAG_COALESCE
         exc = []
         if progress is not None:
             def _progress(stage, done, total, _ud):

@@ -12,7 +12,7 @@ import os
 import subprocess
 
 # The ABI version this binding was written against (DSI_ABI_VERSION of include/dsinfer.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 LIBRARY_ENV = "DSINFER_LIBRARY"
 SONAME = "libdsinfer.so.0"
@@ -112,6 +112,9 @@ ERR_INTERNAL = -14
 
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_NONE = 0, 1, 2, 3, 4
 ACCESS_MMAP, ACCESS_PREAD, ACCESS_READER = 0, 1, 2
+# experimental section of the header (DSI_EXPERIMENTAL; since 0.2)
+MODEL_FLAG_COALESCE = 1 << 0
+SESSION_FLAG_NO_CAPTURE = 1 << 16
 ARCH_UNKNOWN, ARCH_DEEPSEEK4, ARCH_DEEPSEEK41 = 0, 1, 2
 TOKENIZE_PARSE_SPECIAL = 1 << 0
 TOKENIZE_ADD_BOS = 1 << 1
@@ -154,7 +157,8 @@ class context_options(Struct):
                 ("malloc_fn", MALLOC_FN), ("realloc_fn", REALLOC_FN), ("free_fn", FREE_FN),
                 ("alloc_user_data", ctypes.c_void_p),
                 ("backend", ctypes.c_char_p), ("backend_dir", ctypes.c_char_p),
-                ("device_index", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+                ("device_index", ctypes.c_int32), ("flags", ctypes.c_uint32),
+                ("devices", ctypes.c_char_p)]  # since ABI 2
 
 
 class device_info(Struct):
@@ -306,6 +310,8 @@ PROTOTYPES = {
     "dsi_generate_options_init": (None, [P(generate_options)]),
     "dsi_generate_result_init": (None, [P(generate_result)]),
     "dsi_session_generate": (c_status, [H, H, P(generate_options), P(generate_result)]),
+    # experimental (DSI_EXPERIMENTAL, since 0.2); exported by the library either way
+    "dsi_session_append_batch": (c_status, [sz, P(H), P(P(c_token)), P(sz), P(c_status)]),
 }
 
 # Functions that a newer library may add (declared when present, see bind()).

@@ -123,7 +123,7 @@ def header_constants():
 
 def test_constants_match_header():
     hdr = header_constants()
-    groups = ("DSI_ERR_", "DSI_LOG_", "DSI_ACCESS_", "DSI_ARCH_", "DSI_TOKENIZE_",
+    groups = ("DSI_ERR_", "DSI_LOG_", "DSI_ACCESS_", "DSI_MODEL_FLAG_", "DSI_ARCH_", "DSI_TOKENIZE_",
               "DSI_SPECIAL_", "DSI_ROLE_", "DSI_THINKING_", "DSI_FINISH_", "DSI_SESSION_FLAG_")
     n = 0
     for name, v in hdr.items():

@@ -95,6 +95,25 @@ def test_stream_continues_after_partial_read(model):
         assert first + rest.tokens == full
 
 
+def test_threads_share_a_coalescing_model(ctx, default_model_path, cli_text):
+    """Sessions of one model on several threads at once (ctypes releases the GIL), with the
+    model's batched-step coalescing on: every thread gets the CLI's text."""
+    with ctx.load_model(default_model_path, coalesce=True) as m:
+        prompt = m.tokenize(PROMPT, add_bos=True)
+        out = [None] * 3
+
+        def work(i):
+            with m.session() as s, dsinfer.Sampler(temperature=0) as smp:
+                out[i] = s.generate(smp, prompt, max_tokens=N).text
+
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        assert out == [cli_text] * 3
+
+
 def test_cancel_generate_from_thread(model):
     prompt = model.tokenize(PROMPT, add_bos=True)
     s, smp = fresh(model)

@@ -9,7 +9,7 @@
 pub use std::os::raw::{c_char, c_void};
 
 /// The ABI version these declarations describe (`DSI_ABI_VERSION`).
-pub const DSI_ABI_VERSION: u32 = 1;
+pub const DSI_ABI_VERSION: u32 = 2;
 pub const DSI_VERSION_MAJOR: u32 = 0;
 pub const DSI_VERSION_MINOR: u32 = 1;
 pub const DSI_VERSION_PATCH: u32 = 0;
@@ -87,6 +87,8 @@ pub struct dsi_context_options {
     pub backend_dir: *const c_char,
     pub device_index: i32,
     pub flags: u32,
+    /// since ABI 2: "backend[:index],..." devices to open; NULL = backend + device_index
+    pub devices: *const c_char,
 }
 
 pub const DSI_DEVICE_CPU: i32 = 0;
@@ -127,6 +129,10 @@ pub struct dsi_device_info {
 pub const DSI_ACCESS_MMAP: i32 = 0;
 pub const DSI_ACCESS_PREAD: i32 = 1;
 pub const DSI_ACCESS_READER: i32 = 2;
+
+// Experimental section of the header (DSI_EXPERIMENTAL; since 0.2).
+pub const DSI_MODEL_FLAG_COALESCE: u32 = 1 << 0;
+pub const DSI_SESSION_FLAG_NO_CAPTURE: u32 = 1 << 16;
 
 pub const DSI_LOAD_STAGE_HEADER: i32 = 0;
 pub const DSI_LOAD_STAGE_VALIDATE: i32 = 1;
@@ -482,5 +488,14 @@ extern "C" {
         sampler: *mut dsi_sampler,
         opt: *const dsi_generate_options,
         result: *mut dsi_generate_result,
+    ) -> dsi_status;
+
+    /// Experimental (DSI_EXPERIMENTAL, since 0.2); exported by the library either way.
+    pub fn dsi_session_append_batch(
+        n: usize,
+        sessions: *const *mut dsi_session,
+        tokens: *const *const dsi_token,
+        n_tokens: *const usize,
+        status: *mut dsi_status,
     ) -> dsi_status;
 }

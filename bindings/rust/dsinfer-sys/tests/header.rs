@@ -439,7 +439,8 @@ macro_rules! layout {
 fn layout_matches_the_pinned_layout() {
     let ours = layout! {
         dsi_context_options { struct_size, abi_version, log_fn, log_user_data, log_level, n_threads,
-            malloc_fn, realloc_fn, free_fn, alloc_user_data, backend, backend_dir, device_index, flags }
+            malloc_fn, realloc_fn, free_fn, alloc_user_data, backend, backend_dir, device_index, flags,
+            devices }
         dsi_device_info { struct_size, type_, backend, name, memory_total, memory_free, max_buffer_size,
             features, subgroup_size, index, reserved }
         dsi_model_options { struct_size, access, progress_fn, progress_user_data, flags, reserved }

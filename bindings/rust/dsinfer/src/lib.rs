@@ -198,6 +198,8 @@ pub struct ContextOptions {
     pub backend_dir: Option<String>,
     /// -1 = best device of the backend.
     pub device_index: i32,
+    /// The devices to open, "backend[:index],..." (since ABI 2); None = backend + device_index.
+    pub devices: Option<String>,
     /// Without a sink nothing is logged anywhere.
     pub log: Option<LogFn>,
     pub log_level: LogLevel,
@@ -212,6 +214,7 @@ impl Default for ContextOptions {
             backend: None,
             backend_dir: None,
             device_index: -1,
+            devices: None,
             log: None,
             log_level: LogLevel::Info,
             track_allocations: false,
@@ -326,11 +329,14 @@ pub enum Access {
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
     pub access: Access,
+    /// Experimental (DSI_MODEL_FLAG_COALESCE, since 0.2): generations running at once on
+    /// sessions of this model, from different threads, share batched steps.
+    pub coalesce: bool,
 }
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { access: Access::Mmap }
+        ModelOptions { access: Access::Mmap, coalesce: false }
     }
 }
 
@@ -345,6 +351,8 @@ impl Context {
         let backend_dir = opts.backend_dir.as_deref().map(|s| cstring(s, "backend_dir")).transpose()?;
         o.backend = backend.as_ref().map_or(ptr::null(), |s| s.as_ptr());
         o.backend_dir = backend_dir.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        let devices = opts.devices.as_deref().map(|s| cstring(s, "devices")).transpose()?;
+        o.devices = devices.as_ref().map_or(ptr::null(), |s| s.as_ptr());
         let log = opts.log.clone().map(Box::new);
         if let Some(l) = &log {
             o.log_fn = Some(log_trampoline);
@@ -438,6 +446,9 @@ impl Context {
             Access::Mmap => sys::DSI_ACCESS_MMAP,
             Access::Pread => sys::DSI_ACCESS_PREAD,
         };
+        if opts.coalesce {
+            o.flags |= sys::DSI_MODEL_FLAG_COALESCE;
+        }
         let mut prog = progress.map(|f| Prog { f, panic: None });
         if let Some(p) = prog.as_mut() {
             o.progress_fn = Some(tramp);
