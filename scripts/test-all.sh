@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Sets up and runs every test of libdsinfer, the way CI does:
-#   1. CMake build (warnings are errors) + ctest, install to a scratch prefix
-#   2. Meson build (warnings are errors) + meson test, install to a scratch prefix
-#   3. pkg-config consumers against both install trees
+#   1. CMake build (warnings are errors) + ctest
+#   2. Meson build (warnings are errors) + meson test
+#   3. installs (both builds configured with default install settings): `cmake --install
+#      --prefix <scratch>`, DESTDIR / `meson install --destdir` staging of both (same tree),
+#      C and C++ pkg-config consumers and the installed dsinfer-cli in a clean environment
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. bounded libFuzzer run of the GGUF reader (clang)
-#   7. ThreadSanitizer build of the concurrency tests (label concurrency)
+#   7. ThreadSanitizer build of the concurrency, cancellation and error-path tests (label
+#      concurrency; only those tests and the tiny models are built)
 #   8. Python, Rust and Go bindings; dsinfer-server (curl, OpenAI Node SDK, load test,
 #      malformed input), also under ASan
 # Ends with a summary line "N passed, N failed, N skipped"; exits non-zero on any failure.
@@ -61,14 +64,14 @@ t0=$(date +%s)
 
 stage "CMake build (Release, -Werror)"
 rm -rf "$out/cmake" "$out/cmake-prefix"
+# No install prefix here: the install stage below installs with --prefix / DESTDIR.
 if cmake -S . -B "$out/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSI_WERROR=ON \
-     -DDSI_VULKAN=auto -DCMAKE_INSTALL_PREFIX="$out/cmake-prefix" >"$out/cmake-configure.log" 2>&1 &&
+     -DDSI_VULKAN=auto >"$out/cmake-configure.log" 2>&1 &&
    cmake --build "$out/cmake" -j"$jobs" >"$out/cmake-build.log" 2>&1; then
   record cmake-build 0
   stage "CMake tests (ctest)"
   (cd "$out/cmake" && ctest -j"$jobs" --output-on-failure --timeout 1200) 2>&1 | tee "$out/ctest.log"
   count_ctest ctest "$out/ctest.log" "${PIPESTATUS[0]}"
-  cmake --install "$out/cmake" >"$out/cmake-install.log" 2>&1; record cmake-install $?
 else
   cat "$out/cmake-configure.log" "$out/cmake-build.log" 2>/dev/null | tail -60
   record cmake-build 1
@@ -77,28 +80,25 @@ fi
 if [ "${DSI_SKIP_MESON:-0}" != 1 ]; then
   stage "Meson build (--werror)"
   rm -rf "$out/meson" "$out/meson-prefix"
-  if meson setup "$out/meson" --werror --buildtype=release --prefix="$out/meson-prefix" \
-       >"$out/meson-configure.log" 2>&1 &&
+  if meson setup "$out/meson" --werror --buildtype=release >"$out/meson-configure.log" 2>&1 &&
      meson compile -C "$out/meson" -j "$jobs" >"$out/meson-build.log" 2>&1; then
     record meson-build 0
     stage "Meson tests"
     meson test -C "$out/meson" --num-processes "$jobs" --print-errorlogs -t 2 2>&1 | tee "$out/meson-test.log"
     count_meson meson "$out/meson-test.log" "${PIPESTATUS[0]}"
-    meson install -C "$out/meson" >"$out/meson-install.log" 2>&1; record meson-install $?
   else
     cat "$out/meson-configure.log" "$out/meson-build.log" 2>/dev/null | tail -60
     record meson-build 1
   fi
 fi
 
-stage "pkg-config consumers"
-model=""
-[ -f "$out/cmake/models/tiny-v41.gguf" ] && model="$out/cmake/models/tiny-v41.gguf"
-for tree in cmake-prefix meson-prefix; do
-  if [ -d "$out/$tree" ]; then
-    bash tests/abi/consumer-test.sh "$out/$tree" $model; record "consumer-$tree" $?
-  fi
-done
+if [ -d "$out/cmake" ]; then
+  stage "installs: --prefix, DESTDIR and --destdir trees, pkg-config consumers, installed CLI"
+  meson_dir=-
+  [ "${DSI_SKIP_MESON:-0}" != 1 ] && [ -f "$out/meson/build.ninja" ] && meson_dir=$out/meson
+  bash tests/install/check-install.sh "$out/cmake" "$meson_dir" "$out/install" 2>&1 | tee "$out/install.log"
+  record installs "${PIPESTATUS[0]}"
+fi
 
 if [ "${DSI_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "ASan + UBSan build (unit, abi, model tiers)"
@@ -139,15 +139,22 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
 fi
 
 if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
-  stage "ThreadSanitizer build (concurrency tests)"
+  # Only the programs of the tests labelled concurrency (and the tiny models they load) are
+  # built, not the whole tree.
+  stage "ThreadSanitizer (concurrency, cancellation and error-path tests: label concurrency)"
   rm -rf "$out/tsan"
   if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
        -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
-     cmake --build "$out/tsan" -j"$jobs" >"$out/tsan-build.log" 2>&1; then
+     tsan_targets=$(cd "$out/tsan" && ctest -N -V -L concurrency |
+                      sed -n 's|^.*Test command: *\([^ ]*\).*$|\1|p' | xargs -r -n1 basename | sort -u) &&
+     [ -n "$tsan_targets" ] &&
+     cmake --build "$out/tsan" -j"$jobs" --target dsinfer-models $tsan_targets \
+       >"$out/tsan-build.log" 2>&1; then
     record tsan-build 0
     (cd "$out/tsan" && ctest -j"$jobs" --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
     count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}"
   else
+    tail -20 "$out/tsan-configure.log" 2>/dev/null
     tail -60 "$out/tsan-build.log" 2>/dev/null
     record tsan-build 1
   fi
@@ -165,23 +172,31 @@ count_result() { # label logfile rc
   if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
   [ "$f" -eq 0 ] || failures+=("$1: see $2")
-  echo "[$1] $p passed, $f failed, $s skipped"
+  echo "[$1] $p passed, $f failed, $s skipped ($(( $(date +%s) - ts )) s)"
 }
 if [ "${DSI_SKIP_BINDINGS:-0}" != 1 ] && [ -x "$out/cmake/bin/dsinfer-cli" ]; then
+  # an install of the CMake build: Python is pip-installed and Go builds against it through
+  # pkg-config (the installed dsinfer.pc relocates with the tree)
+  rm -rf "$out/bindings-prefix"
+  cmake --install "$out/cmake" --prefix "$out/bindings-prefix" >"$out/bindings-install.log" 2>&1
+  record bindings-install $?
   for b in python rust go; do
     stage "$b binding"
-    bash scripts/test-bindings.sh $b "$out/cmake" "$out/cmake-prefix" >"$out/bindings-$b.log" 2>&1
+    ts=$(date +%s)
+    bash scripts/test-bindings.sh $b "$out/cmake" "$out/bindings-prefix" >"$out/bindings-$b.log" 2>&1
     rc=$?
     tail -5 "$out/bindings-$b.log"
     count_result "$b-binding" "$out/bindings-$b.log" $rc
   done
   stage "dsinfer-server: curl, OpenAI Node SDK, 16-client load, malformed input"
+  ts=$(date +%s)
   bash tests/server/run.sh "$out/cmake" >"$out/server.log" 2>&1
   rc=$?
   grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server.log" | tail -12
   count_result server "$out/server.log" $rc
   if [ -x "$out/asan/bin/dsinfer-server" ]; then
     stage "dsinfer-server under ASan + UBSan (no leaks at shutdown)"
+    ts=$(date +%s)
     DSI_CLI="$out/cmake/bin/dsinfer-cli" DSI_LOAD_PER_CLIENT=2 bash tests/server/run.sh "$out/asan" asan \
       >"$out/server-asan.log" 2>&1
     rc=$?

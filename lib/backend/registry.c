@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Modules known to the core, in enumeration order. */
 static const char *const k_modules[] = {"vulkan", "cuda"};
@@ -63,9 +64,12 @@ static int self_module_dir(char *buf, size_t cap) {
  * not exist / cannot be opened, or a hard error (bad module) recorded in err. */
 static dsi_status try_module_file(const char *file, const char *name, const dsib_backend **table,
                                   void **handle, dsii_error *err) {
-    FILE *probe = fopen(file, "rb");
-    if (!probe) return DSI_ERR_NOT_FOUND;
-    fclose(probe);
+    /* stat, not a probing open: a FIFO under the module's name must not block (and fopen
+     * would allocate outside the context's hooks) */
+    struct stat st;
+    if (stat(file, &st) != 0) return DSI_ERR_NOT_FOUND;
+    if (!S_ISREG(st.st_mode))
+        return dsii_fail(err, DSI_ERR_UNSUPPORTED, "backend module %s is not a regular file", file);
     /* RTLD_NODELETE: GPU driver stacks (libvulkan + ICDs, libcuda) do not all survive being
      * unmapped and reloaded; keeping the code mapped after dlclose is the safe choice. */
     void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
