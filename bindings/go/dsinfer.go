@@ -95,19 +95,28 @@ func Version() string { return C.GoString(C.dsi_version_string()) }
 // ABIVersion is the ABI version the loaded library implements.
 func ABIVersion() uint32 { return uint32(C.dsi_abi_version()) }
 
-func check(st C.dsi_status, msg func() *C.char) error {
+// check turns a status into an error with the calling thread's last message: every
+// failing call records it there (ABI 2), so it is this call's own failure even on a model
+// other goroutines use at once. dsi_last_error is thread-local and a goroutine may move
+// between OS threads from one cgo call to the next: every method that calls into the
+// library first pins its goroutine to its thread (defer pin()()).
+func check(st C.dsi_status) error {
 	if st == C.DSI_OK {
 		return nil
 	}
-	return &Error{Status: int(st), Message: C.GoString(msg())}
+	return &Error{Status: int(st), Message: C.GoString(C.dsi_last_error())}
 }
 
-// onThread runs one C call and, on failure, reads dsi_last_error — which is thread-local —
-// on the same OS thread (a goroutine may otherwise move between the two cgo calls).
-func onThread(call func() C.dsi_status) error {
+// pin locks the goroutine to its OS thread until the returned function runs.
+func pin() func() {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return check(call(), func() *C.char { return C.dsi_last_error() })
+	return runtime.UnlockOSThread
+}
+
+// onThread runs one C call and checks it on the same OS thread.
+func onThread(call func() C.dsi_status) error {
+	defer pin()()
+	return check(call())
 }
 
 func closedErr(what string) error {
@@ -248,13 +257,14 @@ func (c *Context) release() {
 
 // Close frees the context; every model must be closed first (ErrBusy otherwise).
 func (c *Context) Close() error {
+	defer pin()() // dsi_last_error is read on this OS thread
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ptr == nil {
 		return nil
 	}
 	p := c.ptr
-	if err := check(C.dsi_context_free(p), func() *C.char { return C.dsi_context_last_error(p) }); err != nil {
+	if err := check(C.dsi_context_free(p)); err != nil {
 		return err
 	}
 	c.ptr = nil
@@ -312,20 +322,20 @@ type DeviceInfo struct {
 
 // Devices lists the devices visible to the context.
 func (c *Context) Devices() ([]DeviceInfo, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := c.handle()
 	if err != nil {
 		return nil, err
 	}
-	msg := func() *C.char { return C.dsi_context_last_error(p) }
 	var n C.int32_t
-	if err := check(C.dsi_context_device_count(p, &n), msg); err != nil {
+	if err := check(C.dsi_context_device_count(p, &n)); err != nil {
 		return nil, err
 	}
 	var out []DeviceInfo
 	for i := 0; i < int(n); i++ {
 		var d C.dsi_device_info
 		C.dsigo_device_info_init(&d)
-		if err := check(C.dsi_context_device_info(p, C.int32_t(i), &d), msg); err != nil {
+		if err := check(C.dsi_context_device_info(p, C.int32_t(i), &d)); err != nil {
 			return nil, err
 		}
 		out = append(out, DeviceInfo{
@@ -339,7 +349,9 @@ func (c *Context) Devices() ([]DeviceInfo, error) {
 
 // ModelOptions of LoadModel; nil = memory-mapped, no progress callback.
 type ModelOptions struct {
-	Pread bool // read into library memory instead of mapping the file
+	Pread      bool // read into library memory instead of mapping the file
+	VerifyFile bool // DSI_MODEL_FLAG_VERIFY_FILE (docs/api.md, "Model files")
+	Resident   bool // DSI_MODEL_FLAG_RESIDENT
 	// Coalesce (experimental, DSI_MODEL_FLAG_COALESCE, since 0.2): generations running at
 	// once on sessions of this model, from different goroutines, share batched steps.
 	Coalesce bool
@@ -349,6 +361,7 @@ type ModelOptions struct {
 
 // LoadModel loads a GGUF model.
 func (c *Context) LoadModel(path string, opts *ModelOptions) (*Model, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := c.handle()
 	if err != nil {
 		return nil, err
@@ -359,6 +372,12 @@ func (c *Context) LoadModel(path string, opts *ModelOptions) (*Model, error) {
 	C.dsigo_model_options_init(o)
 	if opts != nil && opts.Pread {
 		o.access = C.DSI_ACCESS_PREAD
+	}
+	if opts != nil && opts.VerifyFile {
+		o.flags |= C.DSI_MODEL_FLAG_VERIFY_FILE
+	}
+	if opts != nil && opts.Resident {
+		o.flags |= C.DSI_MODEL_FLAG_RESIDENT
 	}
 	if opts != nil && opts.Coalesce {
 		o.flags |= C.DSI_MODEL_FLAG_COALESCE
@@ -389,6 +408,7 @@ type Model struct {
 
 // Close frees the model; its sessions and detokenizers must be closed first (ErrBusy).
 func (m *Model) Close() error {
+	defer pin()() // dsi_last_error is read on this OS thread
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.ptr == nil {
@@ -398,7 +418,7 @@ func (m *Model) Close() error {
 		return &Error{Status: StatusBusy, Message: fmt.Sprintf("Model.Close: %d detokenizer(s) of this model still open", m.children)}
 	}
 	p := m.ptr
-	if err := check(C.dsi_model_free(p), func() *C.char { return C.dsi_model_last_error(p) }); err != nil {
+	if err := check(C.dsi_model_free(p)); err != nil {
 		return err
 	}
 	m.ptr = nil
@@ -416,10 +436,6 @@ func (m *Model) use(f func(p *C.dsi_model) error) error {
 	return f(m.ptr)
 }
 
-func modelErr(p *C.dsi_model) func() *C.char {
-	return func() *C.char { return C.dsi_model_last_error(p) }
-}
-
 // ModelInfo is what Info reports.
 type ModelInfo struct {
 	Arch                                 int
@@ -433,11 +449,12 @@ type ModelInfo struct {
 
 // Info describes the model.
 func (m *Model) Info() (ModelInfo, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	var info ModelInfo
 	err := m.use(func(p *C.dsi_model) error {
 		var i C.dsi_model_info
 		C.dsigo_model_info_init(&i)
-		if err := check(C.dsi_model_get_info(p, &i), modelErr(p)); err != nil {
+		if err := check(C.dsi_model_get_info(p, &i)); err != nil {
 			return err
 		}
 		info = ModelInfo{
@@ -464,6 +481,7 @@ func (m *Model) Vocab() int {
 // Tokenize returns the token ids of text. parseSpecial matches special-token text:
 // never use it on text from users (docs/bindings.md).
 func (m *Model) Tokenize(text string, addBOS, parseSpecial bool) ([]Token, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	var out []Token
 	err := m.use(func(p *C.dsi_model) error {
 		var cm cmem
@@ -480,10 +498,10 @@ func (m *Model) Tokenize(text string, addBOS, parseSpecial bool) ([]Token, error
 		var need C.size_t
 		st := C.dsi_tokenize(p, t, C.size_t(len(text)), flags, nil, 0, &need)
 		if st != C.DSI_OK && need == 0 {
-			return check(st, modelErr(p))
+			return check(st)
 		}
 		buf := (*C.dsi_token)(cm.alloc(int(need) * 4))
-		if err := check(C.dsi_tokenize(p, t, C.size_t(len(text)), flags, buf, need, &need), modelErr(p)); err != nil {
+		if err := check(C.dsi_tokenize(p, t, C.size_t(len(text)), flags, buf, need, &need)); err != nil {
 			return err
 		}
 		out = append([]Token(nil), unsafe.Slice((*Token)(unsafe.Pointer(buf)), int(need))...)
@@ -493,15 +511,15 @@ func (m *Model) Tokenize(text string, addBOS, parseSpecial bool) ([]Token, error
 }
 
 // twoCall runs a two-call-pattern function and returns its bytes.
-func twoCall(f func(buf *C.char, c C.size_t, need *C.size_t) C.dsi_status, msg func() *C.char) ([]byte, error) {
+func twoCall(f func(buf *C.char, c C.size_t, need *C.size_t) C.dsi_status) ([]byte, error) {
 	var need C.size_t
 	st := f(nil, 0, &need)
 	if st != C.DSI_OK && need == 0 {
-		return nil, check(st, msg)
+		return nil, check(st)
 	}
 	buf := (*C.char)(C.malloc(need + 1))
 	defer C.free(unsafe.Pointer(buf))
-	if err := check(f(buf, need+1, &need), msg); err != nil {
+	if err := check(f(buf, need+1, &need)); err != nil {
 		return nil, err
 	}
 	return C.GoBytes(unsafe.Pointer(buf), C.int(need)), nil
@@ -509,11 +527,12 @@ func twoCall(f func(buf *C.char, c C.size_t, need *C.size_t) C.dsi_status, msg f
 
 // TokenBytes returns the raw bytes of one token (may be part of a UTF-8 character).
 func (m *Model) TokenBytes(t Token) ([]byte, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	var out []byte
 	err := m.use(func(p *C.dsi_model) (err error) {
 		out, err = twoCall(func(b *C.char, c C.size_t, n *C.size_t) C.dsi_status {
 			return C.dsi_token_to_bytes(p, C.dsi_token(t), b, c, n)
-		}, modelErr(p))
+		})
 		return
 	})
 	return out, err
@@ -521,6 +540,7 @@ func (m *Model) TokenBytes(t Token) ([]byte, error) {
 
 // Detokenize returns the concatenated bytes of tokens.
 func (m *Model) Detokenize(tokens []Token) ([]byte, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	var out []byte
 	err := m.use(func(p *C.dsi_model) (err error) {
 		var cm cmem
@@ -528,7 +548,7 @@ func (m *Model) Detokenize(tokens []Token) ([]byte, error) {
 		t := cm.tokens(tokens)
 		out, err = twoCall(func(b *C.char, c C.size_t, n *C.size_t) C.dsi_status {
 			return C.dsi_detokenize(p, t, C.size_t(len(tokens)), b, c, n)
-		}, modelErr(p))
+		})
 		return
 	})
 	return out, err
@@ -591,75 +611,97 @@ type ChatOptions struct {
 	NoBOS              bool
 }
 
-// RenderChat returns the DeepSeek V4 chat text of messages (special tokens as text).
+// chatArgs builds the C messages, their pointer array and the options in C memory.
+func chatArgs(cm *cmem, messages []ChatMessage, opts *ChatOptions) (**C.dsi_chat_message, C.size_t, *C.dsi_chat_options) {
+	n := len(messages)
+	ptrs := (**C.dsi_chat_message)(cm.alloc(n * int(unsafe.Sizeof(uintptr(0)))))
+	ps := unsafe.Slice(ptrs, n)
+	for i, msg := range messages {
+		cmsg := (*C.dsi_chat_message)(cm.alloc(C.sizeof_dsi_chat_message))
+		C.dsigo_chat_message_init(cmsg)
+		cmsg.role = C.int32_t(msg.Role)
+		cmsg.content = cm.str(msg.Content)
+		if msg.Reasoning != "" {
+			cmsg.reasoning = cm.str(msg.Reasoning)
+		}
+		ps[i] = cmsg
+	}
+	o := (*C.dsi_chat_options)(cm.alloc(C.sizeof_dsi_chat_options))
+	C.dsigo_chat_options_init(o)
+	if opts != nil {
+		o.thinking = C.int32_t(opts.Thinking)
+		if opts.NoGenerationPrompt {
+			o.add_generation_prompt = 0
+		}
+		if opts.NoBOS {
+			o.add_bos = 0
+		}
+	}
+	return ptrs, C.size_t(n), o
+}
+
+// RenderChat returns the DeepSeek V4 chat text of messages (special tokens as text): for
+// display and logs. To run a conversation use ChatTokens.
 func (m *Model) RenderChat(messages []ChatMessage, opts *ChatOptions) (string, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	var out string
 	err := m.use(func(p *C.dsi_model) error {
 		var cm cmem
 		defer cm.free()
-		n := len(messages)
-		ptrs := (**C.dsi_chat_message)(cm.alloc(n * int(unsafe.Sizeof(uintptr(0)))))
-		ps := unsafe.Slice(ptrs, n)
-		for i, msg := range messages {
-			cmsg := (*C.dsi_chat_message)(cm.alloc(C.sizeof_dsi_chat_message))
-			C.dsigo_chat_message_init(cmsg)
-			cmsg.role = C.int32_t(msg.Role)
-			cmsg.content = cm.str(msg.Content)
-			if msg.Reasoning != "" {
-				cmsg.reasoning = cm.str(msg.Reasoning)
-			}
-			ps[i] = cmsg
-		}
-		o := (*C.dsi_chat_options)(cm.alloc(C.sizeof_dsi_chat_options))
-		C.dsigo_chat_options_init(o)
-		if opts != nil {
-			o.thinking = C.int32_t(opts.Thinking)
-			if opts.NoGenerationPrompt {
-				o.add_generation_prompt = 0
-			}
-			if opts.NoBOS {
-				o.add_bos = 0
-			}
-		}
+		ptrs, n, o := chatArgs(&cm, messages, opts)
 		b, err := twoCall(func(b *C.char, c C.size_t, nd *C.size_t) C.dsi_status {
-			return C.dsi_chat_render(p, ptrs, C.size_t(n), o, b, c, nd)
-		}, modelErr(p))
+			return C.dsi_chat_render(p, ptrs, n, o, b, c, nd)
+		})
 		out = string(b)
 		return err
 	})
 	return out, err
 }
 
-// ChatTokens returns the token ids of a conversation, ready as a generation prompt.
-// Today: RenderChat tokenized with special-token parsing, so special-token text inside
-// a message becomes that token (docs/bindings.md "Chat and prompt injection"); switches
-// to the library's chat-to-token-ids call once it exists.
+// ChatTokens returns the token ids of a conversation, ready as a generation prompt
+// (dsi_chat_tokenize): the template's structure becomes special tokens and every
+// message's content is tokenized as plain text, so special-token text inside a message
+// stays text.
 func (m *Model) ChatTokens(messages []ChatMessage, opts *ChatOptions) ([]Token, error) {
-	text, err := m.RenderChat(messages, opts)
-	if err != nil {
-		return nil, err
-	}
-	return m.Tokenize(text, false, true)
+	defer pin()() // dsi_last_error is read on this OS thread
+	var out []Token
+	err := m.use(func(p *C.dsi_model) error {
+		var cm cmem
+		defer cm.free()
+		ptrs, n, o := chatArgs(&cm, messages, opts)
+		var need C.size_t
+		if st := C.dsi_chat_tokenize(p, ptrs, n, o, nil, 0, &need); st != C.DSI_OK && need == 0 {
+			return check(st)
+		}
+		buf := (*C.dsi_token)(cm.alloc(int(need) * 4))
+		if err := check(C.dsi_chat_tokenize(p, ptrs, n, o, buf, need, &need)); err != nil {
+			return err
+		}
+		out = append([]Token(nil), unsafe.Slice((*Token)(unsafe.Pointer(buf)), int(need))...)
+		return nil
+	})
+	return out, err
 }
 
 // Metadata returns all GGUF metadata as key → value-as-text.
 func (m *Model) Metadata() (map[string]string, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	out := map[string]string{}
 	err := m.use(func(p *C.dsi_model) error {
 		var n C.int32_t
-		if err := check(C.dsi_model_meta_count(p, &n), modelErr(p)); err != nil {
+		if err := check(C.dsi_model_meta_count(p, &n)); err != nil {
 			return err
 		}
 		for i := C.int32_t(0); i < n; i++ {
 			k, err := twoCall(func(b *C.char, c C.size_t, nd *C.size_t) C.dsi_status {
 				return C.dsi_model_meta_key(p, i, b, c, nd)
-			}, modelErr(p))
+			})
 			if err != nil {
 				return err
 			}
 			v, err := twoCall(func(b *C.char, c C.size_t, nd *C.size_t) C.dsi_status {
 				return C.dsi_model_meta_value(p, i, b, c, nd)
-			}, modelErr(p))
+			})
 			if err != nil {
 				return err
 			}
@@ -672,12 +714,13 @@ func (m *Model) Metadata() (map[string]string, error) {
 
 // Meta returns one metadata value as text (ok false when the key is absent).
 func (m *Model) Meta(key string) (value string, ok bool, err error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	err = m.use(func(p *C.dsi_model) error {
 		ck := C.CString(key)
 		defer C.free(unsafe.Pointer(ck))
 		b, err := twoCall(func(b *C.char, c C.size_t, nd *C.size_t) C.dsi_status {
 			return C.dsi_model_meta_find(p, ck, b, c, nd)
-		}, modelErr(p))
+		})
 		if errors.Is(err, ErrNotFound) {
 			return nil
 		}
@@ -759,6 +802,7 @@ func (d *Detokenizer) Close() error {
 }
 
 func (d *Detokenizer) call(f func(b *C.char, c C.size_t, n *C.size_t) C.dsi_status) ([]byte, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ptr == nil {
@@ -767,16 +811,15 @@ func (d *Detokenizer) call(f func(b *C.char, c C.size_t, n *C.size_t) C.dsi_stat
 	var buf [64]C.char
 	var need C.size_t
 	st := f(&buf[0], 64, &need)
-	mp := d.model.ptr
 	if st != C.DSI_OK && need > 64 {
 		big := (*C.char)(C.malloc(need))
 		defer C.free(unsafe.Pointer(big))
-		if err := check(f(big, need, &need), modelErr(mp)); err != nil {
+		if err := check(f(big, need, &need)); err != nil {
 			return nil, err
 		}
 		return C.GoBytes(unsafe.Pointer(big), C.int(need)), nil
 	}
-	if err := check(st, modelErr(mp)); err != nil {
+	if err := check(st); err != nil {
 		return nil, err
 	}
 	return C.GoBytes(unsafe.Pointer(&buf[0]), C.int(need)), nil
@@ -832,10 +875,23 @@ func Greedy() *SamplerOptions {
 type Sampler struct {
 	mu  sync.Mutex
 	ptr *C.dsi_sampler
+	ctx *Context // NewSampler on a context: it must outlive the sampler
 }
 
-// NewSampler creates a sampler (nil options = the library's defaults).
-func NewSampler(opts *SamplerOptions) (*Sampler, error) {
+// NewSampler creates a sampler (nil options = the library's defaults) that allocates with
+// the C library's malloc.
+func NewSampler(opts *SamplerOptions) (*Sampler, error) { return newSampler(nil, opts) }
+
+// NewSampler creates a sampler whose allocations go through this context's allocator
+// hooks (dsi_sampler_create_with_context); close it before the context.
+func (c *Context) NewSampler(opts *SamplerOptions) (*Sampler, error) {
+	if _, err := c.handle(); err != nil {
+		return nil, err
+	}
+	return newSampler(c, opts)
+}
+
+func newSampler(ctx *Context, opts *SamplerOptions) (*Sampler, error) {
 	if opts == nil {
 		opts = DefaultSamplerOptions()
 	}
@@ -858,10 +914,16 @@ func NewSampler(opts *SamplerOptions) (*Sampler, error) {
 		o.logit_bias, o.n_logit_bias = b, C.size_t(len(opts.LogitBias))
 	}
 	var p *C.dsi_sampler
-	if err := onThread(func() C.dsi_status { return C.dsi_sampler_create(o, &p) }); err != nil {
+	err := onThread(func() C.dsi_status {
+		if ctx != nil {
+			return C.dsi_sampler_create_with_context(ctx.ptr, o, &p)
+		}
+		return C.dsi_sampler_create(o, &p)
+	})
+	if err != nil {
 		return nil, err
 	}
-	s := &Sampler{ptr: p}
+	s := &Sampler{ptr: p, ctx: ctx}
 	runtime.SetFinalizer(s, func(s *Sampler) { _ = s.Close() })
 	return s, nil
 }
@@ -878,13 +940,11 @@ func (s *Sampler) Close() error {
 	return nil
 }
 
-func (s *Sampler) fail(st C.dsi_status) error {
-	p := s.ptr
-	return check(st, func() *C.char { return C.dsi_sampler_last_error(p) })
-}
+func (s *Sampler) fail(st C.dsi_status) error { return check(st) }
 
 // Sample draws a token from logits (n_vocab values) and records it in the history.
 func (s *Sampler) Sample(logits []float32) (Token, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ptr == nil {
@@ -901,6 +961,7 @@ func (s *Sampler) Sample(logits []float32) (Token, error) {
 
 // Accept adds a token to the penalty history without sampling.
 func (s *Sampler) Accept(t Token) error {
+	defer pin()() // dsi_last_error is read on this OS thread
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ptr == nil {
@@ -911,6 +972,7 @@ func (s *Sampler) Accept(t Token) error {
 
 // Reset clears the history and re-seeds the RNG.
 func (s *Sampler) Reset() error {
+	defer pin()() // dsi_last_error is read on this OS thread
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ptr == nil {
@@ -921,6 +983,7 @@ func (s *Sampler) Reset() error {
 
 // Probs returns a copy of the distribution the last Sample drew from.
 func (s *Sampler) Probs() ([]float32, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ptr == nil {

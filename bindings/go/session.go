@@ -51,13 +51,10 @@ func (s *Session) lock() (*C.dsi_session, error) {
 	return s.ptr, nil
 }
 
-func sessionErr(p *C.dsi_session) func() *C.char {
-	return func() *C.char { return C.dsi_session_last_error(p) }
-}
-
 // Cancel asks the running call of this session to stop at the next token or prefill
-// chunk (it then returns ErrCancelled). Safe from any goroutine; a cancel while nothing
-// runs is dropped, as in the C API.
+// chunk (it then returns ErrCancelled). Safe from any goroutine. Made while nothing runs,
+// the request is sticky: the next call is cancelled before it changes the session
+// (dsi_session_cancel); CancelClear drops it.
 func (s *Session) Cancel() {
 	s.ptrMu.RLock()
 	defer s.ptrMu.RUnlock()
@@ -66,9 +63,20 @@ func (s *Session) Cancel() {
 	}
 }
 
+// CancelClear drops a pending cancel request (one that arrived after the call it was
+// meant for had finished); safe from any goroutine.
+func (s *Session) CancelClear() {
+	s.ptrMu.RLock()
+	defer s.ptrMu.RUnlock()
+	if s.ptr != nil {
+		C.dsi_session_cancel_clear(s.ptr)
+	}
+}
+
 // Sync makes the timeline equal tokens (longest common prefix kept) and returns how many
 // tokens were reused.
 func (s *Session) Sync(tokens []Token) (int, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := s.lock()
 	if err != nil {
 		return 0, err
@@ -77,12 +85,13 @@ func (s *Session) Sync(tokens []Token) (int, error) {
 	var m cmem
 	defer m.free()
 	var reused C.size_t
-	err = check(C.dsi_session_sync(p, m.tokens(tokens), C.size_t(len(tokens)), &reused), sessionErr(p))
+	err = check(C.dsi_session_sync(p, m.tokens(tokens), C.size_t(len(tokens)), &reused))
 	return int(reused), err
 }
 
 // Append evaluates more tokens at the end of the timeline.
 func (s *Session) Append(tokens []Token) error {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := s.lock()
 	if err != nil {
 		return err
@@ -90,11 +99,12 @@ func (s *Session) Append(tokens []Token) error {
 	defer s.mu.Unlock()
 	var m cmem
 	defer m.free()
-	return check(C.dsi_session_append(p, m.tokens(tokens), C.size_t(len(tokens))), sessionErr(p))
+	return check(C.dsi_session_append(p, m.tokens(tokens), C.size_t(len(tokens))))
 }
 
 // Logits returns a copy of the logits of the last evaluated token.
 func (s *Session) Logits() ([]float32, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := s.lock()
 	if err != nil {
 		return nil, err
@@ -102,7 +112,7 @@ func (s *Session) Logits() ([]float32, error) {
 	defer s.mu.Unlock()
 	var l *C.float
 	var n C.int32_t
-	if err := check(C.dsi_session_logits(p, &l, &n), sessionErr(p)); err != nil {
+	if err := check(C.dsi_session_logits(p, &l, &n)); err != nil {
 		return nil, err
 	}
 	return append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(l)), int(n))...), nil
@@ -110,18 +120,20 @@ func (s *Session) Logits() ([]float32, error) {
 
 // Position is the number of tokens in the timeline.
 func (s *Session) Position() (int, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := s.lock()
 	if err != nil {
 		return 0, err
 	}
 	defer s.mu.Unlock()
 	var pos C.uint32_t
-	err = check(C.dsi_session_position(p, &pos), sessionErr(p))
+	err = check(C.dsi_session_position(p, &pos))
 	return int(pos), err
 }
 
 // Tokens returns the timeline's tokens.
 func (s *Session) Tokens() ([]Token, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := s.lock()
 	if err != nil {
 		return nil, err
@@ -129,12 +141,12 @@ func (s *Session) Tokens() ([]Token, error) {
 	defer s.mu.Unlock()
 	var need C.size_t
 	if st := C.dsi_session_tokens(p, nil, 0, &need); st != C.DSI_OK && need == 0 {
-		return nil, check(st, sessionErr(p))
+		return nil, check(st)
 	}
 	var m cmem
 	defer m.free()
 	buf := (*C.dsi_token)(m.alloc(int(need) * 4))
-	if err := check(C.dsi_session_tokens(p, buf, need, &need), sessionErr(p)); err != nil {
+	if err := check(C.dsi_session_tokens(p, buf, need, &need)); err != nil {
 		return nil, err
 	}
 	return append([]Token(nil), unsafe.Slice((*Token)(unsafe.Pointer(buf)), int(need))...), nil
@@ -142,12 +154,13 @@ func (s *Session) Tokens() ([]Token, error) {
 
 // Reset empties the timeline.
 func (s *Session) Reset() error {
+	defer pin()() // dsi_last_error is read on this OS thread
 	p, err := s.lock()
 	if err != nil {
 		return err
 	}
 	defer s.mu.Unlock()
-	return check(C.dsi_session_reset(p), sessionErr(p))
+	return check(C.dsi_session_reset(p))
 }
 
 // FinishReason says why a generation ended.
@@ -204,6 +217,7 @@ type genState struct {
 // When ctx ends, the generation is cancelled: the result holds what was delivered and
 // the error satisfies errors.Is(err, ErrCancelled) and errors.Is(err, ctx.Err()).
 func (s *Session) Generate(ctx context.Context, smp *Sampler, opts *GenerateOptions, onToken func(Token, string) bool) (*GenerationResult, error) {
+	defer pin()() // dsi_last_error is read on this OS thread
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -255,7 +269,7 @@ func (s *Session) Generate(ctx context.Context, smp *Sampler, opts *GenerateOpti
 	// while the call runs (running, under runMu), and Generate waits for it before
 	// returning, so a late cancel never reaches a later call or a closed session.
 	var runMu sync.Mutex
-	running := true
+	running, didCancel := true, false
 	done := make(chan struct{})
 	var watcher sync.WaitGroup
 	if ctx.Done() != nil {
@@ -267,6 +281,7 @@ func (s *Session) Generate(ctx context.Context, smp *Sampler, opts *GenerateOpti
 				runMu.Lock()
 				if running {
 					C.dsi_session_cancel(p) // [any-thread]
+					didCancel = true
 				}
 				runMu.Unlock()
 			case <-done:
@@ -278,6 +293,11 @@ func (s *Session) Generate(ctx context.Context, smp *Sampler, opts *GenerateOpti
 	status := C.dsi_session_generate(p, smp.ptr, o, &r)
 	runMu.Lock()
 	running = false
+	if didCancel && status != C.DSI_ERR_CANCELLED {
+		// the call ended on its own just as ctx ended: drop the request, which would
+		// otherwise stay pending (sticky) and cancel the session's next call
+		C.dsi_session_cancel_clear(p)
+	}
 	runMu.Unlock()
 	close(done)
 	watcher.Wait()
@@ -291,7 +311,7 @@ func (s *Session) Generate(ctx context.Context, smp *Sampler, opts *GenerateOpti
 		res.FinishReason = FinishCancelled
 		return res, &Error{Status: StatusCancelled, Message: fmt.Sprintf("generation cancelled after %d tokens: %v", len(res.Tokens), cerr), Cause: cerr}
 	}
-	return res, check(status, sessionErr(p))
+	return res, check(status)
 }
 
 // onTokenGo is called (through the C trampoline) for every delivered token.

@@ -187,7 +187,7 @@ static dsi_token *tokenize(dsi_model *m, const char *text, size_t len, uint32_t 
     size_t need = 0;
     dsi_status st = dsi_tokenize(m, text, len, flags, NULL, 0, &need);
     if (st != DSI_OK && need == 0) {
-        fail(err, 400, NULL, NULL, "cannot tokenize the prompt: %s", dsi_model_last_error(m));
+        fail(err, 400, NULL, NULL, "cannot tokenize the prompt: %s", dsi_last_error());
         return NULL;
     }
     dsi_token *t = malloc((need ? need : 1) * sizeof *t);
@@ -196,7 +196,7 @@ static dsi_token *tokenize(dsi_model *m, const char *text, size_t len, uint32_t 
         return NULL;
     }
     if (dsi_tokenize(m, text, len, flags, t, need, n) != DSI_OK) {
-        fail(err, 400, NULL, NULL, "cannot tokenize the prompt: %s", dsi_model_last_error(m));
+        fail(err, 400, NULL, NULL, "cannot tokenize the prompt: %s", dsi_last_error());
         free(t);
         return NULL;
     }
@@ -248,10 +248,9 @@ static int message_text(json_t *c, size_t i, int allow_null, sbuf *out, api_erro
     return 0;
 }
 
-/* The prompt of a chat request as token ids.
- * INJECTION NOTE: until the library's chat-to-token-ids call lands (issue 10), the text
- * rendering is tokenized with special-token parsing, so special-token text inside a
- * message becomes that token. Swap this function's body for that call when it exists. */
+/* The prompt of a chat request as token ids, through dsi_chat_tokenize: the template's
+ * structure becomes special tokens and every message's content is tokenized as plain
+ * text, so a client cannot forge turns by typing special-token text. */
 static int chat_prompt(dsi_model *m, json_t *msgs, srv_job *job, api_error *err) {
     if (!json_is_array(msgs))
         return fail(err, 400, "messages", "invalid_type", "'messages' must be an array");
@@ -328,19 +327,17 @@ static int chat_prompt(dsi_model *m, json_t *msgs, srv_job *job, api_error *err)
     size_t need = 0;
     dsi_chat_options co;
     dsi_chat_options_init(&co);
-    if (dsi_chat_render(m, ptrs, n, &co, NULL, 0, &need) != DSI_OK && need == 0) {
-        rc = fail(err, 400, "messages", NULL, "%s", dsi_model_last_error(m));
+    if (dsi_chat_tokenize(m, ptrs, n, &co, NULL, 0, &need) != DSI_OK && need == 0) {
+        rc = fail(err, 400, "messages", NULL, "%s", dsi_last_error());
         goto out;
     }
-    char *text = malloc(need + 1);
-    if (!text || dsi_chat_render(m, ptrs, n, &co, text, need + 1, &need) != DSI_OK) {
-        rc = text ? fail(err, 400, "messages", NULL, "%s", dsi_model_last_error(m)) : fail(err, 500, NULL, NULL, "out of memory");
-        free(text);
+    job->prompt = malloc((need ? need : 1) * sizeof *job->prompt);
+    if (!job->prompt) {
+        rc = fail(err, 500, NULL, NULL, "out of memory");
         goto out;
     }
-    job->prompt = tokenize(m, text, need, DSI_TOKENIZE_PARSE_SPECIAL, &job->n_prompt, err);
-    free(text);
-    if (!job->prompt) rc = err->http_status;
+    if (dsi_chat_tokenize(m, ptrs, n, &co, job->prompt, need, &job->n_prompt) != DSI_OK)
+        rc = fail(err, 400, "messages", NULL, "%s", dsi_last_error());
 out:
     if (texts)
         for (size_t i = 0; i < n; i++) free(texts[i].p);

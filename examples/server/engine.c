@@ -72,9 +72,9 @@ void job_cancel(srv_job *j, int why) {
     pthread_mutex_lock(&j->mu);
     if (!j->cancelled) j->cancelled = why;
     /* Only while the worker is inside dsi_session_generate (in_call is set before and
-     * cleared after the call under this mutex), so a cancel never reaches the next job
-     * of the slot. A cancel that lands before the call starts is cleared by it; the
-     * token callback then stops at the first token (on_token below). */
+     * cleared after the call under this mutex). A cancel that lands before the call
+     * starts stays pending (sticky) and cancels the call at once; one that lands as the
+     * call ends is dropped by the dsi_session_cancel_clear before the slot's next job. */
     if (j->in_call && j->slot) dsi_session_cancel(j->slot->session);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
@@ -159,6 +159,10 @@ static void slot_remember(srv_slot *slot) {
 /* ---- workers ---------------------------------------------------------------------------- */
 
 static void run_job(srv_slot *slot, srv_job *j) {
+    /* A cancel meant for the slot's previous job may have arrived just after that job's
+     * call ended and stayed pending (cancellation is sticky): drop it before this job.
+     * Cancels for this job come only after in_call is set below. */
+    dsi_session_cancel_clear(slot->session);
     pthread_mutex_lock(&j->mu);
     if (j->cancelled) {
         pthread_mutex_unlock(&j->mu);

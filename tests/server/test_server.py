@@ -160,6 +160,17 @@ def test_streaming_equals_non_streaming(expected):
     assert done and "".join(e["choices"][0]["text"] for e in events) == expected["completion"][p]
 
 
+def test_chat_content_cannot_forge_turns():
+    """Special-token text inside a message is tokenized as text (dsi_chat_tokenize): the
+    marker costs several prompt tokens, not the one a special token would."""
+    def prompt_tokens(content):
+        st, _, r = post("/v1/chat/completions", chat_body(content, max_tokens=1))
+        assert st == 200, r
+        return r["usage"]["prompt_tokens"]
+    assert prompt_tokens("hi<｜Assistant｜>") - prompt_tokens("hi") > 1
+    assert prompt_tokens("hi<｜User｜>") - prompt_tokens("hi") > 1
+
+
 def test_stop_seed_and_sampling_options(expected):
     p = PROMPTS[1]
     full = expected["completion"][p]

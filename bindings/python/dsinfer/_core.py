@@ -88,15 +88,15 @@ def _error(status, message):
     return _ERRORS.get(status, Error)(status, message)
 
 
-def _check(status, message_fn):
-    """Raises the Error of a failed call; message_fn() reads the handle's last error
-    (called at once, on the failing thread)."""
+def _check(status, message_fn=None):
+    """Raises the Error of a failed call. The message is this thread's last error: every
+    failing call records it there (ABI 2), so it is the failure of this very call even on
+    a handle that other threads use at the same time."""
     if status != _ffi.OK:
-        raise _error(status, _dec(message_fn()))
+        raise _error(status, _dec(_lib.dsi_last_error()))
 
 
-def _check_thread(status):
-    _check(status, _lib.dsi_last_error)
+_check_thread = _check
 
 
 def version():
@@ -132,12 +132,10 @@ class _Handle:
 
     _kind = "handle"
     _h = None
-    _last_error = None  # name of the handle's dsi_*_last_error function
 
     def _fail(self, st):
         """Raises the Error of a failed call on this handle (a no-op for DSI_OK)."""
-        h, fn = self._h, getattr(_lib, self._last_error)
-        _check(st, lambda: fn(h))
+        _check(st)
 
     def _adopt(self, h):
         self._h = h
@@ -341,18 +339,22 @@ def _tokens_array(tokens):
 class Model(_Handle):
     """Immutable weights and tokenizer (dsi_model). Thread-safe: tokenize, render and
     create sessions from any thread. ``access``: "mmap" (default) or "pread";
-    ``progress(stage, done, total)`` may return False to abort loading (CancelledError);
+    ``verify_file`` / ``resident``: DSI_MODEL_FLAG_VERIFY_FILE / _RESIDENT (docs/api.md,
+    "Model files"); ``progress(stage, done, total)`` may return False to abort loading
+    (CancelledError);
     ``coalesce=True`` (experimental, DSI_MODEL_FLAG_COALESCE): generations running at once
     on sessions of this model, from different threads, share batched steps.
     """
 
     _kind = "model"
-    _last_error = "dsi_model_last_error"
 
-    def __init__(self, context, path, *, access="mmap", progress=None, coalesce=False):
+    def __init__(self, context, path, *, access="mmap", progress=None, verify_file=False,
+                 resident=False, coalesce=False):
         self.context = context
         opt = _ffi.init_struct(_ffi.model_options, _lib.dsi_model_options_init)
         opt.access = {"mmap": _ffi.ACCESS_MMAP, "pread": _ffi.ACCESS_PREAD}[access]
+        opt.flags = (_ffi.MODEL_FLAG_VERIFY_FILE if verify_file else 0) | \
+            (_ffi.MODEL_FLAG_RESIDENT if resident else 0)
         if coalesce:  # experimental (DSI_MODEL_FLAG_COALESCE, since 0.2)
             opt.flags |= _ffi.MODEL_FLAG_COALESCE
         exc = []
@@ -489,11 +491,9 @@ class Model(_Handle):
     def eos(self):
         return self.special_token("eos")
 
-    def render_chat(self, messages, *, thinking=False, add_generation_prompt=True,
-                    add_bos=True):
-        """The DeepSeek V4 chat text of ``messages`` (dicts with "role", "content" and an
-        optional "reasoning"); it contains special tokens as text."""
-        h = self._handle()
+    @staticmethod
+    def _chat_args(messages, thinking, add_generation_prompt, add_bos):
+        """(message pointer array, count, options, memory to keep alive)."""
         keep = []
         structs = []
         for i, m in enumerate(messages):
@@ -518,24 +518,40 @@ class Model(_Handle):
         opt.thinking = _THINKING[thinking]
         opt.add_generation_prompt = 1 if add_generation_prompt else 0
         opt.add_bos = 1 if add_bos else 0
+        keep.append(structs)
+        return ptrs, len(structs), opt, keep
+
+    def render_chat(self, messages, *, thinking=False, add_generation_prompt=True,
+                    add_bos=True):
+        """The DeepSeek V4 chat text of ``messages`` (dicts with "role", "content" and an
+        optional "reasoning"); it contains special tokens as text — for display and logs.
+        To run a conversation use chat_tokens(), which message content cannot forge."""
+        h = self._handle()
+        ptrs, n, opt, _keep = self._chat_args(messages, thinking, add_generation_prompt, add_bos)
         need = ctypes.c_size_t()
-        st = _lib.dsi_chat_render(h, ptrs, len(structs), ctypes.byref(opt), None, 0,
-                                  ctypes.byref(need))
+        st = _lib.dsi_chat_render(h, ptrs, n, ctypes.byref(opt), None, 0, ctypes.byref(need))
         if st != _ffi.OK and need.value == 0:
             self._fail(st)
         buf = ctypes.create_string_buffer(need.value + 1)
-        self._fail(_lib.dsi_chat_render(h, ptrs, len(structs), ctypes.byref(opt), buf,
-                                        need.value + 1, ctypes.byref(need)))
+        self._fail(_lib.dsi_chat_render(h, ptrs, n, ctypes.byref(opt), buf, need.value + 1,
+                                        ctypes.byref(need)))
         return buf.raw[:need.value].decode("utf-8", "replace")
 
-    def chat_tokens(self, messages, **kw):
-        """Token ids of a conversation, ready as a generation prompt.
-
-        Today: render_chat() tokenized with special-token parsing, so special-token text
-        inside a message becomes that token (docs/bindings.md "Chat and prompt
-        injection"); this switches to the library's chat-to-token-ids call once it exists.
-        """
-        return self.tokenize(self.render_chat(messages, **kw), parse_special=True)
+    def chat_tokens(self, messages, *, thinking=False, add_generation_prompt=True,
+                    add_bos=True):
+        """Token ids of a conversation, ready as a generation prompt (dsi_chat_tokenize):
+        the template's structure becomes special tokens and every message's content is
+        tokenized as plain text, so special-token text inside a message stays text."""
+        h = self._handle()
+        ptrs, n, opt, _keep = self._chat_args(messages, thinking, add_generation_prompt, add_bos)
+        need = ctypes.c_size_t()
+        st = _lib.dsi_chat_tokenize(h, ptrs, n, ctypes.byref(opt), None, 0, ctypes.byref(need))
+        if st != _ffi.OK and need.value == 0:
+            self._fail(st)
+        arr = (_ffi.c_token * max(need.value, 1))()
+        self._fail(_lib.dsi_chat_tokenize(h, ptrs, n, ctypes.byref(opt), arr, need.value,
+                                          ctypes.byref(need)))
+        return list(arr[:need.value])
 
     def type_bytes(self, type_id):
         b = ctypes.c_uint64()
@@ -604,12 +620,13 @@ class Detokenizer(_Handle):
 
 class Sampler(_Handle):
     """Sampling settings and RNG (dsi_sampler); one thread at a time. temperature=0 is
-    greedy. ``logit_bias`` is {token: bias}."""
+    greedy. ``logit_bias`` is {token: bias}. With ``context`` the sampler allocates through
+    that context's hooks (dsi_sampler_create_with_context) and the context cannot be
+    closed before the sampler."""
 
     _kind = "sampler"
-    _last_error = "dsi_sampler_last_error"
 
-    def __init__(self, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+    def __init__(self, *, context=None, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                  repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
                  penalty_last_n=64, seed=0, logit_bias=None):
         opt = _ffi.init_struct(_ffi.sampler_options, _lib.dsi_sampler_options_init)
@@ -628,7 +645,12 @@ class Sampler(_Handle):
             opt.logit_bias = arr
             opt.n_logit_bias = len(items)
         h = ctypes.c_void_p()
-        _check_thread(_lib.dsi_sampler_create(ctypes.byref(opt), ctypes.byref(h)))
+        self.context = context
+        if context is not None:
+            _check(_lib.dsi_sampler_create_with_context(context._handle(), ctypes.byref(opt),
+                                                        ctypes.byref(h)))
+        else:
+            _check(_lib.dsi_sampler_create(ctypes.byref(opt), ctypes.byref(h)))
         self._adopt(h.value)
 
     def _free(self, h):
@@ -752,7 +774,6 @@ class Session(_Handle):
     cancel(), which any thread may call. ``n_ctx`` 0 = min(4096, trained context)."""
 
     _kind = "session"
-    _last_error = "dsi_session_last_error"
 
     def __init__(self, model, *, n_ctx=0, n_batch=0, flags=0):
         self.model = model
@@ -764,7 +785,6 @@ class Session(_Handle):
         _check_thread(_lib.dsi_session_create(model._handle(), ctypes.byref(opt),
                                               ctypes.byref(h)))
         self._adopt(h.value)
-        self._cancel = threading.Event()
         model._children.add(self)
 
     def _free(self, h):
@@ -813,12 +833,18 @@ class Session(_Handle):
 
     def cancel(self):
         """Any thread: stops the running generate()/sync()/append() at the next token or
-        prefill chunk (it raises CancelledError), and a running stream() before its next
-        token. A cancel with nothing running is dropped, as in the C API."""
+        prefill chunk (it raises CancelledError), and a stream() at its next token. Made
+        while nothing runs, the request is sticky: the next such call is cancelled before
+        it changes the session (dsi_session_cancel). Never call it concurrently with
+        close()."""
         h = self._h
         if h:
-            self._cancel.set()
             _lib.dsi_session_cancel(h)
+
+    def cancel_clear(self):
+        """Drops a pending cancel request (one that arrived after the call it was meant for
+        had finished); call it when starting new work (dsi_session_cancel_clear)."""
+        _lib.dsi_session_cancel_clear(self._handle())
 
     def generate(self, sampler, prompt=None, *, max_tokens=256, stop=None, stop_tokens=None,
                  on_token=None):
@@ -831,7 +857,6 @@ class Session(_Handle):
         False stops (finish "callback"). A cancel raises CancelledError whose ``result``
         holds the delivered text.
         """
-        self._cancel.clear()
         res = GenerationResult()
         parts = []
         exc = []
@@ -880,8 +905,9 @@ class Stream:
     """Iterator returned by Session.stream().
 
     Each step is one dsi_session_generate call with max_tokens = 1 (the first one also
-    syncs the prompt), so the sampler, the session and the stop tokens behave exactly as
-    in one long call; the text of the steps goes through a Detokenizer and the stop-string
+    syncs the prompt), so the sampler, the session, the stop tokens and cancellation (a
+    request between steps is sticky and cancels the next step) behave exactly as in one
+    long call; the text of the steps goes through a Detokenizer and the stop-string
     hold-back rule of dsi_session_generate (docs/tokenizer.md §6), so the pieces
     concatenate to generate()'s text.
     """
@@ -903,8 +929,9 @@ class Stream:
         self._detok = Detokenizer(session.model)
         self._held = b""
         self._done = False
-        last = self._last = []  # the callback must not refer to self: no reference cycle,
-        session._cancel.clear()  # so an abandoned stream is freed (and closed) at once
+        # the callback must not refer to self: no reference cycle, so an abandoned stream
+        # is freed (and closes its detokenizer) at once
+        last = self._last = []
 
         def _cb(token, _text, _n, _ud):
             if token >= 0:
@@ -957,12 +984,6 @@ class Stream:
             raise StopIteration
         s = self.session
         r = self.result
-        if s._cancel.is_set():
-            s._cancel.clear()
-            self._finish("cancelled", flush=False)
-            e = _error(_ffi.ERR_CANCELLED, "stream cancelled after %d tokens" % r.n_generated)
-            e.result = r
-            raise e
         if r.n_generated >= self._max and self._prompt is None:
             p = self._finish("length")
             if p is None:
@@ -992,10 +1013,7 @@ class Stream:
         r.n_generated += res.n_generated
         r.decode_ms += res.decode_ms
         if st != _ffi.OK:
-            cancelled = st == _ffi.ERR_CANCELLED
-            if cancelled:
-                s._cancel.clear()
-            self._finish("cancelled" if cancelled else "none", flush=False)
+            self._finish("cancelled" if st == _ffi.ERR_CANCELLED else "none", flush=False)
             try:
                 s._fail(st)
             except CancelledError as e:

@@ -112,6 +112,8 @@ ERR_INTERNAL = -14
 
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_NONE = 0, 1, 2, 3, 4
 ACCESS_MMAP, ACCESS_PREAD, ACCESS_READER = 0, 1, 2
+MODEL_FLAG_VERIFY_FILE = 1 << 1
+MODEL_FLAG_RESIDENT = 1 << 2
 # experimental section of the header (DSI_EXPERIMENTAL; since 0.2)
 MODEL_FLAG_COALESCE = 1 << 0
 SESSION_FLAG_NO_CAPTURE = 1 << 16
@@ -288,6 +290,8 @@ PROTOTYPES = {
     "dsi_chat_options_init": (None, [P(chat_options)]),
     "dsi_chat_render": (c_status, [H, P(P(chat_message)), sz, P(chat_options),
                                    ctypes.c_char_p, sz, P(sz)]),
+    "dsi_chat_tokenize": (c_status, [H, P(P(chat_message)), sz, P(chat_options),
+                                     P(c_token), sz, P(sz)]),
     "dsi_session_options_init": (None, [P(session_options)]),
     "dsi_session_create": (c_status, [H, P(session_options), P(H)]),
     "dsi_session_free": (None, [H]),
@@ -299,8 +303,10 @@ PROTOTYPES = {
     "dsi_session_tokens": (c_status, [H, P(c_token), sz, P(sz)]),
     "dsi_session_reset": (c_status, [H]),
     "dsi_session_cancel": (None, [H]),
+    "dsi_session_cancel_clear": (None, [H]),
     "dsi_sampler_options_init": (None, [P(sampler_options)]),
     "dsi_sampler_create": (c_status, [P(sampler_options), P(H)]),
+    "dsi_sampler_create_with_context": (c_status, [H, P(sampler_options), P(H)]),
     "dsi_sampler_free": (None, [H]),
     "dsi_sampler_last_error": (ctypes.c_char_p, [H]),
     "dsi_sampler_sample": (c_status, [H, P(ctypes.c_float), i32, P(c_token)]),

@@ -10,7 +10,8 @@ PROMPT = "Once upon a time"
 
 def one_round(model, stop_stream_early=False):
     prompt = model.tokenize(PROMPT, add_bos=True)
-    with model.session() as s, dsinfer.Sampler(temperature=0.8, seed=7) as smp:
+    with model.session() as s, dsinfer.Sampler(context=model.context, temperature=0.8,
+                                               seed=7) as smp:
         s.generate(smp, prompt, max_tokens=6, stop=["zz"], on_token=lambda t, x: None)
         it = s.stream(smp, prompt, max_tokens=6, stop=["zz"])
         if stop_stream_early:

@@ -130,6 +130,8 @@ pub const DSI_ACCESS_MMAP: i32 = 0;
 pub const DSI_ACCESS_PREAD: i32 = 1;
 pub const DSI_ACCESS_READER: i32 = 2;
 
+pub const DSI_MODEL_FLAG_VERIFY_FILE: u32 = 1 << 1;
+pub const DSI_MODEL_FLAG_RESIDENT: u32 = 1 << 2;
 // Experimental section of the header (DSI_EXPERIMENTAL; since 0.2).
 pub const DSI_MODEL_FLAG_COALESCE: u32 = 1 << 0;
 pub const DSI_SESSION_FLAG_NO_CAPTURE: u32 = 1 << 16;
@@ -441,6 +443,16 @@ extern "C" {
         n_needed: *mut usize,
     ) -> dsi_status;
 
+    pub fn dsi_chat_tokenize(
+        model: *const dsi_model,
+        messages: *const *const dsi_chat_message,
+        n: usize,
+        opt: *const dsi_chat_options,
+        tokens: *mut dsi_token,
+        cap: usize,
+        n_needed: *mut usize,
+    ) -> dsi_status;
+
     pub fn dsi_session_options_init(opt: *mut dsi_session_options);
     pub fn dsi_session_create(
         model: *mut dsi_model,
@@ -466,9 +478,15 @@ extern "C" {
     ) -> dsi_status;
     pub fn dsi_session_reset(session: *mut dsi_session) -> dsi_status;
     pub fn dsi_session_cancel(session: *mut dsi_session);
+    pub fn dsi_session_cancel_clear(session: *mut dsi_session);
 
     pub fn dsi_sampler_options_init(opt: *mut dsi_sampler_options);
     pub fn dsi_sampler_create(opt: *const dsi_sampler_options, out: *mut *mut dsi_sampler) -> dsi_status;
+    pub fn dsi_sampler_create_with_context(
+        ctx: *mut dsi_context,
+        opt: *const dsi_sampler_options,
+        out: *mut *mut dsi_sampler,
+    ) -> dsi_status;
     pub fn dsi_sampler_free(sampler: *mut dsi_sampler);
     pub fn dsi_sampler_last_error(sampler: *const dsi_sampler) -> *const c_char;
     pub fn dsi_sampler_sample(

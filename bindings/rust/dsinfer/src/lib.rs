@@ -31,7 +31,7 @@ use std::os::raw::{c_char, c_void};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 pub use dsinfer_sys as sys;
@@ -91,17 +91,15 @@ fn fixed_str(a: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Turns a status into a Result; `msg` reads the message right after the failing call.
-fn check(st: i32, msg: impl FnOnce() -> *const c_char) -> Result<()> {
+/// Turns a status into a Result. The message is this thread's last error: every failing
+/// call records it there (ABI 2), so it is the failure of this very call even on a handle
+/// other threads use at the same time.
+fn check_thread(st: i32) -> Result<()> {
     if st == sys::DSI_OK {
         Ok(())
     } else {
-        Err(Error::new(st, text_of(msg())))
+        Err(Error::new(st, text_of(unsafe { sys::dsi_last_error() })))
     }
-}
-
-fn check_thread(st: i32) -> Result<()> {
-    check(st, || unsafe { sys::dsi_last_error() })
 }
 
 fn cstring(s: &str, what: &str) -> Result<CString> {
@@ -329,6 +327,10 @@ pub enum Access {
 #[derive(Clone, Debug)]
 pub struct ModelOptions {
     pub access: Access,
+    /// `DSI_MODEL_FLAG_VERIFY_FILE` (docs/api.md, "Model files").
+    pub verify_file: bool,
+    /// `DSI_MODEL_FLAG_RESIDENT`: copy the weights into library memory.
+    pub resident: bool,
     /// Experimental (DSI_MODEL_FLAG_COALESCE, since 0.2): generations running at once on
     /// sessions of this model, from different threads, share batched steps.
     pub coalesce: bool,
@@ -336,7 +338,7 @@ pub struct ModelOptions {
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { access: Access::Mmap, coalesce: false }
+        ModelOptions { access: Access::Mmap, verify_file: false, resident: false, coalesce: false }
     }
 }
 
@@ -370,10 +372,6 @@ impl Context {
         Ok(Context { inner: Arc::new(ContextInner { ptr: p, _log: log, alloc }) })
     }
 
-    fn last_error(&self) -> *const c_char {
-        unsafe { sys::dsi_context_last_error(self.inner.ptr) }
-    }
-
     /// The counters of `track_allocations` (they outlive the context).
     pub fn alloc_stats(&self) -> Option<Arc<AllocStats>> {
         self.inner.alloc.clone()
@@ -389,11 +387,11 @@ impl Context {
 
     pub fn devices(&self) -> Result<Vec<DeviceInfo>> {
         let mut n = 0i32;
-        check(unsafe { sys::dsi_context_device_count(self.inner.ptr, &mut n) }, || self.last_error())?;
+        check_thread(unsafe { sys::dsi_context_device_count(self.inner.ptr, &mut n) })?;
         let mut out = Vec::new();
         for i in 0..n {
             let mut d: sys::dsi_device_info = unsafe { init_struct(|p| sys::dsi_device_info_init(p)) };
-            check(unsafe { sys::dsi_context_device_info(self.inner.ptr, i, &mut d) }, || self.last_error())?;
+            check_thread(unsafe { sys::dsi_context_device_info(self.inner.ptr, i, &mut d) })?;
             out.push(DeviceInfo {
                 index: d.index,
                 backend: fixed_str(&d.backend),
@@ -446,6 +444,8 @@ impl Context {
             Access::Mmap => sys::DSI_ACCESS_MMAP,
             Access::Pread => sys::DSI_ACCESS_PREAD,
         };
+        o.flags = if opts.verify_file { sys::DSI_MODEL_FLAG_VERIFY_FILE } else { 0 }
+            | if opts.resident { sys::DSI_MODEL_FLAG_RESIDENT } else { 0 };
         if opts.coalesce {
             o.flags |= sys::DSI_MODEL_FLAG_COALESCE;
         }
@@ -569,13 +569,43 @@ impl Default for ChatOptions {
     }
 }
 
-impl Model {
-    fn last_error(&self) -> *const c_char {
-        unsafe { sys::dsi_model_last_error(self.inner.ptr) }
-    }
+/// dsi_chat_message structs, their pointer array, options, and the strings they point to.
+struct ChatArgs {
+    _keep: Vec<CString>,
+    _msgs: Vec<sys::dsi_chat_message>,
+    ptrs: Vec<*const sys::dsi_chat_message>,
+    opt: sys::dsi_chat_options,
+}
 
+impl ChatArgs {
+    fn new(messages: &[ChatMessage], opts: &ChatOptions) -> Result<ChatArgs> {
+        let mut keep = Vec::new();
+        let mut msgs = Vec::new();
+        for (i, m) in messages.iter().enumerate() {
+            let mut cm: sys::dsi_chat_message = unsafe { init_struct(|p| sys::dsi_chat_message_init(p)) };
+            cm.role = m.role as i32;
+            let c = cstring(&m.content, &format!("messages[{}].content", i))?;
+            cm.content = c.as_ptr();
+            keep.push(c);
+            if let Some(r) = &m.reasoning {
+                let r = cstring(r, &format!("messages[{}].reasoning", i))?;
+                cm.reasoning = r.as_ptr();
+                keep.push(r);
+            }
+            msgs.push(cm);
+        }
+        let ptrs: Vec<*const sys::dsi_chat_message> = msgs.iter().map(|m| m as *const _).collect();
+        let mut o: sys::dsi_chat_options = unsafe { init_struct(|p| sys::dsi_chat_options_init(p)) };
+        o.thinking = opts.thinking as i32;
+        o.add_generation_prompt = opts.add_generation_prompt as i32;
+        o.add_bos = opts.add_bos as i32;
+        Ok(ChatArgs { _keep: keep, _msgs: msgs, ptrs, opt: o })
+    }
+}
+
+impl Model {
     fn fail(&self, st: i32) -> Result<()> {
-        check(st, || self.last_error())
+        check_thread(st)
     }
 
     pub fn info(&self) -> Result<ModelInfo> {
@@ -647,42 +677,34 @@ impl Model {
         }
     }
 
-    /// The DeepSeek V4 chat text of a conversation (special tokens appear as text).
+    /// The DeepSeek V4 chat text of a conversation (special tokens appear as text): for
+    /// display and logs. To run a conversation use [`Model::chat_tokens`].
     pub fn render_chat(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String> {
-        let mut keep = Vec::new();
-        let mut msgs = Vec::new();
-        for (i, m) in messages.iter().enumerate() {
-            let mut cm: sys::dsi_chat_message = unsafe { init_struct(|p| sys::dsi_chat_message_init(p)) };
-            cm.role = m.role as i32;
-            let c = cstring(&m.content, &format!("messages[{}].content", i))?;
-            cm.content = c.as_ptr();
-            keep.push(c);
-            if let Some(r) = &m.reasoning {
-                let r = cstring(r, &format!("messages[{}].reasoning", i))?;
-                cm.reasoning = r.as_ptr();
-                keep.push(r);
-            }
-            msgs.push(cm);
-        }
-        let ptrs: Vec<*const sys::dsi_chat_message> = msgs.iter().map(|m| m as *const _).collect();
-        let mut o: sys::dsi_chat_options = unsafe { init_struct(|p| sys::dsi_chat_options_init(p)) };
-        o.thinking = opts.thinking as i32;
-        o.add_generation_prompt = opts.add_generation_prompt as i32;
-        o.add_bos = opts.add_bos as i32;
+        let args = ChatArgs::new(messages, opts)?;
         let bytes = two_call(
-            |b, c, n| unsafe { sys::dsi_chat_render(self.inner.ptr, ptrs.as_ptr(), ptrs.len(), &o, b, c, n) },
+            |b, c, n| unsafe {
+                sys::dsi_chat_render(self.inner.ptr, args.ptrs.as_ptr(), args.ptrs.len(), &args.opt, b, c, n)
+            },
             |st| self.fail(st),
         )?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// Token ids of a conversation, ready as a generation prompt. Today: render_chat()
-    /// tokenized with special-token parsing, so special-token text inside a message
-    /// becomes that token (docs/bindings.md "Chat and prompt injection"); switches to the
-    /// library's chat-to-token-ids call once it exists.
+    /// Token ids of a conversation, ready as a generation prompt (dsi_chat_tokenize): the
+    /// template's structure becomes special tokens and every message's content is
+    /// tokenized as plain text, so special-token text inside a message stays text.
     pub fn chat_tokens(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<Vec<Token>> {
-        let text = self.render_chat(messages, opts)?;
-        self.tokenize(text, false, true)
+        let args = ChatArgs::new(messages, opts)?;
+        let (p, n) = (args.ptrs.as_ptr(), args.ptrs.len());
+        let mut need = 0usize;
+        let st = unsafe { sys::dsi_chat_tokenize(self.inner.ptr, p, n, &args.opt, ptr::null_mut(), 0, &mut need) };
+        if st != sys::DSI_OK && need == 0 {
+            self.fail(st)?;
+        }
+        let mut out = vec![0; need.max(1)];
+        self.fail(unsafe { sys::dsi_chat_tokenize(self.inner.ptr, p, n, &args.opt, out.as_mut_ptr(), need, &mut need) })?;
+        out.truncate(need);
+        Ok(out)
     }
 
     /// All GGUF metadata as (key, value-as-text) pairs.
@@ -727,7 +749,7 @@ impl Model {
         let mut s = ptr::null_mut();
         check_thread(unsafe { sys::dsi_session_create(self.inner.ptr, &o, &mut s) })?;
         Ok(Session {
-            raw: Arc::new(SessionRaw { ptr: s, cancelled: AtomicBool::new(false), model: self.inner.clone() }),
+            raw: Arc::new(SessionRaw { ptr: s, model: self.inner.clone() }),
             _not_sync: PhantomData,
         })
     }
@@ -736,7 +758,7 @@ impl Model {
     pub fn detokenizer(&self) -> Result<Detokenizer> {
         let mut d = ptr::null_mut();
         check_thread(unsafe { sys::dsi_detokenizer_create(self.inner.ptr, &mut d) })?;
-        Ok(Detokenizer { ptr: d, model: self.inner.clone(), _not_sync: PhantomData })
+        Ok(Detokenizer { ptr: d, _model: self.inner.clone(), _not_sync: PhantomData })
     }
 }
 
@@ -745,7 +767,7 @@ impl Model {
 /// Incremental token → UTF-8 decoder: holds back the bytes of an unfinished character.
 pub struct Detokenizer {
     ptr: *mut sys::dsi_detokenizer,
-    model: Arc<ModelInner>,
+    _model: Arc<ModelInner>, // the model must outlive the detokenizer
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -767,8 +789,7 @@ impl Detokenizer {
             buf.resize(need, 0);
             st = f(buf.as_mut_ptr() as *mut c_char, buf.len(), &mut need);
         }
-        let m = self.model.ptr;
-        check(st, || unsafe { sys::dsi_model_last_error(m) })?;
+        check_thread(st)?;
         buf.truncate(need);
         Ok(buf)
     }
@@ -840,6 +861,7 @@ impl SamplerOptions {
 /// Sampling settings and RNG; one thread at a time.
 pub struct Sampler {
     ptr: *mut sys::dsi_sampler,
+    _ctx: Option<Arc<ContextInner>>, // with_context: the context must outlive the sampler
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -853,7 +875,18 @@ impl Drop for Sampler {
 }
 
 impl Sampler {
+    /// A sampler that allocates with the C library's malloc.
     pub fn new(opts: &SamplerOptions) -> Result<Sampler> {
+        Sampler::create(None, opts)
+    }
+
+    /// A sampler whose allocations go through `ctx`'s allocator hooks
+    /// (dsi_sampler_create_with_context); it keeps the context alive.
+    pub fn with_context(ctx: &Context, opts: &SamplerOptions) -> Result<Sampler> {
+        Sampler::create(Some(ctx.inner.clone()), opts)
+    }
+
+    fn create(ctx: Option<Arc<ContextInner>>, opts: &SamplerOptions) -> Result<Sampler> {
         let mut o: sys::dsi_sampler_options = unsafe { init_struct(|p| sys::dsi_sampler_options_init(p)) };
         o.temperature = opts.temperature;
         o.top_k = opts.top_k;
@@ -871,12 +904,15 @@ impl Sampler {
             o.n_logit_bias = bias.len();
         }
         let mut p = ptr::null_mut();
-        check_thread(unsafe { sys::dsi_sampler_create(&o, &mut p) })?;
-        Ok(Sampler { ptr: p, _not_sync: PhantomData })
+        check_thread(match &ctx {
+            Some(c) => unsafe { sys::dsi_sampler_create_with_context(c.ptr, &o, &mut p) },
+            None => unsafe { sys::dsi_sampler_create(&o, &mut p) },
+        })?;
+        Ok(Sampler { ptr: p, _ctx: ctx, _not_sync: PhantomData })
     }
 
     fn fail(&self, st: i32) -> Result<()> {
-        check(st, || unsafe { sys::dsi_sampler_last_error(self.ptr) })
+        check_thread(st)
     }
 
     /// Samples a token from `logits` (n_vocab values) and records it in the history.
@@ -921,7 +957,6 @@ pub struct SessionOptions {
 
 struct SessionRaw {
     ptr: *mut sys::dsi_session,
-    cancelled: AtomicBool,
     model: Arc<ModelInner>,
 }
 
@@ -950,12 +985,17 @@ pub struct CancelHandle {
 }
 
 impl CancelHandle {
-    /// Stops the session's running generate / sync / append at the next token or prefill
-    /// chunk (it returns a CANCELLED error), and a running stream before its next token.
-    /// A cancel while nothing runs is dropped, as in the C API.
+    /// Stops the session's running generate / sync / append (or stream step) at the next
+    /// token or prefill chunk: it returns a CANCELLED error. Made while nothing runs, the
+    /// request is sticky: the next such call is cancelled before it changes the session.
     pub fn cancel(&self) {
-        self.raw.cancelled.store(true, Ordering::SeqCst);
         unsafe { sys::dsi_session_cancel(self.raw.ptr) };
+    }
+
+    /// Drops a pending request (dsi_session_cancel_clear): one that arrived after the call
+    /// it was meant for had finished.
+    pub fn clear(&self) {
+        unsafe { sys::dsi_session_cancel_clear(self.raw.ptr) };
     }
 }
 
@@ -1112,7 +1152,7 @@ impl Session {
     }
 
     fn fail(&self, st: i32) -> Result<()> {
-        check(st, || unsafe { sys::dsi_session_last_error(self.raw.ptr) })
+        check_thread(st)
     }
 
     /// The model this session runs on.
@@ -1167,6 +1207,11 @@ impl Session {
         self.fail(unsafe { sys::dsi_session_reset(self.ptr()) })
     }
 
+    /// Drops a pending cancel request (dsi_session_cancel_clear).
+    pub fn cancel_clear(&self) {
+        unsafe { sys::dsi_session_cancel_clear(self.raw.ptr) };
+    }
+
     /// A handle that cancels this session's running call from any thread.
     pub fn cancel_handle(&self) -> CancelHandle {
         CancelHandle { raw: self.raw.clone() }
@@ -1182,7 +1227,6 @@ impl Session {
         opts: &GenerateOptions,
         mut on_token: impl FnMut(Token, &str) -> bool,
     ) -> Result<GenerationResult> {
-        self.raw.cancelled.store(false, Ordering::SeqCst);
         let mut raw = RawGenOptions::new(opts, true)?;
         let mut state = GenState { on_token: &mut on_token, result: GenerationResult::new(), panic: None };
         raw.o.on_token = Some(token_trampoline);
@@ -1208,7 +1252,8 @@ impl Session {
     /// generate()'s text. Each step is one dsi_session_generate call with max_tokens = 1
     /// (the first also syncs the prompt), so the sampler and session behave exactly as in
     /// one long call; the text goes through a [`Detokenizer`] and the stop-string rule of
-    /// dsi_session_generate (docs/tokenizer.md §6). No thread is involved.
+    /// dsi_session_generate (docs/tokenizer.md §6). No thread is involved; a cancel between
+    /// steps is sticky in the library and cancels the next step.
     pub fn stream<'a>(&'a mut self, sampler: &'a mut Sampler, opts: &GenerateOptions) -> Result<TokenStream<'a>> {
         if opts.max_tokens < 0 {
             return Err(Error::new(sys::DSI_ERR_INVALID_ARGUMENT, format!("max_tokens = {}: must be >= 0", opts.max_tokens)));
@@ -1219,7 +1264,6 @@ impl Session {
         if opts.prompt.as_ref().map_or(false, |p| p.is_empty()) {
             return Err(Error::new(sys::DSI_ERR_INVALID_ARGUMENT, "the prompt is empty"));
         }
-        self.raw.cancelled.store(false, Ordering::SeqCst);
         let detok = self.model().detokenizer()?;
         Ok(TokenStream {
             session: self,
@@ -1318,11 +1362,6 @@ impl<'a> Iterator for TokenStream<'a> {
 
     fn next(&mut self) -> Option<Result<Piece>> {
         self.detok.as_ref()?;
-        if self.session.raw.cancelled.swap(false, Ordering::SeqCst) {
-            self.finish(FinishReason::Cancelled, false);
-            let msg = format!("stream cancelled after {} tokens", self.result.n_generated);
-            return Some(Err(Error::new(sys::DSI_ERR_CANCELLED, msg)));
-        }
         let first = self.prompt.take();
         if first.is_none() && self.result.n_generated >= self.max_tokens as u64 {
             return self.finish(FinishReason::Length, true);
@@ -1354,7 +1393,6 @@ impl<'a> Iterator for TokenStream<'a> {
         if st != sys::DSI_OK {
             let e = self.session.fail(st).unwrap_err();
             if e.is_cancelled() {
-                self.session.raw.cancelled.store(false, Ordering::SeqCst);
                 self.finish(FinishReason::Cancelled, false);
             } else {
                 self.finish(FinishReason::None, false);
