@@ -133,6 +133,15 @@ for tree in "${trees[@]}"; do
   else
     bad "no dsinfer-cli in $tree/bin"
   fi
+  # the installed server (built when libmicrohttpd and jansson are present) starts in a
+  # clean environment: it finds the installed library through its run path
+  srv=$tree/bin/dsinfer-server
+  if [ -x "$srv" ]; then
+    "${clean_env[@]}" "$srv" -h >"$out/server.out" 2>&1 ||
+      { bad "installed dsinfer-server -h failed in $tree"; cat "$out/server.out"; }
+    readelf -d "$srv" | grep -E 'R(UN)?PATH' | grep -q '\$ORIGIN/' ||
+      bad "dsinfer-server has no \$ORIGIN-relative run path"
+  fi
   lib=$tree/lib/libdsinfer.so.0
   readelf -d "$lib" | grep -q 'SONAME.*\[libdsinfer.so.0\]' || bad "SONAME of $lib is not libdsinfer.so.0"
   ! readelf -d "$lib" | grep -qE 'R(UN)?PATH' || bad "$lib carries a run path"
