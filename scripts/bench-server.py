@@ -9,11 +9,14 @@ Starts the server on a free loopback port with --parallel = the largest client c
 for each count C: C clients each send R streaming /v1/completions requests (same prompt,
 greedy, max_tokens M, stream_options.include_usage) one after another. Reports the
 completion tokens the server counted (usage), the wall time from the first request to the
-last [DONE], aggregate tokens/s, per-client tokens/s and mean time to first token.
+last [DONE], aggregate tokens/s, per-client tokens/s, mean time to first token, and the
+server's CPU time (user + system, /proc) with the tokens per CPU-second: on a machine shared
+with other jobs the wall-clock rates follow the share of the CPUs the server's threads get,
+while tokens per CPU-second measure the work per token.
 
 --compare also runs every count against a second server started with --no-batch (each
-request generated alone, no coalescing) and prints the speed-up of batching, measured in the
-same run. The two servers run one after the other, never at the same time.
+request generated alone, no coalescing) and prints the gain of batching in tokens per
+CPU-second, measured in the same run. The two servers run one after the other, never at the same time.
 """
 import argparse
 import http.client
@@ -51,6 +54,13 @@ def stream_request(port, body):
                 usage = e["usage"]
     c.close()
     return usage["completion_tokens"], ttft or 0.0, time.monotonic() - t0
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (Linux /proc), in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(port, clients, per_client, max_tokens, prompt):
@@ -105,9 +115,12 @@ def serve(a, counts, extra):
             " ".join(extra) or "(batched)", time.monotonic() - t_load, max(counts)), flush=True)
         run(port, 1, 1, 8, a.prompt)  # warm the page cache and the code paths
         for c in counts:
+            cpu0 = cpu_seconds(srv.pid)
             r = run(port, c, a.requests, a.max_tokens, a.prompt)
-            print("  %d clients: %d tokens in %.1f s = %.2f tok/s, %d errors" % (
-                c, r["tokens"], r["wall_s"], r["agg_tps"], r["errors"]), flush=True)
+            r["cpu_s"] = cpu_seconds(srv.pid) - cpu0
+            r["tok_per_cpu_s"] = r["tokens"] / r["cpu_s"] if r["cpu_s"] else 0.0
+            print("  %d clients: %d tokens in %.1f s = %.2f tok/s; server CPU %.1f s = %.3f tok per CPU-s; %d errors" % (
+                c, r["tokens"], r["wall_s"], r["agg_tps"], r["cpu_s"], r["tok_per_cpu_s"], r["errors"]), flush=True)
             rows.append(r)
     finally:
         srv.terminate()
@@ -133,20 +146,23 @@ def main():
     extra = a.extra.split()
     rows = serve(a, counts, extra)
     base = serve(a, counts, extra + ["--no-batch"]) if a.compare else None
-    hdr = "| clients | requests | completion tokens | wall s | aggregate tok/s | tok/s per client | mean TTFT ms | errors |"
-    sep = "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    hdr = ("| clients | requests | completion tokens | wall s | aggregate tok/s | tok/s per client |"
+           " mean TTFT ms | server CPU s | tok per CPU-s | errors |")
+    sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if base:
-        hdr += " --no-batch tok/s | speed-up |"
-        sep += "---:|---:|"
+        hdr += " --no-batch tok/s | --no-batch tok per CPU-s | CPU efficiency × |"
+        sep += "---:|---:|---:|"
     print(hdr)
     print(sep)
     for i, r in enumerate(rows):
-        line = "| %d | %d | %d | %.1f | %.2f | %.2f | %.0f | %d |" % (
+        line = "| %d | %d | %d | %.1f | %.2f | %.2f | %.0f | %.1f | %.3f | %d |" % (
             r["clients"], r["requests"], r["tokens"], r["wall_s"], r["agg_tps"],
-            r["per_client_tps"], r["ttft_ms"], r["errors"])
+            r["per_client_tps"], r["ttft_ms"], r["cpu_s"], r["tok_per_cpu_s"], r["errors"])
         if base:
             b = base[i]
-            line += " %.2f | %.2fx |" % (b["agg_tps"], r["agg_tps"] / b["agg_tps"] if b["agg_tps"] else 0.0)
+            line += " %.2f | %.3f | %.2f |" % (
+                b["agg_tps"], b["tok_per_cpu_s"],
+                r["tok_per_cpu_s"] / b["tok_per_cpu_s"] if b["tok_per_cpu_s"] else 0.0)
         print(line, flush=True)
     if any(r["errors"] for r in rows + (base or [])):
         sys.exit(1)
