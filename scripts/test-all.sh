@@ -139,16 +139,13 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
 fi
 
 if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
-  # Only the programs of the tests labelled concurrency (and the tiny models they load) are
-  # built, not the whole tree.
+  # Only the programs of the tests labelled concurrency and the tiny models they load are
+  # built (target dsinfer-concurrency-tests), not the whole tree.
   stage "ThreadSanitizer (concurrency, cancellation and error-path tests: label concurrency)"
   rm -rf "$out/tsan"
   if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
        -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
-     tsan_targets=$(cd "$out/tsan" && ctest -N -V -L concurrency |
-                      sed -n 's|^.*Test command: *\([^ ]*\).*$|\1|p' | xargs -r -n1 basename | sort -u) &&
-     [ -n "$tsan_targets" ] &&
-     cmake --build "$out/tsan" -j"$jobs" --target dsinfer-models $tsan_targets \
+     cmake --build "$out/tsan" -j"$jobs" --target dsinfer-concurrency-tests \
        >"$out/tsan-build.log" 2>&1; then
     record tsan-build 0
     (cd "$out/tsan" && ctest -j"$jobs" --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"

@@ -11,7 +11,9 @@
 #      (plus the usual -Wl,-rpath to pkg-config's libdir), runs both on the installed default
 #      model, links the C one statically through Libs.private, and runs the installed
 #      dsinfer-cli on its default model (found the way the CLI finds it: no -m);
-#   4. checks the installed executables' run path ($ORIGIN-relative) and that the library's
+#   4. runs every installed executable (--help) in the clean environment, checks that the
+#      statically linked dsinfer-bench finds the tree's backend modules, that each
+#      one linking libdsinfer.so has the run path $ORIGIN/../lib, and that the library's
 #      SONAME is libdsinfer.so.0 with no run path of its own.
 # Usage: check-install.sh CMAKE_BUILD_DIR MESON_BUILD_DIR|- SCRATCH_DIR
 # Exit status 0 = everything held; failures are printed as "FAIL: …".
@@ -133,14 +135,46 @@ for tree in "${trees[@]}"; do
   else
     bad "no dsinfer-cli in $tree/bin"
   fi
-  # the installed server (built when libmicrohttpd and jansson are present) starts in a
-  # clean environment: it finds the installed library through its run path
-  srv=$tree/bin/dsinfer-server
-  if [ -x "$srv" ]; then
-    "${clean_env[@]}" "$srv" -h >"$out/server.out" 2>&1 ||
-      { bad "installed dsinfer-server -h failed in $tree"; cat "$out/server.out"; }
-    readelf -d "$srv" | grep -E 'R(UN)?PATH' | grep -q '\$ORIGIN/' ||
-      bad "dsinfer-server has no \$ORIGIN-relative run path"
+  # every installed executable starts in the clean environment (no LD_LIBRARY_PATH), and
+  # each one that links libdsinfer.so carries an $ORIGIN-relative run path to it
+  n_exe=0
+  for exe in "$tree"/bin/*; do
+    [ -f "$exe" ] && [ -x "$exe" ] || continue
+    n_exe=$((n_exe + 1))
+    if ! (cd "$scratch" && "${clean_env[@]}" "$exe" --help >"$out/help.out" 2>&1); then
+      bad "installed $(basename "$exe") --help failed in $tree:"; tail -3 "$out/help.out"
+    fi
+    if readelf -d "$exe" | grep -q 'NEEDED.*\[libdsinfer\.so'; then
+      readelf -d "$exe" | grep -E 'R(UN)?PATH' | grep -q '\[\$ORIGIN/\.\./lib\]' ||
+        bad "$(basename "$exe") links libdsinfer.so without the run path \$ORIGIN/../lib"
+    fi
+  done
+  [ "$n_exe" -ge 3 ] || bad "only $n_exe executables installed in $tree/bin (cli, bench, mkmodel expected)"
+  # dsinfer-bench links the static library: it finds the tree's backend modules relative to
+  # its own location ($prefix/bin/../lib/dsinfer), started through PATH like a user would.
+  # A stand-in file (not a module) is put where the tree's module goes, for a backend whose
+  # real module is in none of the places searched first (the build trees, the configured
+  # install directory); the load must then fail on exactly that file.
+  fake_b=
+  for b in cuda vulkan; do
+    [ -e "$cmake_build/lib/dsinfer/libdsinfer-$b.so" ] && continue
+    [ "$meson_build" != - ] && [ -e "$meson_build/backends/$b/libdsinfer-$b.so" ] && continue
+    [ -e "$tree/lib/dsinfer/libdsinfer-$b.so" ] && continue
+    [ -e "/usr/local/lib/dsinfer/libdsinfer-$b.so" ] && continue
+    fake_b=$b
+    break
+  done
+  if [ -n "$fake_b" ] && [ -x "$tree/bin/dsinfer-bench" ] && [ -n "$model" ]; then
+    mkdir -p "$tree/lib/dsinfer"
+    fake=$tree/lib/dsinfer/libdsinfer-$fake_b.so
+    echo "not a module" >"$fake"
+    (cd "$scratch" && env -i PATH="$tree/bin:/usr/bin:/bin" HOME="$scratch" dsinfer-bench -m "$model" \
+       --backend "$fake_b" -p 1 -n 1 -r 1 --no-limits >"$out/bench-module.out" 2>&1)
+    grep -qF "$(realpath "$tree/bin")/../lib/dsinfer/libdsinfer-$fake_b.so cannot be loaded" "$out/bench-module.out" ||
+      { bad "installed dsinfer-bench did not look for its backend modules in $tree/lib/dsinfer:"; tail -3 "$out/bench-module.out"; }
+    rm -f "$fake"
+  else
+    echo "note: every backend module is built; the static tools' module lookup in $tree is not checked"
   fi
   lib=$tree/lib/libdsinfer.so.0
   readelf -d "$lib" | grep -q 'SONAME.*\[libdsinfer.so.0\]' || bad "SONAME of $lib is not libdsinfer.so.0"

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#define DSI_EXPERIMENTAL /* the batched API and coalescing allocate too */
 #include "dsinfer.h"
 
 /* ---- the wrapped C library -------------------------------------------------------------- */
@@ -112,7 +113,7 @@ static void check_no_direct_calls(const char *what) {
     assert_false(any);
 }
 
-static void everything(int32_t access) {
+static void everything(int32_t access, int batched) {
     for (int w = 0; w < W_N; w++) atomic_store(&wcount[w], 0);
     atomic_store(&live, 0);
     atomic_store(&hook_calls, 0);
@@ -132,6 +133,7 @@ static void everything(int32_t access) {
     dsi_model_options mo;
     dsi_model_options_init(&mo);
     mo.access = access;
+    if (batched) mo.flags = DSI_MODEL_FLAG_COALESCE;
     dsi_status st = dsi_context_create(&co, &ctx);
     if (st == DSI_OK) st = dsi_model_load(ctx, model_path, &mo, &m);
     dsi_session_options so;
@@ -168,6 +170,18 @@ static void everything(int32_t access) {
     go.stop_strings = stops;
     go.n_stop_strings = 1;
     if (st == DSI_OK) st = dsi_session_generate(s, smp, &go, NULL);
+    if (batched) {
+        /* a second session, then both advanced by one shared batched step */
+        dsi_session *s2 = NULL;
+        if (st == DSI_OK) st = dsi_session_create(m, &so, &s2);
+        if (st == DSI_OK) st = dsi_session_sync(s2, toks, nt, NULL);
+        dsi_session *both[2] = {s, s2};
+        const dsi_token *bt[2] = {&toks[1], &toks[2]};
+        size_t bn[2] = {1, 1};
+        dsi_status bst[2];
+        if (st == DSI_OK) st = dsi_session_append_batch(2, both, bt, bn, bst);
+        dsi_session_free(s2);
+    }
     if (st == DSI_OK) st = dsi_detokenizer_create(m, &d);
     size_t n = 0;
     if (st == DSI_OK) st = dsi_detokenizer_feed(d, toks[1], text, sizeof text, &n);
@@ -184,19 +198,24 @@ static void everything(int32_t access) {
     atomic_store(&armed, 0);
 
     assert_int_equal(st, DSI_OK);
-    check_no_direct_calls(access == DSI_ACCESS_MMAP ? "mmap" : "pread");
+    check_no_direct_calls(batched ? "coalesced + batched" : access == DSI_ACCESS_MMAP ? "mmap" : "pread");
     assert_true(atomic_load(&hook_calls) > 0);
     assert_int_equal(atomic_load(&live), 0);
 }
 
 static void test_mmap(void **state) {
     (void)state;
-    everything(DSI_ACCESS_MMAP);
+    everything(DSI_ACCESS_MMAP, 0);
 }
 
 static void test_pread(void **state) {
     (void)state;
-    everything(DSI_ACCESS_PREAD);
+    everything(DSI_ACCESS_PREAD, 0);
+}
+
+static void test_batched(void **state) {
+    (void)state;
+    everything(DSI_ACCESS_MMAP, 1);
 }
 
 /* The wrapping itself works: a direct call from this file is seen. */
@@ -223,6 +242,7 @@ int main(void) {
         cmocka_unit_test(test_wrap_sees_calls),
         cmocka_unit_test(test_mmap),
         cmocka_unit_test(test_pread),
+        cmocka_unit_test(test_batched),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
