@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _XOPEN_SOURCE 700
 #include "api_util.h"
+#include "tests/common/skip.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,8 +31,7 @@ int apiu_open_tiny(int32_t n_threads, dsi_context **ctx, dsi_model **model, cons
     const char *p = apiu_model_path("tiny-v41.gguf");
     if (path) *path = p;
     if (!p) {
-        printf("skip: the tiny model is not built\n");
-        return 77;
+        return dsit_absent("MODELS", "the tiny model tiny-v41.gguf is not built (DSI_MODELS_DIR)");
     }
     dsi_context_options o;
     dsi_context_options_init(&o, DSI_ABI_VERSION);

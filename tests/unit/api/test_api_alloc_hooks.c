@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/common/skip.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -234,8 +235,7 @@ int main(void) {
     static char path[4096];
     snprintf(path, sizeof path, "%s/tiny-v41.gguf", dir ? dir : "models");
     if (access(path, R_OK) != 0) {
-        printf("skip: %s is not built\n", path);
-        return 77;
+        return dsit_absent("MODELS", "%s is not built", path);
     }
     model_path = path;
     const struct CMUnitTest tests[] = {

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/common/skip.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,8 +184,7 @@ static void test_cli_uses_chat_tokens(void **state) {
     snprintf(cli, sizeof cli, "%s/bin/dsinfer-cli", bld ? bld : ".");
     if (access(cli, X_OK) != 0) snprintf(cli, sizeof cli, "%s/examples/cli/dsinfer-cli", bld ? bld : ".");
     if (access(cli, X_OK) != 0) {
-        print_message("dsinfer-cli is not built in this configuration\n");
-        skip();
+        DSIT_SKIP_TEST("MODELS", "dsinfer-cli is not built in this configuration");
     }
     const char *dir = apiu_tmpdir();
     assert_non_null(dir);

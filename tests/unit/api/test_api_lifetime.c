@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/common/skip.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -125,8 +126,7 @@ static void test_sampler_keeps_context(void **state) {
 int main(void) {
     model_path = apiu_model_path("tiny-v41.gguf");
     if (!model_path) {
-        printf("skip: the tiny model is not built\n");
-        return 77;
+        return dsit_absent("MODELS", "the tiny model tiny-v41.gguf is not built (DSI_MODELS_DIR)");
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_detokenizer_keeps_model),

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/common/skip.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -196,8 +197,7 @@ static void test_reader_contract(void **state) {
 int main(void) {
     model_src = apiu_model_path("tiny-v41.gguf");
     if (!model_src) {
-        printf("skip: the tiny model is not built\n");
-        return 77;
+        return dsit_absent("MODELS", "the tiny model tiny-v41.gguf is not built (DSI_MODELS_DIR)");
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reader_contract),

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/common/skip.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -102,8 +103,7 @@ static void test_cli_fifo(void **state) {
     snprintf(cli, sizeof cli, "%s/bin/dsinfer-cli", bld ? bld : ".");
     if (access(cli, X_OK) != 0) snprintf(cli, sizeof cli, "%s/examples/cli/dsinfer-cli", bld ? bld : ".");
     if (access(cli, X_OK) != 0) {
-        print_message("dsinfer-cli is not built in this configuration\n");
-        skip();
+        DSIT_SKIP_TEST("MODELS", "dsinfer-cli is not built in this configuration");
     }
     int status = apiu_run_child(child_cli, NULL, BOUND_S);
     if (status == -1) fail_msg("dsinfer-cli -m FIFO did not exit within %.0f s", BOUND_S);
