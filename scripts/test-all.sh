@@ -11,6 +11,8 @@
 #   7. bounded libFuzzer run of the GGUF reader (clang)
 #   8. ThreadSanitizer build of the concurrency, cancellation and error-path tests (label
 #      concurrency; only those tests and the tiny models are built)
+#   9. Python, Rust and Go bindings; dsinfer-server (curl, OpenAI Node SDK, load test,
+#      malformed input), also under ASan
 # Ends with a summary line "N passed, N failed, N skipped [who: why; ...]"; exits non-zero on
 # any failure. A skip means only "absent here" (tests/common/skip.h): every program logs its
 # skips (whole program, or one test inside it) to $DSI_SKIP_LOG, and since setup-deps.sh
@@ -18,7 +20,7 @@
 # disabled by the environment count as skipped.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
 #              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_MUTATION=1 /
-#              DSI_SKIP_TSAN=1 to shorten local runs (reported as skipped);
+#              DSI_SKIP_TSAN=1 / DSI_SKIP_BINDINGS=1 to shorten local runs (reported as skipped);
 #              DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup could not install.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -244,6 +246,59 @@ if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
 else
   skip_stage tsan "disabled by DSI_SKIP_TSAN=1"
 fi
+
+# Bindings and the server (docs/bindings.md, docs/server.md): each prints a last line
+# "RESULT: N passed, N failed, N skipped".
+count_result() { # label logfile rc
+  local line p f s
+  line=$(grep -E '^RESULT: ' "$2" | tail -n1)
+  p=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) passed.*/\1/p')
+  f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+  s=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) skipped.*/\1/p')
+  p=${p:-0}; f=${f:-1}; s=${s:-0}
+  if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  [ "$f" -eq 0 ] || failures+=("$1: see $2")
+  [ "$s" -eq 0 ] || skips+=("$1: $s skipped (reasons in $2)")
+  echo "[$1] $p passed, $f failed, $s skipped ($(( $(date +%s) - ts )) s)"
+}
+if [ "${DSI_SKIP_BINDINGS:-0}" != 1 ] && [ -x "$out/cmake/bin/dsinfer-cli" ]; then
+  # an install of the CMake build: Python is pip-installed and Go builds against it through
+  # pkg-config (the installed dsinfer.pc relocates with the tree)
+  rm -rf "$out/bindings-prefix"
+  cmake --install "$out/cmake" --prefix "$out/bindings-prefix" >"$out/bindings-install.log" 2>&1
+  record bindings-install $?
+  for b in python rust go; do
+    stage "$b binding"
+    ts=$(date +%s)
+    bash scripts/test-bindings.sh $b "$out/cmake" "$out/bindings-prefix" >"$out/bindings-$b.log" 2>&1
+    rc=$?
+    tail -5 "$out/bindings-$b.log"
+    count_result "$b-binding" "$out/bindings-$b.log" $rc
+  done
+  stage "dsinfer-server: curl, OpenAI Node SDK, 16-client load, malformed input"
+  ts=$(date +%s)
+  bash tests/server/run.sh "$out/cmake" >"$out/server.log" 2>&1
+  rc=$?
+  grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server.log" | tail -12
+  count_result server "$out/server.log" $rc
+  if [ -x "$out/asan/bin/dsinfer-server" ]; then
+    stage "dsinfer-server under ASan + UBSan (no leaks at shutdown)"
+    ts=$(date +%s)
+    DSI_CLI="$out/cmake/bin/dsinfer-cli" DSI_LOAD_PER_CLIENT=2 bash tests/server/run.sh "$out/asan" asan \
+      >"$out/server-asan.log" 2>&1
+    rc=$?
+    grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server-asan.log" | tail -12
+    count_result server-asan "$out/server-asan.log" $rc
+  else
+    skip_stage server-asan "no ASan build"
+  fi
+elif [ "${DSI_SKIP_BINDINGS:-0}" = 1 ]; then
+  skip_stage bindings "disabled by DSI_SKIP_BINDINGS=1"
+else
+  record bindings-cli 1 # the CMake build gave no dsinfer-cli to compare against
+fi
+
 
 t1=$(date +%s)
 stage "summary ($((t1 - t0)) s)"
