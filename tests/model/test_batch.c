@@ -40,6 +40,7 @@
 #include "model/model.h"
 #include "model_test_util.h"
 #include "sched/sched.h"
+#include "tests/common/filter.h"
 #include "tests/common/skip.h"
 #include "tests/common/vk_validation.h"
 
@@ -47,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NSEQ 8
 #define MAX_STEPS 64
@@ -103,6 +105,43 @@ static int teardown(void **state) {
     f->m = f->mc = NULL;
     f->ctx = NULL;
     return 0;
+}
+
+/* One context and the two loads per model for all the cases of its group (cmocka group
+ * setup): every case creates and frees its own sessions and reads scheduler counters as
+ * differences, so the cases do not depend on each other; loading once spares the group
+ * four context creations (on Vulkan: every pipeline compiled again) and eight model loads. */
+static int g_cur; /* index into g_fx of the group being run */
+
+/* Per case: the process CPU time it took, printed (where CI time goes; nothing asserted). */
+static double g_cpu0;
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int case_start(void **state) {
+    (void)state;
+    g_cpu0 = cpu_seconds();
+    return 0;
+}
+
+static int case_end(void **state) {
+    (void)state;
+    printf("  (case: %.1f s CPU)\n", cpu_seconds() - g_cpu0);
+    return 0;
+}
+
+static int group_setup(void **state) {
+    *state = &g_fx[g_cur];
+    return setup(state);
+}
+
+static int group_teardown(void **state) {
+    *state = &g_fx[g_cur];
+    return teardown(state);
 }
 
 static void need(fx *f) {
@@ -516,6 +555,7 @@ static void test_slot_snapshot(void **state) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
+    dsit_filter();
     if (argc > 1) g_backend = argv[1];
     /* second argument "threads": only the test that runs several threads (ctest
      * test_batch_threads, the ThreadSanitizer stage); "nothreads": all the others */
@@ -539,11 +579,11 @@ int main(int argc, char **argv) {
     }
     dsi_context_free(probe);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_batch_invariance, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_batch_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_coalescing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_capture, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_slot_snapshot, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_invariance, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_batch_errors, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_coalescing, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_capture, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_slot_snapshot, case_start, case_end),
     };
     int rc = 0;
     for (int m = 0; m < 2; m++) {
@@ -558,7 +598,8 @@ int main(int argc, char **argv) {
         }
         char name[64];
         snprintf(name, sizeof name, "%s %s", g_fx[m].file, g_backend);
-        rc += _cmocka_run_group_tests(name, t, nt, NULL, NULL);
+        g_cur = m;
+        rc += _cmocka_run_group_tests(name, t, nt, group_setup, group_teardown);
     }
     if (strcmp(g_backend, "vulkan") == 0) {
         /* the counters live in the loaded module: keep a context open while reading them */
