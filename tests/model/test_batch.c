@@ -20,7 +20,8 @@
  *     session's slot (with the timeline) continues exactly like the original — the basis of
  *     session snapshots and forks.
  *
- * argv[1]: backend ("cpu" default, "vulkan"). Skips (77, tests/common/skip.h) only without
+ * argv[1]: backend ("cpu" default, "vulkan"); argv[2], optional: a part of the cases
+ * (threads / nothreads / capture / nocapture, see main). Skips (77, tests/common/skip.h) only without
  * the tiny models (unless DSI_REQUIRE_MODELS=1) or, for vulkan, without a device (unless
  * DSI_REQUIRE_VULKAN=1); a model that is there and does not load is a failure. Under
  * DSINFER_VULKAN_VALIDATION=1 the sizes shrink (that run is about validation errors) and the layer must have counted no
@@ -557,10 +558,24 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     dsit_filter();
     if (argc > 1) g_backend = argv[1];
-    /* second argument "threads": only the test that runs several threads (ctest
-     * test_batch_threads, the ThreadSanitizer stage); "nothreads": all the others */
-    int threads = argc > 2 && strcmp(argv[2], "threads") == 0 ? 1
-                  : argc > 2 && strcmp(argv[2], "nothreads") == 0 ? -1 : 0;
+    /* second argument, a part of the cases: "threads" only the test that runs several
+     * threads (ctest test_batch_threads, the ThreadSanitizer stage), "nothreads" all the
+     * others; "capture" only the capture / replay test (the longest on Vulkan: ctest
+     * test_batch_vulkan_capture runs it beside the others), "nocapture" all the others */
+    void (*part)(void **) = NULL;
+    int only = 0;
+    if (argc > 2) {
+        const char *a = argv[2];
+        int no = strncmp(a, "no", 2) == 0;
+        if (no) a += 2;
+        if (strcmp(a, "threads") == 0) part = test_coalescing;
+        else if (strcmp(a, "capture") == 0) part = test_capture;
+        if (!part) {
+            printf("FAIL: unknown part '%s' (threads, nothreads, capture, nocapture)\n", argv[2]);
+            return 1;
+        }
+        only = no ? -1 : 1;
+    }
     const char *vv = getenv("DSINFER_VULKAN_VALIDATION");
     g_small = vv && strcmp(vv, "1") == 0;
     if (!mt_model_path("tiny-v4.gguf", NULL) && !mt_model_path("tiny-v41.gguf", NULL)) {
@@ -591,8 +606,8 @@ int main(int argc, char **argv) {
         struct CMUnitTest t[NT];
         size_t nt = 0;
         for (size_t i = 0; i < NT; i++) {
-            int threaded = tests[i].test_func == test_coalescing;
-            if ((threads == 1 && !threaded) || (threads == -1 && threaded)) continue;
+            int in = tests[i].test_func == part;
+            if ((only == 1 && !in) || (only == -1 && in)) continue;
             t[nt] = tests[i];
             t[nt++].initial_state = &g_fx[m];
         }
