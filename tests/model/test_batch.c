@@ -412,8 +412,9 @@ static void test_coalescing(void **state) {
         ser[i].max = max;
         ser[i].cancel_at = -1;
     }
-    /* job 5 hits its context: n_ctx = prompt + 5 */
-    ser[5].n_ctx = (uint32_t)ser[5].n_prompt + 5;
+    /* job 5 hits its context before max tokens: n_ctx = prompt + 5 (prompt + 2 in the
+     * validation run, whose max of 4 tokens would otherwise end it by length first) */
+    ser[5].n_ctx = (uint32_t)ser[5].n_prompt + (g_small ? 2u : 5u);
     /* serial references on the non-coalescing model */
     for (int i = 0; i < NSEQ; i++) {
         ser[i].m = f->m;
