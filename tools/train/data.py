@@ -99,9 +99,11 @@ class Corpus:
         return np.stack(out)
 
 
-def load(workdir, n_vocab, bible_txt=None, log=print):
+def load(workdir, n_vocab, bible_txt=None, log=print, max_verses=0):
     """Reads the Bible, learns (or reloads) the tokenizer of the training split."""
     verses = kjv.read_bible(bible_txt)
+    if max_verses:
+        verses = verses[:max_verses]
     train, _ = kjv.split(verses)
     mpath = os.path.join(workdir, "merges.txt")
     if os.path.exists(mpath):

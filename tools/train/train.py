@@ -5,7 +5,11 @@ last checkpoint in --out, with the same batches an uninterrupted run would have 
 
   phase 1 (steps 0 .. --steps-1): the backbone (next-token loss + the indexers' KL loss);
   phase 2 (--draft-steps more): the backbone frozen, the draft blocks (V4.1: 3 DSpark
-           blocks; V4: the MTP block) trained on its hidden states and distributions.
+           blocks; V4: the MTP block) trained on its hidden states and distributions;
+  phase 3 (--greedy-steps more, optional): the draft blocks trained further on text the
+           frozen backbone wrote itself (greedy continuations of training prompts, cached in
+           --out/greedy.npy), as DeepSpec trains drafters on target-generated responses: under
+           greedy verification the drafts must match the target's own greedy choices.
 
 Outputs in --out: merges.txt (tokenizer), ckpt.pt (latest checkpoint), log.csv (loss curve).
 """
@@ -152,6 +156,29 @@ def held_eval(model, chunks, T, draft=False, seed=0):
     return tot / n, acc
 
 
+@torch.no_grad()
+def greedy_corpus(model, corpus, args, path):
+    """Greedy continuations (--greedy-new tokens) of --greedy-prompts training prompts of
+    --greedy-prompt-len tokens (BOS + text from a verse start), fake-quant rounding on."""
+    if os.path.exists(path):
+        return np.load(path)
+    rng = np.random.default_rng([args.seed, 31337])
+    prompts = np.stack([corpus.plain(rng, args.greedy_prompt_len) for _ in range(args.greedy_prompts)])
+    model.train(False)
+    out = []
+    for i in range(0, len(prompts), 16):
+        x = torch.from_numpy(prompts[i:i + 16])
+        for _ in range(args.greedy_new):
+            nxt = model(x)["logits"][:, -1].argmax(-1, keepdim=True)
+            x = torch.cat([x, nxt], 1)
+        out.append(x.numpy())
+        print("train: greedy corpus %d/%d" % (i + len(x), len(prompts)), flush=True)
+    g = np.concatenate(out)
+    np.save(path + ".tmp.npy", g)
+    os.replace(path + ".tmp.npy", path)
+    return g
+
+
 def save_ckpt(path, model, opt, step, extra):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict() if opt else None,
@@ -179,11 +206,16 @@ def main():
     ap.add_argument("--held-chunks", type=int, default=32)
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--max-minutes", type=float, default=0, help="stop (checkpointed) after this many minutes")
+    ap.add_argument("--max-verses", type=int, default=0, help="use only the first N verses (smoke runs)")
+    ap.add_argument("--greedy-steps", type=int, default=0)
+    ap.add_argument("--greedy-prompts", type=int, default=64)
+    ap.add_argument("--greedy-prompt-len", type=int, default=32)
+    ap.add_argument("--greedy-new", type=int, default=64)
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
-    corpus = D.load(args.out, args.vocab, args.bible)
+    corpus = D.load(args.out, args.vocab, args.bible, max_verses=args.max_verses)
     tok = corpus.tok
     model = build(args.arch, tok, args.seed)
     cfg = model.cfg
@@ -192,7 +224,10 @@ def main():
     logp = os.path.join(args.out, "log.csv")
     step = 0
     extra = {"elapsed": 0.0, "tokens": 0}
-    total = args.steps + args.draft_steps
+    total = args.steps + args.draft_steps + args.greedy_steps
+
+    def phase_of(s):
+        return 1 if s < args.steps else 2 if s < args.steps + args.draft_steps else 3
     opt = None
     if os.path.exists(ck):
         st = torch.load(ck)
@@ -203,7 +238,7 @@ def main():
     else:
         with open(logp, "w", newline="") as f:
             csv.writer(f).writerow(LOG_FIELDS)
-    phase = 1 if step < args.steps else 2
+    phase = phase_of(step)
     if phase == 1:
         opt = make_opt(main_params(model), 0.1)
     else:
@@ -214,19 +249,29 @@ def main():
         opt.load_state_dict(st["opt"])
     nparam = sum(p.numel() for p in model.parameters())
     ndraft = sum(p.numel() for n, p in model.named_parameters() if is_draft_param(n))
-    print("train: %s, %d params (%d in draft blocks), %d steps + %d draft steps, batch %dx%d"
-          % (cfg.name, nparam, ndraft, args.steps, args.draft_steps, args.batch, T), flush=True)
+    print("train: %s, %d params (%d in draft blocks), %d steps + %d draft steps + %d greedy draft "
+          "steps, batch %dx%d" % (cfg.name, nparam, ndraft, args.steps, args.draft_steps,
+                                  args.greedy_steps, args.batch, T), flush=True)
     held = corpus.held_chunks(T, args.held_chunks)
     t_start = time.time() - extra["elapsed"]
     t_run = time.time()
+    greedy = None
     while step < total:
-        if phase == 1 and step >= args.steps:
-            save_ckpt(ck, model, None, step, dict(extra, phase=2))
-            phase = 2
+        if phase_of(step) != phase:
+            phase = phase_of(step)
+            save_ckpt(ck, model, None, step, dict(extra, phase=phase))
             for n, p in model.named_parameters():
                 p.requires_grad_(is_draft_param(n))
             opt = make_opt([p for n, p in model.named_parameters() if is_draft_param(n)], 0.0)
-        toks = torch.from_numpy(corpus.batch(args.seed, step, args.batch, T + 2))
+        Ts = T
+        if phase == 3:
+            if greedy is None:
+                greedy = greedy_corpus(model, corpus, args, os.path.join(args.out, "greedy.npy"))
+            grng = np.random.default_rng([args.seed, step, 3])
+            toks = torch.from_numpy(greedy[grng.choice(len(greedy), args.batch, replace=False)])
+            Ts = toks.shape[1] - 2
+        else:
+            toks = torch.from_numpy(corpus.batch(args.seed, step, args.batch, T + 2))
         row = {k: "" for k in LOG_FIELDS}
         if phase == 1:
             lr = lr_at(step, args.steps, args.lr, args.warmup)
@@ -236,10 +281,12 @@ def main():
             total_loss = loss + 0.5 * out["aux"]
             row.update(loss="%.5f" % float(loss), aux="%.5f" % float(out["aux"]))
         else:
-            ds = step - args.steps
-            lr = lr_at(ds, args.draft_steps, args.draft_lr, 10)
+            if phase == 2:
+                lr = lr_at(step - args.steps, args.draft_steps, args.draft_lr, 10)
+            else:
+                lr = lr_at(step - args.steps - args.draft_steps, args.greedy_steps, args.draft_lr, 10)
             rng = np.random.default_rng([args.seed, step, 7])
-            dl, cl, _, _ = draft_step(model, toks, T, rng, args.anchors)
+            dl, cl, _, _ = draft_step(model, toks, Ts, rng, args.anchors)
             total_loss = dl + 0.1 * cl
             row.update(draft_loss="%.5f" % float(dl), conf_loss="%.5f" % float(cl))
         for g in opt.param_groups:
@@ -248,15 +295,15 @@ def main():
         total_loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
-        for mb in moe_blocks(model, drafts=(phase == 2)):
+        for mb in moe_blocks(model, drafts=(phase >= 2)):
             mb.update_bias(1e-3)
         step += 1
-        extra["tokens"] += args.batch * T
+        extra["tokens"] += args.batch * Ts
         extra["elapsed"] = time.time() - t_start
         row.update(step=step, phase=phase, tokens=extra["tokens"], lr="%.6f" % lr,
                    elapsed_s="%.1f" % extra["elapsed"])
         if step % args.eval_every == 0 or step == args.steps or step == total:
-            hl, acc = held_eval(model, held, T, draft=(phase == 2), seed=args.seed)
+            hl, acc = held_eval(model, held, T, draft=(phase >= 2), seed=args.seed)
             row["held_loss"] = "%.5f" % hl
             if acc:
                 row["held_draft_acc"] = " ".join("%.4f" % a for a in acc)
