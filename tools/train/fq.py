@@ -51,34 +51,27 @@ def _blocks(x, block):
     return x.reshape(*shp[:-1], shp[-1] // block, block), shp
 
 
-def _q_e4m3_ue8m0(x, block, round_):
+def _fake_quant(x, block, round_, floor, scale_of, lim, grid):
+    """Per block of `block` values: amax (floored), scale s = scale_of(amax),
+    x <- grid(clamp(x/s, ±lim)) * s (grid skipped without rounding)."""
     xb, shp = _blocks(x, block)
-    amax = xb.abs().amax(-1, keepdim=True).clamp_min(1e-4)
-    s = _pow2_ceil(amax * _F32_1_448)
-    q = torch.clamp(xb / s, -448.0, 448.0)
+    s = scale_of(xb.abs().amax(-1, keepdim=True).clamp_min(floor))
+    q = torch.clamp(xb / s, -lim, lim)
     if round_:
-        q = e4m3_rne(q)
+        q = grid(q)
     return (q * s).reshape(shp)
+
+
+def _q_e4m3_ue8m0(x, block, round_):
+    return _fake_quant(x, block, round_, 1e-4, lambda a: _pow2_ceil(a * _F32_1_448), 448.0, e4m3_rne)
 
 
 def _q_e2m1_ue8m0(x, block, round_):
-    xb, shp = _blocks(x, block)
-    amax = xb.abs().amax(-1, keepdim=True).clamp_min(6.0 * 2.0 ** -126)
-    s = _pow2_ceil(amax * _F32_1_6)
-    q = torch.clamp(xb / s, -6.0, 6.0)
-    if round_:
-        q = e2m1_rne(q)
-    return (q * s).reshape(shp)
+    return _fake_quant(x, block, round_, 6.0 * 2.0 ** -126, lambda a: _pow2_ceil(a * _F32_1_6), 6.0, e2m1_rne)
 
 
 def _q_e2m1_e4m3(x, block, round_):
-    xb, shp = _blocks(x, block)
-    amax = xb.abs().amax(-1, keepdim=True).clamp_min(6.0 * 2.0 ** -9)
-    s = e4m3_rne(amax / 6.0)
-    q = torch.clamp(xb / s, -6.0, 6.0)
-    if round_:
-        q = e2m1_rne(q)
-    return (q * s).reshape(shp)
+    return _fake_quant(x, block, round_, 6.0 * 2.0 ** -9, lambda a: e4m3_rne(a / 6.0), 6.0, e2m1_rne)
 
 
 def _ste(fn, x, block, round_):
