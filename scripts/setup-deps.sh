@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(gcc g++ clang cmake ninja-build meson pkg-config binutils make
       libcmocka-dev libclang-rt-14-dev python3 python3-numpy python3-regex unicode-data
-      mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev)
+      mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev
+      python3-torch libopenblas0-pthread bible-kjv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
