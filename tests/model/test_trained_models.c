@@ -6,15 +6,16 @@
  *   - perplexity agreement with the PyTorch implementation (tools/train/model.py, written
  *     from model-spec.md independently of the C code) on the same weights, over 8 held-out
  *     chunks of 256 tokens (2040 predicted tokens): with the fake-quant rounding off on both
- *     sides (DSI_SESSION_FLAG_NO_FAKE_QUANT) mean |Δ log p| <= 1e-4 and max <= 2e-3; with it
+ *     sides (DSI_SESSION_FLAG_NO_FAKE_QUANT) mean |Δ log p| <= 1e-5 and max <= 2e-4; with it
  *     on, the held-out perplexities agree to 3 significant digits (relative 1e-3). The
  *     expected values in tests/model/data/<model>.logprobs come from
  *     tools/train/expected_logprobs.py (PyTorch; nothing in them comes from this library);
  *   - readable text: >= 90 % of the words of greedy and seeded generations occur in the
  *     training split's vocabulary of words (tests/model/data/kjv-words.txt);
- *   - chat: seeded answers (temperature 0.8) end with the end-of-turn token
- *     (<｜end▁of▁sentence｜>, finish EOS), in two turns without thinking and one with thinking
- *     (which closes </think> first).
+ *   - chat: of 25 seeded answers (temperature 0.8; 4 questions x 3 seeds, thinking off and on,
+ *     and one second turn) >= 85 % end with the end-of-turn token (<｜end▁of▁sentence｜>,
+ *     finish EOS) and >= 45 % are clean turns (no turn marker of their own; with thinking, one
+ *     </think> and then the answer).
  *
  * The models are committed and copied into $DSI_MODELS_DIR by the build: a missing model is a
  * failure, not a skip.
@@ -36,14 +37,25 @@
 
 #define CHUNK 256
 #define MAX_CHUNKS 16
-#define TOL_MEAN_NOFQ 1e-4
-#define TOL_MAX_NOFQ 2e-3
+#define TOL_MEAN_NOFQ 1e-5 /* measured 9.5e-7 on both models */
+#define TOL_MAX_NOFQ 2e-4  /* measured 5.4e-6 (v41), 6.3e-6 (v4) */
 #define TOL_PPL_REL 1e-3
 #define MIN_WORD_FRAC 0.90
 /* Chat answers are sampled (seeded): greedy decoding of models this small falls into loops
  * ("and the LORD, and the LORD, ...") that never end a verse (docs/trained-models.md). */
 #define CHAT_TEMP 0.8f
 #define CHAT_SEED 1
+#define CHAT_SEEDS 3
+#define CHAT_MAX 300
+/* Of all sampled answers (4 questions x 3 seeds, thinking off and on, + one second turn),
+ * at least this share must end with the end-of-turn token within CHAT_MAX tokens, and this
+ * share must be clean turns (no turn marker of their own before that EOS). The models cannot
+ * always tell a user verse from an answer verse (both are verses in the training
+ * conversations, and the turn marker is often outside the 32-token window), so some answers
+ * run on into "<｜Assistant｜></think>..." before ending: measured on the committed models,
+ * docs/trained-models.md "Chat". */
+#define MIN_CHAT_EOS 0.85   /* measured: kjv-v41 23 of 25, kjv-v4 23 of 25 */
+#define MIN_CHAT_CLEAN 0.45 /* measured: kjv-v41 15 of 25, kjv-v4 14 of 25 */
 
 static const char *k_models[] = {"kjv-v41", "kjv-v4"};
 
@@ -370,48 +382,69 @@ static void test_generated_words_are_kjv_words(void **state) {
 
 /* ---- chat --------------------------------------------------------------------------------- */
 
+/* An answer is a clean turn when it holds no turn marker of its own (<｜User｜>, <｜Assistant｜>,
+ * <｜begin▁of▁sentence｜>) and, with thinking, closes its reasoning with exactly one </think>
+ * followed by a non-empty answer (without thinking: no think tag at all). */
+static int clean_turn(const char *ans, int think) {
+    if (strstr(ans, "<｜User｜>") || strstr(ans, "<｜Assistant｜>") || strstr(ans, "<｜begin▁of▁sentence｜>"))
+        return 0;
+    if (!think) return !strstr(ans, "<think>") && !strstr(ans, "</think>");
+    const char *e = strstr(ans, "</think>");
+    return e && !strstr(e + 8, "</think>") && !strstr(ans, "<think>") && e[8] != '\0';
+}
+
 static void test_chat_turns_end_with_eos(void **state) {
     (void)state;
+    static const char *questions[] = {"Who made the heaven and the earth?", "John 3:16", "What is love?",
+                                      "Tell me about David."};
+    const size_t nq = sizeof questions / sizeof questions[0];
     for (size_t m = 0; m < 2; m++) {
         dsi_context *ctx;
         dsi_model *model;
         open_model(k_models[m], 2, &ctx, &model);
+        size_t n_ans = 0, n_eos = 0, n_clean = 0;
         for (int think = 0; think < 2; think++) {
-            dsi_chat_message msgs[3];
-            const dsi_chat_message *ptr[3];
-            for (int i = 0; i < 3; i++) dsi_chat_message_init(&msgs[i]), ptr[i] = &msgs[i];
-            msgs[0].role = DSI_ROLE_USER;
-            msgs[0].content = "Who made the heaven and the earth?";
-            static sink ans1, ans2;
-            dsi_chat_options co;
-            dsi_chat_options_init(&co);
-            co.thinking = think ? DSI_THINKING_ON : DSI_THINKING_OFF;
-            char text[8192];
-            size_t need = 0;
-            assert_int_equal(dsi_chat_render(model, ptr, 1, &co, text, sizeof text, &need), DSI_OK);
-            int32_t fin = generate(model, text, 1, CHAT_TEMP, CHAT_SEED, 400, &ans1);
-            printf("# %s chat%s: %s\n", k_models[m], think ? " (thinking)" : "", ans1.buf);
-            assert_int_equal(fin, DSI_FINISH_EOS);
-            assert_true(ans1.n > 0);
-            if (think) {
-                /* the reasoning ends with </think>, then comes a non-empty answer */
-                const char *e = strstr(ans1.buf, "</think>");
-                assert_non_null(e);
-                assert_true(strlen(e + 8) > 0);
-                continue;
+            for (size_t q = 0; q < nq; q++) {
+                for (uint64_t seed = CHAT_SEED; seed < CHAT_SEED + CHAT_SEEDS; seed++) {
+                    dsi_chat_message msgs[3];
+                    const dsi_chat_message *ptr[3];
+                    for (int i = 0; i < 3; i++) dsi_chat_message_init(&msgs[i]), ptr[i] = &msgs[i];
+                    msgs[0].role = DSI_ROLE_USER;
+                    msgs[0].content = questions[q];
+                    static sink ans1, ans2;
+                    dsi_chat_options co;
+                    dsi_chat_options_init(&co);
+                    co.thinking = think ? DSI_THINKING_ON : DSI_THINKING_OFF;
+                    char text[8192];
+                    size_t need = 0;
+                    assert_int_equal(dsi_chat_render(model, ptr, 1, &co, text, sizeof text, &need), DSI_OK);
+                    int32_t fin = generate(model, text, 1, CHAT_TEMP, seed, CHAT_MAX, &ans1);
+                    int ok = fin == DSI_FINISH_EOS, cl = ok && clean_turn(ans1.buf, think);
+                    n_ans++, n_eos += (size_t)ok, n_clean += (size_t)cl;
+                    if (seed == CHAT_SEED || !cl)
+                        printf("# %s chat%s [%s] seed %d: %s%s%s\n", k_models[m], think ? " (thinking)" : "",
+                               questions[q], (int)seed, ans1.buf, ok ? "" : " [no EOS]",
+                               ok && !cl ? " [turn marker inside]" : "");
+                    if (think || !cl || q != 0 || seed != CHAT_SEED) continue;
+                    /* a second turn on top of the first */
+                    msgs[1].role = DSI_ROLE_ASSISTANT;
+                    msgs[1].content = ans1.buf;
+                    msgs[2].role = DSI_ROLE_USER;
+                    msgs[2].content = "And what did God say?";
+                    assert_int_equal(dsi_chat_render(model, ptr, 3, &co, text, sizeof text, &need), DSI_OK);
+                    fin = generate(model, text, 1, CHAT_TEMP, seed, CHAT_MAX, &ans2);
+                    ok = fin == DSI_FINISH_EOS, cl = ok && clean_turn(ans2.buf, 0);
+                    n_ans++, n_eos += (size_t)ok, n_clean += (size_t)cl;
+                    printf("# %s chat turn 2: %s%s%s\n", k_models[m], ans2.buf, ok ? "" : " [no EOS]",
+                           ok && !cl ? " [turn marker inside]" : "");
+                }
             }
-            assert_null(strstr(ans1.buf, "<think>"));
-            /* second turn on top of the first */
-            msgs[1].role = DSI_ROLE_ASSISTANT;
-            msgs[1].content = ans1.buf;
-            msgs[2].role = DSI_ROLE_USER;
-            msgs[2].content = "And what did God say?";
-            assert_int_equal(dsi_chat_render(model, ptr, 3, &co, text, sizeof text, &need), DSI_OK);
-            fin = generate(model, text, 1, CHAT_TEMP, CHAT_SEED, 400, &ans2);
-            printf("# %s chat turn 2: %s\n", k_models[m], ans2.buf);
-            assert_int_equal(fin, DSI_FINISH_EOS);
-            assert_true(ans2.n > 0);
         }
+        printf("# %s chat: %zu answers, %zu end with EOS (%.0f %%), %zu clean turns (%.0f %%)\n", k_models[m],
+               n_ans, n_eos, 100.0 * (double)n_eos / (double)n_ans, n_clean,
+               100.0 * (double)n_clean / (double)n_ans);
+        assert_true((double)n_eos >= MIN_CHAT_EOS * (double)n_ans);
+        assert_true((double)n_clean >= MIN_CHAT_CLEAN * (double)n_ans);
         mt_close(ctx, model);
     }
 }
