@@ -18,11 +18,14 @@ work=${2:-$root/build-train/$arch}
 mk=${DSI_MKMODEL:-$root/build/bin/dsinfer-mkmodel}
 py=/usr/bin/python3
 name=kjv-$arch
+# The committed models: 240 backbone steps + 80 draft steps. train.py's phase 3 (draft blocks
+# on the target's own greedy text, --greedy-steps) is opt-in: DSI_TRAIN_GREEDY_STEPS=N
+# (docs/trained-models.md "Training"; not used for the committed models).
 case $arch in
-  v41) steps=240 dsteps=80 gsteps=150 ;;
-  v4) steps=240 dsteps=80 gsteps=100 ;;
+  v41|v4) steps=240 dsteps=80 ;;
   *) echo "make_model.sh: arch must be v41 or v4" >&2; exit 2 ;;
 esac
+gsteps=${DSI_TRAIN_GREEDY_STEPS:-0}
 [ -x "$mk" ] || { echo "make_model.sh: $mk not found (build first, or set DSI_MKMODEL)" >&2; exit 1; }
 # One thread per process: on a shared 2-core machine two OpenMP threads wait on each other
 # far longer than they gain (docs/trained-models.md "Speed"). jemalloc, when installed, keeps
