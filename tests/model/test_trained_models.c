@@ -207,7 +207,7 @@ static void test_logprobs_agree_with_pytorch(void **state) {
         assert_int_equal(dsi_model_get_info(model, &info), DSI_OK);
         const int32_t V = info.n_vocab;
         double sum_abs = 0, max_abs = 0, nll_lib = 0, nll_ref = 0, nll_lib_nofq = 0, nll_ref_nofq = 0;
-        size_t cnt = 0, worst_chunk = 0, worst_pos = 0;
+        size_t cnt = 0, worst_chunk = 0, worst_pos = 0, top1 = 0;
         for (size_t i = 0; i < n; i++) {
             float *lg_nofq = mt_all_logits(model, ch[i].tok, ch[i].n, 256, DSI_SESSION_FLAG_NO_FAKE_QUANT, 0);
             float *lg_fq = mt_all_logits(model, ch[i].tok, ch[i].n, 256, 0, 0);
@@ -216,6 +216,10 @@ static void test_logprobs_agree_with_pytorch(void **state) {
             for (size_t p = 0; p + 1 < ch[i].n; p++) {
                 double a = logprob_of(lg_nofq + p * (size_t)V, V, ch[i].tok[p + 1]);
                 double b = logprob_of(lg_fq + p * (size_t)V, V, ch[i].tok[p + 1]);
+                int32_t am = 0; /* the target's own top-1, reported (what drafts are compared with) */
+                for (int32_t v = 1; v < V; v++)
+                    if (lg_fq[p * (size_t)V + (size_t)v] > lg_fq[p * (size_t)V + (size_t)am]) am = v;
+                top1 += am == ch[i].tok[p + 1];
                 double d = fabs(a - ch[i].lp_noround[p]);
                 sum_abs += d;
                 if (d > max_abs) max_abs = d, worst_chunk = i, worst_pos = p;
@@ -231,9 +235,10 @@ static void test_logprobs_agree_with_pytorch(void **state) {
         double ppl_lib = exp(nll_lib / (double)cnt), ppl_ref = exp(nll_ref / (double)cnt);
         double rel = fabs(ppl_lib - ppl_ref) / ppl_ref;
         printf("# %s: %zu held-out tokens; rounding off: mean |d logp| %.3g, max %.3g (chunk %zu pos %zu), "
-               "ppl %.5f vs PyTorch %.5f; rounding on: ppl %.5f vs PyTorch %.5f (rel %.2g)\n",
+               "ppl %.5f vs PyTorch %.5f; rounding on: ppl %.5f vs PyTorch %.5f (rel %.2g), top-1 %.3f\n",
                k_models[m], cnt, sum_abs / (double)cnt, max_abs, worst_chunk, worst_pos,
-               exp(nll_lib_nofq / (double)cnt), exp(nll_ref_nofq / (double)cnt), ppl_lib, ppl_ref, rel);
+               exp(nll_lib_nofq / (double)cnt), exp(nll_ref_nofq / (double)cnt), ppl_lib, ppl_ref, rel,
+               (double)top1 / (double)cnt);
         assert_true(cnt >= 2000);
         assert_true(sum_abs / (double)cnt <= TOL_MEAN_NOFQ);
         assert_true(max_abs <= TOL_MAX_NOFQ);
