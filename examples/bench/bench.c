@@ -40,6 +40,7 @@ typedef struct opts {
     const char *isa;
     int bw_mib;
     int no_limits;
+    int exact;
 } opts;
 
 static void usage(FILE *f) {
@@ -55,8 +56,10 @@ static void usage(FILE *f) {
             "  --json       one JSON object on stdout instead of the table\n"
             "  --kernels    matvec/matmul micro-benchmarks per weight type (expert-sized)\n"
             "  --type NAME  only this type (q4_k, q8_0, q2_k, mxfp4, fp8_e4m3_b128, ...)\n"
-            "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512) instead of the\n"
-            "               one the library picked\n"
+            "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
+            "               instead of the one the library picked\n"
+            "  --exact      the exact matmul path (f32 activations for every weight type;\n"
+            "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n");
 }
@@ -92,6 +95,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
+        else if (!strcmp(a, "--exact")) o->exact = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
             fprintf(stderr, "dsinfer-bench: unknown argument %s\n", a);
@@ -148,34 +152,45 @@ static const struct { int32_t type; const char *name; } ktypes[] = {
     {DSI_TYPE_F32, "f32"},
 };
 
-/* dsib_matmul for the process's ISA; another ISA (--isa) through its row kernel, split the
- * same way (16-row tasks). */
+/* dsib_matmul for the process's ISA; another ISA (--isa) through its row kernels, split the
+ * same way (16-row tasks), the activations quantised once per call on the caller as
+ * dsib_matmul does. */
 typedef struct kjob {
     const dsib_kern_table *kt;
-    int32_t type;
+    int32_t type, fmt;
     const uint8_t *w;
     size_t rb;
     int64_t n_in, n_out, n_tok;
     const float *x;
     float *y;
+    void *act;
+    size_t act_stride;
 } kjob;
 
 static void ktask(void *arg, int64_t task, int32_t slot) {
     (void)slot;
     const kjob *j = arg;
     int64_t o0 = task * 16, o1 = o0 + 16 < j->n_out ? o0 + 16 : j->n_out;
-    j->kt->matmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->n_in, j->y, j->n_out,
-                       j->n_tok);
+    if (j->fmt == DSIB_ACT_F32)
+        j->kt->matmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->n_in, j->y,
+                           j->n_out, j->n_tok);
+    else
+        j->kt->qmatmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->act, j->act_stride,
+                            j->y, j->n_out, j->n_tok);
 }
 
-static void kmatmul(dsib_threadpool *pool, const dsib_kern_table *kt, int32_t type,
-                    const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x,
-                    float *y, int64_t n_tok) {
+/* act: scratch of n_tok quantised rows (kernels path only). */
+static void kmatmul(dsib_threadpool *pool, const dsib_kern_table *kt, uint32_t flags,
+                    int32_t type, const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
+                    const float *x, float *y, int64_t n_tok, void *act) {
     if (!kt) {
-        dsib_matmul(pool, type, w, rb, n_in, n_out, x, n_in, y, n_out, n_tok);
+        dsib_matmul(pool, flags, type, w, rb, n_in, n_out, x, n_in, y, n_out, n_tok);
         return;
     }
-    kjob j = {kt, type, w, rb, n_in, n_out, n_tok, x, y};
+    const int32_t fmt = dsib_kern_act_format(type, flags);
+    kjob j = {kt, type, fmt, w, rb, n_in, n_out, n_tok, x, y, act,
+              dsib_kern_act_row_bytes(fmt, n_in)};
+    if (fmt != DSIB_ACT_F32) kt->act_quantize(fmt, x, n_in, n_in, n_tok, act, j.act_stride);
     dsib_parallel_for(pool, (n_out + 15) / 16, ktask, &j);
 }
 
@@ -184,7 +199,8 @@ static int run_kernels(const opts *o) {
     if (o->isa) {
         int32_t isa = !strcmp(o->isa, "scalar") ? DSIB_ISA_SCALAR
                       : !strcmp(o->isa, "avx2") ? DSIB_ISA_AVX2
-                      : !strcmp(o->isa, "avx512") ? DSIB_ISA_AVX512 : -1;
+                      : !strcmp(o->isa, "avx512") ? DSIB_ISA_AVX512
+                      : !strcmp(o->isa, "avx512vnni") ? DSIB_ISA_AVX512VNNI : -1;
         kt = isa >= 0 ? dsib_kern_table_for(isa) : NULL;
         if (!kt) {
             fprintf(stderr, "dsinfer-bench: ISA path '%s' is not available here\n", o->isa);
@@ -192,6 +208,8 @@ static int run_kernels(const opts *o) {
         }
     }
     const char *isa_name = kt ? kt->name : dsib_kern_isa_name();
+    const uint32_t flags = o->exact ? DSIB_MM_EXACT : 0u;
+    const char *path = o->exact ? "exact" : "default";
     dsib_threadpool *pool = NULL;
     char msg[256];
     if (dsib_threadpool_create(o->t, NULL, &pool, msg, sizeof msg) != DSI_OK) {
@@ -211,12 +229,13 @@ static int run_kernels(const opts *o) {
     if (o->json) {
         printf("{");
         print_build_json(stdout);
-        printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"mem_read_gbs\": %.3f, "
-               "\"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], \"kernels\": [",
-               cpu, isa_name, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
+        printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"path\": \"%s\", \"threads\": %d, "
+               "\"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], "
+               "\"kernels\": [",
+               cpu, isa_name, path, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
                (long long)n_in);
     } else {
-        printf("cpu: %s, kernels: %s, threads: %d\n", cpu, isa_name, o->t);
+        printf("cpu: %s, kernels: %s, path: %s, threads: %d\n", cpu, isa_name, path, o->t);
         if (!o->no_limits)
             printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB buffer)\n"
                    "FMA peak: %.1f GFLOP/s\n",
@@ -251,7 +270,9 @@ static int run_kernels(const opts *o) {
         for (size_t r = 0; r < (size_t)n_out * nm; r++) bench_fill_row(type, w + r * rb, n_in, &rng);
         float *x = malloc(sizeof(float) * (size_t)(n_in * pp_tok));
         float *y = malloc(sizeof(float) * (size_t)(n_out * pp_tok));
-        if (!x || !y) return 1;
+        void *act = NULL;
+        size_t act_bytes = dsib_kern_act_row_bytes(DSIB_ACT_Q8_K, n_in) * (size_t)pp_tok;
+        if (!x || !y || posix_memalign(&act, 64, act_bytes) != 0) return 1;
         for (int64_t i = 0; i < n_in * pp_tok; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
 
         double best1 = 0, best4 = 0, bestpp = 0;
@@ -260,7 +281,7 @@ static int run_kernels(const opts *o) {
             for (int rep = 0; rep < o->r + 1; rep++) {
                 double t0 = bench_now();
                 for (size_t m = 0; m < nm; m++)
-                    kmatmul(pool, kt, type, w + m * mb, rb, n_in, n_out, x, y, ntok);
+                    kmatmul(pool, kt, flags, type, w + m * mb, rb, n_in, n_out, x, y, ntok, act);
                 double gbs = (double)(mb * nm) / (bench_now() - t0) * 1e-9;
                 if (rep == 0) continue; /* warm-up */
                 if (ntok == 1 && gbs > best1) best1 = gbs;
@@ -272,13 +293,13 @@ static int run_kernels(const opts *o) {
         for (int rep = 0; rep < 4 * o->r + 1; rep++) {
             double t0 = bench_now();
             for (int k = 0; k < 4; k++)
-                kmatmul(pool, kt, type, w, rb, n_in, n_out, x, y, 1);
+                kmatmul(pool, kt, flags, type, w, rb, n_in, n_out, x, y, 1, act);
             double gbs = 4.0 * (double)mb / (bench_now() - t0) * 1e-9;
             if (rep > 0 && gbs > besthot) besthot = gbs;
         }
         for (int rep = 0; rep < o->r + 1; rep++) {
             double t0 = bench_now();
-            kmatmul(pool, kt, type, w, rb, n_in, n_out, x, y, pp_tok);
+            kmatmul(pool, kt, flags, type, w, rb, n_in, n_out, x, y, pp_tok, act);
             double g = 2.0 * (double)n_in * (double)n_out * (double)pp_tok / (bench_now() - t0) * 1e-9;
             if (rep > 0 && g > bestpp) bestpp = g;
         }
@@ -302,6 +323,7 @@ static int run_kernels(const opts *o) {
         free(w);
         free(x);
         free(y);
+        free(act);
     }
     if (o->json) printf("]}\n");
     dsib_threadpool_free(pool);

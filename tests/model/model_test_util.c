@@ -143,9 +143,15 @@ void mt_tokens(dsi_token *out, size_t n, int32_t V, uint32_t seed) {
 }
 
 int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model) {
+    return mt_open_flags(path, n_threads, 0, ctx, model);
+}
+
+int mt_open_flags(const char *path, int32_t n_threads, uint32_t ctx_flags, dsi_context **ctx,
+                  dsi_model **model) {
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = n_threads;
+    co.flags = ctx_flags;
     if (dsi_context_create(&co, ctx) != DSI_OK) {
         printf("# context: %s\n", dsi_last_error());
         return -1;

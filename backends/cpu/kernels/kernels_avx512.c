@@ -345,7 +345,7 @@ SPECIALIZE(dot_mxfp4)
 SPECIALIZE(dot_fp8_b128)
 SPECIALIZE(dot_fp8_b32)
 
-void dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
+int dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
                            int64_t o0, int64_t o1, const float *const *xp, float *const *yp,
                            int n) {
     const dotfn *tab;
@@ -359,7 +359,7 @@ void dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, i
     case DSI_TYPE_MXFP4: tab = dot_mxfp4_tab; break;
     case DSI_TYPE_FP8_E4M3_B128: tab = dot_fp8_b128_tab; break;
     case DSI_TYPE_FP8_E4M3_B32: tab = dot_fp8_b32_tab; break;
-    default: return;
+    default: return 0;
     }
     for (int t0 = 0; t0 < n; t0 += TMAX) {
         const int T = n - t0 < TMAX ? n - t0 : TMAX;
@@ -370,6 +370,7 @@ void dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, i
             for (int t = 0; t < T; t++) yp[t0 + t][o] = out[t];
         }
     }
+    return 1;
 }
 
 #if defined(__clang__)

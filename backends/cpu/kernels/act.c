@@ -1,0 +1,302 @@
+/*
+ * Activation quantisation for the default matmul path (kernels.h "Two activation paths").
+ *
+ * A token row of n_in f32 values becomes blocks of B = 32 (DSIB_ACT_Q8_32) or 256 (the
+ * DSIB_ACT_Q8_K formats) values. For each block:
+ *
+ *   amax = max |x_i|, taken over the IEEE bit patterns with the sign cleared (so a NaN wins
+ *          over Inf over any finite value, on every ISA);
+ *   non-finite amax           → d = NaN, q_i = 0 (the outputs that use the block are NaN);
+ *   amax < 2^-96 (incl. 0)    → d = 0,   q_i = 0 (a block of tiny values counts as zero);
+ *   otherwise                 → d = amax / 127, q_i = RNE(x_i · (127 / amax)) (|q_i| <= 127;
+ *                               one f32 division each, rounding to nearest even, independent
+ *                               of the FPU rounding mode);
+ *   sums                      → s = Σ q_i per block (Q8_32) or per 16 natural elements (Q8_K*).
+ *
+ * So x_i = d·q_i + e_i with |e_i| <= d/2 · (1 + 2^-22) (the rounding of 127/amax and of the
+ * product shift q by at most one unit only where x·id sits within 2^-17 of a midpoint).
+ *
+ * Row storage (dsib_kern_act_view): q[n_in] (64-byte aligned; for the _P4 / _P2 formats
+ * the eight 32-element groups of each block in the format's order), then d[n_in / B] f32,
+ * then s[] int16, each part starting on a 64-byte boundary. Every ISA writes the same bytes.
+ */
+#include "backends/cpu/kernels/kernels_impl.h"
+
+static const uint8_t perm_p4[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+static const uint8_t perm_p2[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+int64_t dsib_act_block(int32_t fmt) {
+    switch (fmt) {
+    case DSIB_ACT_Q8_32: return 32;
+    case DSIB_ACT_Q8_K:
+    case DSIB_ACT_Q8_K_P4:
+    case DSIB_ACT_Q8_K_P2: return 256;
+    default: return 0;
+    }
+}
+
+const uint8_t *dsib_act_perm(int32_t fmt) {
+    return fmt == DSIB_ACT_Q8_K_P4 ? perm_p4 : fmt == DSIB_ACT_Q8_K_P2 ? perm_p2 : NULL;
+}
+
+static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
+
+/* Offsets of d and s and the row size. */
+static int act_layout(int32_t fmt, int64_t n_in, size_t *off_d, size_t *off_s, size_t *size) {
+    const int64_t B = dsib_act_block(fmt);
+    if (B == 0 || n_in < 0 || n_in % B || n_in > ((int64_t)1 << 40)) return 0;
+    const size_t nb = (size_t)(n_in / B);
+    const size_t ns = B == 32 ? nb : (size_t)n_in / 16;
+    *off_d = round64((size_t)n_in);
+    *off_s = *off_d + round64(nb * sizeof(float));
+    *size = *off_s + round64(ns * sizeof(int16_t));
+    return 1;
+}
+
+size_t dsib_kern_act_row_bytes(int32_t fmt, int64_t n_in) {
+    size_t od, os, sz;
+    return act_layout(fmt, n_in, &od, &os, &sz) ? sz : 0;
+}
+
+/* Writable views of a row (the layout was validated by the caller's row size). */
+static void act_row_ptrs(int32_t fmt, uint8_t *row, int64_t n_in, int8_t **q, float **d,
+                         int16_t **s) {
+    size_t od = 0, os = 0, sz;
+    act_layout(fmt, n_in, &od, &os, &sz);
+    *q = (int8_t *)row;
+    *d = (float *)(void *)(row + od);
+    *s = (int16_t *)(void *)(row + os);
+}
+
+dsib_qrow dsib_kern_act_view(int32_t fmt, const void *row, int64_t n_in) {
+    dsib_qrow v = {NULL, NULL, NULL};
+    size_t od, os, sz;
+    if (!act_layout(fmt, n_in, &od, &os, &sz)) return v;
+    const uint8_t *p = row;
+    v.q = (const int8_t *)p;
+    v.d = (const float *)(const void *)(p + od);
+    v.s = (const int16_t *)(const void *)(p + os);
+    return v;
+}
+
+/* ---- scalar (the definition) ----------------------------------------------------------------- */
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* Round to nearest, ties to even, for |v| < 2^30, independent of the rounding mode. */
+static int32_t rne_i32(float v) {
+    int32_t i = (int32_t)v; /* toward zero */
+    const float f = v - (float)i; /* exact */
+    if (f > 0.5f || (f == 0.5f && (i & 1))) i++;
+    else if (f < -0.5f || (f == -0.5f && (i & 1))) i--;
+    return i;
+}
+
+#define ACT_TINY 0x1p-96f
+
+/* Scale and inverse scale of a block from its amax bit pattern; returns 0 if q must be 0. */
+static int block_scale(uint32_t amax_bits, float *d, float *id) {
+    if (amax_bits >= 0x7f800000u) {
+        *d = dsib_u32_as_f32(0x7fc00000u);
+        return 0;
+    }
+    const float amax = dsib_u32_as_f32(amax_bits);
+    if (amax < ACT_TINY) {
+        *d = 0.0f;
+        return 0;
+    }
+    *d = amax / 127.0f;
+    *id = 127.0f / amax;
+    return 1;
+}
+
+/* Quantises one block of B natural elements into q (natural order). */
+static float quant_block_scalar(const float *x, int64_t B, int8_t *q) {
+    uint32_t mx = 0;
+    for (int64_t i = 0; i < B; i++) {
+        const uint32_t a = f32_bits(x[i]) & 0x7fffffffu;
+        mx = a > mx ? a : mx;
+    }
+    float d, id;
+    if (!block_scale(mx, &d, &id)) {
+        memset(q, 0, (size_t)B);
+        return d;
+    }
+    for (int64_t i = 0; i < B; i++) {
+        int32_t v = rne_i32(x[i] * id);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    return d;
+}
+
+void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
+                              int64_t n_tok, void *act, size_t act_stride) {
+    const int64_t B = dsib_act_block(fmt);
+    const uint8_t *perm = dsib_act_perm(fmt);
+    int8_t nat[256];
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xr = x + t * xs;
+        uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
+        int8_t *q;
+        float *d;
+        int16_t *s;
+        act_row_ptrs(fmt, row, n_in, &q, &d, &s);
+        for (int64_t b = 0; b < n_in / B; b++) {
+            d[b] = quant_block_scalar(xr + b * B, B, nat);
+            if (B == 32) {
+                int32_t sum = 0;
+                for (int i = 0; i < 32; i++) sum += nat[i];
+                s[b] = (int16_t)sum;
+                memcpy(q + 32 * b, nat, 32);
+                continue;
+            }
+            for (int g = 0; g < 16; g++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 16; i++) sum += nat[16 * g + i];
+                s[16 * b + g] = (int16_t)sum;
+            }
+            for (int p = 0; p < 8; p++)
+                memcpy(q + 256 * b + 32 * p, nat + 32 * (perm ? perm[p] : p), 32);
+        }
+    }
+}
+
+#ifdef DSIB_KERN_X86
+#include <immintrin.h>
+
+/* ---- AVX2 ------------------------------------------------------------------------------------ */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
+
+DSIB_AI int32_t hsum_epi32_avx2(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* One block of B (32 or 256) natural elements: q natural order into nat, sums per 16 into
+ * s16[B/16] (B = 256) or the block sum into s16[0] (B = 32). */
+static float quant_block_avx2(const float *x, int B, int8_t *nat, int16_t *s16) {
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff);
+    __m256i mx = _mm256_setzero_si256();
+    for (int i = 0; i < B; i += 8)
+        mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)), absm));
+    __m128i m = _mm_max_epu32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+    m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+    float d, id;
+    if (!block_scale((uint32_t)_mm_cvtsi128_si32(m), &d, &id)) {
+        memset(nat, 0, (size_t)B);
+        for (int g = 0; g < (B == 32 ? 1 : B / 16); g++) s16[g] = 0;
+        return d;
+    }
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    __m256i bsum = _mm256_setzero_si256();
+    for (int i = 0; i < B; i += 16) {
+        __m256i q[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * h), vid);
+            const __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[h] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvttps_epi32(r), lim), nlim);
+        }
+        const __m256i s = _mm256_add_epi32(q[0], q[1]);
+        if (B == 32) bsum = _mm256_add_epi32(bsum, s);
+        else s16[i / 16] = (int16_t)hsum_epi32_avx2(s);
+        /* 16 int32 → 16 int8 in order */
+        __m256i p16 = _mm256_packs_epi32(q[0], q[1]);          /* lanes interleaved */
+        p16 = _mm256_permute4x64_epi64(p16, 0xD8);              /* 0..7, 8..15 */
+        __m128i p8 = _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+        _mm_storeu_si128((__m128i *)(nat + i), p8);
+    }
+    if (B == 32) s16[0] = (int16_t)hsum_epi32_avx2(bsum);
+    return d;
+}
+
+void dsib_act_quantize_avx2(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
+                            int64_t n_tok, void *act, size_t act_stride) {
+    const int B = (int)dsib_act_block(fmt);
+    const uint8_t *perm = dsib_act_perm(fmt);
+    int8_t nat[256];
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xr = x + t * xs;
+        uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
+        int8_t *q;
+        float *d;
+        int16_t *s;
+        act_row_ptrs(fmt, row, n_in, &q, &d, &s);
+        for (int64_t b = 0; b < n_in / B; b++) {
+            if (B == 32) {
+                d[b] = quant_block_avx2(xr + b * B, B, q + 32 * b, s + b);
+                continue;
+            }
+            d[b] = quant_block_avx2(xr + b * B, B, perm ? nat : q + 256 * b, s + 16 * b);
+            if (perm)
+                for (int p = 0; p < 8; p++)
+                    memcpy(q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
+        }
+    }
+}
+
+DSIB_TARGET_POP
+
+/* ---- AVX-512 --------------------------------------------------------------------------------- */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX512)
+
+static float quant_block_avx512(const float *x, int B, int8_t *nat, int16_t *s16) {
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff);
+    __m512i mx = _mm512_setzero_si512();
+    for (int i = 0; i < B; i += 16)
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_loadu_si512(x + i), absm));
+    float d, id;
+    if (!block_scale((uint32_t)_mm512_reduce_max_epu32(mx), &d, &id)) {
+        memset(nat, 0, (size_t)B);
+        for (int g = 0; g < (B == 32 ? 1 : B / 16); g++) s16[g] = 0;
+        return d;
+    }
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    __m512i bsum = _mm512_setzero_si512();
+    for (int i = 0; i < B; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vid);
+        __m512i q = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q = _mm512_max_epi32(_mm512_min_epi32(q, lim), nlim);
+        if (B == 32) bsum = _mm512_add_epi32(bsum, q);
+        else s16[i / 16] = (int16_t)_mm512_reduce_add_epi32(q);
+        _mm_storeu_si128((__m128i *)(nat + i), _mm512_cvtsepi32_epi8(q));
+    }
+    if (B == 32) s16[0] = (int16_t)_mm512_reduce_add_epi32(bsum);
+    return d;
+}
+
+void dsib_act_quantize_avx512(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
+                              int64_t n_tok, void *act, size_t act_stride) {
+    const int B = (int)dsib_act_block(fmt);
+    const uint8_t *perm = dsib_act_perm(fmt);
+    int8_t nat[256];
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xr = x + t * xs;
+        uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
+        int8_t *q;
+        float *d;
+        int16_t *s;
+        act_row_ptrs(fmt, row, n_in, &q, &d, &s);
+        for (int64_t b = 0; b < n_in / B; b++) {
+            if (B == 32) {
+                d[b] = quant_block_avx512(xr + b * B, B, q + 32 * b, s + b);
+                continue;
+            }
+            d[b] = quant_block_avx512(xr + b * B, B, perm ? nat : q + 256 * b, s + 16 * b);
+            if (perm)
+                for (int p = 0; p < 8; p++)
+                    memcpy(q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
+        }
+    }
+}
+
+DSIB_TARGET_POP
+#endif /* DSIB_KERN_X86 */

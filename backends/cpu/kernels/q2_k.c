@@ -1,0 +1,181 @@
+/*
+ * Q2_K weights × DSIB_ACT_Q8_K_P2 activations (default path; kernels.h).
+ *
+ * The activation row stores each 256-block's 32-element groups in the order
+ * P = (0,4,1,5,2,6,3,7), which is how Q2_K packs its 2-bit fields: 64-byte vector s (s < 4)
+ * = field s of qs[0..64), i.e. natural groups s (bytes 0-31) and 4+s (bytes 32-63) — the
+ * same 64 bytes of the activation row. Its 16-byte quarters are the 16-element sub-blocks
+ * g(s, 0..3) = 2s, 2s+1, 8+2s, 9+2s (scale = low nibble, min = high nibble of sc[g]).
+ *
+ * Canonical order (every ISA, bit-identical): 16 f32 lanes acc[], zero at the start. For
+ * each super-block b in order (d, dmin f16; dx activation scale; bs[] activation sums per
+ * 16 natural elements):
+ *
+ *   S[j] = Σ_{s<4} (sc[g(s, j/4)] & 15) · Σ_{k<4} q_s[4j+k] · x_s[4j+k]    j < 16 (exact)
+ *   M[j] = (sc[2j] >> 4) · bs[2j] + (sc[2j+1] >> 4) · bs[2j+1]             j < 8  (exact)
+ *   acc[j] = fmaf(d·dx, (float)S[j], acc[j])            j < 16
+ *   acc[j] = fmaf(-(dmin·dx), (float)M[j], acc[j])      j < 8
+ *
+ * then y = dsib_reduce16(acc).
+ */
+#include "backends/cpu/kernels/kernels_impl.h"
+
+#include <math.h>
+
+/* ---- scalar ---------------------------------------------------------------------------- */
+
+static float q2_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
+    float acc[16] = {0};
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
+        const int8_t *xq = x->q + 256 * b;
+        const int16_t *bs = x->s + 16 * b;
+        int32_t S[16] = {0}, M[8];
+        for (int s = 0; s < 4; s++) {
+            for (int j = 0; j < 16; j++) {
+                static const int gq[4] = {0, 1, 8, 9};
+                int32_t I = 0;
+                for (int k = 0; k < 4; k++)
+                    I += ((qs[4 * j + k] >> (2 * s)) & 3) * xq[64 * s + 4 * j + k];
+                S[j] += (sc[2 * s + gq[j / 4]] & 15) * I;
+            }
+        }
+        for (int j = 0; j < 8; j++) M[j] = (sc[2 * j] >> 4) * bs[2 * j] + (sc[2 * j + 1] >> 4) * bs[2 * j + 1];
+        const float dd = dsib_ld_f16(blk + 80) * x->d[b], dm = dsib_ld_f16(blk + 82) * x->d[b];
+        for (int j = 0; j < 16; j++) acc[j] = fmaf(dd, (float)S[j], acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(-dm, (float)M[j], acc[j]);
+    }
+    return dsib_reduce16(acc);
+}
+
+static void q2_k_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                             const dsib_qrow *x, float *const *yp, int n) {
+    for (int64_t o = o0; o < o1; o++)
+        for (int t = 0; t < n; t++) yp[t][o] = q2_k_dot_scalar(w + (size_t)o * rb, n_in, &x[t]);
+}
+
+#ifdef DSIB_KERN_X86
+
+/* ---- AVX2 ------------------------------------------------------------------------------ */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
+#include "backends/cpu/kernels/simd_avx2.h"
+
+DSIB_AI void q2_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
+                            float *out, const int R, const int T) {
+    __m256 acc[4][4][2];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + (size_t)r * rb + 84 * b;
+            const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
+            const __m256i sc4 = _mm256_broadcastsi128_si256(_mm_and_si128(scb, m4));
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(blk + 16));
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(blk + 48));
+            const __m128 dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = x[t].q + 256 * b;
+                __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int s = 0; s < 4; s++) {
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i wq = _mm256_and_si256(
+                            _mm256_srli_epi16(h ? q1 : q0, 2 * s), m3);
+                        const int ga = 8 * h + 2 * s; /* 16-element groups ga, ga + 1 */
+                        const __m256i sel = _mm256_inserti128_si256(
+                            _mm256_castsi128_si256(_mm_set1_epi16((short)(0x8000 | ga))),
+                            _mm_set1_epi16((short)(0x8000 | (ga + 1))), 1);
+                        const __m256i pr = _mm256_maddubs_epi16(
+                            wq, _mm256_loadu_si256((const __m256i *)(xq + 64 * s + 32 * h)));
+                        S[h] = _mm256_add_epi32(S[h],
+                                                _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc4, sel)));
+                    }
+                }
+                const __m256i M = _mm256_madd_epi16(
+                    mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
+                const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
+                const __m256 dd = _mm256_broadcastss_ps(pr2);
+                const __m256 dm = _mm256_broadcastss_ps(_mm_movehdup_ps(pr2));
+                acc[r][t][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][0]);
+                acc[r][t][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][1]);
+                acc[r][t][0] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(M), acc[r][t][0]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx2(acc[r][t][0], acc[r][t][1]);
+}
+
+DSIB_QROWS_DEFINE(q2_k_rows_avx2, q2_k_tile_avx2)
+
+DSIB_TARGET_POP
+
+/* ---- AVX-512 + VNNI -------------------------------------------------------------------- */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
+#include "backends/cpu/kernels/simd_avx512.h"
+
+DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
+                              float *out, const int R, const int T) {
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    /* vpermw indices: vector s takes the scales of groups 2s, 2s+1, 8+2s, 9+2s (8 words each) */
+    __m512i sel[4];
+    for (int s = 0; s < 4; s++) {
+        const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)(2 * s))),
+                                                   _mm_set1_epi16((short)(2 * s + 1)), 1);
+        const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)(8 + 2 * s))),
+                                                   _mm_set1_epi16((short)(9 + 2 * s)), 1);
+        sel[s] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + (size_t)r * rb + 84 * b;
+            const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
+            const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(scb, m4)));
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+            const __m512i q = _mm512_loadu_si512(blk + 16);
+            const __m512i wv[4] = {_mm512_and_si512(q, m3),
+                                   _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
+                                   _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
+                                   _mm512_and_si512(_mm512_srli_epi16(q, 6), m3)};
+            __m512i sc[4];
+            for (int s = 0; s < 4; s++) sc[s] = _mm512_permutexvar_epi16(sel[s], sc16);
+            const __m128 dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
+            for (int t = 0; t < T; t++) {
+                const int8_t *xq = x[t].q + 256 * b;
+                __m512i S = _mm512_setzero_si512();
+                for (int s = 0; s < 4; s++)
+                    S = _mm512_dpwssd_epi32(
+                        S, _mm512_maddubs_epi16(wv[s], _mm512_loadu_si512(xq + 64 * s)), sc[s]);
+                const __m256i M = _mm256_madd_epi16(
+                    mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
+                const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
+                const __m512 dd = _mm512_broadcastss_ps(pr2);
+                const __m512 dm = _mm512_broadcastss_ps(_mm_movehdup_ps(pr2));
+                acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S), acc[r][t]);
+                acc[r][t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)),
+                                             acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx512(acc[r][t]);
+}
+
+DSIB_QROWS_DEFINE(q2_k_rows_avx512, q2_k_tile_avx512)
+
+DSIB_TARGET_POP
+
+const dsib_kern_qtype dsib_kq_q2_k = {
+    DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar, q2_k_rows_avx2, NULL, q2_k_rows_avx512}};
+
+#else
+
+const dsib_kern_qtype dsib_kq_q2_k = {DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar}};
+
+#endif

@@ -1,0 +1,149 @@
+/*
+ * Q8_0 weights × DSIB_ACT_Q8_32 activations (default path; kernels.h).
+ *
+ * Canonical order (every ISA, bit-identical): 16 f32 lanes acc[], zero at the start. Block
+ * b (32 elements) with weight scale dw_b (f16) and activation scale dx_b:
+ *
+ *   I_b[j] = Σ_{k<4} w[32b + 4j + k] · q[32b + 4j + k]        j < 8 (exact int32)
+ *   s_b    = dw_b · dx_b                                       (one f32 rounding)
+ *   acc[8·(b mod 2) + j] = fmaf(s_b, (float)I_b[j], acc[8·(b mod 2) + j])
+ *
+ * in block order, then y = dsib_reduce16(acc). AVX2 holds lanes 0-7 / 8-15 in two ymm (one
+ * block each); AVX-512 holds a block pair in one zmm (dpbusd on x + 128 against the signed
+ * weights, with -128·Σw folded into the accumulator's start value).
+ *
+ * This file is also the template for a new 32-element-block type: decode the weight block
+ * to int8 in registers, reuse it for every token of the tile, keep the lanes above.
+ */
+#include "backends/cpu/kernels/kernels_impl.h"
+
+#include <math.h>
+
+/* ---- scalar ---------------------------------------------------------------------------- */
+
+static float q8_0_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
+    float acc[16] = {0};
+    for (int64_t b = 0; b < n_in / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        const float s = dsib_ld_f16(blk) * x->d[b];
+        const int8_t *wq = (const int8_t *)(blk + 2), *xq = x->q + 32 * b;
+        float *a = acc + 8 * (b & 1);
+        for (int j = 0; j < 8; j++) {
+            int32_t I = 0;
+            for (int k = 0; k < 4; k++) I += wq[4 * j + k] * xq[4 * j + k];
+            a[j] = fmaf(s, (float)I, a[j]);
+        }
+    }
+    return dsib_reduce16(acc);
+}
+
+static void q8_0_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                             const dsib_qrow *x, float *const *yp, int n) {
+    for (int64_t o = o0; o < o1; o++)
+        for (int t = 0; t < n; t++) yp[t][o] = q8_0_dot_scalar(w + (size_t)o * rb, n_in, &x[t]);
+}
+
+#ifdef DSIB_KERN_X86
+
+/* ---- AVX2 ------------------------------------------------------------------------------ */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
+#include "backends/cpu/kernels/simd_avx2.h"
+
+DSIB_AI void q8_0_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
+                            float *out, const int R, const int T) {
+    __m256 acc[4][4][2];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+    const int64_t nb = n_in / 32;
+#define Q8_0_BLOCK_AVX2(b, h)                                                              \
+    do {                                                                                   \
+        for (int r = 0; r < R; r++) {                                                      \
+            const uint8_t *blk = w + (size_t)r * rb + 34 * (b);                            \
+            const __m256i wq = _mm256_loadu_si256((const __m256i *)(blk + 2));             \
+            const float sw = dsib_f16_hw(blk);                                             \
+            for (int t = 0; t < T; t++) {                                                  \
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * (b))); \
+                const __m256 s = _mm256_set1_ps(sw * x[t].d[b]);                           \
+                acc[r][t][h] = _mm256_fmadd_ps(                                            \
+                    s, _mm256_cvtepi32_ps(dsib_dot_s8s8_avx2(wq, xq)), acc[r][t][h]);       \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        Q8_0_BLOCK_AVX2(b, 0);
+        Q8_0_BLOCK_AVX2(b + 1, 1);
+    }
+    if (b < nb) Q8_0_BLOCK_AVX2(b, 0);
+#undef Q8_0_BLOCK_AVX2
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx2(acc[r][t][0], acc[r][t][1]);
+}
+
+DSIB_QROWS_DEFINE(q8_0_rows_avx2, q8_0_tile_avx2)
+
+DSIB_TARGET_POP
+
+/* ---- AVX-512 + VNNI -------------------------------------------------------------------- */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
+#include "backends/cpu/kernels/simd_avx512.h"
+
+/* Block pair p (blocks 2p, 2p+1), or the lone last block when `half`: then the weights,
+ * the scales and the activations of lanes 8-15 are zero, their fma adds +0 to acc, which
+ * never changes it (acc is never -0). */
+DSIB_AI void q8_0_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
+                              float *out, const int R, const int T) {
+    __m512 acc[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const int64_t nb = n_in / 32;
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+#define Q8_0_PAIR_AVX512(p, half)                                                          \
+    do {                                                                                   \
+        __m512i xu[4];                                                                     \
+        __m512 dx[4];                                                                      \
+        for (int t = 0; t < T; t++) {                                                      \
+            const int8_t *xq = x[t].q + 64 * (p);                                          \
+            xu[t] = _mm512_xor_si512(half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xq)     \
+                                          : _mm512_loadu_si512(xq), c128);                 \
+            dx[t] = half ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(x[t].d[2 * (p)]))   \
+                         : dsib_pair_ps(&x[t].d[2 * (p)], &x[t].d[2 * (p) + 1]);           \
+        }                                                                                  \
+        for (int r = 0; r < R; r++) {                                                      \
+            const uint8_t *blk = w + (size_t)r * rb + 68 * (p);                            \
+            const __m512i wz =                                                             \
+                half ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))) \
+                     : _mm512_inserti64x4(                                                 \
+                           _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))), \
+                           _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);           \
+            const __m512i neg = _mm512_sub_epi32(                                          \
+                _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wz)); \
+            const __m512 sw = half ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk))     \
+                                   : dsib_pair_f16(blk, blk + 34);                        \
+            for (int t = 0; t < T; t++) {                                                  \
+                const __m512i I = _mm512_dpbusd_epi32(neg, xu[t], wz);                     \
+                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]), _mm512_cvtepi32_ps(I), \
+                                            acc[r][t]);                                    \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+    int64_t p = 0;
+    for (; 2 * p + 2 <= nb; p++) Q8_0_PAIR_AVX512(p, 0);
+    if (2 * p < nb) Q8_0_PAIR_AVX512(p, 1);
+#undef Q8_0_PAIR_AVX512
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx512(acc[r][t]);
+}
+
+DSIB_QROWS_DEFINE(q8_0_rows_avx512, q8_0_tile_avx512)
+
+DSIB_TARGET_POP
+
+const dsib_kern_qtype dsib_kq_q8_0 = {
+    DSI_TYPE_Q8_0, DSIB_ACT_Q8_32, {q8_0_rows_scalar, q8_0_rows_avx2, NULL, q8_0_rows_avx512}};
+
+#else
+
+const dsib_kern_qtype dsib_kq_q8_0 = {DSI_TYPE_Q8_0, DSIB_ACT_Q8_32, {q8_0_rows_scalar}};
+
+#endif
