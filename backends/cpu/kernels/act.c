@@ -11,14 +11,19 @@
  *   otherwise                 → d = amax / 127, q_i = RNE(x_i · (127 / amax)) (|q_i| <= 127;
  *                               one f32 division each, rounding to nearest even, independent
  *                               of the FPU rounding mode);
- *   sums                      → s = Σ q_i per block (Q8_32) or per 16 natural elements (Q8_K*).
+ *   sums                      → s = Σ q_i per block (Q8_32) or per 16 natural elements (Q8_K*);
+ *   lane corrections (Q8_32)  → c[j] = -128 · Σ_{k<4} q[4j+k]: a kernel that offsets its
+ *                               signed weights w to the unsigned w + 128 (for u8 × s8 dot
+ *                               products, AVX-512 VNNI dpbusd) starts each 4-element lane's
+ *                               sum at c[j] and gets Σ w·q exactly.
  *
  * So x_i = d·q_i + e_i with |e_i| <= d/2 · (1 + 2^-22) (the rounding of 127/amax and of the
  * product shift q by at most one unit only where x·id sits within 2^-17 of a midpoint).
  *
  * Row storage (dsib_kern_act_view): q[n_in] (64-byte aligned; for the _P4 / _P2 formats
  * the eight 32-element groups of each block in the format's order), then d[n_in / B] f32,
- * then s[] int16, each part starting on a 64-byte boundary. Every ISA writes the same bytes.
+ * then s[] int16, then (Q8_32) c[n_in / 4] int32, each part starting on a 64-byte boundary.
+ * Every ISA writes the same bytes.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -41,41 +46,54 @@ const uint8_t *dsib_act_perm(int32_t fmt) {
 
 static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
 
-/* Offsets of d and s and the row size. */
-static int act_layout(int32_t fmt, int64_t n_in, size_t *off_d, size_t *off_s, size_t *size) {
+/* Byte offsets of the parts of a row (q at 0) and the row size. */
+typedef struct act_lay {
+    size_t d, s, c, size;
+} act_lay;
+
+static int act_layout(int32_t fmt, int64_t n_in, act_lay *l) {
     const int64_t B = dsib_act_block(fmt);
     if (B == 0 || n_in < 0 || n_in % B || n_in > ((int64_t)1 << 40)) return 0;
     const size_t nb = (size_t)(n_in / B);
     const size_t ns = B == 32 ? nb : (size_t)n_in / 16;
-    *off_d = round64((size_t)n_in);
-    *off_s = *off_d + round64(nb * sizeof(float));
-    *size = *off_s + round64(ns * sizeof(int16_t));
+    const size_t nc = B == 32 ? (size_t)n_in / 4 : 0;
+    l->d = round64((size_t)n_in);
+    l->s = l->d + round64(nb * sizeof(float));
+    l->c = l->s + round64(ns * sizeof(int16_t));
+    l->size = l->c + round64(nc * sizeof(int32_t));
     return 1;
 }
 
 size_t dsib_kern_act_row_bytes(int32_t fmt, int64_t n_in) {
-    size_t od, os, sz;
-    return act_layout(fmt, n_in, &od, &os, &sz) ? sz : 0;
+    act_lay l;
+    return act_layout(fmt, n_in, &l) ? l.size : 0;
 }
 
 /* Writable views of a row (the layout was validated by the caller's row size). */
-static void act_row_ptrs(int32_t fmt, uint8_t *row, int64_t n_in, int8_t **q, float **d,
-                         int16_t **s) {
-    size_t od = 0, os = 0, sz;
-    act_layout(fmt, n_in, &od, &os, &sz);
-    *q = (int8_t *)row;
-    *d = (float *)(void *)(row + od);
-    *s = (int16_t *)(void *)(row + os);
+typedef struct act_out {
+    int8_t *q;
+    float *d;
+    int16_t *s;
+    int32_t *c;
+} act_out;
+
+static act_out act_row_ptrs(int32_t fmt, uint8_t *row, int64_t n_in) {
+    act_lay l = {0, 0, 0, 0};
+    act_layout(fmt, n_in, &l);
+    act_out o = {(int8_t *)row, (float *)(void *)(row + l.d), (int16_t *)(void *)(row + l.s),
+                 (int32_t *)(void *)(row + l.c)};
+    return o;
 }
 
 dsib_qrow dsib_kern_act_view(int32_t fmt, const void *row, int64_t n_in) {
-    dsib_qrow v = {NULL, NULL, NULL};
-    size_t od, os, sz;
-    if (!act_layout(fmt, n_in, &od, &os, &sz)) return v;
+    dsib_qrow v = {NULL, NULL, NULL, NULL};
+    act_lay l;
+    if (!act_layout(fmt, n_in, &l)) return v;
     const uint8_t *p = row;
     v.q = (const int8_t *)p;
-    v.d = (const float *)(const void *)(p + od);
-    v.s = (const int16_t *)(const void *)(p + os);
+    v.d = (const float *)(const void *)(p + l.d);
+    v.s = (const int16_t *)(const void *)(p + l.s);
+    v.c = dsib_act_block(fmt) == 32 ? (const int32_t *)(const void *)(p + l.c) : NULL;
     return v;
 }
 
@@ -141,16 +159,18 @@ void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n
     for (int64_t t = 0; t < n_tok; t++) {
         const float *xr = x + t * xs;
         uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
-        int8_t *q;
-        float *d;
-        int16_t *s;
-        act_row_ptrs(fmt, row, n_in, &q, &d, &s);
+        act_out o = act_row_ptrs(fmt, row, n_in);
+        int8_t *q = o.q;
+        float *d = o.d;
+        int16_t *s = o.s;
         for (int64_t b = 0; b < n_in / B; b++) {
             d[b] = quant_block_scalar(xr + b * B, B, nat);
             if (B == 32) {
                 int32_t sum = 0;
                 for (int i = 0; i < 32; i++) sum += nat[i];
                 s[b] = (int16_t)sum;
+                for (int j = 0; j < 8; j++)
+                    o.c[8 * b + j] = -128 * (nat[4 * j] + nat[4 * j + 1] + nat[4 * j + 2] + nat[4 * j + 3]);
                 memcpy(q + 32 * b, nat, 32);
                 continue;
             }
@@ -176,6 +196,13 @@ DSIB_AI int32_t hsum_epi32_avx2(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
+}
+
+/* c[j] = -128 · Σ_{k<4} q[4j+k] for the 32 values at q (the Q8_32 lane corrections). */
+DSIB_AI void lane_corr_avx2(const int8_t *q, int32_t *c) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi8((char)0x80),
+                                           _mm256_loadu_si256((const __m256i *)q));
+    _mm256_storeu_si256((__m256i *)c, _mm256_madd_epi16(p, _mm256_set1_epi16(-1)));
 }
 
 /* One block of B (32 or 256) natural elements: q natural order into nat, sums per 16 into
@@ -225,13 +252,14 @@ void dsib_act_quantize_avx2(int32_t fmt, const float *x, int64_t xs, int64_t n_i
     for (int64_t t = 0; t < n_tok; t++) {
         const float *xr = x + t * xs;
         uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
-        int8_t *q;
-        float *d;
-        int16_t *s;
-        act_row_ptrs(fmt, row, n_in, &q, &d, &s);
+        act_out o = act_row_ptrs(fmt, row, n_in);
+        int8_t *q = o.q;
+        float *d = o.d;
+        int16_t *s = o.s;
         for (int64_t b = 0; b < n_in / B; b++) {
             if (B == 32) {
                 d[b] = quant_block_avx2(xr + b * B, B, q + 32 * b, s + b);
+                lane_corr_avx2(q + 32 * b, o.c + 8 * b);
                 continue;
             }
             d[b] = quant_block_avx2(xr + b * B, B, perm ? nat : q + 256 * b, s + 16 * b);
@@ -281,13 +309,14 @@ void dsib_act_quantize_avx512(int32_t fmt, const float *x, int64_t xs, int64_t n
     for (int64_t t = 0; t < n_tok; t++) {
         const float *xr = x + t * xs;
         uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
-        int8_t *q;
-        float *d;
-        int16_t *s;
-        act_row_ptrs(fmt, row, n_in, &q, &d, &s);
+        act_out o = act_row_ptrs(fmt, row, n_in);
+        int8_t *q = o.q;
+        float *d = o.d;
+        int16_t *s = o.s;
         for (int64_t b = 0; b < n_in / B; b++) {
             if (B == 32) {
                 d[b] = quant_block_avx512(xr + b * B, B, q + 32 * b, s + b);
+                lane_corr_avx2(q + 32 * b, o.c + 8 * b);
                 continue;
             }
             d[b] = quant_block_avx512(xr + b * B, B, perm ? nat : q + 256 * b, s + 16 * b);

@@ -95,15 +95,17 @@ enum {
     DSIB_ACT_COUNT = 5
 };
 
-/* One token's quantised activation row (views into a buffer written by
- * dsib_kern_act_quantize). q[] holds n_in values in the format's storage order; d[k] is
+/* One token's quantised activation row (views into a buffer written by the act_quantize
+ * function of a kernel table). q[] holds n_in values in the format's storage order; d[k] is
  * the scale of block k (32 or 256 elements; x ≈ d·q); s[] holds int16 sums of q: one per
  * block for Q8_32, one per 16 NATURAL elements for the Q8_K formats (element order before
- * the group permutation). */
+ * the group permutation); c[] (Q8_32 only, else NULL) holds c[j] = -128·Σ_{k<4} q[4j+k],
+ * the start value of lane j for kernels that multiply w + 128 (unsigned) by q. */
 typedef struct dsib_qrow {
     const int8_t *q;
     const float *d;
     const int16_t *s;
+    const int32_t *c;
 } dsib_qrow;
 
 /* Bytes of one quantised activation row of n_in elements (a multiple of 64; 0 for

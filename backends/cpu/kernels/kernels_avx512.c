@@ -253,43 +253,43 @@ AI void dot_mxfp4(const uint8_t *w, int64_t n, const float *const *xp, float *ou
 
 /* ---- FP8 E4M3 with E8M0 block scales ---------------------------------------------------- */
 
-/* E4M3 → f32 times 2^8 without f32 subnormals (they take a slow microcode path on some
- * cores): the 7 magnitude bits go to f32 bit 20 under exponent bias 128, which is exact for
- * normal codes ((1 + m/8) 2^(e+1)); codes with e = 0 (subnormal m/8 2^-6, times 2^8 = m/2)
- * come out as 2 + m/4 and are fixed by one masked fmsub (2f - 4). The 2^-8 goes into the
- * block scale. */
-AI __m512 e4m3x16_s8(__m128i bytes) {
-    const __m512i i = _mm512_cvtepu8_epi32(bytes);
-    const __m512i mag = _mm512_ternarylogic_epi32(_mm512_slli_epi32(i, 20),
-                                                  _mm512_set1_epi32(0x07F00000),
-                                                  _mm512_set1_epi32(0x40000000), 0xEA);
-    const __mmask16 sub = _mm512_testn_epi32_mask(i, _mm512_set1_epi32(0x78));
-    const __m512 f = _mm512_mask_fmsub_ps(_mm512_castsi512_ps(mag), sub, _mm512_set1_ps(2.0f),
-                                          _mm512_set1_ps(4.0f));
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(f), _mm512_slli_epi32(i, 24), _mm512_set1_epi32((int)0x80000000u),
-        0xF8)); /* A | (B & C) */
+/* E4M3 → f16 bit patterns worth e4m3 · 2^-8, exactly: the sign goes to bit 15 and the 7
+ * magnitude bits to bits 13..7, so a normal E4M3 (1 + m/8)·2^(e-7) becomes the f16 normal
+ * (1 + m/8)·2^(e-15) and a subnormal m·2^-9 the f16 subnormal m·2^-17 (vcvtph2ps converts
+ * both exactly; NaN codes give ±480·2^-8). The 2^8 goes into the block scale. 32 codes per
+ * call: b << 7, then the sign bit (now at 14) is moved to 15 by adding it to itself. */
+AI __m512i e4m3x32_f16(__m256i bytes) {
+    const __m512i t = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 7);
+    return _mm512_add_epi16(t, _mm512_and_si512(t, _mm512_set1_epi16(0x4000)));
 }
 
 /* One FP8 block of BS values, `valid` of them real (valid == BS except for a row's last
- * block), accumulated into acc[.][k]. */
+ * block), accumulated into acc[.][k]. Per 32 values: 16-element vectors 2g (low half) and
+ * 2g+1 (high half), so vector v still goes to the partial sum p[v & 1]. */
 #define FP8_BLOCK(BS, blkp, xoff, valid, K)                                               \
     do {                                                                                  \
         const uint8_t *bp_ = (blkp);                                                      \
-        const __m512 s_ = _mm512_set1_ps(dsib_e8m0_to_f32(bp_[0]) * 0x1p-8f);                       \
+        const __m512 s_ = _mm512_set1_ps(dsib_e8m0_to_f32(bp_[0]) * 256.0f);              \
         __m512 p_[TMAX][2];                                                               \
-        UNR for (int v = 0; v < (BS) / 16; v++) {                                         \
-            const int64_t r_ = (valid) - 16 * v;                                          \
-            const __mmask16 m_ = tail_mask(r_ > 0 ? r_ : 0);                              \
-            const __m512 wv_ = e4m3x16_s8(_mm_maskz_loadu_epi8(m_, bp_ + 1 + 16 * v));       \
-            UNR for (int t = 0; t < T; t++) {                                             \
-                const __m512 xv_ = _mm512_maskz_loadu_ps(m_, xp[t] + (xoff) + 16 * v);    \
-                if ((BS) == 32 && v == 1) /* B32: one chain p = w0*x0 + w1*x1 */          \
-                    p_[t][0] = _mm512_fmadd_ps(wv_, xv_, p_[t][0]);                       \
-                else if (v < 2)                                                           \
-                    p_[t][v] = _mm512_mul_ps(wv_, xv_);                                   \
-                else                                                                      \
-                    p_[t][v & 1] = _mm512_fmadd_ps(wv_, xv_, p_[t][v & 1]);               \
+        UNR for (int g = 0; g < (BS) / 32; g++) {                                         \
+            const int64_t rg_ = (valid) - 32 * g;                                         \
+            const __mmask32 mg_ = rg_ >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (rg_ > 0 ? rg_ : 0)) - 1u); \
+            const __m512i h_ = e4m3x32_f16(_mm256_maskz_loadu_epi8(mg_, bp_ + 1 + 32 * g)); \
+            UNR for (int hh = 0; hh < 2; hh++) {                                          \
+                const int v = 2 * g + hh;                                                 \
+                const int64_t r_ = (valid) - 16 * v;                                      \
+                const __mmask16 m_ = tail_mask(r_ > 0 ? r_ : 0);                          \
+                const __m512 wv_ = _mm512_cvtph_ps(hh ? _mm512_extracti64x4_epi64(h_, 1)  \
+                                                      : _mm512_castsi512_si256(h_));      \
+                UNR for (int t = 0; t < T; t++) {                                         \
+                    const __m512 xv_ = _mm512_maskz_loadu_ps(m_, xp[t] + (xoff) + 16 * v); \
+                    if ((BS) == 32 && v == 1) /* B32: one chain p = w0*x0 + w1*x1 */      \
+                        p_[t][0] = _mm512_fmadd_ps(wv_, xv_, p_[t][0]);                   \
+                    else if (v < 2)                                                       \
+                        p_[t][v] = _mm512_mul_ps(wv_, xv_);                               \
+                    else                                                                  \
+                        p_[t][v & 1] = _mm512_fmadd_ps(wv_, xv_, p_[t][v & 1]);           \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
         UNR for (int t = 0; t < T; t++) acc[t][K] = _mm512_fmadd_ps(                      \

@@ -123,7 +123,8 @@ DSIB_TARGET_POP
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-/* Blocks A and B (B = NULL: zero) → 64 int8 in element order: [A 0-31, B 0-31]. */
+/* Blocks A and B (B = NULL: upper half zero) → 64 bytes in element order [A 0-31, B 0-31]:
+ * the looked-up values of lut (for each nibble). */
 DSIB_AI __m512i mxfp4_pair_avx512(const uint8_t *qa, const uint8_t *qb, __m512i lut) {
     const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qa));
     const __m512i v =
@@ -132,9 +133,11 @@ DSIB_AI __m512i mxfp4_pair_avx512(const uint8_t *qa, const uint8_t *qb, __m512i 
            : _mm512_zextsi256_si512(a);
     const __m512i n = _mm512_and_si512(
         _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
-    return _mm512_shuffle_epi8(lut, n); /* zero nibbles map to 0 */
+    return _mm512_shuffle_epi8(lut, n);
 }
 
+/* As q8_0.c's AVX-512 kernel (same offsets and lane start values): for T = 1 the table
+ * gives 2·e2m1 + 128 (unsigned) directly; for T > 1 the signed values. */
 DSIB_AI void mxfp4_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                                float *out, const int R, const int T) {
     __m512 acc[4][4];
@@ -142,31 +145,41 @@ DSIB_AI void mxfp4_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const 
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     const int64_t nb = n_in / 32;
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
+    const __m512i lut_s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
+    const __m512i lut = T == 1 ? _mm512_add_epi8(lut_s, c128) : lut_s;
 #define MXFP4_PAIR_AVX512(p, half)                                                         \
     do {                                                                                   \
-        __m512i xu[4];                                                                     \
         __m512 dx[4];                                                                      \
+        __m512i xq[4];                                                                     \
         for (int t = 0; t < T; t++) {                                                      \
-            const int8_t *xq = x[t].q + 64 * (p);                                          \
-            xu[t] = _mm512_xor_si512(half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xq)     \
-                                          : _mm512_loadu_si512(xq), c128);                 \
             dx[t] = half ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(x[t].d[2 * (p)]))   \
                          : dsib_pair_ps(&x[t].d[2 * (p)], &x[t].d[2 * (p) + 1]);           \
+            xq[t] = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))       \
+                         : _mm512_loadu_si512(x[t].q + 64 * (p));                          \
+            if (T > 1) xq[t] = _mm512_xor_si512(xq[t], c128);                              \
         }                                                                                  \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 34 * (p);                            \
-            const __m512i wz = mxfp4_pair_avx512(blk + 1, half ? NULL : blk + 18, lut);    \
-            const __m512i neg = _mm512_sub_epi32(                                          \
-                _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wz)); \
+            const __m512i wq = mxfp4_pair_avx512(blk + 1, half ? NULL : blk + 18, lut);    \
             const float *sa = (const float *)(const void *)&e8m0_half_bits[blk[0]];        \
             const __m512 sw = half ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(*sa))      \
                                    : dsib_pair_ps(sa, (const float *)(const void *)         \
                                                           &e8m0_half_bits[blk[17]]);      \
-            for (int t = 0; t < T; t++) {                                                  \
-                const __m512i I = _mm512_dpbusd_epi32(neg, xu[t], wz);                     \
-                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]), _mm512_cvtepi32_ps(I), \
-                                            acc[r][t]);                                    \
+            if (T == 1) {                                                                  \
+                const __m512i I = _mm512_dpbusd_epi32(                                     \
+                    half ? _mm512_maskz_loadu_epi32(0x00FF, x[0].c + 16 * (p))             \
+                         : _mm512_loadu_si512(x[0].c + 16 * (p)),                          \
+                    wq, xq[0]);                                                            \
+                acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]), _mm512_cvtepi32_ps(I), \
+                                            acc[r][0]);                                    \
+            } else {                                                                       \
+                const __m512i neg = _mm512_sub_epi32(                                      \
+                    _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wq)); \
+                for (int t = 0; t < T; t++) {                                              \
+                    const __m512i I = _mm512_dpbusd_epi32(neg, xq[t], wq);                 \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),                  \
+                                                _mm512_cvtepi32_ps(I), acc[r][t]);         \
+                }                                                                          \
             }                                                                              \
         }                                                                                  \
     } while (0)

@@ -123,20 +123,22 @@ DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    /* vpermw indices: vector s takes the scales of groups 2s, 2s+1, 8+2s, 9+2s (8 words each) */
+    /* pshufb indices on the scale bytes broadcast to every 128-bit lane: vector s takes the
+     * scales of groups 2s, 2s+1, 8+2s, 9+2s (one per lane, as 8 words) */
     __m512i sel[4];
     for (int s = 0; s < 4; s++) {
-        const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)(2 * s))),
-                                                   _mm_set1_epi16((short)(2 * s + 1)), 1);
-        const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)(8 + 2 * s))),
-                                                   _mm_set1_epi16((short)(9 + 2 * s)), 1);
-        sel[s] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        static const int gq[4] = {0, 1, 8, 9};
+        __m512i v = _mm512_setzero_si512();
+        v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[0]))), 0);
+        v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[1]))), 1);
+        v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[2]))), 2);
+        sel[s] = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[3]))), 3);
     }
     for (int64_t b = 0; b < n_in / 256; b++) {
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * rb + 84 * b;
             const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
-            const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(scb, m4)));
+            const __m512i sc4 = _mm512_broadcast_i32x4(_mm_and_si128(scb, m4));
             const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
             const __m512i q = _mm512_loadu_si512(blk + 16);
             const __m512i wv[4] = {_mm512_and_si512(q, m3),
@@ -144,7 +146,7 @@ DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
                                    _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
                                    _mm512_and_si512(_mm512_srli_epi16(q, 6), m3)};
             __m512i sc[4];
-            for (int s = 0; s < 4; s++) sc[s] = _mm512_permutexvar_epi16(sel[s], sc16);
+            for (int s = 0; s < 4; s++) sc[s] = _mm512_shuffle_epi8(sc4, sel[s]);
             const __m128 dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
             for (int t = 0; t < T; t++) {
                 const int8_t *xq = x[t].q + 256 * b;

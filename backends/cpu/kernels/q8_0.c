@@ -9,8 +9,8 @@
  *   acc[8·(b mod 2) + j] = fmaf(s_b, (float)I_b[j], acc[8·(b mod 2) + j])
  *
  * in block order, then y = dsib_reduce16(acc). AVX2 holds lanes 0-7 / 8-15 in two ymm (one
- * block each); AVX-512 holds a block pair in one zmm (dpbusd on x + 128 against the signed
- * weights, with -128·Σw folded into the accumulator's start value).
+ * block each); AVX-512 holds a block pair in one zmm (dpbusd of w + 128 against the signed
+ * activations, each lane starting at the activation row's correction -128·Σq).
  *
  * This file is also the template for a new 32-element-block type: decode the weight block
  * to int8 in registers, reuse it for every token of the tile, keep the lanes above.
@@ -90,7 +90,12 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Block pair p (blocks 2p, 2p+1), or the lone last block when `half`: then the weights,
  * the scales and the activations of lanes 8-15 are zero, their fma adds +0 to acc, which
- * never changes it (acc is never -0). */
+ * never changes it (acc is never -0). dpbusd multiplies unsigned by signed bytes, so one
+ * side is offset by 128 and each lane starts at minus that offset's contribution — the
+ * same integers Σ w·q either way:
+ *   T = 1 (decode): w + 128 against q, lanes starting at the activation row's -128·Σq;
+ *   T > 1 (prefill): q + 128 (once per token) against w, lanes starting at -128·Σw
+ *                    (once per row, shared by the tokens). */
 DSIB_AI void q8_0_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                               float *out, const int R, const int T) {
     __m512 acc[4][4];
@@ -100,30 +105,39 @@ DSIB_AI void q8_0_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
 #define Q8_0_PAIR_AVX512(p, half)                                                          \
     do {                                                                                   \
-        __m512i xu[4];                                                                     \
         __m512 dx[4];                                                                      \
+        __m512i xq[4];                                                                     \
         for (int t = 0; t < T; t++) {                                                      \
-            const int8_t *xq = x[t].q + 64 * (p);                                          \
-            xu[t] = _mm512_xor_si512(half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xq)     \
-                                          : _mm512_loadu_si512(xq), c128);                 \
             dx[t] = half ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(x[t].d[2 * (p)]))   \
                          : dsib_pair_ps(&x[t].d[2 * (p)], &x[t].d[2 * (p) + 1]);           \
+            xq[t] = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))       \
+                         : _mm512_loadu_si512(x[t].q + 64 * (p));                          \
+            if (T > 1) xq[t] = _mm512_xor_si512(xq[t], c128);                              \
         }                                                                                  \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 68 * (p);                            \
-            const __m512i wz =                                                             \
+            const __m512i wq =                                                             \
                 half ? _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))) \
                      : _mm512_inserti64x4(                                                 \
                            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))), \
                            _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);           \
-            const __m512i neg = _mm512_sub_epi32(                                          \
-                _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wz)); \
             const __m512 sw = half ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk))     \
                                    : dsib_pair_f16(blk, blk + 34);                        \
-            for (int t = 0; t < T; t++) {                                                  \
-                const __m512i I = _mm512_dpbusd_epi32(neg, xu[t], wz);                     \
-                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]), _mm512_cvtepi32_ps(I), \
-                                            acc[r][t]);                                    \
+            if (T == 1) {                                                                  \
+                const __m512i I = _mm512_dpbusd_epi32(                                     \
+                    half ? _mm512_maskz_loadu_epi32(0x00FF, x[0].c + 16 * (p))             \
+                         : _mm512_loadu_si512(x[0].c + 16 * (p)),                          \
+                    _mm512_xor_si512(wq, c128), xq[0]);                                    \
+                acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]), _mm512_cvtepi32_ps(I), \
+                                            acc[r][0]);                                    \
+            } else {                                                                       \
+                const __m512i neg = _mm512_sub_epi32(                                      \
+                    _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wq)); \
+                for (int t = 0; t < T; t++) {                                              \
+                    const __m512i I = _mm512_dpbusd_epi32(neg, xq[t], wq);                 \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),                  \
+                                                _mm512_cvtepi32_ps(I), acc[r][t]);         \
+                }                                                                          \
             }                                                                              \
         }                                                                                  \
     } while (0)

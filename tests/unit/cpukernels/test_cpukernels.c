@@ -700,6 +700,12 @@ static void test_act_quantize(void **state) {
                         for (int i = 0; i < S; i++) sum += q[b * B + g * S + i];
                         assert_int_equal(v.s[b * (B / S) + g], sum);
                     }
+                    /* Q8_32 lane corrections -128·Σ of each four */
+                    assert_true((B == 32) == (v.c != NULL));
+                    for (int j = 0; B == 32 && j < 8; j++) {
+                        const int8_t *qj = q + b * B + 4 * j;
+                        assert_int_equal(v.c[8 * b + j], -128 * (qj[0] + qj[1] + qj[2] + qj[3]));
+                    }
                     if (!isfinite(d[b])) continue;
                     for (int i = 0; i < B; i++) {
                         const double e = fabs((double)xr[b * B + i] - (double)d[b] * q[b * B + i]);
