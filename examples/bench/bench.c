@@ -19,6 +19,7 @@
 #include "backends/cpu/threadpool.h"
 #include "bench_hw.h"
 #include "model/model.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,8 +47,9 @@ typedef struct opts {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dsinfer-bench -m FILE [-p 512] [-n 128] [-r 5] [-t THREADS] [--backend NAME]\n"
-            "                     [--json] [--bw-mib 1024] [--no-limits]\n"
-            "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--isa NAME] [--json]\n"
+            "                     [--json] [--bw-mib 1024] [--no-limits] [--exact]\n"
+            "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--isa NAME] [--exact]\n"
+            "                     [--json]\n"
             "  -p N         prompt tokens of the pp test (0: skip)\n"
             "  -n N         generated tokens of the tg test (0: skip)\n"
             "  -r N         repetitions (mean +- sd)\n"
@@ -350,24 +352,38 @@ static int cat_of(const dsii_tensor *t) {
     return C_ATTN;
 }
 
-static void add_cost(const dsii_tensor *t, double bytes, double flops, double *cb, double *b,
-                     double *f) {
-    *b += bytes;
-    *f += flops;
-    cb[cat_of(t)] += bytes;
+/* Bytes of weights read and matmul FLOPs per decoded token, by part and by storage type. */
+typedef struct tok_cost {
+    double bytes, flops, cat[C_COUNT];
+    int n_types;
+    int32_t type[16];
+    double type_bytes[16];
+} tok_cost;
+
+static void add_cost(tok_cost *c, const dsii_tensor *t, double bytes, double flops) {
+    c->bytes += bytes;
+    c->flops += flops;
+    c->cat[cat_of(t)] += bytes;
+    int i = 0;
+    while (i < c->n_types && c->type[i] != t->type) i++;
+    if (i == c->n_types) {
+        if (c->n_types == 16) return;
+        c->type[c->n_types] = t->type;
+        c->type_bytes[c->n_types++] = 0;
+    }
+    c->type_bytes[i] += bytes;
 }
 
-static void per_token_cost(const dsi_model *m, double *bytes, double *flops, double *cb) {
-    double b = 0, f = 0;
-    for (int c = 0; c < C_COUNT; c++) cb[c] = 0;
+static void per_token_cost(const dsi_model *m, tok_cost *c) {
+    memset(c, 0, sizeof *c);
     const dsii_model_tensors *w = &m->w;
-    if (w->token_embd) add_cost(w->token_embd, (double)w->token_embd->row_bytes, 0, cb, &b, &f);
+    if (w->token_embd) add_cost(c, w->token_embd, (double)w->token_embd->row_bytes, 0);
     const dsii_tensor *top[] = {w->output_norm, w->output, w->output_hc_fn, w->output_hc_base,
                                 w->output_hc_scale};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
         if (!top[i]) continue;
-        add_cost(top[i], (double)top[i]->nbytes,
-                 top[i]->ne[1] > 1 ? 2.0 * (double)top[i]->n_elements : 0, cb, &b, &f);
+        add_cost(c, top[i], (double)top[i]->nbytes,
+                 top[i]->ne[1] > 1 ? 2.0 * (double)top[i]->n_elements : 0);
     }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const dsii_layer_tensors *L = &w->layer[il];
@@ -379,20 +395,41 @@ static void per_token_cost(const dsi_model *m, double *bytes, double *flops, dou
             if (!t || t->is_view) continue;
             if (t == L->ffn_gate_exps || t == L->ffn_up_exps || t == L->ffn_down_exps) {
                 double e = (double)(t->ne[2] > 0 ? t->ne[2] : 1);
-                add_cost(t, (double)t->nbytes * k / e, 2.0 * (double)t->n_elements * k / e, cb,
-                         &b, &f);
+                add_cost(c, t, (double)t->nbytes * k / e, 2.0 * (double)t->n_elements * k / e);
             } else if (t == L->tid2eid) {
-                add_cost(t, (double)t->row_bytes, 0, cb, &b, &f);
+                add_cost(c, t, (double)t->row_bytes, 0);
             } else if (t == L->engram_embd) {
-                add_cost(t, (double)m->hp.engram.n_cols * (double)t->row_bytes, 0, cb, &b, &f);
+                add_cost(c, t, (double)m->hp.engram.n_cols * (double)t->row_bytes, 0);
             } else {
-                add_cost(t, (double)t->nbytes, t->ne[1] > 1 ? 2.0 * (double)t->n_elements : 0, cb,
-                         &b, &f);
+                add_cost(c, t, (double)t->nbytes, t->ne[1] > 1 ? 2.0 * (double)t->n_elements : 0);
             }
         }
     }
-    *bytes = b;
-    *flops = f;
+}
+
+/* Name of the storage type holding most of the bytes read per token. */
+static const char *main_type(const tok_cost *c) {
+    int best = -1;
+    for (int i = 0; i < c->n_types; i++)
+        if (best < 0 || c->type_bytes[i] > c->type_bytes[best]) best = i;
+    const dsii_type_traits *tr = best >= 0 ? dsii_type_get(c->type[best]) : NULL;
+    return tr ? tr->name : "?";
+}
+
+static const char *type_name_of(int32_t type) {
+    const dsii_type_traits *tr = dsii_type_get(type);
+    return tr ? tr->name : "?";
+}
+
+/* The 1-minute load average (/proc/loadavg), or -1. */
+static double loadavg1(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double v = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &v) != 1) v = -1;
+        fclose(f);
+    }
+    return v;
 }
 
 static double human_params(uint64_t n, const char **unit) {
@@ -426,13 +463,15 @@ static int run_model(const opts *o) {
         fprintf(stderr, "dsinfer-bench: %s\n", msg);
         return 1;
     }
-    measure_limits(o, pool, &l);
-    dsib_threadpool_free(pool); /* the context makes its own threads */
+    const double load0 = loadavg1();
+    limits l0;
+    measure_limits(o, pool, &l0); /* again after the tests; the fractions use the larger */
 
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = o->t;
     co.backend = o->backend;
+    if (o->exact) co.flags = DSI_CONTEXT_FLAG_EXACT_MATMUL;
     dsi_context *ctx = NULL;
     if (dsi_context_create(&co, &ctx) != DSI_OK) {
         fprintf(stderr, "dsinfer-bench: context: %s\n", dsi_last_error());
@@ -449,8 +488,10 @@ static int run_model(const opts *o) {
     dsi_model_info info;
     dsi_model_info_init(&info);
     dsi_model_get_info(model, &info);
-    double tok_bytes = 0, tok_flops = 0, cat_bytes[C_COUNT];
-    per_token_cost(model, &tok_bytes, &tok_flops, cat_bytes);
+    tok_cost cost;
+    per_token_cost(model, &cost);
+    const double tok_bytes = cost.bytes, tok_flops = cost.flops;
+    const double *cat_bytes = cost.cat;
 
     dsi_session_options so;
     dsi_session_options_init(&so);
@@ -520,6 +561,15 @@ static int run_model(const opts *o) {
         mean_sd(t->samples, t->n_samples > 0 ? t->n_samples : 1, &t->mean, &t->sd);
     }
 
+    limits l1;
+    measure_limits(o, pool, &l1);
+    dsib_threadpool_free(pool);
+    const double load1 = loadavg1();
+    l = l0;
+    if (l1.read_gbs > l.read_gbs) l.read_gbs = l1.read_gbs;
+    if (l1.fma_gflops > l.fma_gflops) l.fma_gflops = l1.fma_gflops;
+    const char *path = o->exact ? "exact" : "default";
+
     char cpu[256];
     bench_cpu_name(cpu, sizeof cpu);
     const char *bname = dsi_context_backend(ctx);
@@ -551,14 +601,17 @@ static int run_model(const opts *o) {
                cpu, o->model, mname, info.arch_name, fp, (unsigned long long)info.weight_bytes,
                (unsigned long long)info.n_params, info.n_layers, info.n_experts,
                info.n_experts_used, load_s);
-        printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"threads\": %d", bname,
-               dsib_kern_isa_name(), o->t);
+        printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
+               "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f]",
+               bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1);
         if (o->no_limits)
             printf(", \"mem_read_gbs\": null, \"fma_peak_gflops\": null");
         else
-            printf(", \"mem_read_gbs\": %.3f, \"mem_read_buffer_bytes\": %zu, "
-                   "\"fma_peak_gflops\": %.3f",
-                   l.read_gbs, l.bw_bytes, l.fma_gflops);
+            printf(", \"mem_read_gbs\": %.3f, \"mem_read_gbs_before_after\": [%.3f, %.3f], "
+                   "\"mem_read_buffer_bytes\": %zu, \"fma_peak_gflops\": %.3f, "
+                   "\"fma_peak_gflops_before_after\": [%.3f, %.3f]",
+                   l.read_gbs, l0.read_gbs, l1.read_gbs, l.bw_bytes, l.fma_gflops,
+                   l0.fma_gflops, l1.fma_gflops);
         printf(", \"tests\": [");
         for (int i = 0; i < n_tests; i++) {
             int ntok = tests[i].n_prompt + tests[i].n_gen;
@@ -576,6 +629,9 @@ static int run_model(const opts *o) {
                tok_bytes);
         for (int c = 0; c < C_COUNT; c++)
             printf("%s\"%s\": %.0f", c ? ", " : "", cat_names[c], cat_bytes[c]);
+        printf("}, \"bytes_per_token_by_type\": {");
+        for (int i = 0; i < cost.n_types; i++)
+            printf("%s\"%s\": %.0f", i ? ", " : "", type_name_of(cost.type[i]), cost.type_bytes[i]);
         printf("}, \"effective_gbs\": %.3f, \"frac_read_bw\": ", eff_gbs);
         if (l.read_gbs > 0 && tg_ts > 0)
             printf("%.4f}", eff_gbs / l.read_gbs);
@@ -590,23 +646,29 @@ static int run_model(const opts *o) {
             printf("null}");
         printf(", \"ok\": %s}\n", fail ? "false" : "true");
     } else {
-        printf("| model | size | params | backend | threads | test | t/s |\n");
-        printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: |\n");
+        printf("| model | type | size | params | backend | threads | test | t/s |\n");
+        printf("| ----- | ---- | ---: | -----: | ------- | ------: | ---: | --: |\n");
         for (int i = 0; i < n_tests; i++)
-            printf("| %s %s | %.2f GiB | %.2f %s | %s | %d | %s | %.2f ± %.2f |\n", mname,
-                   info.arch_name, (double)info.weight_bytes / 1073741824.0, pv, pu, backend,
-                   o->t, tests[i].name, tests[i].mean, tests[i].sd);
-        printf("\nbuild %s (%s), cpu: %s\n", dsi_version_string(), DSI_BENCH_GIT, cpu);
+            printf("| %s %s | %s | %.2f GiB | %.2f %s | %s | %d | %s | %.2f ± %.2f |\n", mname,
+                   info.arch_name, main_type(&cost), (double)info.weight_bytes / 1073741824.0,
+                   pv, pu, backend, o->t, tests[i].name, tests[i].mean, tests[i].sd);
+        printf("\nbuild %s (%s), cpu: %s, matmul path: %s, load average %.2f -> %.2f\n",
+               dsi_version_string(), DSI_BENCH_GIT, cpu, path, load0, load1);
         if (!o->no_limits) {
-            printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB, %d threads); "
-                   "FMA peak: %.1f GFLOP/s\n",
-                   l.read_gbs, l.bw_bytes >> 20, o->t, l.fma_gflops);
+            printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB, %d threads; %.2f before, "
+                   "%.2f after the tests); FMA peak: %.1f GFLOP/s (%.1f before, %.1f after)\n",
+                   l.read_gbs, l.bw_bytes >> 20, o->t, l0.read_gbs, l1.read_gbs, l.fma_gflops,
+                   l0.fma_gflops, l1.fma_gflops);
         }
         if (tg_ts > 0) {
             printf("decode: %.1f MiB of weights read per token (", tok_bytes / 1048576.0);
             for (int c = 0; c < C_COUNT; c++)
                 printf("%s%s %.1f", c ? ", " : "", cat_names[c], cat_bytes[c] / 1048576.0);
             printf(") -> effective %.2f GB/s", eff_gbs);
+            printf(" [by type:");
+            for (int i = 0; i < cost.n_types; i++)
+                printf(" %s %.1f", type_name_of(cost.type[i]), cost.type_bytes[i] / 1048576.0);
+            printf(" MiB]");
             if (l.read_gbs > 0) printf(" = %.1f%% of read bandwidth", 100.0 * eff_gbs / l.read_gbs);
             printf("\n");
         }
