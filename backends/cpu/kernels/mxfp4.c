@@ -7,19 +7,19 @@
  * nibble of qs[i - 16]).
  *
  * Canonical order (every ISA, bit-identical): exactly Q8_0's (q8_0.c) with these weights
- * and scales:
+ * and scales (pair p = b / 2 goes to set p mod 2):
  *
  *   I_b[j] = Σ_{k<4} w[32b + 4j + k] · q[32b + 4j + k]        j < 8 (exact)
- *   acc[8·(b mod 2) + j] = fmaf(sw_b · dx_b, (float)I_b[j], acc[8·(b mod 2) + j])
+ *   acc[p mod 2][8·(b mod 2) + j] = fmaf(sw_b · dx_b, (float)I_b[j], acc[p mod 2][8·(b mod 2) + j])
  *
- * then y = dsib_reduce16(acc).
+ * then y = dsib_reduce32(acc).
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
 #include <math.h>
 
 /* dsib_e8m0_half_to_f32 of every scale byte, as f32 bit patterns (the SIMD paths load it). */
-#define H(e) ((e) == 255 ? 0x7fc00000u : (e) < 2 ? (0x00200000u << (e)) : ((uint32_t)(e) - 1u) << 23)
+#define H(e) ((e) == 255 ? 0x7fc00000u : (e) == 0 ? 0x00200000u : (e) == 1 ? 0x00400000u : ((uint32_t)(e) - 1u) << 23)
 static const uint32_t e8m0_half_bits[256] = {
     H(0), H(1), H(2), H(3), H(4), H(5), H(6), H(7), H(8), H(9), H(10), H(11), H(12), H(13), H(14), H(15),
     H(16), H(17), H(18), H(19), H(20), H(21), H(22), H(23), H(24), H(25), H(26), H(27), H(28), H(29), H(30), H(31),
@@ -43,7 +43,7 @@ static const uint32_t e8m0_half_bits[256] = {
 /* ---- scalar ---------------------------------------------------------------------------- */
 
 static float mxfp4_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
-    float acc[16] = {0};
+    float acc[2][16] = {{0}};
     for (int64_t b = 0; b < n_in / 32; b++) {
         const uint8_t *blk = row + 17 * b;
         const float s = dsib_e8m0_half_to_f32(blk[0]) * x->d[b];
@@ -53,14 +53,14 @@ static float mxfp4_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow 
             wq[16 + i] = dsib_e2m1x2_tab[blk[1 + i] >> 4];
         }
         const int8_t *xq = x->q + 32 * b;
-        float *a = acc + 8 * (b & 1);
+        float *a = acc[(b >> 1) & 1] + 8 * (b & 1);
         for (int j = 0; j < 8; j++) {
             int32_t I = 0;
             for (int k = 0; k < 4; k++) I += wq[4 * j + k] * xq[4 * j + k];
             a[j] = fmaf(s, (float)I, a[j]);
         }
     }
-    return dsib_reduce16(acc);
+    return dsib_reduce32(acc);
 }
 
 static void mxfp4_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
@@ -85,12 +85,14 @@ DSIB_AI __m256i mxfp4_block_avx2(const uint8_t *qs, __m256i lut) {
 
 DSIB_AI void mxfp4_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                              float *out, const int R, const int T) {
-    __m256 acc[4][4][2];
+    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =
+                _mm256_setzero_ps();
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
     const int64_t nb = n_in / 32;
-#define MXFP4_BLOCK_AVX2(b, h)                                                             \
+#define MXFP4_BLOCK_AVX2(b, set, h)                                                        \
     do {                                                                                   \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 17 * (b);                            \
@@ -99,20 +101,26 @@ DSIB_AI void mxfp4_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const ds
             for (int t = 0; t < T; t++) {                                                  \
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * (b))); \
                 const __m256 s = _mm256_set1_ps(sw * x[t].d[b]);                           \
-                acc[r][t][h] = _mm256_fmadd_ps(                                            \
-                    s, _mm256_cvtepi32_ps(dsib_dot_s8s8_avx2(wq, xq)), acc[r][t][h]);       \
+                acc[r][t][set][h] = _mm256_fmadd_ps(                                       \
+                    s, _mm256_cvtepi32_ps(dsib_dot_s8s8_avx2(wq, xq)), acc[r][t][set][h]); \
             }                                                                              \
         }                                                                                  \
     } while (0)
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        MXFP4_BLOCK_AVX2(b, 0);
-        MXFP4_BLOCK_AVX2(b + 1, 1);
+    for (; b + 4 <= nb; b += 4) {
+        MXFP4_BLOCK_AVX2(b, 0, 0);
+        MXFP4_BLOCK_AVX2(b + 1, 0, 1);
+        MXFP4_BLOCK_AVX2(b + 2, 1, 0);
+        MXFP4_BLOCK_AVX2(b + 3, 1, 1);
     }
-    if (b < nb) MXFP4_BLOCK_AVX2(b, 0);
+    if (b < nb) MXFP4_BLOCK_AVX2(b, 0, 0);
+    if (b + 1 < nb) MXFP4_BLOCK_AVX2(b + 1, 0, 1);
+    if (b + 2 < nb) MXFP4_BLOCK_AVX2(b + 2, 1, 0);
 #undef MXFP4_BLOCK_AVX2
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx2(acc[r][t][0], acc[r][t][1]);
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
+                                                acc[r][t][1][1]);
 }
 
 DSIB_QROWS_DEFINE(mxfp4_rows_avx2, mxfp4_tile_avx2)
@@ -140,14 +148,14 @@ DSIB_AI __m512i mxfp4_pair_avx512(const uint8_t *qa, const uint8_t *qb, __m512i 
  * gives 2·e2m1 + 128 (unsigned) directly; for T > 1 the signed values. */
 DSIB_AI void mxfp4_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                                float *out, const int R, const int T) {
-    __m512 acc[4][4];
+    __m512 acc[4][4][2]; /* [row][token][set] */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
     const int64_t nb = n_in / 32;
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
     const __m512i lut_s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
     const __m512i lut = T == 1 ? _mm512_add_epi8(lut_s, c128) : lut_s;
-#define MXFP4_PAIR_AVX512(p, half)                                                         \
+#define MXFP4_PAIR_AVX512(p, half, set)                                                        \
     do {                                                                                   \
         __m512 dx[4];                                                                      \
         __m512i xq[4];                                                                     \
@@ -170,25 +178,38 @@ DSIB_AI void mxfp4_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const 
                     half ? _mm512_maskz_loadu_epi32(0x00FF, x[0].c + 16 * (p))             \
                          : _mm512_loadu_si512(x[0].c + 16 * (p)),                          \
                     wq, xq[0]);                                                            \
-                acc[r][0] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]), _mm512_cvtepi32_ps(I), \
-                                            acc[r][0]);                                    \
+                acc[r][0][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]),                 \
+                                                 _mm512_cvtepi32_ps(I), acc[r][0][set]);   \
             } else {                                                                       \
                 const __m512i neg = _mm512_sub_epi32(                                      \
                     _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wq)); \
                 for (int t = 0; t < T; t++) {                                              \
                     const __m512i I = _mm512_dpbusd_epi32(neg, xq[t], wq);                 \
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),                  \
-                                                _mm512_cvtepi32_ps(I), acc[r][t]);         \
+                    acc[r][t][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),             \
+                                                     _mm512_cvtepi32_ps(I), acc[r][t][set]); \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
     } while (0)
     int64_t p = 0;
-    for (; 2 * p + 2 <= nb; p++) MXFP4_PAIR_AVX512(p, 0);
-    if (2 * p < nb) MXFP4_PAIR_AVX512(p, 1);
+    for (; 2 * p + 4 <= nb; p += 2) {
+        MXFP4_PAIR_AVX512(p, 0, 0);
+        MXFP4_PAIR_AVX512(p + 1, 0, 1);
+    }
+    if (2 * p + 2 <= nb) { /* p even: set 0 */
+        MXFP4_PAIR_AVX512(p, 0, 0);
+        p++;
+    }
+    if (2 * p < nb) {
+        if (p & 1)
+            MXFP4_PAIR_AVX512(p, 1, 1);
+        else
+            MXFP4_PAIR_AVX512(p, 1, 0);
+    }
 #undef MXFP4_PAIR_AVX512
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx512(acc[r][t]);
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
 }
 
 DSIB_QROWS_DEFINE(mxfp4_rows_avx512, mxfp4_tile_avx512)

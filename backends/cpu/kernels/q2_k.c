@@ -7,16 +7,16 @@
  * same 64 bytes of the activation row. Its 16-byte quarters are the 16-element sub-blocks
  * g(s, 0..3) = 2s, 2s+1, 8+2s, 9+2s (scale = low nibble, min = high nibble of sc[g]).
  *
- * Canonical order (every ISA, bit-identical): 16 f32 lanes acc[], zero at the start. For
- * each super-block b in order (d, dmin f16; dx activation scale; bs[] activation sums per
+ * Canonical order (every ISA, bit-identical): two sets of 16 f32 lanes acc[2][16], zero at
+ * the start. For each super-block b in order (set u = b mod 2) (d, dmin f16; dx activation scale; bs[] activation sums per
  * 16 natural elements):
  *
  *   S[j] = Σ_{s<4} (sc[g(s, j/4)] & 15) · Σ_{k<4} q_s[4j+k] · x_s[4j+k]    j < 16 (exact)
  *   M[j] = (sc[2j] >> 4) · bs[2j] + (sc[2j+1] >> 4) · bs[2j+1]             j < 8  (exact)
- *   acc[j] = fmaf(d·dx, (float)S[j], acc[j])            j < 16
- *   acc[j] = fmaf(-(dmin·dx), (float)M[j], acc[j])      j < 8
+ *   acc[u][j] = fmaf(d·dx, (float)S[j], acc[u][j])            j < 16
+ *   acc[u][j] = fmaf(-(dmin·dx), (float)M[j], acc[u][j])      j < 8
  *
- * then y = dsib_reduce16(acc).
+ * then y = dsib_reduce32(acc).
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -25,8 +25,9 @@
 /* ---- scalar ---------------------------------------------------------------------------- */
 
 static float q2_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
-    float acc[16] = {0};
+    float acc[2][16] = {{0}};
     for (int64_t b = 0; b < n_in / 256; b++) {
+        float *a = acc[b & 1];
         const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
         const int8_t *xq = x->q + 256 * b;
         const int16_t *bs = x->s + 16 * b;
@@ -42,10 +43,10 @@ static float q2_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *
         }
         for (int j = 0; j < 8; j++) M[j] = (sc[2 * j] >> 4) * bs[2 * j] + (sc[2 * j + 1] >> 4) * bs[2 * j + 1];
         const float dd = dsib_ld_f16(blk + 80) * x->d[b], dm = dsib_ld_f16(blk + 82) * x->d[b];
-        for (int j = 0; j < 16; j++) acc[j] = fmaf(dd, (float)S[j], acc[j]);
-        for (int j = 0; j < 8; j++) acc[j] = fmaf(-dm, (float)M[j], acc[j]);
+        for (int j = 0; j < 16; j++) a[j] = fmaf(dd, (float)S[j], a[j]);
+        for (int j = 0; j < 8; j++) a[j] = fmaf(-dm, (float)M[j], a[j]);
     }
-    return dsib_reduce16(acc);
+    return dsib_reduce32(acc);
 }
 
 static void q2_k_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
@@ -62,12 +63,17 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 
 DSIB_AI void q2_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                             float *out, const int R, const int T) {
-    __m256 acc[4][4][2];
+    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =
+                _mm256_setzero_ps();
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < n_in / 256; b++) {
+    for (int64_t b2 = 0; b2 < n_in / 256; b2 += 2)
+    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+        const int64_t b = b2 + u;
+        if (b >= n_in / 256) break;
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * rb + 84 * b;
             const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
@@ -98,14 +104,17 @@ DSIB_AI void q2_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsi
                 const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
                 const __m256 dd = _mm256_broadcastss_ps(pr2);
                 const __m256 dm = _mm256_broadcastss_ps(_mm_movehdup_ps(pr2));
-                acc[r][t][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][0]);
-                acc[r][t][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][1]);
-                acc[r][t][0] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(M), acc[r][t][0]);
+                __m256 *a = acc[r][t][u];
+                a[0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), a[0]);
+                a[1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), a[1]);
+                a[0] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(M), a[0]);
             }
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx2(acc[r][t][0], acc[r][t][1]);
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
+                                                acc[r][t][1][1]);
 }
 
 DSIB_QROWS_DEFINE(q2_k_rows_avx2, q2_k_tile_avx2)
@@ -118,9 +127,9 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                               float *out, const int R, const int T) {
-    __m512 acc[4][4];
+    __m512 acc[4][4][2]; /* [row][token][set] */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
     /* pshufb indices on the scale bytes broadcast to every 128-bit lane: vector s takes the
@@ -134,7 +143,10 @@ DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
         v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[2]))), 2);
         sel[s] = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[3]))), 3);
     }
-    for (int64_t b = 0; b < n_in / 256; b++) {
+    for (int64_t b2 = 0; b2 < n_in / 256; b2 += 2)
+    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+        const int64_t b = b2 + u;
+        if (b >= n_in / 256) break;
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * rb + 84 * b;
             const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
@@ -159,14 +171,15 @@ DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
                 const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
                 const __m512 dd = _mm512_broadcastss_ps(pr2);
                 const __m512 dm = _mm512_broadcastss_ps(_mm_movehdup_ps(pr2));
-                acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S), acc[r][t]);
-                acc[r][t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)),
-                                             acc[r][t]);
+                acc[r][t][u] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S), acc[r][t][u]);
+                acc[r][t][u] = _mm512_fnmadd_ps(
+                    dm, _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc[r][t][u]);
             }
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx512(acc[r][t]);
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
 }
 
 DSIB_QROWS_DEFINE(q2_k_rows_avx512, q2_k_tile_avx512)

@@ -7,16 +7,16 @@
  * natural sub-blocks P[2v] (bytes 0-31) and P[2v+1] (bytes 32-63) — the same 64 bytes of
  * the activation row.
  *
- * Canonical order (every ISA, bit-identical): 16 f32 lanes acc[], zero at the start. For
- * each super-block b in order, with sc_j, m_j its 6-bit scales / mins, d, dmin its f16
+ * Canonical order (every ISA, bit-identical): two sets of 16 f32 lanes acc[2][16], zero at
+ * the start. For each super-block b in order (set u = b mod 2), with sc_j, m_j its 6-bit scales / mins, d, dmin its f16
  * scales, dx the activation scale and bs[g] the activation sums per 16 natural elements:
  *
  *   S[j] = Σ_{v<4} sc_{P[2v + (j>=8)]} · Σ_{k<4} q_v[4j+k] · x_v[4j+k]   j < 16 (exact)
  *   M[j] = m_j · (bs[2j] + bs[2j+1])                                     j < 8  (exact)
- *   acc[j] = fmaf(d·dx, (float)S[j], acc[j])            j < 16
- *   acc[j] = fmaf(-(dmin·dx), (float)M[j], acc[j])      j < 8
+ *   acc[u][j] = fmaf(d·dx, (float)S[j], acc[u][j])            j < 16
+ *   acc[u][j] = fmaf(-(dmin·dx), (float)M[j], acc[u][j])      j < 8
  *
- * then y = dsib_reduce16(acc). (|S| < 2^21, |M| < 2^18: the conversions are exact.)
+ * then y = dsib_reduce32(acc). (|S| < 2^21, |M| < 2^18: the conversions are exact.)
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -27,8 +27,9 @@ static const uint8_t q4k_perm[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 /* ---- scalar ---------------------------------------------------------------------------- */
 
 static float q4_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
-    float acc[16] = {0};
+    float acc[2][16] = {{0}};
     for (int64_t b = 0; b < n_in / 256; b++) {
+        float *a = acc[b & 1];
         const uint8_t *blk = row + 144 * b, *qs = blk + 16;
         const int8_t *xq = x->q + 256 * b;
         const int16_t *bs = x->s + 16 * b;
@@ -46,10 +47,10 @@ static float q4_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *
         }
         for (int j = 0; j < 8; j++) M[j] = sm[8 + j] * (bs[2 * j] + bs[2 * j + 1]);
         const float dd = dsib_ld_f16(blk) * x->d[b], dm = dsib_ld_f16(blk + 2) * x->d[b];
-        for (int j = 0; j < 16; j++) acc[j] = fmaf(dd, (float)S[j], acc[j]);
-        for (int j = 0; j < 8; j++) acc[j] = fmaf(-dm, (float)M[j], acc[j]);
+        for (int j = 0; j < 16; j++) a[j] = fmaf(dd, (float)S[j], a[j]);
+        for (int j = 0; j < 8; j++) a[j] = fmaf(-dm, (float)M[j], a[j]);
     }
-    return dsib_reduce16(acc);
+    return dsib_reduce32(acc);
 }
 
 static void q4_k_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
@@ -69,14 +70,19 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 
 DSIB_AI void q4_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                             float *out, const int R, const int T) {
-    __m256 acc[4][4][2];
+    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =
+                _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i mins_idx = _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10,
                                               -128, 11, -128, 11, -128, 12, -128, 12, -128, 13,
                                               -128, 13, -128, 14, -128, 14, -128, 15, -128, 15, -128);
-    for (int64_t b = 0; b < n_in / 256; b++) {
+    for (int64_t b2 = 0; b2 < n_in / 256; b2 += 2)
+    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+        const int64_t b = b2 + u;
+        if (b >= n_in / 256) break;
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * rb + 144 * b, *qs = blk + 16;
             const __m256i smv = _mm256_broadcastsi128_si256(dsib_q4k_scales_sse(blk + 4));
@@ -105,14 +111,17 @@ DSIB_AI void q4_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsi
                 const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
                 const __m256 dd = _mm256_broadcastss_ps(pr2);
                 const __m256 dm = _mm256_broadcastss_ps(_mm_movehdup_ps(pr2));
-                acc[r][t][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][0]);
-                acc[r][t][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][1]);
-                acc[r][t][0] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(M), acc[r][t][0]);
+                __m256 *a = acc[r][t][u];
+                a[0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), a[0]);
+                a[1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), a[1]);
+                a[0] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(M), a[0]);
             }
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx2(acc[r][t][0], acc[r][t][1]);
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
+                                                acc[r][t][1][1]);
 }
 
 DSIB_QROWS_DEFINE(q4_k_rows_avx2, q4_k_tile_avx2)
@@ -125,9 +134,9 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 DSIB_AI void q4_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
                               float *out, const int R, const int T) {
-    __m512 acc[4][4];
+    __m512 acc[4][4][2]; /* [row][token][set] */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* vpermw indices over the 16 words (scales 0-7, mins 8-15): vector v uses the scales
      * of sub-blocks P[2v] (words 0-15) and P[2v+1] (words 16-31) */
@@ -137,7 +146,10 @@ DSIB_AI void q4_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
                                     _mm256_set1_epi16(q4k_perm[2 * v + 1]), 1);
     const __m256i mins_idx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14,
                                                14, 15, 15);
-    for (int64_t b = 0; b < n_in / 256; b++) {
+    for (int64_t b2 = 0; b2 < n_in / 256; b2 += 2)
+    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+        const int64_t b = b2 + u;
+        if (b >= n_in / 256) break;
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * rb + 144 * b;
             const __m256i s16 = _mm256_cvtepu8_epi16(dsib_q4k_scales_sse(blk + 4));
@@ -162,14 +174,15 @@ DSIB_AI void q4_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
                 const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
                 const __m512 dd = _mm512_broadcastss_ps(pr2);
                 const __m512 dm = _mm512_broadcastss_ps(_mm_movehdup_ps(pr2));
-                acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S), acc[r][t]);
-                acc[r][t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)),
-                                             acc[r][t]);
+                acc[r][t][u] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S), acc[r][t][u]);
+                acc[r][t][u] = _mm512_fnmadd_ps(
+                    dm, _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc[r][t][u]);
             }
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce16_avx512(acc[r][t]);
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
 }
 
 DSIB_QROWS_DEFINE(q4_k_rows_avx512, q4_k_tile_avx512)

@@ -15,6 +15,11 @@ DSIB_AI float dsib_reduce16_avx2(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
 }
 
+/* dsib_reduce32 over two sets of lanes 0-7 / 8-15. */
+DSIB_AI float dsib_reduce32_avx2(__m256 lo0, __m256 hi0, __m256 lo1, __m256 hi1) {
+    return dsib_reduce16_avx2(_mm256_add_ps(lo0, lo1), _mm256_add_ps(hi0, hi1));
+}
+
 /* Σ over groups of four of a[i]·b[i] (a unsigned, b signed; |a·b| <= 255·127 — no int16
  * saturation as long as a <= 128 or |b| <= 64): 8 int32 lanes, lane j = bytes 4j..4j+3. */
 DSIB_AI __m256i dsib_dot_u8s8_avx2(__m256i a, __m256i b) {

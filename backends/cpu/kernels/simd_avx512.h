@@ -15,6 +15,11 @@ DSIB_AI float dsib_reduce16_avx512(__m512 a) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
 }
 
+/* dsib_reduce32 over two sets. */
+DSIB_AI float dsib_reduce32_avx512(__m512 a0, __m512 a1) {
+    return dsib_reduce16_avx512(_mm512_add_ps(a0, a1));
+}
+
 /* 16 lanes: lanes 0-7 = a, lanes 8-15 = b (two broadcast loads and one insert). */
 DSIB_AI __m512 dsib_pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_set1_ps(*a), _mm256_set1_ps(*b), 1);
