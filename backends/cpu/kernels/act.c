@@ -15,14 +15,17 @@
  *   lane corrections (Q8_32)  → c[j] = -128 · Σ_{k<4} q[4j+k]: a kernel that offsets its
  *                               signed weights w to the unsigned w + 128 (for u8 × s8 dot
  *                               products, AVX-512 VNNI dpbusd) starts each 4-element lane's
- *                               sum at c[j] and gets Σ w·q exactly.
+ *                               sum at c[j] and gets Σ w·q exactly;
+ *   pair scales (Q8_32)       → e[16p + j] = d[2p + j/8] (0 past the last block): the scales
+ *                               of block pair p as one 16-lane vector.
  *
  * So x_i = d·q_i + e_i with |e_i| <= d/2 · (1 + 2^-22) (the rounding of 127/amax and of the
  * product shift q by at most one unit only where x·id sits within 2^-17 of a midpoint).
  *
  * Row storage (dsib_kern_act_view): q[n_in] (64-byte aligned; for the _P4 / _P2 formats
  * the eight 32-element groups of each block in the format's order), then d[n_in / B] f32,
- * then s[] int16, then (Q8_32) c[n_in / 4] int32, each part starting on a 64-byte boundary.
+ * then s[] int16, then (Q8_32) c[n_in / 4] int32 and e[16 · pairs] f32, each part starting
+ * on a 64-byte boundary.
  * Every ISA writes the same bytes.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
@@ -48,7 +51,7 @@ static size_t round64(size_t v) { return (v + 63) & ~(size_t)63; }
 
 /* Byte offsets of the parts of a row (q at 0) and the row size. */
 typedef struct act_lay {
-    size_t d, s, c, size;
+    size_t d, s, c, e, size;
 } act_lay;
 
 static int act_layout(int32_t fmt, int64_t n_in, act_lay *l) {
@@ -60,7 +63,8 @@ static int act_layout(int32_t fmt, int64_t n_in, act_lay *l) {
     l->d = round64((size_t)n_in);
     l->s = l->d + round64(nb * sizeof(float));
     l->c = l->s + round64(ns * sizeof(int16_t));
-    l->size = l->c + round64(nc * sizeof(int32_t));
+    l->e = l->c + round64(nc * sizeof(int32_t));
+    l->size = l->e + round64(B == 32 ? 8 * (nb + 1) * sizeof(float) : 0);
     return 1;
 }
 
@@ -75,18 +79,25 @@ typedef struct act_out {
     float *d;
     int16_t *s;
     int32_t *c;
+    float *e;
 } act_out;
 
 static act_out act_row_ptrs(int32_t fmt, uint8_t *row, int64_t n_in) {
-    act_lay l = {0, 0, 0, 0};
+    act_lay l = {0, 0, 0, 0, 0};
     act_layout(fmt, n_in, &l);
     act_out o = {(int8_t *)row, (float *)(void *)(row + l.d), (int16_t *)(void *)(row + l.s),
-                 (int32_t *)(void *)(row + l.c)};
+                 (int32_t *)(void *)(row + l.c), (float *)(void *)(row + l.e)};
     return o;
 }
 
+/* Q8_32: the pair scales e[16p + j] = d[2p + j / 8] (0 past the last block). */
+static void act_pair_scales(act_out o, int64_t nb) {
+    for (int64_t p = 0; 2 * p < nb; p++)
+        for (int j = 0; j < 16; j++) o.e[16 * p + j] = 2 * p + j / 8 < nb ? o.d[2 * p + j / 8] : 0.0f;
+}
+
 dsib_qrow dsib_kern_act_view(int32_t fmt, const void *row, int64_t n_in) {
-    dsib_qrow v = {NULL, NULL, NULL, NULL};
+    dsib_qrow v = {NULL, NULL, NULL, NULL, NULL};
     act_lay l;
     if (!act_layout(fmt, n_in, &l)) return v;
     const uint8_t *p = row;
@@ -94,6 +105,7 @@ dsib_qrow dsib_kern_act_view(int32_t fmt, const void *row, int64_t n_in) {
     v.d = (const float *)(const void *)(p + l.d);
     v.s = (const int16_t *)(const void *)(p + l.s);
     v.c = dsib_act_block(fmt) == 32 ? (const int32_t *)(const void *)(p + l.c) : NULL;
+    v.e = dsib_act_block(fmt) == 32 ? (const float *)(const void *)(p + l.e) : NULL;
     return v;
 }
 
@@ -182,6 +194,7 @@ void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n
             for (int p = 0; p < 8; p++)
                 memcpy(q + 256 * b + 32 * p, nat + 32 * (perm ? perm[p] : p), 32);
         }
+        if (B == 32) act_pair_scales(o, n_in / 32);
     }
 }
 
@@ -267,6 +280,7 @@ void dsib_act_quantize_avx2(int32_t fmt, const float *x, int64_t xs, int64_t n_i
                 for (int p = 0; p < 8; p++)
                     memcpy(q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
         }
+        if (B == 32) act_pair_scales(o, n_in / 32);
     }
 }
 
@@ -324,6 +338,7 @@ void dsib_act_quantize_avx512(int32_t fmt, const float *x, int64_t xs, int64_t n
                 for (int p = 0; p < 8; p++)
                     memcpy(q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
         }
+        if (B == 32) act_pair_scales(o, n_in / 32);
     }
 }
 

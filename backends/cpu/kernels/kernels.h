@@ -100,12 +100,14 @@ enum {
  * the scale of block k (32 or 256 elements; x ≈ d·q); s[] holds int16 sums of q: one per
  * block for Q8_32, one per 16 NATURAL elements for the Q8_K formats (element order before
  * the group permutation); c[] (Q8_32 only, else NULL) holds c[j] = -128·Σ_{k<4} q[4j+k],
- * the start value of lane j for kernels that multiply w + 128 (unsigned) by q. */
+ * the start value of lane j for kernels that multiply w + 128 (unsigned) by q; e[] (Q8_32
+ * only) the scales of block pair p as 16 lanes, e[16p + j] = d[2p + j/8] (0 past the end). */
 typedef struct dsib_qrow {
     const int8_t *q;
     const float *d;
     const int16_t *s;
     const int32_t *c;
+    const float *e;
 } dsib_qrow;
 
 /* Bytes of one quantised activation row of n_in elements (a multiple of 64; 0 for

@@ -160,8 +160,7 @@ DSIB_AI void mxfp4_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const 
         __m512 dx[4];                                                                      \
         __m512i xq[4];                                                                     \
         for (int t = 0; t < T; t++) {                                                      \
-            dx[t] = half ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(x[t].d[2 * (p)]))   \
-                         : dsib_pair_ps(&x[t].d[2 * (p)], &x[t].d[2 * (p) + 1]);           \
+            dx[t] = _mm512_loadu_ps(x[t].e + 16 * (p)); /* upper half 0 when half */  \
             xq[t] = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))       \
                          : _mm512_loadu_si512(x[t].q + 64 * (p));                          \
             if (T > 1) xq[t] = _mm512_xor_si512(xq[t], c128);                              \

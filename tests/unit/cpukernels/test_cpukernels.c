@@ -700,8 +700,15 @@ static void test_act_quantize(void **state) {
                         for (int i = 0; i < S; i++) sum += q[b * B + g * S + i];
                         assert_int_equal(v.s[b * (B / S) + g], sum);
                     }
-                    /* Q8_32 lane corrections -128·Σ of each four */
+                    /* Q8_32 lane corrections -128·Σ of each four, pair scales */
                     assert_true((B == 32) == (v.c != NULL));
+                    assert_true((B == 32) == (v.e != NULL));
+                    for (int j = 0; B == 32 && j < 8; j++) {
+                        const float e = v.e[16 * (b / 2) + 8 * (b % 2) + j];
+                        assert_true(isnan(d[b]) ? isnan(e) : e == d[b]);
+                        if (b == n / B - 1 && b % 2 == 0) /* past the last block */
+                            assert_true(v.e[16 * (b / 2) + 8 + j] == 0.0f);
+                    }
                     for (int j = 0; B == 32 && j < 8; j++) {
                         const int8_t *qj = q + b * B + 4 * j;
                         assert_int_equal(v.c[8 * b + j], -128 * (qj[0] + qj[1] + qj[2] + qj[3]));
