@@ -384,7 +384,7 @@ static void test_reference_q8_0_default_path(void **s) {
            "equal at %d of %d positions (q8_0 vs f32 weights on the exact path: max |dlogit| %.3g, "
            "argmax equal at %d)\n",
            (double)worst, agree, N_TOK, (double)wq, wagree);
-    /* Measured (docs/performance.md §2): 6.14 and 250 / 300, the same order as the weight
+    /* Measured (docs/performance.md §2): 6.09 and 254 / 300, the same order as the weight
      * format's own effect (6.17, 275 / 300): this tiny random model amplifies any change
      * (its routing and indexer top-k flip). The bounds leave room for changes of the forward
      * pass, and catch a broken activation path (random argmax, huge errors). */
