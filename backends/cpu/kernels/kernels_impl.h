@@ -202,7 +202,10 @@ static inline float dsib_reduce32(const float a[2][16]) {
                                   const dsib_qrow *x, float *out) {                       \
         TILE(w, rb, n_in, x, out, R, T);                                                   \
     }
-#define DSIB_QROWS_DEFINE(NAME, TILE)                                                      \
+#define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4, 2)
+/* TT: most tokens per tile (2..4), RP: rows per prefill tile (1 or 2) — register budget of
+ * the ISA (AVX2 has 16 vector registers, AVX-512 32). */
+#define DSIB_QROWS_DEFINE_T(NAME, TILE, TT, RP)                                            \
     DSIB_QTILE_FN(NAME, TILE, 1, 1)                                                        \
     DSIB_QTILE_FN(NAME, TILE, 2, 2)                                                        \
     DSIB_QTILE_FN(NAME, TILE, 2, 3)                                                        \
@@ -218,10 +221,10 @@ static inline float dsib_reduce32(const float a[2][16]) {
         static const tile_fn one[5] = {NULL, NAME##_r1t1, NAME##_r1t2, NAME##_r1t3,        \
                                        NAME##_r1t4};                                       \
         float out[16];                                                                     \
-        for (int t0 = 0; t0 < n; t0 += 4) {                                                \
-            const int T = n - t0 < 4 ? n - t0 : 4;                                         \
+        for (int t0 = 0; t0 < n; t0 += (TT)) {                                             \
+            const int T = n - t0 < (TT) ? n - t0 : (TT);                                   \
             int64_t o = o0;                                                                \
-            if (T > 1)                                                                     \
+            if (T > 1 && (RP) == 2)                                                        \
                 for (; o + 2 <= o1; o += 2) {                                              \
                     two[T](w + (size_t)o * rb, rb, n_in, x + t0, out);                     \
                     for (int r = 0; r < 2; r++)                                            \

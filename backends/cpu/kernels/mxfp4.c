@@ -123,7 +123,7 @@ DSIB_AI void mxfp4_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const ds
                                                 acc[r][t][1][1]);
 }
 
-DSIB_QROWS_DEFINE(mxfp4_rows_avx2, mxfp4_tile_avx2)
+DSIB_QROWS_DEFINE_T(mxfp4_rows_avx2, mxfp4_tile_avx2, 2, 1)
 
 DSIB_TARGET_POP
 

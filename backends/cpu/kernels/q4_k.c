@@ -124,7 +124,7 @@ DSIB_AI void q4_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsi
                                                 acc[r][t][1][1]);
 }
 
-DSIB_QROWS_DEFINE(q4_k_rows_avx2, q4_k_tile_avx2)
+DSIB_QROWS_DEFINE_T(q4_k_rows_avx2, q4_k_tile_avx2, 2, 1)
 
 DSIB_TARGET_POP
 
