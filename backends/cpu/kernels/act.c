@@ -302,16 +302,35 @@ static float quant_block_avx512(const float *x, int B, int8_t *nat, int16_t *s16
     }
     const __m512 vid = _mm512_set1_ps(id);
     const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
-    __m512i bsum = _mm512_setzero_si512();
+    __m512i bsum = _mm512_setzero_si512(), prev = bsum, l1[8];
     for (int i = 0; i < B; i += 16) {
         const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), vid);
         __m512i q = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         q = _mm512_max_epi32(_mm512_min_epi32(q, lim), nlim);
-        if (B == 32) bsum = _mm512_add_epi32(bsum, q);
-        else s16[i / 16] = (int16_t)_mm512_reduce_add_epi32(q);
         _mm_storeu_si128((__m128i *)(nat + i), _mm512_cvtsepi32_epi8(q));
+        if (B == 32) {
+            bsum = _mm512_add_epi32(bsum, q);
+        } else if ((i / 16) & 1) { /* the 16 sums per 16: pairwise transpose-and-add */
+            l1[i / 32] = _mm512_add_epi32(_mm512_unpacklo_epi32(prev, q), _mm512_unpackhi_epi32(prev, q));
+        } else {
+            prev = q;
+        }
     }
-    if (B == 32) s16[0] = (int16_t)_mm512_reduce_add_epi32(bsum);
+    if (B == 32) {
+        s16[0] = (int16_t)_mm512_reduce_add_epi32(bsum);
+        return d;
+    }
+    __m512i u[4];
+    for (int k = 0; k < 4; k++) /* each 128-bit lane: partial sums of groups 4k..4k+3 */
+        u[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(l1[2 * k], l1[2 * k + 1]),
+                                _mm512_unpackhi_epi64(l1[2 * k], l1[2 * k + 1]));
+    const __m512i s01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x44),
+                                         _mm512_shuffle_i32x4(u[0], u[1], 0xEE));
+    const __m512i s23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], 0x44),
+                                         _mm512_shuffle_i32x4(u[2], u[3], 0xEE));
+    const __m512i r = _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88),
+                                       _mm512_shuffle_i32x4(s01, s23, 0xDD));
+    _mm256_storeu_si256((__m256i *)s16, _mm512_cvtepi32_epi16(r));
     return d;
 }
 
