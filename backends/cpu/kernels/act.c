@@ -144,58 +144,61 @@ static int block_scale(uint32_t amax_bits, float *d, float *id) {
     return 1;
 }
 
-/* Quantises one block of B natural elements into q (natural order). */
-static float quant_block_scalar(const float *x, int64_t B, int8_t *q) {
+/* A block quantiser: one block of B (32 or 256) natural elements → q in natural order at
+ * nat, the sums at s16 (one for B = 32, sixteen per 16 for B = 256), for B = 32 the lane
+ * corrections at c; returns d. One per ISA, all writing the same values. */
+typedef float (*block_fn)(const float *x, int B, int8_t *nat, int16_t *s16, int32_t *c);
+
+static float quant_block_scalar(const float *x, int B, int8_t *q, int16_t *s16, int32_t *c) {
     uint32_t mx = 0;
-    for (int64_t i = 0; i < B; i++) {
+    for (int i = 0; i < B; i++) {
         const uint32_t a = f32_bits(x[i]) & 0x7fffffffu;
         mx = a > mx ? a : mx;
     }
     float d, id;
     if (!block_scale(mx, &d, &id)) {
-        memset(q, 0, (size_t)B);
-        return d;
+        memset(q, 0, B == 32 ? 32 : 256);
+    } else {
+        for (int i = 0; i < B; i++) {
+            int32_t v = rne_i32(x[i] * id);
+            q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        }
     }
-    for (int64_t i = 0; i < B; i++) {
-        int32_t v = rne_i32(x[i] * id);
-        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    const int S = B == 32 ? 32 : 16;
+    for (int g = 0; g < B / S; g++) {
+        int32_t sum = 0;
+        for (int i = 0; i < S; i++) sum += q[S * g + i];
+        s16[g] = (int16_t)sum;
     }
+    for (int j = 0; c && j < 8; j++) c[j] = -128 * (q[4 * j] + q[4 * j + 1] + q[4 * j + 2] + q[4 * j + 3]);
     return d;
 }
 
-void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
-                              int64_t n_tok, void *act, size_t act_stride) {
-    const int64_t B = dsib_act_block(fmt);
+/* Rows of the format with one ISA's block quantiser. */
+static void act_rows(block_fn qb, int32_t fmt, const float *x, int64_t xs, int64_t n_in,
+                     int64_t n_tok, void *act, size_t act_stride) {
+    const int B = (int)dsib_act_block(fmt);
     const uint8_t *perm = dsib_act_perm(fmt);
     int8_t nat[256];
     for (int64_t t = 0; t < n_tok; t++) {
         const float *xr = x + t * xs;
-        uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
-        act_out o = act_row_ptrs(fmt, row, n_in);
-        int8_t *q = o.q;
-        float *d = o.d;
-        int16_t *s = o.s;
+        act_out o = act_row_ptrs(fmt, (uint8_t *)act + (size_t)t * act_stride, n_in);
         for (int64_t b = 0; b < n_in / B; b++) {
-            d[b] = quant_block_scalar(xr + b * B, B, nat);
             if (B == 32) {
-                int32_t sum = 0;
-                for (int i = 0; i < 32; i++) sum += nat[i];
-                s[b] = (int16_t)sum;
-                for (int j = 0; j < 8; j++)
-                    o.c[8 * b + j] = -128 * (nat[4 * j] + nat[4 * j + 1] + nat[4 * j + 2] + nat[4 * j + 3]);
-                memcpy(q + 32 * b, nat, 32);
+                o.d[b] = qb(xr + 32 * b, 32, o.q + 32 * b, o.s + b, o.c + 8 * b);
                 continue;
             }
-            for (int g = 0; g < 16; g++) {
-                int32_t sum = 0;
-                for (int i = 0; i < 16; i++) sum += nat[16 * g + i];
-                s[16 * b + g] = (int16_t)sum;
-            }
-            for (int p = 0; p < 8; p++)
-                memcpy(q + 256 * b + 32 * p, nat + 32 * (perm ? perm[p] : p), 32);
+            o.d[b] = qb(xr + 256 * b, 256, perm ? nat : o.q + 256 * b, o.s + 16 * b, NULL);
+            if (perm)
+                for (int p = 0; p < 8; p++) memcpy(o.q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
         }
         if (B == 32) act_pair_scales(o, n_in / 32);
     }
+}
+
+void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
+                              int64_t n_tok, void *act, size_t act_stride) {
+    act_rows(quant_block_scalar, fmt, x, xs, n_in, n_tok, act, act_stride);
 }
 
 #ifdef DSIB_KERN_X86
@@ -218,9 +221,7 @@ DSIB_AI void lane_corr_avx2(const int8_t *q, int32_t *c) {
     _mm256_storeu_si256((__m256i *)c, _mm256_madd_epi16(p, _mm256_set1_epi16(-1)));
 }
 
-/* One block of B (32 or 256) natural elements: q natural order into nat, sums per 16 into
- * s16[B/16] (B = 256) or the block sum into s16[0] (B = 32). */
-static float quant_block_avx2(const float *x, int B, int8_t *nat, int16_t *s16) {
+static float quant_block_avx2_q(const float *x, int B, int8_t *nat, int16_t *s16) {
     const __m256i absm = _mm256_set1_epi32(0x7fffffff);
     __m256i mx = _mm256_setzero_si256();
     for (int i = 0; i < B; i += 8)
@@ -257,31 +258,16 @@ static float quant_block_avx2(const float *x, int B, int8_t *nat, int16_t *s16) 
     return d;
 }
 
+/* block_fn of this path */
+static float quant_block_avx2(const float *x, int B, int8_t *nat, int16_t *s16, int32_t *c) {
+    const float d = quant_block_avx2_q(x, B, nat, s16);
+    if (c) lane_corr_avx2(nat, c);
+    return d;
+}
+
 void dsib_act_quantize_avx2(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
                             int64_t n_tok, void *act, size_t act_stride) {
-    const int B = (int)dsib_act_block(fmt);
-    const uint8_t *perm = dsib_act_perm(fmt);
-    int8_t nat[256];
-    for (int64_t t = 0; t < n_tok; t++) {
-        const float *xr = x + t * xs;
-        uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
-        act_out o = act_row_ptrs(fmt, row, n_in);
-        int8_t *q = o.q;
-        float *d = o.d;
-        int16_t *s = o.s;
-        for (int64_t b = 0; b < n_in / B; b++) {
-            if (B == 32) {
-                d[b] = quant_block_avx2(xr + b * B, B, q + 32 * b, s + b);
-                lane_corr_avx2(q + 32 * b, o.c + 8 * b);
-                continue;
-            }
-            d[b] = quant_block_avx2(xr + b * B, B, perm ? nat : q + 256 * b, s + 16 * b);
-            if (perm)
-                for (int p = 0; p < 8; p++)
-                    memcpy(q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
-        }
-        if (B == 32) act_pair_scales(o, n_in / 32);
-    }
+    act_rows(quant_block_avx2, fmt, x, xs, n_in, n_tok, act, act_stride);
 }
 
 DSIB_TARGET_POP
@@ -289,7 +275,7 @@ DSIB_TARGET_POP
 /* ---- AVX-512 --------------------------------------------------------------------------------- */
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512)
 
-static float quant_block_avx512(const float *x, int B, int8_t *nat, int16_t *s16) {
+static float quant_block_avx512_q(const float *x, int B, int8_t *nat, int16_t *s16) {
     const __m512i absm = _mm512_set1_epi32(0x7fffffff);
     __m512i mx = _mm512_setzero_si512();
     for (int i = 0; i < B; i += 16)
@@ -334,31 +320,16 @@ static float quant_block_avx512(const float *x, int B, int8_t *nat, int16_t *s16
     return d;
 }
 
+/* block_fn of this path */
+static float quant_block_avx512(const float *x, int B, int8_t *nat, int16_t *s16, int32_t *c) {
+    const float d = quant_block_avx512_q(x, B, nat, s16);
+    if (c) lane_corr_avx2(nat, c);
+    return d;
+}
+
 void dsib_act_quantize_avx512(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
                               int64_t n_tok, void *act, size_t act_stride) {
-    const int B = (int)dsib_act_block(fmt);
-    const uint8_t *perm = dsib_act_perm(fmt);
-    int8_t nat[256];
-    for (int64_t t = 0; t < n_tok; t++) {
-        const float *xr = x + t * xs;
-        uint8_t *row = (uint8_t *)act + (size_t)t * act_stride;
-        act_out o = act_row_ptrs(fmt, row, n_in);
-        int8_t *q = o.q;
-        float *d = o.d;
-        int16_t *s = o.s;
-        for (int64_t b = 0; b < n_in / B; b++) {
-            if (B == 32) {
-                d[b] = quant_block_avx512(xr + b * B, B, q + 32 * b, s + b);
-                lane_corr_avx2(q + 32 * b, o.c + 8 * b);
-                continue;
-            }
-            d[b] = quant_block_avx512(xr + b * B, B, perm ? nat : q + 256 * b, s + 16 * b);
-            if (perm)
-                for (int p = 0; p < 8; p++)
-                    memcpy(q + 256 * b + 32 * p, nat + 32 * perm[p], 32);
-        }
-        if (B == 32) act_pair_scales(o, n_in / 32);
-    }
+    act_rows(quant_block_avx512, fmt, x, xs, n_in, n_tok, act, act_stride);
 }
 
 DSIB_TARGET_POP

@@ -15,6 +15,7 @@
 
 #include "backends/cpu/kernels/kernels.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -235,6 +236,26 @@ static inline float dsib_reduce32(const float a[2][16]) {
                 for (int t = 0; t < T; t++) yp[t0 + t][o] = out[t];                        \
             }                                                                              \
         }                                                                                  \
+    }
+
+/* One 32-element block b of the Q8_32 canonical order (q8_0.c): lanes of four, fmaf with
+ * the product of the scales s, into set (b / 2) mod 2, lanes 8·(b mod 2)... */
+static inline void dsib_q8_32_step_scalar(float acc[2][16], int64_t b, float s, const int8_t *wq,
+                                          const int8_t *xq) {
+    float *a = acc[(b >> 1) & 1] + 8 * (b & 1);
+    for (int j = 0; j < 8; j++) {
+        int32_t I = 0;
+        for (int k = 0; k < 4; k++) I += wq[4 * j + k] * xq[4 * j + k];
+        a[j] = fmaf(s, (float)I, a[j]);
+    }
+}
+
+/* The scalar row kernel of a type from its one-row, one-token dot function DOT(row, n_in, x). */
+#define DSIB_QROWS_SCALAR(NAME, DOT)                                                       \
+    static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
+                     const dsib_qrow *x, float *const *yp, int n) {                        \
+        for (int64_t o = o0; o < o1; o++)                                                  \
+            for (int t = 0; t < n; t++) yp[t][o] = DOT(w + (size_t)o * rb, n_in, &x[t]);   \
     }
 
 #endif /* DSIB_CPU_KERNELS_IMPL_H */

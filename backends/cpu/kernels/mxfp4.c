@@ -53,21 +53,12 @@ static float mxfp4_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow 
             wq[16 + i] = dsib_e2m1x2_tab[blk[1 + i] >> 4];
         }
         const int8_t *xq = x->q + 32 * b;
-        float *a = acc[(b >> 1) & 1] + 8 * (b & 1);
-        for (int j = 0; j < 8; j++) {
-            int32_t I = 0;
-            for (int k = 0; k < 4; k++) I += wq[4 * j + k] * xq[4 * j + k];
-            a[j] = fmaf(s, (float)I, a[j]);
-        }
+        dsib_q8_32_step_scalar(acc, b, s, wq, xq);
     }
     return dsib_reduce32(acc);
 }
 
-static void mxfp4_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
-                              const dsib_qrow *x, float *const *yp, int n) {
-    for (int64_t o = o0; o < o1; o++)
-        for (int t = 0; t < n; t++) yp[t][o] = mxfp4_dot_scalar(w + (size_t)o * rb, n_in, &x[t]);
-}
+DSIB_QROWS_SCALAR(mxfp4_rows_scalar, mxfp4_dot_scalar)
 
 #ifdef DSIB_KERN_X86
 
@@ -76,52 +67,16 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
 /* 32 nibbles of one block → 32 int8 (2·e2m1) in element order */
-DSIB_AI __m256i mxfp4_block_avx2(const uint8_t *qs, __m256i lut) {
+DSIB_AI __m256i mxfp4_block_avx2(const uint8_t *qs) {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     const __m256i n = _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)),
                                        _mm256_set1_epi8(0x0F));
     return _mm256_shuffle_epi8(lut, n);
 }
-
-DSIB_AI void mxfp4_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
-                             float *out, const int R, const int T) {
-    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =
-                _mm256_setzero_ps();
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
-    const int64_t nb = n_in / 32;
-#define MXFP4_BLOCK_AVX2(b, set, h)                                                        \
-    do {                                                                                   \
-        for (int r = 0; r < R; r++) {                                                      \
-            const uint8_t *blk = w + (size_t)r * rb + 17 * (b);                            \
-            const __m256i wq = mxfp4_block_avx2(blk + 1, lut);                             \
-            const float sw = dsib_u32_as_f32(e8m0_half_bits[blk[0]]);                      \
-            for (int t = 0; t < T; t++) {                                                  \
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * (b))); \
-                const __m256 s = _mm256_set1_ps(sw * x[t].d[b]);                           \
-                acc[r][t][set][h] = _mm256_fmadd_ps(                                       \
-                    s, _mm256_cvtepi32_ps(dsib_dot_s8s8_avx2(wq, xq)), acc[r][t][set][h]); \
-            }                                                                              \
-        }                                                                                  \
-    } while (0)
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        MXFP4_BLOCK_AVX2(b, 0, 0);
-        MXFP4_BLOCK_AVX2(b + 1, 0, 1);
-        MXFP4_BLOCK_AVX2(b + 2, 1, 0);
-        MXFP4_BLOCK_AVX2(b + 3, 1, 1);
-    }
-    if (b < nb) MXFP4_BLOCK_AVX2(b, 0, 0);
-    if (b + 1 < nb) MXFP4_BLOCK_AVX2(b + 1, 0, 1);
-    if (b + 2 < nb) MXFP4_BLOCK_AVX2(b + 2, 1, 0);
-#undef MXFP4_BLOCK_AVX2
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
-                                                acc[r][t][1][1]);
-}
+#define MXFP4_WBLK(blk) mxfp4_block_avx2((blk) + 1)
+#define MXFP4_SBLK(blk) dsib_u32_as_f32(e8m0_half_bits[(blk)[0]])
+DSIB_Q8_32_TILE_AVX2(mxfp4_tile_avx2, 17, MXFP4_WBLK, MXFP4_SBLK)
 
 DSIB_QROWS_DEFINE_T(mxfp4_rows_avx2, mxfp4_tile_avx2, 2, 1)
 
@@ -131,85 +86,27 @@ DSIB_TARGET_POP
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-/* Blocks A and B (B = NULL: upper half zero) → 64 bytes in element order [A 0-31, B 0-31]:
- * the looked-up values of lut (for each nibble). */
-DSIB_AI __m512i mxfp4_pair_avx512(const uint8_t *qa, const uint8_t *qb, __m512i lut) {
-    const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qa));
+/* The weights of a block pair (the second block's zero when half) as 2·e2m1, + 128 when u
+ * (straight from the table). */
+DSIB_AI __m512i mxfp4_pair_avx512(const uint8_t *blk, int half, int u) {
+    const __m512i lut_s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
+    const __m512i lut = u ? _mm512_add_epi8(lut_s, _mm512_set1_epi8((char)0x80)) : lut_s;
+    const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 1)));
     const __m512i v =
-        qb ? _mm512_inserti64x4(_mm512_castsi256_si512(a),
-                                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qb)), 1)
-           : _mm512_zextsi256_si512(a);
+        half ? _mm512_zextsi256_si512(a)
+             : _mm512_inserti64x4(_mm512_castsi256_si512(a),
+                                  _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 18))), 1);
     const __m512i n = _mm512_and_si512(
         _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
-    return _mm512_shuffle_epi8(lut, n);
+    return _mm512_shuffle_epi8(lut, n); /* a zero upper half looks up lut[0] (0 or 128), which
+                                          the zero activations of that half cancel */
 }
-
-/* As q8_0.c's AVX-512 kernel (same offsets and lane start values): for T = 1 the table
- * gives 2·e2m1 + 128 (unsigned) directly; for T > 1 the signed values. */
-DSIB_AI void mxfp4_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
-                               float *out, const int R, const int T) {
-    __m512 acc[4][4][2]; /* [row][token][set] */
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
-    const int64_t nb = n_in / 32;
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    const __m512i lut_s = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dsib_e2m1x2_tab));
-    const __m512i lut = T == 1 ? _mm512_add_epi8(lut_s, c128) : lut_s;
-#define MXFP4_PAIR_AVX512(p, half, set)                                                        \
-    do {                                                                                   \
-        __m512 dx[4];                                                                      \
-        __m512i xq[4];                                                                     \
-        for (int t = 0; t < T; t++) {                                                      \
-            dx[t] = _mm512_loadu_ps(x[t].e + 16 * (p)); /* upper half 0 when half */  \
-            xq[t] = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))       \
-                         : _mm512_loadu_si512(x[t].q + 64 * (p));                          \
-            if (T > 1) xq[t] = _mm512_xor_si512(xq[t], c128);                              \
-        }                                                                                  \
-        for (int r = 0; r < R; r++) {                                                      \
-            const uint8_t *blk = w + (size_t)r * rb + 34 * (p);                            \
-            const __m512i wq = mxfp4_pair_avx512(blk + 1, half ? NULL : blk + 18, lut);    \
-            const float *sa = (const float *)(const void *)&e8m0_half_bits[blk[0]];        \
-            const __m512 sw = half ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(*sa))      \
-                                   : dsib_pair_ps(sa, (const float *)(const void *)         \
-                                                          &e8m0_half_bits[blk[17]]);      \
-            if (T == 1) {                                                                  \
-                const __m512i I = _mm512_dpbusd_epi32(                                     \
-                    half ? _mm512_maskz_loadu_epi32(0x00FF, x[0].c + 16 * (p))             \
-                         : _mm512_loadu_si512(x[0].c + 16 * (p)),                          \
-                    wq, xq[0]);                                                            \
-                acc[r][0][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]),                 \
-                                                 _mm512_cvtepi32_ps(I), acc[r][0][set]);   \
-            } else {                                                                       \
-                const __m512i neg = _mm512_sub_epi32(                                      \
-                    _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wq)); \
-                for (int t = 0; t < T; t++) {                                              \
-                    const __m512i I = _mm512_dpbusd_epi32(neg, xq[t], wq);                 \
-                    acc[r][t][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),             \
-                                                     _mm512_cvtepi32_ps(I), acc[r][t][set]); \
-                }                                                                          \
-            }                                                                              \
-        }                                                                                  \
-    } while (0)
-    int64_t p = 0;
-    for (; 2 * p + 4 <= nb; p += 2) {
-        MXFP4_PAIR_AVX512(p, 0, 0);
-        MXFP4_PAIR_AVX512(p + 1, 0, 1);
-    }
-    if (2 * p + 2 <= nb) { /* p even: set 0 */
-        MXFP4_PAIR_AVX512(p, 0, 0);
-        p++;
-    }
-    if (2 * p < nb) {
-        if (p & 1)
-            MXFP4_PAIR_AVX512(p, 1, 1);
-        else
-            MXFP4_PAIR_AVX512(p, 1, 0);
-    }
-#undef MXFP4_PAIR_AVX512
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
-}
+#define MXFP4_WPAIR(blk, half, u) mxfp4_pair_avx512(blk, half, u)
+#define MXFP4_SPAIR(blk, half)                                                             \
+    ((half) ? _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(dsib_u32_as_f32(e8m0_half_bits[(blk)[0]]))) \
+            : dsib_pair_ps((const float *)(const void *)&e8m0_half_bits[(blk)[0]],          \
+                           (const float *)(const void *)&e8m0_half_bits[(blk)[17]]))
+DSIB_Q8_32_TILE_AVX512(mxfp4_tile_avx512, 17, MXFP4_WPAIR, MXFP4_SPAIR)
 
 DSIB_QROWS_DEFINE(mxfp4_rows_avx512, mxfp4_tile_avx512)
 

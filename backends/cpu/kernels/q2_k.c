@@ -49,11 +49,7 @@ static float q2_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *
     return dsib_reduce32(acc);
 }
 
-static void q2_k_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
-                             const dsib_qrow *x, float *const *yp, int n) {
-    for (int64_t o = o0; o < o1; o++)
-        for (int t = 0; t < n; t++) yp[t][o] = q2_k_dot_scalar(w + (size_t)o * rb, n_in, &x[t]);
-}
+DSIB_QROWS_SCALAR(q2_k_rows_scalar, q2_k_dot_scalar)
 
 #ifdef DSIB_KERN_X86
 
@@ -61,61 +57,29 @@ static void q2_k_rows_scalar(const uint8_t *w, size_t rb, int64_t n_in, int64_t 
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
-DSIB_AI void q2_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
-                            float *out, const int R, const int T) {
-    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =
-                _mm256_setzero_ps();
+/* Super-block decode for DSIB_KQ_TILE_AVX2: position p = 2s + h is field s of
+ * qs[32h..32h+32), sub-blocks 8h + 2s (bytes 0-15) and 8h + 2s + 1 (bytes 16-31). */
+DSIB_AI void q2_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *mn,
+                              __m128 *dmw) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    for (int64_t b2 = 0; b2 < n_in / 256; b2 += 2)
-    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
-        const int64_t b = b2 + u;
-        if (b >= n_in / 256) break;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + (size_t)r * rb + 84 * b;
-            const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
-            const __m256i sc4 = _mm256_broadcastsi128_si256(_mm_and_si128(scb, m4));
-            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
-            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(blk + 16));
-            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(blk + 48));
-            const __m128 dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
-            for (int t = 0; t < T; t++) {
-                const int8_t *xq = x[t].q + 256 * b;
-                __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                for (int s = 0; s < 4; s++) {
-                    for (int h = 0; h < 2; h++) {
-                        const __m256i wq = _mm256_and_si256(
-                            _mm256_srli_epi16(h ? q1 : q0, 2 * s), m3);
-                        const int ga = 8 * h + 2 * s; /* 16-element groups ga, ga + 1 */
-                        const __m256i sel = _mm256_inserti128_si256(
-                            _mm256_castsi128_si256(_mm_set1_epi16((short)(0x8000 | ga))),
-                            _mm_set1_epi16((short)(0x8000 | (ga + 1))), 1);
-                        const __m256i pr = _mm256_maddubs_epi16(
-                            wq, _mm256_loadu_si256((const __m256i *)(xq + 64 * s + 32 * h)));
-                        S[h] = _mm256_add_epi32(S[h],
-                                                _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc4, sel)));
-                    }
-                }
-                const __m256i M = _mm256_madd_epi16(
-                    mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
-                const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
-                const __m256 dd = _mm256_broadcastss_ps(pr2);
-                const __m256 dm = _mm256_broadcastss_ps(_mm_movehdup_ps(pr2));
-                __m256 *a = acc[r][t][u];
-                a[0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), a[0]);
-                a[1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), a[1]);
-                a[0] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(M), a[0]);
-            }
+    const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
+    const __m256i sc4 = _mm256_broadcastsi128_si256(_mm_and_si128(scb, m4));
+    const __m256i q[2] = {_mm256_loadu_si256((const __m256i *)(blk + 16)),
+                          _mm256_loadu_si256((const __m256i *)(blk + 48))};
+    for (int s = 0; s < 4; s++)
+        for (int h = 0; h < 2; h++) {
+            const int ga = 8 * h + 2 * s;
+            wq[2 * s + h] = _mm256_and_si256(_mm256_srli_epi16(q[h], 2 * s), m3);
+            sc[2 * s + h] = _mm256_shuffle_epi8(
+                sc4, _mm256_inserti128_si256(
+                         _mm256_castsi128_si256(_mm_set1_epi16((short)(0x8000 | ga))),
+                         _mm_set1_epi16((short)(0x8000 | (ga + 1))), 1));
         }
-    }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
-                                                acc[r][t][1][1]);
+    *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+    *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
 }
+DSIB_KQ_TILE_AVX2(q2_k_tile_avx2, 84, q2_k_decode_avx2)
 
 DSIB_QROWS_DEFINE_T(q2_k_rows_avx2, q2_k_tile_avx2, 2, 1)
 
@@ -125,62 +89,30 @@ DSIB_TARGET_POP
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-DSIB_AI void q2_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
-                              float *out, const int R, const int T) {
-    __m512 acc[4][4][2]; /* [row][token][set] */
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+/* Super-block decode for DSIB_KQ_TILE_AVX512: vector s = 2-bit field s of qs[0..64); its
+ * 16-byte quarters are the sub-blocks 2s, 2s+1, 8+2s, 9+2s, whose scales pshufb spreads
+ * over the quarter's 8 int16 lanes from the scale bytes broadcast to every 128-bit lane;
+ * the mins are in natural order, like the activation sums. */
+DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[4], __m256i *mn,
+                                __m128 *dmw) {
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
-    /* pshufb indices on the scale bytes broadcast to every 128-bit lane: vector s takes the
-     * scales of groups 2s, 2s+1, 8+2s, 9+2s (one per lane, as 8 words) */
-    __m512i sel[4];
+    const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
+    const __m512i sc4 = _mm512_broadcast_i32x4(_mm_and_si128(scb, m4));
+    const __m512i q = _mm512_loadu_si512(blk + 16);
     for (int s = 0; s < 4; s++) {
-        static const int gq[4] = {0, 1, 8, 9};
-        __m512i v = _mm512_setzero_si512();
-        v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[0]))), 0);
-        v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[1]))), 1);
-        v = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[2]))), 2);
-        sel[s] = _mm512_inserti32x4(v, _mm_set1_epi16((short)(0x8000 | (2 * s + gq[3]))), 3);
+        wv[s] = _mm512_and_si512(s ? _mm512_srli_epi16(q, 2 * s) : q, m3);
+        __m512i sel = _mm512_setzero_si512();
+        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (2 * s))), 0);
+        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (2 * s + 1))), 1);
+        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (8 + 2 * s))), 2);
+        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (9 + 2 * s))), 3);
+        sc[s] = _mm512_shuffle_epi8(sc4, sel);
     }
-    for (int64_t b2 = 0; b2 < n_in / 256; b2 += 2)
-    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
-        const int64_t b = b2 + u;
-        if (b >= n_in / 256) break;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + (size_t)r * rb + 84 * b;
-            const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
-            const __m512i sc4 = _mm512_broadcast_i32x4(_mm_and_si128(scb, m4));
-            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
-            const __m512i q = _mm512_loadu_si512(blk + 16);
-            const __m512i wv[4] = {_mm512_and_si512(q, m3),
-                                   _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
-                                   _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
-                                   _mm512_and_si512(_mm512_srli_epi16(q, 6), m3)};
-            __m512i sc[4];
-            for (int s = 0; s < 4; s++) sc[s] = _mm512_shuffle_epi8(sc4, sel[s]);
-            const __m128 dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
-            for (int t = 0; t < T; t++) {
-                const int8_t *xq = x[t].q + 256 * b;
-                __m512i S = _mm512_setzero_si512();
-                for (int s = 0; s < 4; s++)
-                    S = _mm512_dpwssd_epi32(
-                        S, _mm512_maddubs_epi16(wv[s], _mm512_loadu_si512(xq + 64 * s)), sc[s]);
-                const __m256i M = _mm256_madd_epi16(
-                    mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
-                const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(x[t].d[b]));
-                const __m512 dd = _mm512_broadcastss_ps(pr2);
-                const __m512 dm = _mm512_broadcastss_ps(_mm_movehdup_ps(pr2));
-                acc[r][t][u] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(S), acc[r][t][u]);
-                acc[r][t][u] = _mm512_fnmadd_ps(
-                    dm, _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc[r][t][u]);
-            }
-        }
-    }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
+    *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+    *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
 }
+DSIB_KQ_TILE_AVX512(q2_k_tile_avx512, 84, q2_k_decode_avx512)
 
 DSIB_QROWS_DEFINE(q2_k_rows_avx512, q2_k_tile_avx512)
 
