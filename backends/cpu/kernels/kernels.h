@@ -43,7 +43,8 @@
  * reach a specific path through dsib_kern_table_for().
  *
  * ---- Adding a weight type to the default path (one new file + one table entry) ----------
- *  1. Write backends/cpu/kernels/<type>.c (see q8_0.c / q4_k.c as templates) defining
+ *  1. Write backends/cpu/kernels/<type>.c (q8_0.c / mxfp4.c for 32-element blocks, q4_k.c /
+ *     q2_k.c for 256-element super-blocks are the templates) defining
  *       const dsib_kern_qtype dsib_kq_<type> = { .type, .act, .qrows = {scalar, avx2,
  *                                                 avx512, avx512vnni} };
  *     qrows[ISA] computes rows [o0, o1) for n tokens from quantised activations
@@ -53,6 +54,12 @@
  *     256-element super-blocks) — or add a format in act.c. Keep the float part of each
  *     output the same sequence on every ISA (integer sums are exact, so only the lane
  *     structure and the order of the f32 scale-and-accumulate steps matter) and document it.
+ *     The shared templates do most of it: a 32-element-block type on Q8_32 activations
+ *     supplies its block decode to DSIB_Q8_32_TILE_AVX2 / DSIB_Q8_32_TILE_AVX512 (simd_*.h)
+ *     and dsib_q8_32_step_scalar; a K-quant whose sub-block scales apply per int16 lane
+ *     supplies a super-block decode (weights, scale vectors, mins, d/dmin) to
+ *     DSIB_KQ_TILE_AVX2 / DSIB_KQ_TILE_AVX512; DSIB_QROWS_DEFINE* / DSIB_QROWS_SCALAR
+ *     make the row kernels.
  *  2. Add one line to kern_types[] in kernels.c (geometry + the descriptor), and the file to
  *     the CMakeLists.txt / meson.build beside this one.
  *  The exact path then works automatically (weights dequantised through lib/quant in the
