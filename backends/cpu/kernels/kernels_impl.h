@@ -191,26 +191,21 @@ static inline float dsib_reduce32(const float a[2][16]) {
 }
 
 /* Tile driver shared by the default-path kernels: TILE(w, rb, n_in, x, out, R, T) computes
- * out[r * T + t] for rows r < R (w = the first row) and tokens t < T. Decode (T = 1) goes
- * one row at a time: the weights then stream from memory as one sequential read, which
- * measured 2-2.5x faster cold than interleaving 2 or 4 rows (the two accumulator sets of
- * the canonical order give a single row its instruction-level parallelism). Prefill: T =
- * 2..4 tokens with R = 2 rows (a decoded weight block serves T tokens, a token's
- * activations serve R rows); remainders with R = 1. Every tile runs the same per-(row,
- * token) sequence, so results do not depend on it. */
+ * out[r * T + t] for rows r < R (w = the first row) and tokens t < T. Rows go one at a time
+ * (R = 1): the weights then stream from memory as one sequential read, which measured
+ * 2-2.5x faster cold than interleaving 2 or 4 rows (the two accumulator sets of the
+ * canonical order give a single row its instruction-level parallelism); prefill tiles
+ * serve up to TT tokens (4 on AVX-512, 2 on AVX2 with its 16 registers) from one decoded
+ * weight block. Every tile runs the same per-(row, token) sequence, so results do not
+ * depend on it. (TILE keeps an R parameter for types that want row tiles.) */
 #define DSIB_QTILE_FN(NAME, TILE, R, T)                                                    \
     static void NAME##_r##R##t##T(const uint8_t *w, size_t rb, int64_t n_in,              \
                                   const dsib_qrow *x, float *out) {                       \
         TILE(w, rb, n_in, x, out, R, T);                                                   \
     }
-#define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4, 2)
-/* TT: most tokens per tile (2..4), RP: rows per prefill tile (1 or 2) — register budget of
- * the ISA (AVX2 has 16 vector registers, AVX-512 32). */
-#define DSIB_QROWS_DEFINE_T(NAME, TILE, TT, RP)                                            \
+#define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
+#define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1, 1)                                                        \
-    DSIB_QTILE_FN(NAME, TILE, 2, 2)                                                        \
-    DSIB_QTILE_FN(NAME, TILE, 2, 3)                                                        \
-    DSIB_QTILE_FN(NAME, TILE, 2, 4)                                                        \
     DSIB_QTILE_FN(NAME, TILE, 1, 2)                                                        \
     DSIB_QTILE_FN(NAME, TILE, 1, 3)                                                        \
     DSIB_QTILE_FN(NAME, TILE, 1, 4)                                                        \
@@ -218,20 +213,12 @@ static inline float dsib_reduce32(const float a[2][16]) {
                      const dsib_qrow *x, float *const *yp, int n) {                        \
         typedef void (*tile_fn)(const uint8_t *, size_t, int64_t, const dsib_qrow *,       \
                                 float *);                                                  \
-        static const tile_fn two[5] = {NULL, NULL, NAME##_r2t2, NAME##_r2t3, NAME##_r2t4}; \
         static const tile_fn one[5] = {NULL, NAME##_r1t1, NAME##_r1t2, NAME##_r1t3,        \
                                        NAME##_r1t4};                                       \
-        float out[16];                                                                     \
+        float out[4];                                                                      \
         for (int t0 = 0; t0 < n; t0 += (TT)) {                                             \
             const int T = n - t0 < (TT) ? n - t0 : (TT);                                   \
-            int64_t o = o0;                                                                \
-            if (T > 1 && (RP) == 2)                                                        \
-                for (; o + 2 <= o1; o += 2) {                                              \
-                    two[T](w + (size_t)o * rb, rb, n_in, x + t0, out);                     \
-                    for (int r = 0; r < 2; r++)                                            \
-                        for (int t = 0; t < T; t++) yp[t0 + t][o + r] = out[r * T + t];    \
-                }                                                                          \
-            for (; o < o1; o++) {                                                          \
+            for (int64_t o = o0; o < o1; o++) {                                            \
                 one[T](w + (size_t)o * rb, rb, n_in, x + t0, out);                         \
                 for (int t = 0; t < T; t++) yp[t0 + t][o] = out[t];                        \
             }                                                                              \
