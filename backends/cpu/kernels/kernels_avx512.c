@@ -371,8 +371,12 @@ SPECIALIZE_K(dot_fp8_b32)
 /* Prefill tiles of the K-blocked types: KROWS rows × TMAX tokens advance together through
  * chunks of KBLOCK elements, so the tokens' x chunk (16 KiB for f32) stays in L1 while the
  * rows stream past; the accumulators wait in st between chunks. */
+#ifndef KBLOCK
 #define KBLOCK 1024
-#define KROWS 8
+#endif
+#ifndef KROWS
+#define KROWS 16
+#endif
 
 int dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
                            int64_t o0, int64_t o1, const float *const *xp, float *const *yp,
