@@ -4,6 +4,7 @@
  * for the contract.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
+#include "backends/types.h"
 
 #include "quant/quant.h"
 
@@ -11,48 +12,42 @@
 #include <stdio.h>
 
 /* ---- type table -------------------------------------------------------------------------
- * One entry per weight type: geometry, and the default-path kernels (quantised
- * activations) or NULL when the type keeps f32 activations on both paths. */
+ * The types with kernels: geometry from the shared table (backends/types.h), and the
+ * default-path kernels (quantised activations) or NULL when the type keeps f32 activations
+ * on both paths. Adding a type: one line here (kernels.h "Adding a weight type"). */
 
 typedef struct kern_type {
     int32_t type;
-    const char *name;
-    int64_t blck;      /* elements per block */
-    size_t bytes;      /* bytes per block */
-    int row_multiple;  /* ggml rule: n_in % blck == 0 */
     const dsib_kern_qtype *q;
 } kern_type;
 
 static const kern_type kern_types[] = {
-    {DSI_TYPE_F32, "f32", 1, 4, 1, NULL},
-    {DSI_TYPE_F16, "f16", 1, 2, 1, NULL},
-    {DSI_TYPE_BF16, "bf16", 1, 2, 1, NULL},
-    {DSI_TYPE_Q8_0, "q8_0", 32, 34, 1, &dsib_kq_q8_0},
-    {DSI_TYPE_Q4_K, "q4_k", 256, 144, 1, &dsib_kq_q4_k},
-    {DSI_TYPE_Q2_K, "q2_k", 256, 84, 1, &dsib_kq_q2_k},
-    {DSI_TYPE_MXFP4, "mxfp4", 32, 17, 1, &dsib_kq_mxfp4},
-    {DSI_TYPE_FP8_E4M3_B128, "fp8_e4m3_b128", 128, 129, 0, NULL},
-    {DSI_TYPE_FP8_E4M3_B32, "fp8_e4m3_b32", 32, 33, 0, NULL},
+    {DSI_TYPE_F32, NULL},
+    {DSI_TYPE_F16, NULL},
+    {DSI_TYPE_BF16, NULL},
+    {DSI_TYPE_Q8_0, &dsib_kq_q8_0},
+    {DSI_TYPE_Q4_K, &dsib_kq_q4_k},
+    {DSI_TYPE_Q2_K, &dsib_kq_q2_k},
+    {DSI_TYPE_MXFP4, &dsib_kq_mxfp4},
+    {DSI_TYPE_FP8_E4M3_B128, NULL},
+    {DSI_TYPE_FP8_E4M3_B32, NULL},
 };
 
 static const kern_type *kern_type_get(int32_t type) {
     for (size_t i = 0; i < sizeof kern_types / sizeof kern_types[0]; i++)
-        if (kern_types[i].type == type) return &kern_types[i];
+        if (kern_types[i].type == type && dsib_type_info_get(type)) return &kern_types[i];
     return NULL;
 }
 
 int dsib_kern_type_supported(int32_t type) { return kern_type_get(type) != NULL; }
 
 int64_t dsib_kern_block_elems(int32_t type) {
-    const kern_type *t = kern_type_get(type);
-    return t ? t->blck : 0;
+    return kern_type_get(type) ? (int64_t)dsib_type_info_get(type)->blck : 0;
 }
 
 size_t dsib_kern_row_bytes(int32_t type, int64_t n_in) {
-    const kern_type *t = kern_type_get(type);
-    if (!t || n_in < 0 || n_in > ((int64_t)1 << 40)) return 0;
-    if (t->row_multiple && n_in % t->blck) return 0;
-    return (size_t)((n_in + t->blck - 1) / t->blck) * t->bytes;
+    if (!kern_type_get(type) || n_in > ((int64_t)1 << 40)) return 0;
+    return (size_t)dsib_type_row_bytes(type, n_in);
 }
 
 int32_t dsib_kern_act_format(int32_t type, uint32_t flags) {
@@ -73,7 +68,7 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
     if (n_in < 0 || n_out < 0 || (n_in > 0 && rb == 0)) {
         if (msg && msg_size)
             snprintf(msg, msg_size, "cpu matmul: bad shape n_in=%lld n_out=%lld for %s",
-                     (long long)n_in, (long long)n_out, t->name);
+                     (long long)n_in, (long long)n_out, dsib_type_info_get(type)->name);
         return DSI_ERR_INVALID_ARGUMENT;
     }
     if (w_row_bytes < rb || x_stride < n_in || y_stride < n_out) {
