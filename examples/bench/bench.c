@@ -34,7 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #ifndef DSI_BENCH_GIT
@@ -146,6 +145,7 @@ static void print_build_json(FILE *f) {
 
 typedef struct limits {
     double read_gbs, fma_gflops;
+    double read_gbs_cpu, fma_gflops_cpu; /* per CPU time (bench_hw.h) */
     size_t bw_bytes;
 } limits;
 
@@ -155,8 +155,8 @@ static void measure_limits(const opts *o, dsib_threadpool *pool, limits *l) {
     l->bw_bytes = (size_t)o->bw_mib << 20;
     size_t llc = bench_llc_bytes();
     if (l->bw_bytes < 8 * llc) l->bw_bytes = 8 * llc;
-    l->read_gbs = bench_read_bandwidth(pool, l->bw_bytes, 5);
-    l->fma_gflops = bench_fma_peak(pool, 3);
+    l->read_gbs = bench_read_bandwidth(pool, l->bw_bytes, 5, &l->read_gbs_cpu);
+    l->fma_gflops = bench_fma_peak(pool, 3, &l->fma_gflops_cpu);
 }
 
 /* ---- --kernels ------------------------------------------------------------------------------ */
@@ -268,11 +268,15 @@ static int run_kernels(const opts *o) {
         printf("FMA peak* = f32 FMA peak measured again right after the row (best of 5); %% FMA "
                "peak uses the larger of it and the run's. The default path's integer dot "
                "products can exceed the f32 FMA peak (VNNI: 4 multiply-adds per 32-bit lane)\n\n");
+        printf("(cpu) columns: the same rates per CPU time of this process (work x threads / "
+               "CPU seconds, limits too), i.e. as if its threads had cores of their own\n\n");
         printf("| type          | MiB/matrix | tg GB/s (n_tok=1) | read BW* | %% read BW | hot GB/s | "
-               "n_tok=4 GB/s | pp GFLOP/s (n_tok=%lld) | FMA peak* | %% FMA peak |\n",
+               "n_tok=4 GB/s | pp GFLOP/s (n_tok=%lld) | FMA peak* | %% FMA peak | "
+               "%% BW (cpu) | hot (cpu) | %% FMA (cpu) |\n",
                (long long)pp_tok);
         printf("| ------------- | ---------: | ----------------: | -------: | --------: | -------: | "
-               "-----------: | ---------------------: | --------: | ---------: |\n");
+               "-----------: | ---------------------: | --------: | ---------: | ---------: | "
+               "--------: | ----------: |\n");
     }
     int first = 1;
     uint64_t rng = 42;
@@ -295,51 +299,70 @@ static int run_kernels(const opts *o) {
         if (!x || !y || posix_memalign(&act, 64, act_bytes) != 0) return 1;
         for (int64_t i = 0; i < n_in * pp_tok; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
 
-        double best1 = 0, best4 = 0, bestpp = 0;
-        double near_bw = o->no_limits ? 0 : bench_read_bandwidth(pool, target, 3);
+        double best1 = 0, best4 = 0, bestpp = 0, best1_cpu = 0, besthot_cpu = 0, bestpp_cpu = 0;
+        const double nth = (double)o->t;
+        double near_bw_cpu = 0, near_pk_cpu = 0;
+        double near_bw = o->no_limits ? 0 : bench_read_bandwidth(pool, target, 3, &near_bw_cpu);
         for (int ntok = 1; ntok <= 4; ntok += 3) {
             for (int rep = 0; rep < o->r + 1; rep++) {
-                double t0 = bench_now();
+                double t0 = bench_now(), c0 = bench_cpu_seconds();
                 for (size_t m = 0; m < nm; m++)
                     kmatmul(pool, kt, flags, type, w + m * mb, rb, n_in, n_out, x, y, ntok, act);
                 double gbs = (double)(mb * nm) / (bench_now() - t0) * 1e-9;
+                double dc = bench_cpu_seconds() - c0;
                 if (rep == 0) continue; /* warm-up */
                 if (ntok == 1 && gbs > best1) best1 = gbs;
+                if (ntok == 1 && dc > 0 && (double)(mb * nm) * nth / dc * 1e-9 > best1_cpu)
+                    best1_cpu = (double)(mb * nm) * nth / dc * 1e-9;
                 if (ntok == 4 && gbs > best4) best4 = gbs;
             }
         }
         /* compute ceiling: the same matrix again and again (it stays in the LLC) */
         double besthot = 0;
         for (int rep = 0; rep < 4 * o->r + 1; rep++) {
-            double t0 = bench_now();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             for (int k = 0; k < 4; k++)
                 kmatmul(pool, kt, flags, type, w, rb, n_in, n_out, x, y, 1, act);
             double gbs = 4.0 * (double)mb / (bench_now() - t0) * 1e-9;
+            double dc = bench_cpu_seconds() - c0;
             if (rep > 0 && gbs > besthot) besthot = gbs;
+            if (rep > 0 && dc > 0 && 4.0 * (double)mb * nth / dc * 1e-9 > besthot_cpu)
+                besthot_cpu = 4.0 * (double)mb * nth / dc * 1e-9;
         }
         for (int rep = 0; rep < o->r + 1; rep++) {
-            double t0 = bench_now();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             kmatmul(pool, kt, flags, type, w, rb, n_in, n_out, x, y, pp_tok, act);
-            double g = 2.0 * (double)n_in * (double)n_out * (double)pp_tok / (bench_now() - t0) * 1e-9;
+            const double fl = 2.0 * (double)n_in * (double)n_out * (double)pp_tok;
+            double g = fl / (bench_now() - t0) * 1e-9;
+            double dc = bench_cpu_seconds() - c0;
             if (rep > 0 && g > bestpp) bestpp = g;
+            if (rep > 0 && dc > 0 && fl * nth / dc * 1e-9 > bestpp_cpu) bestpp_cpu = fl * nth / dc * 1e-9;
         }
         /* the FMA peak measured again right after the row; the fraction uses the larger */
-        double near_pk = o->no_limits ? 0 : bench_fma_peak(pool, 5);
+        double near_pk = o->no_limits ? 0 : bench_fma_peak(pool, 5, &near_pk_cpu);
+        if (l.fma_gflops_cpu > near_pk_cpu) near_pk_cpu = l.fma_gflops_cpu;
         double pk = near_pk > l.fma_gflops ? near_pk : l.fma_gflops;
         double fbw = near_bw > 0 ? 100.0 * best1 / near_bw : 0;
         double fpk = pk > 0 ? 100.0 * bestpp / pk : 0;
+        /* the same fractions per CPU time (bench_hw.h): robust to other processes' load */
+        double fbw_cpu = near_bw_cpu > 0 ? 100.0 * best1_cpu / near_bw_cpu : 0;
+        double fpk_cpu = near_pk_cpu > 0 ? 100.0 * bestpp_cpu / near_pk_cpu : 0;
         if (o->json) {
             printf("%s{\"type\": \"%s\", \"matrix_bytes\": %zu, \"matrices\": %zu, "
                    "\"tg_gbs\": %.3f, \"read_gbs_adjacent\": %.3f, \"tg_frac_read_bw\": %.4f, "
                    "\"hot_gbs\": %.3f, \"ntok4_gbs\": %.3f, \"pp_gflops\": %.3f, "
-                   "\"fma_peak_gflops_adjacent\": %.3f, \"pp_frac_fma_peak\": %.4f}",
+                   "\"fma_peak_gflops_adjacent\": %.3f, \"pp_frac_fma_peak\": %.4f, "
+                   "\"per_cpu_time\": {\"tg_gbs\": %.3f, \"read_gbs_adjacent\": %.3f, "
+                   "\"tg_frac_read_bw\": %.4f, \"hot_gbs\": %.3f, \"pp_gflops\": %.3f, "
+                   "\"fma_peak_gflops\": %.3f, \"pp_frac_fma_peak\": %.4f}}",
                    first ? "" : ", ", ktypes[ti].name, mb, nm, best1, near_bw, fbw / 100, besthot,
-                   best4, bestpp, near_pk, fpk / 100);
+                   best4, bestpp, near_pk, fpk / 100, best1_cpu, near_bw_cpu, fbw_cpu / 100,
+                   besthot_cpu, bestpp_cpu, near_pk_cpu, fpk_cpu / 100);
         } else {
             printf("| %-13s | %10.2f | %17.2f | %8.2f | %8.1f%% | %8.2f | %12.2f | %22.1f | "
-                   "%9.1f | %9.1f%% |\n",
+                   "%9.1f | %9.1f%% | %7.1f%% | %8.2f | %7.1f%% |\n",
                    ktypes[ti].name, (double)mb / 1048576.0, best1, near_bw, fbw, besthot, best4,
-                   bestpp, near_pk, fpk);
+                   bestpp, near_pk, fpk, fbw_cpu, besthot_cpu, fpk_cpu);
         }
         fflush(stdout);
         first = 0;
@@ -478,13 +501,10 @@ typedef struct test_result {
     double cpu_s, wall_s; /* process CPU time (user + sys) and wall time of the timed reps */
 } test_result;
 
-/* Process CPU time (user + sys, every thread) in seconds: cpu_s / (wall_s * threads) is the
- * share of the requested cores the run got — on a shared machine the figure to read first. */
-static double cpu_seconds(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+/* cpu_s / (wall_s * threads): the share of the requested cores the run got — on a shared
+ * machine the figure to read first. */
+static double cpu_share(const test_result *t, int threads) {
+    return t->wall_s > 0 ? t->cpu_s / (t->wall_s * threads) : 0.0;
 }
 
 static int argmax(const float *v, int32_t n) {
@@ -687,7 +707,7 @@ static int run_model(const opts *o) {
         t->n_prompt = o->p;
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
-            double t0 = bench_now(), c0 = cpu_seconds();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             if (dsi_session_sync(s, prompt, (size_t)o->p, NULL) != DSI_OK) {
                 fprintf(stderr, "dsinfer-bench: sync: %s\n", dsi_session_last_error(s));
                 fail = 1;
@@ -697,7 +717,7 @@ static int run_model(const opts *o) {
             if (rep > 0 && t->n_samples < 64) {
                 t->samples[t->n_samples++] = o->p / dt;
                 t->wall_s += dt;
-                t->cpu_s += cpu_seconds() - c0;
+                t->cpu_s += bench_cpu_seconds() - c0;
             }
         }
         mean_sd(t->samples, t->n_samples > 0 ? t->n_samples : 1, &t->mean, &t->sd);
@@ -711,7 +731,7 @@ static int run_model(const opts *o) {
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
             dsi_token tok = prompt[0];
-            double t0 = bench_now(), c0 = cpu_seconds();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             for (int i = 0; i < o->n; i++) {
                 if (dsi_session_append(s, &tok, 1) != DSI_OK) {
                     fprintf(stderr, "dsinfer-bench: append: %s\n", dsi_session_last_error(s));
@@ -726,7 +746,7 @@ static int run_model(const opts *o) {
             if (rep > 0 && !fail && t->n_samples < 64) {
                 t->samples[t->n_samples++] = o->n / dt;
                 t->wall_s += dt;
-                t->cpu_s += cpu_seconds() - c0;
+                t->cpu_s += bench_cpu_seconds() - c0;
             }
         }
         mean_sd(t->samples, t->n_samples > 0 ? t->n_samples : 1, &t->mean, &t->sd);
@@ -739,6 +759,8 @@ static int run_model(const opts *o) {
     l = l0;
     if (l1.read_gbs > l.read_gbs) l.read_gbs = l1.read_gbs;
     if (l1.fma_gflops > l.fma_gflops) l.fma_gflops = l1.fma_gflops;
+    if (l1.read_gbs_cpu > l.read_gbs_cpu) l.read_gbs_cpu = l1.read_gbs_cpu;
+    if (l1.fma_gflops_cpu > l.fma_gflops_cpu) l.fma_gflops_cpu = l1.fma_gflops_cpu;
     const char *path = o->exact ? "exact" : "default";
 
     char cpu[256];
@@ -755,13 +777,19 @@ static int run_model(const opts *o) {
     char fp[65];
     for (int i = 0; i < 32; i++) snprintf(fp + 2 * i, 3, "%02x", info.fingerprint[i]);
 
-    double tg_ts = 0, pp_ts = 0;
+    double tg_ts = 0, pp_ts = 0, tg_share = 0, pp_share = 0;
     for (int i = 0; i < n_tests; i++) {
-        if (tests[i].n_gen) tg_ts = tests[i].mean;
-        if (tests[i].n_prompt) pp_ts = tests[i].mean;
+        if (tests[i].n_gen) tg_ts = tests[i].mean, tg_share = cpu_share(&tests[i], o->t);
+        if (tests[i].n_prompt) pp_ts = tests[i].mean, pp_share = cpu_share(&tests[i], o->t);
     }
     double eff_gbs = tok_bytes * tg_ts * 1e-9;
     double pp_gflops = tok_flops * pp_ts * 1e-9;
+    /* per CPU time (bench_hw.h): the rates divided by the share of the cores the test got,
+     * against the limits' own per-CPU-time rates */
+    double eff_gbs_cpu = tg_share > 0 ? eff_gbs / tg_share : 0;
+    double pp_gflops_cpu = pp_share > 0 ? pp_gflops / pp_share : 0;
+    double fbw_cpu = l.read_gbs_cpu > 0 ? eff_gbs_cpu / l.read_gbs_cpu : 0;
+    double fpk_cpu = l.fma_gflops_cpu > 0 ? pp_gflops_cpu / l.fma_gflops_cpu : 0;
 
     if (o->json) {
         printf("{");
@@ -780,9 +808,10 @@ static int run_model(const opts *o) {
         else
             printf(", \"mem_read_gbs\": %.3f, \"mem_read_gbs_before_after\": [%.3f, %.3f], "
                    "\"mem_read_buffer_bytes\": %zu, \"fma_peak_gflops\": %.3f, "
-                   "\"fma_peak_gflops_before_after\": [%.3f, %.3f]",
+                   "\"fma_peak_gflops_before_after\": [%.3f, %.3f], "
+                   "\"mem_read_gbs_per_cpu_time\": %.3f, \"fma_peak_gflops_per_cpu_time\": %.3f",
                    l.read_gbs, l0.read_gbs, l1.read_gbs, l.bw_bytes, l.fma_gflops,
-                   l0.fma_gflops, l1.fma_gflops);
+                   l0.fma_gflops, l1.fma_gflops, l.read_gbs_cpu, l.fma_gflops_cpu);
         printf(", \"tests\": [");
         for (int i = 0; i < n_tests; i++) {
             int ntok = tests[i].n_prompt + tests[i].n_gen;
@@ -792,7 +821,7 @@ static int run_model(const opts *o) {
                    i ? ", " : "", tests[i].name, tests[i].n_prompt, tests[i].n_gen,
                    tests[i].n_samples, tests[i].mean, tests[i].sd,
                    tests[i].mean > 0 ? 1e9 * ntok / tests[i].mean : 0.0,
-                   tests[i].wall_s > 0 ? tests[i].cpu_s / (tests[i].wall_s * o->t) : 0.0);
+                   cpu_share(&tests[i], o->t));
             for (int k = 0; k < tests[i].n_samples; k++)
                 printf("%s%.4f", k ? ", " : "", tests[i].samples[k]);
             printf("]}");
@@ -807,16 +836,20 @@ static int run_model(const opts *o) {
             printf("%s\"%s\": %.0f", i ? ", " : "", type_name_of(cost.type[i]), cost.type_bytes[i]);
         printf("}, \"effective_gbs\": %.3f, \"frac_read_bw\": ", eff_gbs);
         if (l.read_gbs > 0 && tg_ts > 0)
-            printf("%.4f}", eff_gbs / l.read_gbs);
+            printf("%.4f", eff_gbs / l.read_gbs);
         else
-            printf("null}");
+            printf("null");
+        printf(", \"effective_gbs_per_cpu_time\": %.3f, \"frac_read_bw_per_cpu_time\": %.4f}",
+               eff_gbs_cpu, fbw_cpu);
         printf(", \"prefill\": {\"flops_per_token\": %.0f, \"gflops\": %.3f, "
                "\"frac_fma_peak\": ",
                tok_flops, pp_gflops);
         if (l.fma_gflops > 0 && pp_ts > 0)
-            printf("%.4f}", pp_gflops / l.fma_gflops);
+            printf("%.4f", pp_gflops / l.fma_gflops);
         else
-            printf("null}");
+            printf("null");
+        printf(", \"gflops_per_cpu_time\": %.3f, \"frac_fma_peak_per_cpu_time\": %.4f}",
+               pp_gflops_cpu, fpk_cpu);
         printf(", \"ok\": %s}\n", fail ? "false" : "true");
     } else {
         printf("| model | type | size | params | backend | threads | test | t/s | cpu share |\n");
@@ -825,8 +858,7 @@ static int run_model(const opts *o) {
             printf("| %s %s | %s | %.2f GiB | %.2f %s | %s | %d | %s | %.2f ± %.2f | %.0f%% |\n",
                    mname, info.arch_name, main_type(&cost),
                    (double)info.weight_bytes / 1073741824.0, pv, pu, backend, o->t,
-                   tests[i].name, tests[i].mean, tests[i].sd,
-                   tests[i].wall_s > 0 ? 100.0 * tests[i].cpu_s / (tests[i].wall_s * o->t) : 0.0);
+                   tests[i].name, tests[i].mean, tests[i].sd, 100.0 * cpu_share(&tests[i], o->t));
         printf("\nbuild %s (%s), cpu: %s, matmul path: %s, load average %.2f -> %.2f\n",
                dsi_version_string(), DSI_BENCH_GIT, cpu, path, load0, load1);
         if (!o->no_limits) {
@@ -853,6 +885,12 @@ static int run_model(const opts *o) {
             if (l.fma_gflops > 0) printf(" = %.1f%% of FMA peak", 100.0 * pp_gflops / l.fma_gflops);
             printf("\n");
         }
+        if (!o->no_limits && (tg_share > 0 || pp_share > 0))
+            printf("per CPU time (as if the %d threads had cores of their own): read bandwidth "
+                   "%.2f GB/s, FMA peak %.1f GFLOP/s; decode %.2f GB/s = %.1f%%; prefill %.1f "
+                   "GFLOP/s = %.1f%%\n",
+                   o->t, l.read_gbs_cpu, l.fma_gflops_cpu, eff_gbs_cpu, 100.0 * fbw_cpu,
+                   pp_gflops_cpu, 100.0 * fpk_cpu);
     }
     free(prompt);
     dsi_session_free(s);
