@@ -53,6 +53,7 @@ typedef struct opts {
     int exact;
     const char *sessions;
     int n_given;
+    long long shape_out, shape_in; /* --kernels --shape OUTxIN (default 2048x4096) */
 } opts;
 
 static void usage(FILE *f) {
@@ -60,7 +61,7 @@ static void usage(FILE *f) {
             "usage: dsinfer-bench -m FILE [-p 512] [-n 128] [-r 5] [-t THREADS] [--backend NAME]\n"
             "                     [--json] [--bw-mib 1024] [--no-limits] [--exact]\n"
             "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--isa NAME] [--exact]\n"
-            "                     [--json]\n"
+            "                     [--shape OUTxIN] [--json]\n"
             "  -p N         prompt tokens of the pp test (0: skip)\n"
             "  -n N         generated tokens of the tg test (0: skip)\n"
             "  -r N         repetitions (mean +- sd)\n"
@@ -69,6 +70,8 @@ static void usage(FILE *f) {
             "  --json       one JSON object on stdout instead of the table\n"
             "  --kernels    matvec/matmul micro-benchmarks per weight type (expert-sized)\n"
             "  --type NAME  only this type (q4_k, q8_0, q2_k, mxfp4, fp8_e4m3_b128, ...)\n"
+            "  --shape OxI  --kernels matrix shape, rows x columns (default 2048x4096; a multiple\n"
+            "               of 256 columns)\n"
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
             "               instead of the one the library picked\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
@@ -87,6 +90,8 @@ static int parse(int argc, char **argv, opts *o) {
     o->t = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o->t < 1) o->t = 1;
     o->bw_mib = 1024;
+    o->shape_out = 2048;
+    o->shape_in = 4096;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -106,6 +111,15 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--backend")) { NEEDV; o->backend = v; }
         else if (!strcmp(a, "--type")) { NEEDV; o->type = v; }
         else if (!strcmp(a, "--isa")) { NEEDV; o->isa = v; }
+        else if (!strcmp(a, "--shape")) {
+            NEEDV;
+            if (sscanf(v, "%lldx%lld", &o->shape_out, &o->shape_in) != 2 || o->shape_out < 1 ||
+                o->shape_out > (1 << 20) || o->shape_in < 256 || o->shape_in > (1 << 20) ||
+                o->shape_in % 256) {
+                fprintf(stderr, "dsinfer-bench: --shape wants OUTxIN, IN a multiple of 256\n");
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
         else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
         else if (!strcmp(a, "--json")) o->json = 1;
@@ -237,7 +251,8 @@ static int run_kernels(const opts *o) {
     measure_limits(o, pool, &l);
     char cpu[256];
     bench_cpu_name(cpu, sizeof cpu);
-    const int64_t n_in = 4096, n_out = 2048; /* one V4 routed expert's gate/up matrix */
+    /* default: one V4 routed expert's gate/up matrix */
+    const int64_t n_in = (int64_t)o->shape_in, n_out = (int64_t)o->shape_out;
     const int64_t pp_tok = 128;
     size_t llc = bench_llc_bytes();
     size_t target = (size_t)256 << 20;
