@@ -31,6 +31,7 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
 #include "quant/quant.h"
+#include "tests/common/skip.h"
 
 /* ---- random numbers -------------------------------------------------------------------- */
 
@@ -544,10 +545,7 @@ static void run_rows(const dsib_kern_table *kt, int path, const problem *p, cons
 
 static void run_types(int32_t isa, int path) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
-    if (!kt) {
-        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
-        skip();
-    }
+    if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     static const int64_t n_outs[] = {1, 5, 37};
     static const int64_t n_toks[] = {1, 3, 17};
     int checked = 0;
@@ -602,10 +600,7 @@ static void run_types(int32_t isa, int path) {
 
 static void run_invariance(int32_t isa, int path) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
-    if (!kt) {
-        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
-        skip();
-    }
+    if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     for (size_t si = 0; si < N_SHAPES; si++) {
         problem p;
         problem_make(&p, shapes[si].type, shapes[si].n_in[2], 37, 17);
@@ -741,10 +736,7 @@ static void test_cross_isa(void **state) {
     const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
     int others = 0;
     for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
-    if (!others) {
-        print_message("no SIMD path on this CPU/build\n");
-        skip();
-    }
+    if (!others) DSIT_SKIP_TEST("ISA", "no SIMD path on this CPU/build");
     for (size_t si = 0; si < N_SHAPES; si++) {
         for (int ni = 0; ni < 3; ni++) {
             problem p;
@@ -1062,10 +1054,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "unknown ISA %s\n", argv[2]);
             return 2;
         }
-        if (!dsib_kern_table_for(g_isa)) {
-            printf("SKIP: the %s kernels cannot run on this CPU / build\n", argv[2]);
-            return 77;
-        }
+        if (!dsib_kern_table_for(g_isa))
+            return dsit_absent("ISA", "the %s kernels cannot run on this CPU / build", argv[2]);
         const struct CMUnitTest isa_tests[] = {
             cmocka_unit_test(test_types_exact), cmocka_unit_test(test_types_default),
             cmocka_unit_test(test_invariance_exact), cmocka_unit_test(test_invariance_default)};
