@@ -5,6 +5,8 @@ set -euo pipefail
 pkgs=(gcc g++ clang cmake ninja-build meson pkg-config binutils make
       libcmocka-dev libclang-rt-14-dev python3 python3-numpy python3-regex unicode-data
       mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev)
+# the trained models' tools (tools/train, docs/trained-models.md)
+pkgs+=(python3-torch libopenblas0-pthread bible-kjv)
 # bindings and the server (docs/bindings.md, docs/server.md)
 pkgs+=(libmicrohttpd-dev libjansson-dev curl python3-pytest python3-venv python3-setuptools
        python3-wheel golang-go)

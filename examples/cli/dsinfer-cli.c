@@ -24,10 +24,10 @@
 #define DSI_CLI_BUILD_MODEL ""
 #endif
 #ifndef DSI_CLI_INSTALL_MODEL
-#define DSI_CLI_INSTALL_MODEL "/usr/local/share/dsinfer/models/tiny-v41.gguf"
+#define DSI_CLI_INSTALL_MODEL "/usr/local/share/dsinfer/models/kjv-v41.gguf"
 #endif
 #ifndef DSI_CLI_EXE_MODEL
-#define DSI_CLI_EXE_MODEL "../share/dsinfer/models/tiny-v41.gguf"
+#define DSI_CLI_EXE_MODEL "../share/dsinfer/models/kjv-v41.gguf"
 #endif
 
 static const char *prog = "dsinfer-cli";
@@ -56,7 +56,7 @@ static void usage(FILE *f) {
             "       [--min-p P] [--seed S] [-t THREADS] [--backend NAME] [--chat] [--think|--no-think]\n"
             "       [--ctx N] [--list-devices] [--version] [-v] [-h]\n"
             "\n"
-            "  -m FILE          model (GGUF); default: the built-in tiny-v41 test model\n"
+            "  -m FILE          model (GGUF); default: the built-in trained kjv-v41 model\n"
             "  -p PROMPT        prompt text (one-shot: raw completion, no chat template)\n"
             "  -f FILE          read the prompt from FILE\n"
             "  -n N             tokens to generate (default 128; in --chat per answer 512)\n"

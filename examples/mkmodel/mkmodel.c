@@ -3,6 +3,7 @@
  * (docs/synthetic-models.md; file contract docs/model-files.md).
  *
  *   dsinfer-mkmodel --config NAME [--seed N] [--type T] -o FILE.gguf
+ *   dsinfer-mkmodel --import DUMP -o FILE.gguf   (trained weights, import.c)
  *   dsinfer-mkmodel --list
  *
  * Same config + seed + type → byte-identical file on every platform: weights come from a
@@ -641,6 +642,7 @@ static const struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dsinfer-mkmodel --config NAME [--seed N] [--type T] -o FILE.gguf [--also FILE2]\n"
+            "       dsinfer-mkmodel --import DUMP -o FILE.gguf [--also FILE2]\n"
             "       dsinfer-mkmodel --list\n"
             "T: f32 f16 bf16 q8_0 q4_k q2_k mxfp4 fp8 (type of the large matrices; fp8 =\n"
             "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41)\n");
@@ -671,13 +673,15 @@ static int make_plan(const mk_config *c, int32_t type, uint64_t seed, plan *p,
 }
 
 int main(int argc, char **argv) {
-    const char *config = NULL, *out = NULL, *also = NULL;
+    const char *config = NULL, *out = NULL, *also = NULL, *import = NULL;
     uint64_t seed = 1;
     int32_t type = 0;
     int have_type = 0, list = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--list")) {
             list = 1;
+        } else if (!strcmp(argv[i], "--import") && i + 1 < argc) {
+            import = argv[++i]; /* a trained model's weights dump (tools/train/export.py) */
         } else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
             config = argv[++i];
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
@@ -725,6 +729,7 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
+    if (import && out) return mk_import(import, out, also);
     if (!config || !out) {
         usage(stderr);
         return 2;

@@ -33,4 +33,8 @@ void mk_vocab_free(mk_vocab *v);
  * returns n entries, *n_compressed receives the number of distinct keys. */
 int32_t *mk_token_map(const mk_vocab *v, uint32_t *n_compressed);
 
+/* --import: writes a GGUF from a weights dump (import.c, tools/train/export.py); also may be
+ * NULL. Returns 0 on success. */
+int mk_import(const char *dump, const char *out, const char *also);
+
 #endif

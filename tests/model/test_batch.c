@@ -20,7 +20,8 @@
  *     session's slot (with the timeline) continues exactly like the original — the basis of
  *     session snapshots and forks.
  *
- * argv[1]: backend ("cpu" default, "vulkan"). Skips (77, tests/common/skip.h) only without
+ * argv[1]: backend ("cpu" default, "vulkan"); argv[2], optional: a part of the cases
+ * (threads / nothreads / capture / nocapture, see main). Skips (77, tests/common/skip.h) only without
  * the tiny models (unless DSI_REQUIRE_MODELS=1) or, for vulkan, without a device (unless
  * DSI_REQUIRE_VULKAN=1); a model that is there and does not load is a failure. Under
  * DSINFER_VULKAN_VALIDATION=1 the sizes shrink (that run is about validation errors) and the layer must have counted no
@@ -40,6 +41,7 @@
 #include "model/model.h"
 #include "model_test_util.h"
 #include "sched/sched.h"
+#include "tests/common/filter.h"
 #include "tests/common/skip.h"
 #include "tests/common/vk_validation.h"
 
@@ -47,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define NSEQ 8
 #define MAX_STEPS 64
@@ -103,6 +106,43 @@ static int teardown(void **state) {
     f->m = f->mc = NULL;
     f->ctx = NULL;
     return 0;
+}
+
+/* One context and the two loads per model for all the cases of its group (cmocka group
+ * setup): every case creates and frees its own sessions and reads scheduler counters as
+ * differences, so the cases do not depend on each other; loading once spares the group
+ * four context creations (on Vulkan: every pipeline compiled again) and eight model loads. */
+static int g_cur; /* index into g_fx of the group being run */
+
+/* Per case: the process CPU time it took, printed (where CI time goes; nothing asserted). */
+static double g_cpu0;
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int case_start(void **state) {
+    (void)state;
+    g_cpu0 = cpu_seconds();
+    return 0;
+}
+
+static int case_end(void **state) {
+    (void)state;
+    printf("  (case: %.1f s CPU)\n", cpu_seconds() - g_cpu0);
+    return 0;
+}
+
+static int group_setup(void **state) {
+    *state = &g_fx[g_cur];
+    return setup(state);
+}
+
+static int group_teardown(void **state) {
+    *state = &g_fx[g_cur];
+    return teardown(state);
 }
 
 static void need(fx *f) {
@@ -386,8 +426,9 @@ static void test_coalescing(void **state) {
         ser[i].max = max;
         ser[i].cancel_at = -1;
     }
-    /* job 5 hits its context: n_ctx = prompt + 5 */
-    ser[5].n_ctx = (uint32_t)ser[5].n_prompt + 5;
+    /* job 5 hits its context before max tokens: n_ctx = prompt + 5 (prompt + 2 in the
+     * validation run, whose max of 4 tokens would otherwise end it by length first) */
+    ser[5].n_ctx = (uint32_t)ser[5].n_prompt + (g_small ? 2u : 5u);
     /* serial references on the non-coalescing model */
     for (int i = 0; i < NSEQ; i++) {
         ser[i].m = f->m;
@@ -530,11 +571,26 @@ static void test_slot_snapshot(void **state) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
+    dsit_filter();
     if (argc > 1) g_backend = argv[1];
-    /* second argument "threads": only the test that runs several threads (ctest
-     * test_batch_threads, the ThreadSanitizer stage); "nothreads": all the others */
-    int threads = argc > 2 && strcmp(argv[2], "threads") == 0 ? 1
-                  : argc > 2 && strcmp(argv[2], "nothreads") == 0 ? -1 : 0;
+    /* second argument, a part of the cases: "threads" only the test that runs several
+     * threads (ctest test_batch_threads, the ThreadSanitizer stage), "nothreads" all the
+     * others; "capture" only the capture / replay test (the longest on Vulkan: ctest
+     * test_batch_vulkan_capture runs it beside the others), "nocapture" all the others */
+    void (*part)(void **) = NULL;
+    int only = 0;
+    if (argc > 2) {
+        const char *a = argv[2];
+        int no = strncmp(a, "no", 2) == 0;
+        if (no) a += 2;
+        if (strcmp(a, "threads") == 0) part = test_coalescing;
+        else if (strcmp(a, "capture") == 0) part = test_capture;
+        if (!part) {
+            printf("FAIL: unknown part '%s' (threads, nothreads, capture, nocapture)\n", argv[2]);
+            return 1;
+        }
+        only = no ? -1 : 1;
+    }
     const char *vv = getenv("DSINFER_VULKAN_VALIDATION");
     g_small = vv && strcmp(vv, "1") == 0;
     if (!mt_model_path("tiny-v4.gguf", NULL) && !mt_model_path("tiny-v41.gguf", NULL)) {
@@ -553,11 +609,11 @@ int main(int argc, char **argv) {
     }
     dsi_context_free(probe);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_batch_invariance, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_batch_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_coalescing, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_capture, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_slot_snapshot, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_invariance, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_batch_errors, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_coalescing, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_capture, case_start, case_end),
+        cmocka_unit_test_setup_teardown(test_slot_snapshot, case_start, case_end),
     };
     int rc = 0;
     for (int m = 0; m < 2; m++) {
@@ -565,14 +621,15 @@ int main(int argc, char **argv) {
         struct CMUnitTest t[NT];
         size_t nt = 0;
         for (size_t i = 0; i < NT; i++) {
-            int threaded = tests[i].test_func == test_coalescing;
-            if ((threads == 1 && !threaded) || (threads == -1 && threaded)) continue;
+            int in = tests[i].test_func == part;
+            if ((only == 1 && !in) || (only == -1 && in)) continue;
             t[nt] = tests[i];
             t[nt++].initial_state = &g_fx[m];
         }
         char name[64];
         snprintf(name, sizeof name, "%s %s", g_fx[m].file, g_backend);
-        rc += _cmocka_run_group_tests(name, t, nt, NULL, NULL);
+        g_cur = m;
+        rc += _cmocka_run_group_tests(name, t, nt, group_setup, group_teardown);
     }
     if (strcmp(g_backend, "vulkan") == 0) {
         /* the counters live in the loaded module: keep a context open while reading them */

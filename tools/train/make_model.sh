@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One command: trains, evaluates and exports a trained model (docs/trained-models.md).
+#
+#   tools/train/make_model.sh v41|v4 [WORKDIR]
+#
+# WORKDIR (default build-train/<arch>) holds the tokenizer, the checkpoint and log.csv; rerun
+# the same command after an interruption and training resumes where it stopped. Writes
+#   models/kjv-<arch>.gguf                     (through dsinfer-mkmodel --import, Q8_0 matrices)
+#   tests/model/data/kjv-<arch>.logprobs        (PyTorch held-out log-probs, for the C test)
+#   docs/trained/kjv-<arch>-loss.csv / .png     (loss curves; the PNG needs python3-matplotlib)
+#   WORKDIR/drafts.txt                          (draft-block accuracies, eval_drafts.py)
+# Needs python3-torch, bible-kjv, a built dsinfer-mkmodel ($DSI_MKMODEL, default
+# build/bin/dsinfer-mkmodel). Seeded: the same command gives the same model.
+set -euo pipefail
+arch=${1:?usage: make_model.sh v41|v4 [WORKDIR]}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=${2:-$root/build-train/$arch}
+mk=${DSI_MKMODEL:-$root/build/bin/dsinfer-mkmodel}
+py=/usr/bin/python3
+name=kjv-$arch
+# The committed models: 240 backbone steps + 80 draft steps. train.py's phase 3 (draft blocks
+# on the target's own greedy text, --greedy-steps) is opt-in: DSI_TRAIN_GREEDY_STEPS=N
+# (docs/trained-models.md "Training"; not used for the committed models).
+case $arch in
+  v41|v4) steps=240 dsteps=80 ;;
+  *) echo "make_model.sh: arch must be v41 or v4" >&2; exit 2 ;;
+esac
+gsteps=${DSI_TRAIN_GREEDY_STEPS:-0}
+[ -x "$mk" ] || { echo "make_model.sh: $mk not found (build first, or set DSI_MKMODEL)" >&2; exit 1; }
+# One thread per process: on a shared 2-core machine two OpenMP threads wait on each other
+# far longer than they gain (docs/trained-models.md "Speed"). jemalloc, when installed, keeps
+# freed memory instead of returning it to the kernel page by page.
+export OMP_NUM_THREADS=1
+je=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+if [ -e "$je" ]; then
+  export LD_PRELOAD=$je MALLOC_CONF="dirty_decay_ms:-1,muzzy_decay_ms:-1"
+fi
+mkdir -p "$work"
+$py "$root/tools/train/train.py" --arch "$arch" --out "$work" --steps $steps --draft-steps $dsteps \
+  --greedy-steps $gsteps
+$py "$root/tools/train/export.py" --arch "$arch" --work "$work" --mkmodel "$mk" -o "$root/models/$name.gguf"
+$py "$root/tools/train/expected_logprobs.py" --model "$root/models/$name.gguf" \
+  -o "$root/tests/model/data/$name.logprobs" | tee "$work/heldout.txt"
+$py "$root/tools/train/eval_drafts.py" --model "$root/models/$name.gguf" \
+  --expected "$root/tests/model/data/$name.logprobs" | tee "$work/drafts.txt"
+mkdir -p "$root/docs/trained"
+cp "$work/log.csv" "$root/docs/trained/$name-loss.csv"
+if $py -c "import matplotlib" 2>/dev/null; then
+  $py "$root/tools/train/plot.py" "$work/log.csv" -o "$root/docs/trained/$name-loss.png" --title "$name"
+else
+  echo "make_model.sh: python3-matplotlib not installed; no PNG" >&2
+fi
