@@ -68,7 +68,7 @@ typedef void (*dsib_log_fn)(void *log_ctx, int32_t level, const char *message);
 /* Host services the core hands to a backend at creation (allocator + log). */
 typedef struct dsib_host {
     uint32_t struct_size;
-    uint32_t reserved;
+    uint32_t flags;              /* DSIB_HOST_* (was reserved: 0 = defaults) */
     void *(*malloc_fn)(void *alloc_ctx, size_t size);
     void (*free_fn)(void *alloc_ctx, void *ptr);
     void *alloc_ctx;
@@ -77,6 +77,10 @@ typedef struct dsib_host {
     int32_t n_threads;           /* CPU threads the backend may use for host work */
     int32_t device_index;        /* requested device; -1 = best */
 } dsib_host;
+
+/* dsib_host.flags. DSIB_HOST_EXACT_MATMUL: weight matmuls use f32 activations for every
+ * weight type (DSI_CONTEXT_FLAG_EXACT_MATMUL); backends that always do may ignore it. */
+#define DSIB_HOST_EXACT_MATMUL (1u << 0)
 
 /* An error message a backend fills when a call fails. */
 typedef struct dsib_error {

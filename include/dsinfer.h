@@ -150,13 +150,22 @@ typedef struct dsi_context_options {
     const char *backend;       /* "cpu", "vulkan", "cuda" or "auto"; NULL = "cpu" (default) */
     const char *backend_dir;   /* directory of backend modules; NULL = built-in search path */
     int32_t device_index;      /* device of the chosen backend; -1 = best (default) */
-    uint32_t flags;            /* reserved, must be 0 */
+    uint32_t flags;            /* DSI_CONTEXT_FLAG_*; 0 = defaults */
     /* since 0.2: the devices to open, a comma-separated list of "backend[:index]" entries
      * (e.g. "vulkan:0,vulkan:1"); NULL (default) = `backend` and `device_index`. The CPU is
      * always opened as well (hybrid work, host-side ops); the forward pass runs on the
      * first GPU listed. Copied by dsi_context_create. */
     const char *devices;
 } dsi_context_options;
+
+/* Context flags (dsi_context_options.flags).
+ * DSI_CONTEXT_FLAG_EXACT_MATMUL (since 0.2): the CPU backend multiplies every weight type
+ * with f32 activations (the exact path). By default it quantises each activation row once
+ * to 8-bit blocks for the integer-coded weight types (Q8_0, Q4_K, Q2_K, MXFP4, ...) and
+ * uses integer dot products — faster, with a small, documented change of the results
+ * (docs/performance.md "Two activation paths"). Use the flag for tight comparisons against
+ * a reference implementation. GPU backends ignore it (they always use f32 activations). */
+#define DSI_CONTEXT_FLAG_EXACT_MATMUL (1u << 0)
 
 /* [thread-safe] Fills `opt` with defaults. `abi_version` must be DSI_ABI_VERSION (bindings
  * pass the version they were written against); dsi_context_create refuses a newer one with

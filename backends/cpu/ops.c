@@ -86,11 +86,17 @@ float dsib_cpu_weight_f32(const dsib_weight *w, int64_t i) {
 
 /* ---- generic ----------------------------------------------------------------------------- */
 
+/* Matmul path of the instance: the default (8-bit activations for the integer-coded weight
+ * types) or the exact one (DSIB_HOST_EXACT_MATMUL; backends/cpu/kernels/kernels.h). */
+static uint32_t mm_flags(const dsib_instance *inst) {
+    return (inst->host.flags & DSIB_HOST_EXACT_MATMUL) ? DSIB_MM_EXACT : 0u;
+}
+
 static dsi_status op_matmul(dsib_stream *strm, const dsib_weight *w, int32_t expert,
                             dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy, uint32_t n) {
     dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
-    return dsib_cpu_ret(strm, dsib_matmul(inst->pool, w->type,
+    return dsib_cpu_ret(strm, dsib_matmul(inst->pool, mm_flags(inst), w->type,
                                           dsib_cpu_wptr(w) + (uint64_t)expert * w->nb2,
                                           (size_t)w->nb1, w->ne[0], w->ne[1], dsib_cpu_f32(x),
                                           ldx, dsib_cpu_f32(y), ldy, n));
@@ -102,11 +108,18 @@ static dsi_status op_matmul_grouped(dsib_stream *strm, const dsib_weight *w, uin
     dsib_instance *inst = strm->inst;
     if (n == 0 || groups == 0) return DSI_OK;
     int64_t R = w->ne[1] / groups, K = w->ne[0];
-    for (uint32_t g = 0; g < groups; g++) {
-        dsi_status st = dsib_matmul(inst->pool, w->type,
-                                    dsib_cpu_wptr(w) + (uint64_t)g * (uint64_t)R * w->nb1,
-                                    (size_t)w->nb1, K, R, dsib_cpu_f32(x) + (size_t)g * K, ldx,
-                                    dsib_cpu_f32(y) + (size_t)g * R, ldy, n);
+    /* all groups in one job (one barrier) */
+    dsib_matmul_desc d[64];
+    char msg[256];
+    for (uint32_t g0 = 0; g0 < groups; g0 += 64) {
+        int32_t nd = groups - g0 < 64 ? (int32_t)(groups - g0) : 64;
+        for (int32_t i = 0; i < nd; i++) {
+            const uint32_t g = g0 + (uint32_t)i;
+            d[i] = (dsib_matmul_desc){w->type, dsib_cpu_wptr(w) + (uint64_t)g * (uint64_t)R * w->nb1,
+                                      (size_t)w->nb1, K, R, dsib_cpu_f32(x) + (size_t)g * K, ldx,
+                                      dsib_cpu_f32(y) + (size_t)g * R, ldy, n};
+        }
+        dsi_status st = dsib_matmul_batch(inst->pool, mm_flags(inst), d, nd, msg, sizeof msg);
         if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     }
     return DSI_OK;
@@ -968,7 +981,8 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     }
     char msg[256];
     dsib_moe_matmul m = {w1->type, dsib_cpu_wptr(w1), (size_t)w1->nb2, (size_t)w1->nb1, D, F,
-                         (int32_t)E, ng, ex, offs, xr, yr, dsib_cpu_f32(x), ldx, G, F};
+                         (int32_t)E, ng, ex, offs, xr, yr, dsib_cpu_f32(x), ldx, G, F,
+                         mm_flags(inst)};
     st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
     if (st != DSI_OK) goto done;
     m.type = w3->type;

@@ -255,6 +255,19 @@ void dsib_threadpool_free(dsib_threadpool *p) {
 
 int32_t dsib_threadpool_n_threads(const dsib_threadpool *p) { return p ? p->n_threads : 1; }
 
+void *dsib_threadpool_alloc(dsib_threadpool *p, size_t size) {
+    if (!p) return malloc(size ? size : 1);
+    return pool_malloc(&p->alloc, size ? size : 1);
+}
+
+void dsib_threadpool_dealloc(dsib_threadpool *p, void *ptr) {
+    if (!ptr) return;
+    if (!p)
+        free(ptr);
+    else
+        pool_free(&p->alloc, ptr);
+}
+
 void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, void *arg) {
     if (n_tasks <= 0 || !fn) return;
     if (!p || p->n_workers == 0 || n_tasks == 1) {

@@ -54,6 +54,11 @@ void dsib_threadpool_free(dsib_threadpool *pool);
 /* Threads in total (workers + the submitting thread). */
 int32_t dsib_threadpool_n_threads(const dsib_threadpool *pool);
 
+/* Scratch memory from the pool's allocator (malloc / free for a NULL pool); NULL when out
+ * of memory. [thread-safe] */
+void *dsib_threadpool_alloc(dsib_threadpool *pool, size_t size);
+void dsib_threadpool_dealloc(dsib_threadpool *pool, void *ptr);
+
 /* Runs fn(arg, task, slot) for every task in [0, n_tasks) and returns when all have
  * finished. n_tasks <= 0 returns at once. n_tasks == 1 (or a NULL pool) runs inline on
  * the caller with slot 0. [thread-safe]: may be called from several threads at once;

@@ -36,6 +36,7 @@
 #include "bench_hw.h"
 #include "api/session_impl.h"
 #include "model/model.h"
+#include "quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -57,18 +58,21 @@ typedef struct opts {
     const char *isa;
     int bw_mib;
     int no_limits;
+    int exact;
     const char *sessions;
     int n_given;
     int spec;
     const char *prompt;
     int draft_max;
+    long long shape_out, shape_in; /* --kernels --shape OUTxIN (default 2048x4096) */
 } opts;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dsinfer-bench -m FILE [-p 512] [-n 128] [-r 5] [-t THREADS] [--backend NAME]\n"
-            "                     [--json] [--bw-mib 1024] [--no-limits]\n"
-            "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--isa NAME] [--json]\n"
+            "                     [--json] [--bw-mib 1024] [--no-limits] [--exact]\n"
+            "       dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--isa NAME] [--exact]\n"
+            "                     [--shape OUTxIN] [--json]\n"
             "  -p N         prompt tokens of the pp test (0: skip)\n"
             "  -n N         generated tokens of the tg test (0: skip)\n"
             "  -r N         repetitions (mean +- sd)\n"
@@ -77,8 +81,12 @@ static void usage(FILE *f) {
             "  --json       one JSON object on stdout instead of the table\n"
             "  --kernels    matvec/matmul micro-benchmarks per weight type (expert-sized)\n"
             "  --type NAME  only this type (q4_k, q8_0, q2_k, mxfp4, fp8_e4m3_b128, ...)\n"
-            "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512) instead of the\n"
-            "               one the library picked\n"
+            "  --shape OxI  --kernels matrix shape, rows x columns (default 2048x4096; a multiple\n"
+            "               of 256 columns)\n"
+            "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
+            "               instead of the one the library picked\n"
+            "  --exact      the exact matmul path (f32 activations for every weight type;\n"
+            "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n"
             "  --sessions L batch sizes of the serving frontier, e.g. 1,2,4,8 (-n decode steps,\n"
@@ -96,6 +104,8 @@ static int parse(int argc, char **argv, opts *o) {
     o->t = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (o->t < 1) o->t = 1;
     o->bw_mib = 1024;
+    o->shape_out = 2048;
+    o->shape_in = 4096;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -115,6 +125,15 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--backend")) { NEEDV; o->backend = v; }
         else if (!strcmp(a, "--type")) { NEEDV; o->type = v; }
         else if (!strcmp(a, "--isa")) { NEEDV; o->isa = v; }
+        else if (!strcmp(a, "--shape")) {
+            NEEDV;
+            if (sscanf(v, "%lldx%lld", &o->shape_out, &o->shape_in) != 2 || o->shape_out < 1 ||
+                o->shape_out > (1 << 20) || o->shape_in < 256 || o->shape_in > (1 << 20) ||
+                o->shape_in % 256) {
+                fprintf(stderr, "dsinfer-bench: --shape wants OUTxIN, IN a multiple of 256\n");
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
         else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
         else if (!strcmp(a, "--json")) o->json = 1;
@@ -123,6 +142,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--draft-max")) { NEEDV; o->draft_max = atoi(v); }
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
+        else if (!strcmp(a, "--exact")) o->exact = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
             fprintf(stderr, "dsinfer-bench: unknown argument %s\n", a);
@@ -156,6 +176,7 @@ static void print_build_json(FILE *f) {
 
 typedef struct limits {
     double read_gbs, fma_gflops;
+    double read_gbs_cpu, fma_gflops_cpu; /* per CPU time (bench_hw.h) */
     size_t bw_bytes;
 } limits;
 
@@ -165,8 +186,8 @@ static void measure_limits(const opts *o, dsib_threadpool *pool, limits *l) {
     l->bw_bytes = (size_t)o->bw_mib << 20;
     size_t llc = bench_llc_bytes();
     if (l->bw_bytes < 8 * llc) l->bw_bytes = 8 * llc;
-    l->read_gbs = bench_read_bandwidth(pool, l->bw_bytes, 5);
-    l->fma_gflops = bench_fma_peak(pool, 3);
+    l->read_gbs = bench_read_bandwidth(pool, l->bw_bytes, 5, &l->read_gbs_cpu);
+    l->fma_gflops = bench_fma_peak(pool, 3, &l->fma_gflops_cpu);
 }
 
 /* ---- --kernels ------------------------------------------------------------------------------ */
@@ -179,34 +200,45 @@ static const struct { int32_t type; const char *name; } ktypes[] = {
     {DSI_TYPE_F32, "f32"},
 };
 
-/* dsib_matmul for the process's ISA; another ISA (--isa) through its row kernel, split the
- * same way (16-row tasks). */
+/* dsib_matmul for the process's ISA; another ISA (--isa) through its row kernels, split the
+ * same way (16-row tasks), the activations quantised once per call on the caller as
+ * dsib_matmul does. */
 typedef struct kjob {
     const dsib_kern_table *kt;
-    int32_t type;
+    int32_t type, fmt;
     const uint8_t *w;
     size_t rb;
     int64_t n_in, n_out, n_tok;
     const float *x;
     float *y;
+    void *act;
+    size_t act_stride;
 } kjob;
 
 static void ktask(void *arg, int64_t task, int32_t slot) {
     (void)slot;
     const kjob *j = arg;
     int64_t o0 = task * 16, o1 = o0 + 16 < j->n_out ? o0 + 16 : j->n_out;
-    j->kt->matmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->n_in, j->y, j->n_out,
-                       j->n_tok);
+    if (j->fmt == DSIB_ACT_F32)
+        j->kt->matmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->n_in, j->y,
+                           j->n_out, j->n_tok);
+    else
+        j->kt->qmatmul_rows(j->type, j->w, j->rb, j->n_in, o0, o1, j->act, j->act_stride,
+                            j->y, j->n_out, j->n_tok);
 }
 
-static void kmatmul(dsib_threadpool *pool, const dsib_kern_table *kt, int32_t type,
-                    const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out, const float *x,
-                    float *y, int64_t n_tok) {
+/* act: scratch of n_tok quantised rows (kernels path only). */
+static void kmatmul(dsib_threadpool *pool, const dsib_kern_table *kt, uint32_t flags,
+                    int32_t type, const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
+                    const float *x, float *y, int64_t n_tok, void *act) {
     if (!kt) {
-        dsib_matmul(pool, type, w, rb, n_in, n_out, x, n_in, y, n_out, n_tok);
+        dsib_matmul(pool, flags, type, w, rb, n_in, n_out, x, n_in, y, n_out, n_tok);
         return;
     }
-    kjob j = {kt, type, w, rb, n_in, n_out, n_tok, x, y};
+    const int32_t fmt = dsib_kern_act_format(type, flags);
+    kjob j = {kt, type, fmt, w, rb, n_in, n_out, n_tok, x, y, act,
+              dsib_kern_act_row_bytes(fmt, n_in)};
+    if (fmt != DSIB_ACT_F32) kt->act_quantize(fmt, x, n_in, n_in, n_tok, act, j.act_stride);
     dsib_parallel_for(pool, (n_out + 15) / 16, ktask, &j);
 }
 
@@ -215,7 +247,8 @@ static int run_kernels(const opts *o) {
     if (o->isa) {
         int32_t isa = !strcmp(o->isa, "scalar") ? DSIB_ISA_SCALAR
                       : !strcmp(o->isa, "avx2") ? DSIB_ISA_AVX2
-                      : !strcmp(o->isa, "avx512") ? DSIB_ISA_AVX512 : -1;
+                      : !strcmp(o->isa, "avx512") ? DSIB_ISA_AVX512
+                      : !strcmp(o->isa, "avx512vnni") ? DSIB_ISA_AVX512VNNI : -1;
         kt = isa >= 0 ? dsib_kern_table_for(isa) : NULL;
         if (!kt) {
             fprintf(stderr, "dsinfer-bench: ISA path '%s' is not available here\n", o->isa);
@@ -223,6 +256,8 @@ static int run_kernels(const opts *o) {
         }
     }
     const char *isa_name = kt ? kt->name : dsib_kern_isa_name();
+    const uint32_t flags = o->exact ? DSIB_MM_EXACT : 0u;
+    const char *path = o->exact ? "exact" : "default";
     dsib_threadpool *pool = NULL;
     char msg[256];
     if (dsib_threadpool_create(o->t, NULL, &pool, msg, sizeof msg) != DSI_OK) {
@@ -233,7 +268,8 @@ static int run_kernels(const opts *o) {
     measure_limits(o, pool, &l);
     char cpu[256];
     bench_cpu_name(cpu, sizeof cpu);
-    const int64_t n_in = 4096, n_out = 2048; /* one V4 routed expert's gate/up matrix */
+    /* default: one V4 routed expert's gate/up matrix */
+    const int64_t n_in = (int64_t)o->shape_in, n_out = (int64_t)o->shape_out;
     const int64_t pp_tok = 128;
     size_t llc = bench_llc_bytes();
     size_t target = (size_t)256 << 20;
@@ -242,12 +278,13 @@ static int run_kernels(const opts *o) {
     if (o->json) {
         printf("{");
         print_build_json(stdout);
-        printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"mem_read_gbs\": %.3f, "
-               "\"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], \"kernels\": [",
-               cpu, isa_name, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
+        printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"path\": \"%s\", \"threads\": %d, "
+               "\"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], "
+               "\"kernels\": [",
+               cpu, isa_name, path, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
                (long long)n_in);
     } else {
-        printf("cpu: %s, kernels: %s, threads: %d\n", cpu, isa_name, o->t);
+        printf("cpu: %s, kernels: %s, path: %s, threads: %d\n", cpu, isa_name, path, o->t);
         if (!o->no_limits)
             printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB buffer)\n"
                    "FMA peak: %.1f GFLOP/s\n",
@@ -260,11 +297,18 @@ static int run_kernels(const opts *o) {
                target >> 20);
         printf("hot GB/s = the same matvec on one LLC-resident matrix (the kernel's compute "
                "ceiling)\n\n");
+        printf("FMA peak* = f32 FMA peak measured again right after the row (best of 5); %% FMA "
+               "peak uses the larger of it and the run's. The default path's integer dot "
+               "products can exceed the f32 FMA peak (VNNI: 4 multiply-adds per 32-bit lane)\n\n");
+        printf("(cpu) columns: the same rates per CPU time of this process (work x threads / "
+               "CPU seconds, limits too), i.e. as if its threads had cores of their own\n\n");
         printf("| type          | MiB/matrix | tg GB/s (n_tok=1) | read BW* | %% read BW | hot GB/s | "
-               "n_tok=4 GB/s | pp GFLOP/s (n_tok=%lld) | %% FMA peak |\n",
+               "n_tok=4 GB/s | pp GFLOP/s (n_tok=%lld) | FMA peak* | %% FMA peak | "
+               "%% BW (cpu) | hot (cpu) | %% FMA (cpu) |\n",
                (long long)pp_tok);
         printf("| ------------- | ---------: | ----------------: | -------: | --------: | -------: | "
-               "-----------: | ---------------------: | ---------: |\n");
+               "-----------: | ---------------------: | --------: | ---------: | ---------: | "
+               "--------: | ----------: |\n");
     }
     int first = 1;
     uint64_t rng = 42;
@@ -282,57 +326,82 @@ static int run_kernels(const opts *o) {
         for (size_t r = 0; r < (size_t)n_out * nm; r++) bench_fill_row(type, w + r * rb, n_in, &rng);
         float *x = malloc(sizeof(float) * (size_t)(n_in * pp_tok));
         float *y = malloc(sizeof(float) * (size_t)(n_out * pp_tok));
-        if (!x || !y) return 1;
+        void *act = NULL;
+        size_t act_bytes = dsib_kern_act_row_bytes(DSIB_ACT_Q8_K, n_in) * (size_t)pp_tok;
+        if (!x || !y || posix_memalign(&act, 64, act_bytes) != 0) return 1;
         for (int64_t i = 0; i < n_in * pp_tok; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
 
-        double best1 = 0, best4 = 0, bestpp = 0;
-        double near_bw = o->no_limits ? 0 : bench_read_bandwidth(pool, target, 3);
+        double best1 = 0, best4 = 0, bestpp = 0, best1_cpu = 0, besthot_cpu = 0, bestpp_cpu = 0;
+        const double nth = (double)o->t;
+        double near_bw_cpu = 0, near_pk_cpu = 0;
+        double near_bw = o->no_limits ? 0 : bench_read_bandwidth(pool, target, 3, &near_bw_cpu);
         for (int ntok = 1; ntok <= 4; ntok += 3) {
             for (int rep = 0; rep < o->r + 1; rep++) {
-                double t0 = bench_now();
+                double t0 = bench_now(), c0 = bench_cpu_seconds();
                 for (size_t m = 0; m < nm; m++)
-                    kmatmul(pool, kt, type, w + m * mb, rb, n_in, n_out, x, y, ntok);
+                    kmatmul(pool, kt, flags, type, w + m * mb, rb, n_in, n_out, x, y, ntok, act);
                 double gbs = (double)(mb * nm) / (bench_now() - t0) * 1e-9;
+                double dc = bench_cpu_seconds() - c0;
                 if (rep == 0) continue; /* warm-up */
                 if (ntok == 1 && gbs > best1) best1 = gbs;
+                if (ntok == 1 && dc > 0 && (double)(mb * nm) * nth / dc * 1e-9 > best1_cpu)
+                    best1_cpu = (double)(mb * nm) * nth / dc * 1e-9;
                 if (ntok == 4 && gbs > best4) best4 = gbs;
             }
         }
         /* compute ceiling: the same matrix again and again (it stays in the LLC) */
         double besthot = 0;
         for (int rep = 0; rep < 4 * o->r + 1; rep++) {
-            double t0 = bench_now();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             for (int k = 0; k < 4; k++)
-                kmatmul(pool, kt, type, w, rb, n_in, n_out, x, y, 1);
+                kmatmul(pool, kt, flags, type, w, rb, n_in, n_out, x, y, 1, act);
             double gbs = 4.0 * (double)mb / (bench_now() - t0) * 1e-9;
+            double dc = bench_cpu_seconds() - c0;
             if (rep > 0 && gbs > besthot) besthot = gbs;
+            if (rep > 0 && dc > 0 && 4.0 * (double)mb * nth / dc * 1e-9 > besthot_cpu)
+                besthot_cpu = 4.0 * (double)mb * nth / dc * 1e-9;
         }
         for (int rep = 0; rep < o->r + 1; rep++) {
-            double t0 = bench_now();
-            kmatmul(pool, kt, type, w, rb, n_in, n_out, x, y, pp_tok);
-            double g = 2.0 * (double)n_in * (double)n_out * (double)pp_tok / (bench_now() - t0) * 1e-9;
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
+            kmatmul(pool, kt, flags, type, w, rb, n_in, n_out, x, y, pp_tok, act);
+            const double fl = 2.0 * (double)n_in * (double)n_out * (double)pp_tok;
+            double g = fl / (bench_now() - t0) * 1e-9;
+            double dc = bench_cpu_seconds() - c0;
             if (rep > 0 && g > bestpp) bestpp = g;
+            if (rep > 0 && dc > 0 && fl * nth / dc * 1e-9 > bestpp_cpu) bestpp_cpu = fl * nth / dc * 1e-9;
         }
+        /* the FMA peak measured again right after the row; the fraction uses the larger */
+        double near_pk = o->no_limits ? 0 : bench_fma_peak(pool, 5, &near_pk_cpu);
+        if (l.fma_gflops_cpu > near_pk_cpu) near_pk_cpu = l.fma_gflops_cpu;
+        double pk = near_pk > l.fma_gflops ? near_pk : l.fma_gflops;
         double fbw = near_bw > 0 ? 100.0 * best1 / near_bw : 0;
-        double fpk = l.fma_gflops > 0 ? 100.0 * bestpp / l.fma_gflops : 0;
+        double fpk = pk > 0 ? 100.0 * bestpp / pk : 0;
+        /* the same fractions per CPU time (bench_hw.h): robust to other processes' load */
+        double fbw_cpu = near_bw_cpu > 0 ? 100.0 * best1_cpu / near_bw_cpu : 0;
+        double fpk_cpu = near_pk_cpu > 0 ? 100.0 * bestpp_cpu / near_pk_cpu : 0;
         if (o->json) {
             printf("%s{\"type\": \"%s\", \"matrix_bytes\": %zu, \"matrices\": %zu, "
                    "\"tg_gbs\": %.3f, \"read_gbs_adjacent\": %.3f, \"tg_frac_read_bw\": %.4f, "
                    "\"hot_gbs\": %.3f, \"ntok4_gbs\": %.3f, \"pp_gflops\": %.3f, "
-                   "\"pp_frac_fma_peak\": %.4f}",
+                   "\"fma_peak_gflops_adjacent\": %.3f, \"pp_frac_fma_peak\": %.4f, "
+                   "\"per_cpu_time\": {\"tg_gbs\": %.3f, \"read_gbs_adjacent\": %.3f, "
+                   "\"tg_frac_read_bw\": %.4f, \"hot_gbs\": %.3f, \"pp_gflops\": %.3f, "
+                   "\"fma_peak_gflops\": %.3f, \"pp_frac_fma_peak\": %.4f}}",
                    first ? "" : ", ", ktypes[ti].name, mb, nm, best1, near_bw, fbw / 100, besthot,
-                   best4, bestpp, fpk / 100);
+                   best4, bestpp, near_pk, fpk / 100, best1_cpu, near_bw_cpu, fbw_cpu / 100,
+                   besthot_cpu, bestpp_cpu, near_pk_cpu, fpk_cpu / 100);
         } else {
             printf("| %-13s | %10.2f | %17.2f | %8.2f | %8.1f%% | %8.2f | %12.2f | %22.1f | "
-                   "%9.1f%% |\n",
+                   "%9.1f | %9.1f%% | %7.1f%% | %8.2f | %7.1f%% |\n",
                    ktypes[ti].name, (double)mb / 1048576.0, best1, near_bw, fbw, besthot, best4,
-                   bestpp, fpk);
+                   bestpp, near_pk, fpk, fbw_cpu, besthot_cpu, fpk_cpu);
         }
         fflush(stdout);
         first = 0;
         free(w);
         free(x);
         free(y);
+        free(act);
     }
     if (o->json) printf("]}\n");
     dsib_threadpool_free(pool);
@@ -359,31 +428,45 @@ static int cat_of(const dsii_tensor *t) {
     return C_ATTN;
 }
 
-static void add_cost(const dsii_tensor *t, double bytes, double flops, double *cb, double *b,
-                     double *f) {
-    *b += bytes;
-    *f += flops;
-    cb[cat_of(t)] += bytes;
+/* Bytes of weights read and matmul FLOPs per decoded token, by part and by storage type. */
+typedef struct tok_cost {
+    double bytes, flops, cat[C_COUNT];
+    int n_types;
+    int32_t type[16];
+    double type_bytes[16];
+} tok_cost;
+
+static void add_cost(tok_cost *c, const dsii_tensor *t, double bytes, double flops) {
+    c->bytes += bytes;
+    c->flops += flops;
+    c->cat[cat_of(t)] += bytes;
+    int i = 0;
+    while (i < c->n_types && c->type[i] != t->type) i++;
+    if (i == c->n_types) {
+        if (c->n_types == 16) return;
+        c->type[c->n_types] = t->type;
+        c->type_bytes[c->n_types++] = 0;
+    }
+    c->type_bytes[i] += bytes;
 }
 
 /* `per_row`: the part of `bytes` that every row of a step reads again (its embedding row,
  * hash-routing row, Engram rows); the rest is read once per step whatever its rows. */
 static double g_per_row_bytes;
-static void per_token_cost(const dsi_model *m, double *bytes, double *flops, double *cb) {
-    double b = 0, f = 0;
-    for (int c = 0; c < C_COUNT; c++) cb[c] = 0;
+static void per_token_cost(const dsi_model *m, tok_cost *c) {
+    memset(c, 0, sizeof *c);
     const dsii_model_tensors *w = &m->w;
     g_per_row_bytes = 0;
     if (w->token_embd) {
-        add_cost(w->token_embd, (double)w->token_embd->row_bytes, 0, cb, &b, &f);
+        add_cost(c, w->token_embd, (double)w->token_embd->row_bytes, 0);
         g_per_row_bytes += (double)w->token_embd->row_bytes;
     }
     const dsii_tensor *top[] = {w->output_norm, w->output, w->output_hc_fn, w->output_hc_base,
                                 w->output_hc_scale};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
         if (!top[i]) continue;
-        add_cost(top[i], (double)top[i]->nbytes,
-                 top[i]->ne[1] > 1 ? 2.0 * (double)top[i]->n_elements : 0, cb, &b, &f);
+        add_cost(c, top[i], (double)top[i]->nbytes,
+                 top[i]->ne[1] > 1 ? 2.0 * (double)top[i]->n_elements : 0);
     }
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const dsii_layer_tensors *L = &w->layer[il];
@@ -395,22 +478,43 @@ static void per_token_cost(const dsi_model *m, double *bytes, double *flops, dou
             if (!t || t->is_view) continue;
             if (t == L->ffn_gate_exps || t == L->ffn_up_exps || t == L->ffn_down_exps) {
                 double e = (double)(t->ne[2] > 0 ? t->ne[2] : 1);
-                add_cost(t, (double)t->nbytes * k / e, 2.0 * (double)t->n_elements * k / e, cb,
-                         &b, &f);
+                add_cost(c, t, (double)t->nbytes * k / e, 2.0 * (double)t->n_elements * k / e);
             } else if (t == L->tid2eid) {
-                add_cost(t, (double)t->row_bytes, 0, cb, &b, &f);
+                add_cost(c, t, (double)t->row_bytes, 0);
                 g_per_row_bytes += (double)t->row_bytes;
             } else if (t == L->engram_embd) {
-                add_cost(t, (double)m->hp.engram.n_cols * (double)t->row_bytes, 0, cb, &b, &f);
+                add_cost(c, t, (double)m->hp.engram.n_cols * (double)t->row_bytes, 0);
                 g_per_row_bytes += (double)m->hp.engram.n_cols * (double)t->row_bytes;
             } else {
-                add_cost(t, (double)t->nbytes, t->ne[1] > 1 ? 2.0 * (double)t->n_elements : 0, cb,
-                         &b, &f);
+                add_cost(c, t, (double)t->nbytes, t->ne[1] > 1 ? 2.0 * (double)t->n_elements : 0);
             }
         }
     }
-    *bytes = b;
-    *flops = f;
+}
+
+/* Name of the storage type holding most of the bytes read per token. */
+static const char *main_type(const tok_cost *c) {
+    int best = -1;
+    for (int i = 0; i < c->n_types; i++)
+        if (best < 0 || c->type_bytes[i] > c->type_bytes[best]) best = i;
+    const dsii_type_traits *tr = best >= 0 ? dsii_type_get(c->type[best]) : NULL;
+    return tr ? tr->name : "?";
+}
+
+static const char *type_name_of(int32_t type) {
+    const dsii_type_traits *tr = dsii_type_get(type);
+    return tr ? tr->name : "?";
+}
+
+/* The 1-minute load average (/proc/loadavg), or -1. */
+static double loadavg1(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double v = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &v) != 1) v = -1;
+        fclose(f);
+    }
+    return v;
 }
 
 static double human_params(uint64_t n, const char **unit) {
@@ -426,7 +530,14 @@ typedef struct test_result {
     double samples[64];
     int n_samples;
     double mean, sd;
+    double cpu_s, wall_s; /* process CPU time (user + sys) and wall time of the timed reps */
 } test_result;
+
+/* cpu_s / (wall_s * threads): the share of the requested cores the run got — on a shared
+ * machine the figure to read first. */
+static double cpu_share(const test_result *t, int threads) {
+    return t->wall_s > 0 ? t->cpu_s / (t->wall_s * threads) : 0.0;
+}
 
 static int argmax(const float *v, int32_t n) {
     int best = 0;
@@ -678,13 +789,15 @@ static int run_model(const opts *o) {
         fprintf(stderr, "dsinfer-bench: %s\n", msg);
         return 1;
     }
-    measure_limits(o, pool, &l);
-    dsib_threadpool_free(pool); /* the context makes its own threads */
+    const double load0 = loadavg1();
+    limits l0;
+    measure_limits(o, pool, &l0); /* again after the tests; the fractions use the larger */
 
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = o->t;
     co.backend = o->backend;
+    if (o->exact) co.flags = DSI_CONTEXT_FLAG_EXACT_MATMUL;
     dsi_context *ctx = NULL;
     if (dsi_context_create(&co, &ctx) != DSI_OK) {
         fprintf(stderr, "dsinfer-bench: context: %s\n", dsi_last_error());
@@ -701,16 +814,20 @@ static int run_model(const opts *o) {
     dsi_model_info info;
     dsi_model_info_init(&info);
     dsi_model_get_info(model, &info);
-    double tok_bytes = 0, tok_flops = 0, cat_bytes[C_COUNT];
-    per_token_cost(model, &tok_bytes, &tok_flops, cat_bytes);
+    tok_cost cost;
+    per_token_cost(model, &cost);
+    const double tok_bytes = cost.bytes, tok_flops = cost.flops;
+    const double *cat_bytes = cost.cat;
     if (o->spec) {
         int rc = run_spec(o, model, info.n_vocab);
+        dsib_threadpool_free(pool);
         dsi_model_free(model);
         dsi_context_free(ctx);
         return rc;
     }
     if (o->sessions) {
-        int rc = run_sessions(o, ctx, model, &l, tok_bytes, cat_bytes, info.n_vocab);
+        int rc = run_sessions(o, ctx, model, &l0, tok_bytes, cat_bytes, info.n_vocab);
+        dsib_threadpool_free(pool);
         dsi_model_free(model);
         dsi_context_free(ctx);
         return rc;
@@ -747,14 +864,18 @@ static int run_model(const opts *o) {
         t->n_prompt = o->p;
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
-            double t0 = bench_now();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             if (dsi_session_sync(s, prompt, (size_t)o->p, NULL) != DSI_OK) {
                 fprintf(stderr, "dsinfer-bench: sync: %s\n", dsi_session_last_error(s));
                 fail = 1;
                 break;
             }
             double dt = bench_now() - t0;
-            if (rep > 0 && t->n_samples < 64) t->samples[t->n_samples++] = o->p / dt;
+            if (rep > 0 && t->n_samples < 64) {
+                t->samples[t->n_samples++] = o->p / dt;
+                t->wall_s += dt;
+                t->cpu_s += bench_cpu_seconds() - c0;
+            }
         }
         mean_sd(t->samples, t->n_samples > 0 ? t->n_samples : 1, &t->mean, &t->sd);
     }
@@ -767,7 +888,7 @@ static int run_model(const opts *o) {
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
             dsi_token tok = prompt[0];
-            double t0 = bench_now();
+            double t0 = bench_now(), c0 = bench_cpu_seconds();
             for (int i = 0; i < o->n; i++) {
                 if (dsi_session_append(s, &tok, 1) != DSI_OK) {
                     fprintf(stderr, "dsinfer-bench: append: %s\n", dsi_session_last_error(s));
@@ -779,10 +900,25 @@ static int run_model(const opts *o) {
                 if (dsi_session_logits(s, &lg, &n) == DSI_OK && lg) tok = argmax(lg, n);
             }
             double dt = bench_now() - t0;
-            if (rep > 0 && !fail && t->n_samples < 64) t->samples[t->n_samples++] = o->n / dt;
+            if (rep > 0 && !fail && t->n_samples < 64) {
+                t->samples[t->n_samples++] = o->n / dt;
+                t->wall_s += dt;
+                t->cpu_s += bench_cpu_seconds() - c0;
+            }
         }
         mean_sd(t->samples, t->n_samples > 0 ? t->n_samples : 1, &t->mean, &t->sd);
     }
+
+    limits l1;
+    measure_limits(o, pool, &l1);
+    dsib_threadpool_free(pool);
+    const double load1 = loadavg1();
+    l = l0;
+    if (l1.read_gbs > l.read_gbs) l.read_gbs = l1.read_gbs;
+    if (l1.fma_gflops > l.fma_gflops) l.fma_gflops = l1.fma_gflops;
+    if (l1.read_gbs_cpu > l.read_gbs_cpu) l.read_gbs_cpu = l1.read_gbs_cpu;
+    if (l1.fma_gflops_cpu > l.fma_gflops_cpu) l.fma_gflops_cpu = l1.fma_gflops_cpu;
+    const char *path = o->exact ? "exact" : "default";
 
     char cpu[256];
     bench_cpu_name(cpu, sizeof cpu);
@@ -798,13 +934,19 @@ static int run_model(const opts *o) {
     char fp[65];
     for (int i = 0; i < 32; i++) snprintf(fp + 2 * i, 3, "%02x", info.fingerprint[i]);
 
-    double tg_ts = 0, pp_ts = 0;
+    double tg_ts = 0, pp_ts = 0, tg_share = 0, pp_share = 0;
     for (int i = 0; i < n_tests; i++) {
-        if (tests[i].n_gen) tg_ts = tests[i].mean;
-        if (tests[i].n_prompt) pp_ts = tests[i].mean;
+        if (tests[i].n_gen) tg_ts = tests[i].mean, tg_share = cpu_share(&tests[i], o->t);
+        if (tests[i].n_prompt) pp_ts = tests[i].mean, pp_share = cpu_share(&tests[i], o->t);
     }
     double eff_gbs = tok_bytes * tg_ts * 1e-9;
     double pp_gflops = tok_flops * pp_ts * 1e-9;
+    /* per CPU time (bench_hw.h): the rates divided by the share of the cores the test got,
+     * against the limits' own per-CPU-time rates */
+    double eff_gbs_cpu = tg_share > 0 ? eff_gbs / tg_share : 0;
+    double pp_gflops_cpu = pp_share > 0 ? pp_gflops / pp_share : 0;
+    double fbw_cpu = l.read_gbs_cpu > 0 ? eff_gbs_cpu / l.read_gbs_cpu : 0;
+    double fpk_cpu = l.fma_gflops_cpu > 0 ? pp_gflops_cpu / l.fma_gflops_cpu : 0;
 
     if (o->json) {
         printf("{");
@@ -815,22 +957,28 @@ static int run_model(const opts *o) {
                cpu, o->model, mname, info.arch_name, fp, (unsigned long long)info.weight_bytes,
                (unsigned long long)info.n_params, info.n_layers, info.n_experts,
                info.n_experts_used, load_s);
-        printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"threads\": %d", bname,
-               dsib_kern_isa_name(), o->t);
+        printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
+               "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f]",
+               bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1);
         if (o->no_limits)
             printf(", \"mem_read_gbs\": null, \"fma_peak_gflops\": null");
         else
-            printf(", \"mem_read_gbs\": %.3f, \"mem_read_buffer_bytes\": %zu, "
-                   "\"fma_peak_gflops\": %.3f",
-                   l.read_gbs, l.bw_bytes, l.fma_gflops);
+            printf(", \"mem_read_gbs\": %.3f, \"mem_read_gbs_before_after\": [%.3f, %.3f], "
+                   "\"mem_read_buffer_bytes\": %zu, \"fma_peak_gflops\": %.3f, "
+                   "\"fma_peak_gflops_before_after\": [%.3f, %.3f], "
+                   "\"mem_read_gbs_per_cpu_time\": %.3f, \"fma_peak_gflops_per_cpu_time\": %.3f",
+                   l.read_gbs, l0.read_gbs, l1.read_gbs, l.bw_bytes, l.fma_gflops,
+                   l0.fma_gflops, l1.fma_gflops, l.read_gbs_cpu, l.fma_gflops_cpu);
         printf(", \"tests\": [");
         for (int i = 0; i < n_tests; i++) {
             int ntok = tests[i].n_prompt + tests[i].n_gen;
             printf("%s{\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"repetitions\": %d, "
-                   "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"avg_ns\": %.0f, \"samples_ts\": [",
+                   "\"avg_ts\": %.4f, \"stddev_ts\": %.4f, \"avg_ns\": %.0f, "
+                   "\"cpu_share\": %.4f, \"samples_ts\": [",
                    i ? ", " : "", tests[i].name, tests[i].n_prompt, tests[i].n_gen,
                    tests[i].n_samples, tests[i].mean, tests[i].sd,
-                   tests[i].mean > 0 ? 1e9 * ntok / tests[i].mean : 0.0);
+                   tests[i].mean > 0 ? 1e9 * ntok / tests[i].mean : 0.0,
+                   cpu_share(&tests[i], o->t));
             for (int k = 0; k < tests[i].n_samples; k++)
                 printf("%s%.4f", k ? ", " : "", tests[i].samples[k]);
             printf("]}");
@@ -840,37 +988,51 @@ static int run_model(const opts *o) {
                tok_bytes);
         for (int c = 0; c < C_COUNT; c++)
             printf("%s\"%s\": %.0f", c ? ", " : "", cat_names[c], cat_bytes[c]);
+        printf("}, \"bytes_per_token_by_type\": {");
+        for (int i = 0; i < cost.n_types; i++)
+            printf("%s\"%s\": %.0f", i ? ", " : "", type_name_of(cost.type[i]), cost.type_bytes[i]);
         printf("}, \"effective_gbs\": %.3f, \"frac_read_bw\": ", eff_gbs);
         if (l.read_gbs > 0 && tg_ts > 0)
-            printf("%.4f}", eff_gbs / l.read_gbs);
+            printf("%.4f", eff_gbs / l.read_gbs);
         else
-            printf("null}");
+            printf("null");
+        printf(", \"effective_gbs_per_cpu_time\": %.3f, \"frac_read_bw_per_cpu_time\": %.4f}",
+               eff_gbs_cpu, fbw_cpu);
         printf(", \"prefill\": {\"flops_per_token\": %.0f, \"gflops\": %.3f, "
                "\"frac_fma_peak\": ",
                tok_flops, pp_gflops);
         if (l.fma_gflops > 0 && pp_ts > 0)
-            printf("%.4f}", pp_gflops / l.fma_gflops);
+            printf("%.4f", pp_gflops / l.fma_gflops);
         else
-            printf("null}");
+            printf("null");
+        printf(", \"gflops_per_cpu_time\": %.3f, \"frac_fma_peak_per_cpu_time\": %.4f}",
+               pp_gflops_cpu, fpk_cpu);
         printf(", \"ok\": %s}\n", fail ? "false" : "true");
     } else {
-        printf("| model | size | params | backend | threads | test | t/s |\n");
-        printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: |\n");
+        printf("| model | type | size | params | backend | threads | test | t/s | cpu share |\n");
+        printf("| ----- | ---- | ---: | -----: | ------- | ------: | ---: | --: | --------: |\n");
         for (int i = 0; i < n_tests; i++)
-            printf("| %s %s | %.2f GiB | %.2f %s | %s | %d | %s | %.2f ± %.2f |\n", mname,
-                   info.arch_name, (double)info.weight_bytes / 1073741824.0, pv, pu, backend,
-                   o->t, tests[i].name, tests[i].mean, tests[i].sd);
-        printf("\nbuild %s (%s), cpu: %s\n", dsi_version_string(), DSI_BENCH_GIT, cpu);
+            printf("| %s %s | %s | %.2f GiB | %.2f %s | %s | %d | %s | %.2f ± %.2f | %.0f%% |\n",
+                   mname, info.arch_name, main_type(&cost),
+                   (double)info.weight_bytes / 1073741824.0, pv, pu, backend, o->t,
+                   tests[i].name, tests[i].mean, tests[i].sd, 100.0 * cpu_share(&tests[i], o->t));
+        printf("\nbuild %s (%s), cpu: %s, matmul path: %s, load average %.2f -> %.2f\n",
+               dsi_version_string(), DSI_BENCH_GIT, cpu, path, load0, load1);
         if (!o->no_limits) {
-            printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB, %d threads); "
-                   "FMA peak: %.1f GFLOP/s\n",
-                   l.read_gbs, l.bw_bytes >> 20, o->t, l.fma_gflops);
+            printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB, %d threads; %.2f before, "
+                   "%.2f after the tests); FMA peak: %.1f GFLOP/s (%.1f before, %.1f after)\n",
+                   l.read_gbs, l.bw_bytes >> 20, o->t, l0.read_gbs, l1.read_gbs, l.fma_gflops,
+                   l0.fma_gflops, l1.fma_gflops);
         }
         if (tg_ts > 0) {
             printf("decode: %.1f MiB of weights read per token (", tok_bytes / 1048576.0);
             for (int c = 0; c < C_COUNT; c++)
                 printf("%s%s %.1f", c ? ", " : "", cat_names[c], cat_bytes[c] / 1048576.0);
             printf(") -> effective %.2f GB/s", eff_gbs);
+            printf(" [by type:");
+            for (int i = 0; i < cost.n_types; i++)
+                printf(" %s %.1f", type_name_of(cost.type[i]), cost.type_bytes[i] / 1048576.0);
+            printf(" MiB]");
             if (l.read_gbs > 0) printf(" = %.1f%% of read bandwidth", 100.0 * eff_gbs / l.read_gbs);
             printf("\n");
         }
@@ -880,6 +1042,12 @@ static int run_model(const opts *o) {
             if (l.fma_gflops > 0) printf(" = %.1f%% of FMA peak", 100.0 * pp_gflops / l.fma_gflops);
             printf("\n");
         }
+        if (!o->no_limits && (tg_share > 0 || pp_share > 0))
+            printf("per CPU time (as if the %d threads had cores of their own): read bandwidth "
+                   "%.2f GB/s, FMA peak %.1f GFLOP/s; decode %.2f GB/s = %.1f%%; prefill %.1f "
+                   "GFLOP/s = %.1f%%\n",
+                   o->t, l.read_gbs_cpu, l.fma_gflops_cpu, eff_gbs_cpu, 100.0 * fbw_cpu,
+                   pp_gflops_cpu, 100.0 * fpk_cpu);
     }
     free(prompt);
     dsi_session_free(s);

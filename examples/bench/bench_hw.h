@@ -9,13 +9,19 @@
 
 double bench_now(void); /* seconds, monotonic */
 
+/* Process CPU time (user + sys, all threads), seconds. A rate "per CPU time" is
+ * work × threads / CPU time: what the run would reach with its threads on cores of their
+ * own — on a shared machine, the figure that compares across minutes. */
+double bench_cpu_seconds(void);
+
 /* Best-of-`reps` multi-threaded streaming read of a `bytes` buffer (allocated, touched,
- * freed here), GB/s (1e9 bytes/s). Returns 0 on allocation failure. */
-double bench_read_bandwidth(dsib_threadpool *pool, size_t bytes, int reps);
+ * freed here), GB/s (1e9 bytes/s). Returns 0 on allocation failure. per_cpu (may be NULL):
+ * the best rate per CPU time. */
+double bench_read_bandwidth(dsib_threadpool *pool, size_t bytes, int reps, double *per_cpu);
 
 /* Best-of-`reps` FMA throughput with every pool thread running independent FMA chains at
- * the widest vector width the kernels use; GFLOP/s (an FMA = 2 flops). */
-double bench_fma_peak(dsib_threadpool *pool, int reps);
+ * the widest vector width the kernels use; GFLOP/s (an FMA = 2 flops). per_cpu as above. */
+double bench_fma_peak(dsib_threadpool *pool, int reps, double *per_cpu);
 
 /* Fills one row of `n_in` elements of `type` with valid random data (finite scales). */
 void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng);

@@ -88,10 +88,10 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
                                 "dsi_context_options.device_index is %d; expected -1 or >= 0",
                                 opt.device_index);
     }
-    if (opt.flags != 0) {
+    if (opt.flags & ~(uint32_t)DSI_CONTEXT_FLAG_EXACT_MATMUL) {
         return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
-                                "dsi_context_options.flags is 0x%x; no flags are defined",
-                                opt.flags);
+                                "dsi_context_options.flags is 0x%x; unknown flag bits 0x%x",
+                                opt.flags, opt.flags & ~(uint32_t)DSI_CONTEXT_FLAG_EXACT_MATMUL);
     }
     const char *backend = opt.backend ? opt.backend : "cpu";
     int known = 0;

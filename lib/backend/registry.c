@@ -44,6 +44,8 @@ void dsii_backend_host_init(dsi_context *ctx, dsib_host *host, int32_t device_in
     host->n_threads = ctx ? ctx->n_threads : 1;
     if (host->n_threads < 1) host->n_threads = dsii_cpu_count();
     host->device_index = device_index;
+    if (ctx && (ctx->opt.flags & DSI_CONTEXT_FLAG_EXACT_MATMUL))
+        host->flags |= DSIB_HOST_EXACT_MATMUL;
 }
 
 /* ---- module search path ---------------------------------------------------------------- */

@@ -49,6 +49,9 @@ static int create_side(bt_side *s, const char *what) {
     memset(&e, 0, sizeof e);
     dsii_backend_host_init(NULL, &s->host, -1);
     s->host.n_threads = 2;
+    /* the CPU side is the reference: its exact matmul path (f32 activations, as the GPU
+     * backends compute) */
+    s->host.flags |= DSIB_HOST_EXACT_MATMUL;
     dsi_status st = s->be->create(&s->host, &s->inst, &e);
     if (st != DSI_OK) {
         printf("%s: create failed: %s (%s)\n", what, e.msg, dsi_status_string(st));

@@ -70,6 +70,7 @@ int main(void) {
         return dsit_absent("VULKAN", "no Vulkan device: %s", dsi_last_error());
     }
     o.backend = "cpu";
+    o.flags = DSI_CONTEXT_FLAG_EXACT_MATMUL; /* f32 activations, as the GPU computes */
     dsi_context *cpu = NULL;
     if (dsi_context_create(&o, &cpu) != DSI_OK) return 1;
 

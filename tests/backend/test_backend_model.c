@@ -73,6 +73,7 @@ static int open_ctx(const char *backend, dsi_context **ctx) {
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.backend = backend;
     co.n_threads = 2;
+    co.flags = DSI_CONTEXT_FLAG_EXACT_MATMUL; /* the CPU reference: f32 activations */
     dsi_status st = dsi_context_create(&co, ctx);
     if (st != DSI_OK) {
         printf("# context '%s': %s (%s)\n", backend, dsi_last_error(), dsi_status_string(st));

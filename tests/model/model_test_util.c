@@ -152,11 +152,12 @@ void mt_tokens(dsi_token *out, size_t n, int32_t V, uint32_t seed) {
     }
 }
 
-static int open_model(const char *path, int32_t n_threads, int traced, dsi_context **ctx,
-                      dsi_model **model) {
+static int open_model(const char *path, int32_t n_threads, int traced, uint32_t ctx_flags,
+                      dsi_context **ctx, dsi_model **model) {
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = n_threads;
+    co.flags = ctx_flags;
     if (dsi_context_create(&co, ctx) != DSI_OK) {
         printf("# context: %s\n", dsi_last_error());
         return -1;
@@ -176,11 +177,16 @@ static int open_model(const char *path, int32_t n_threads, int traced, dsi_conte
 }
 
 int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model) {
-    return open_model(path, n_threads, 0, ctx, model);
+    return open_model(path, n_threads, 0, 0, ctx, model);
+}
+
+int mt_open_flags(const char *path, int32_t n_threads, uint32_t ctx_flags, dsi_context **ctx,
+                  dsi_model **model) {
+    return open_model(path, n_threads, 0, ctx_flags, ctx, model);
 }
 
 int mt_open_traced(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model) {
-    return open_model(path, n_threads, 1, ctx, model);
+    return open_model(path, n_threads, 1, 0, ctx, model);
 }
 
 void mt_close(dsi_context *ctx, dsi_model *model) {

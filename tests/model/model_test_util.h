@@ -35,9 +35,12 @@ float *mt_reference(const char *model, const dsi_token *tokens, size_t n, int32_
 /* Deterministic pseudo-random tokens in [0, n_vocab). */
 void mt_tokens(dsi_token *out, size_t n, int32_t n_vocab, uint32_t seed);
 
-/* Opens a CPU context (n_threads) and loads the model; returns 0 on success. mt_open_traced
- * wraps the context's op table first (fqt_wrap_context; mt_close unwraps). */
+/* Opens a CPU context (n_threads) and loads the model; returns 0 on success. mt_open_flags
+ * takes dsi_context_options.flags (DSI_CONTEXT_FLAG_EXACT_MATMUL for reference checks);
+ * mt_open_traced wraps the context's op table first (fqt_wrap_context; mt_close unwraps). */
 int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model);
+int mt_open_flags(const char *path, int32_t n_threads, uint32_t ctx_flags, dsi_context **ctx,
+                  dsi_model **model);
 int mt_open_traced(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model);
 void mt_close(dsi_context *ctx, dsi_model *model);
 

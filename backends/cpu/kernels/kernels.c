@@ -1,32 +1,48 @@
 /*
- * CPU matmul kernels: type table, argument checks, ISA dispatch, threading over output
- * rows, and the portable scalar path. See kernels.h for the contract.
+ * CPU matmul kernels: type table, argument checks, ISA dispatch, activation quantisation
+ * scratch, threading over output rows, and the portable scalar exact path. See kernels.h
+ * for the contract.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 #include "backends/types.h"
 
+#include "quant/quant.h"
+
 #include <stdatomic.h>
 #include <stdio.h>
 
-/* ---- type geometry --------------------------------------------------------------------- */
+/* ---- type table -------------------------------------------------------------------------
+ * The types with kernels: geometry from the shared table (backends/types.h), and the
+ * default-path kernels (quantised activations) or NULL when the type keeps f32 activations
+ * on both paths. Adding a type: one line here (kernels.h "Adding a weight type"). */
 
-/* Geometry from the shared table (backends/types.h); this list says which types have kernels. */
-static const int32_t kern_types[] = {
-    DSI_TYPE_F32,  DSI_TYPE_F16,   DSI_TYPE_BF16,          DSI_TYPE_Q8_0,        DSI_TYPE_Q4_K,
-    DSI_TYPE_Q2_K, DSI_TYPE_MXFP4, DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32,
+typedef struct kern_type {
+    int32_t type;
+    const dsib_kern_qtype *q;
+} kern_type;
+
+static const kern_type kern_types[] = {
+    {DSI_TYPE_F32, NULL},
+    {DSI_TYPE_F16, NULL},
+    {DSI_TYPE_BF16, NULL},
+    {DSI_TYPE_Q8_0, &dsib_kq_q8_0},
+    {DSI_TYPE_Q4_K, &dsib_kq_q4_k},
+    {DSI_TYPE_Q2_K, &dsib_kq_q2_k},
+    {DSI_TYPE_MXFP4, &dsib_kq_mxfp4},
+    {DSI_TYPE_FP8_E4M3_B128, NULL},
+    {DSI_TYPE_FP8_E4M3_B32, NULL},
 };
 
-static const dsib_type_info *kern_type_get(int32_t type) {
+static const kern_type *kern_type_get(int32_t type) {
     for (size_t i = 0; i < sizeof kern_types / sizeof kern_types[0]; i++)
-        if (kern_types[i] == type) return dsib_type_info_get(type);
+        if (kern_types[i].type == type && dsib_type_info_get(type)) return &kern_types[i];
     return NULL;
 }
 
 int dsib_kern_type_supported(int32_t type) { return kern_type_get(type) != NULL; }
 
 int64_t dsib_kern_block_elems(int32_t type) {
-    const dsib_type_info *t = kern_type_get(type);
-    return t ? (int64_t)t->blck : 0;
+    return kern_type_get(type) ? (int64_t)dsib_type_info_get(type)->blck : 0;
 }
 
 size_t dsib_kern_row_bytes(int32_t type, int64_t n_in) {
@@ -34,14 +50,15 @@ size_t dsib_kern_row_bytes(int32_t type, int64_t n_in) {
     return (size_t)dsib_type_row_bytes(type, n_in);
 }
 
-static const char *type_name(int32_t type) {
-    const dsib_type_info *t = kern_type_get(type);
-    return t ? t->name : "unknown";
+int32_t dsib_kern_act_format(int32_t type, uint32_t flags) {
+    const kern_type *t = kern_type_get(type);
+    if (!t || !t->q || (flags & DSIB_MM_EXACT)) return DSIB_ACT_F32;
+    return t->q->act;
 }
 
 dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_row_bytes,
                            int64_t x_stride, int64_t y_stride, char *msg, size_t msg_size) {
-    const dsib_type_info *t = kern_type_get(type);
+    const kern_type *t = kern_type_get(type);
     if (!t) {
         if (msg && msg_size)
             snprintf(msg, msg_size, "cpu matmul: tensor type %d has no CPU kernel", (int)type);
@@ -51,7 +68,7 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
     if (n_in < 0 || n_out < 0 || (n_in > 0 && rb == 0)) {
         if (msg && msg_size)
             snprintf(msg, msg_size, "cpu matmul: bad shape n_in=%lld n_out=%lld for %s",
-                     (long long)n_in, (long long)n_out, type_name(type));
+                     (long long)n_in, (long long)n_out, dsib_type_info_get(type)->name);
         return DSI_ERR_INVALID_ARGUMENT;
     }
     if (w_row_bytes < rb || x_stride < n_in || y_stride < n_out) {
@@ -177,8 +194,16 @@ static void scalar_decode(int32_t type, const uint8_t *row, int64_t i0, int64_t 
         }
         return;
     }
-    default:
+    default: {
+        /* a type without its own decoder here: lib/quant's reference dequantizer */
+        const dsii_type_traits *tr = dsii_type_get(type);
+        if (!tr || !tr->dequantize_row) {
+            memset(dst, 0, (size_t)n * sizeof(float));
+            return;
+        }
+        tr->dequantize_row(row + (size_t)(i0 / tr->blck) * tr->type_size, dst, n);
         return;
+    }
     }
 }
 
@@ -224,17 +249,6 @@ void dsib_kern_rows_scalar(int32_t type, const uint8_t *w, size_t w_row_bytes, i
 
 /* ---- dispatch -------------------------------------------------------------------------- */
 
-static dsib_rows_ptr_fn rows_fn_for(int32_t isa) {
-    switch (isa) {
-    case DSIB_ISA_SCALAR: return dsib_kern_rows_scalar;
-#ifdef DSIB_KERN_X86
-    case DSIB_ISA_AVX2: return dsib_kern_rows_avx2;
-    case DSIB_ISA_AVX512: return dsib_kern_rows_avx512;
-#endif
-    default: return NULL;
-    }
-}
-
 static int cpu_has_isa(int32_t isa) {
     if (isa == DSIB_ISA_SCALAR) return 1;
 #ifdef DSIB_KERN_X86
@@ -242,10 +256,11 @@ static int cpu_has_isa(int32_t isa) {
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     /* F16C has no __builtin_cpu_supports name in gcc 12; every AVX2 CPU ships it. */
     if (isa == DSIB_ISA_AVX2) return avx2;
-    if (isa == DSIB_ISA_AVX512)
-        return avx2 && __builtin_cpu_supports("avx512f") &&
-               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx512dq");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512dq");
+    if (isa == DSIB_ISA_AVX512) return avx512;
+    if (isa == DSIB_ISA_AVX512VNNI) return avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
     return 0;
 }
@@ -256,42 +271,51 @@ static int32_t process_isa(void) {
     int v = atomic_load_explicit(&kern_isa, memory_order_acquire);
     if (v >= 0) return v;
     int best = DSIB_ISA_SCALAR;
-    if (cpu_has_isa(DSIB_ISA_AVX2)) best = DSIB_ISA_AVX2;
-    if (cpu_has_isa(DSIB_ISA_AVX512)) best = DSIB_ISA_AVX512;
+    for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++)
+        if (cpu_has_isa(isa)) best = isa;
     int expected = -1;
     /* The first caller fixes the path; everyone agrees on the stored value. */
     atomic_compare_exchange_strong(&kern_isa, &expected, best);
     return atomic_load_explicit(&kern_isa, memory_order_acquire);
 }
 
-/* Public tables carry a matmul_rows entry that routes through the pointer-array kernel. */
-static void matmul_rows_scalar(int32_t, const void *, size_t, int64_t, int64_t, int64_t,
-                               const float *, int64_t, float *, int64_t, int64_t);
-static void matmul_rows_avx2(int32_t, const void *, size_t, int64_t, int64_t, int64_t,
-                             const float *, int64_t, float *, int64_t, int64_t);
-static void matmul_rows_avx512(int32_t, const void *, size_t, int64_t, int64_t, int64_t,
-                               const float *, int64_t, float *, int64_t, int64_t);
-
-static const dsib_kern_table kern_tables_full[DSIB_ISA_COUNT] = {
-    {DSIB_ISA_SCALAR, "scalar", matmul_rows_scalar},
-    {DSIB_ISA_AVX2, "avx2", matmul_rows_avx2},
-    {DSIB_ISA_AVX512, "avx512", matmul_rows_avx512},
-};
-
-static const dsib_kern_table *table_checked(int32_t isa) {
-    if (isa < 0 || isa >= DSIB_ISA_COUNT) return NULL;
-    if (!rows_fn_for(isa) || !cpu_has_isa(isa)) return NULL;
-    return &kern_tables_full[isa];
+/* Exact path of one ISA for one call (types without SIMD exact kernels use the scalar one). */
+static void exact_rows(int32_t isa, int32_t type, const uint8_t *w, size_t rb, int64_t n_in,
+                       int64_t o0, int64_t o1, const float *const *xp, float *const *yp,
+                       int n) {
+#ifdef DSIB_KERN_X86
+    if (isa >= DSIB_ISA_AVX512) {
+        if (dsib_kern_rows_avx512(type, w, rb, n_in, o0, o1, xp, yp, n)) return;
+    } else if (isa == DSIB_ISA_AVX2) {
+        if (dsib_kern_rows_avx2(type, w, rb, n_in, o0, o1, xp, yp, n)) return;
+    }
+#else
+    (void)isa;
+#endif
+    dsib_kern_rows_scalar(type, w, rb, n_in, o0, o1, xp, yp, n);
 }
 
-const dsib_kern_table *dsib_kern_table_get(void) { return &kern_tables_full[process_isa()]; }
-const dsib_kern_table *dsib_kern_table_for(int32_t isa) { return table_checked(isa); }
-const char *dsib_kern_isa_name(void) { return kern_tables_full[process_isa()].name; }
+/* Default-path row kernel of a type for an ISA (the nearest lower ISA that has one). */
+static dsib_qrows_fn qrows_for(const kern_type *kt, int32_t isa) {
+    for (int32_t i = isa; i >= 0; i--)
+        if (kt->q->qrows[i]) return kt->q->qrows[i];
+    return NULL;
+}
 
-/* Strided x/y → pointer arrays, DSIB_KERN_GROUP tokens at a time. */
-static void rows_strided(dsib_rows_ptr_fn fn, int32_t type, const void *w, size_t rb,
-                         int64_t n_in, int64_t o0, int64_t o1, const float *x,
-                         int64_t x_stride, float *y, int64_t y_stride, int64_t n_tok) {
+static dsib_act_quantize_fn quantizer_for(int32_t isa) {
+#ifdef DSIB_KERN_X86
+    if (isa >= DSIB_ISA_AVX512) return dsib_act_quantize_avx512;
+    if (isa == DSIB_ISA_AVX2) return dsib_act_quantize_avx2;
+#else
+    (void)isa;
+#endif
+    return dsib_act_quantize_scalar;
+}
+
+/* Strided x/y → pointer arrays, DSIB_KERN_GROUP tokens at a time (exact path). */
+static void rows_strided(int32_t isa, int32_t type, const void *w, size_t rb, int64_t n_in,
+                         int64_t o0, int64_t o1, const float *x, int64_t x_stride, float *y,
+                         int64_t y_stride, int64_t n_tok) {
     const float *xp[DSIB_KERN_GROUP];
     float *yp[DSIB_KERN_GROUP];
     for (int64_t t0 = 0; t0 < n_tok; t0 += DSIB_KERN_GROUP) {
@@ -300,24 +324,144 @@ static void rows_strided(dsib_rows_ptr_fn fn, int32_t type, const void *w, size_
             xp[t] = x + (t0 + t) * x_stride;
             yp[t] = y + (t0 + t) * y_stride;
         }
-        fn(type, (const uint8_t *)w, rb, n_in, o0, o1, xp, yp, n);
+        exact_rows(isa, type, (const uint8_t *)w, rb, n_in, o0, o1, xp, yp, n);
     }
 }
 
-#define MATMUL_ROWS_ISA(ISA, FN)                                                          \
+/* Quantised activation rows: row r at base + r * stride. */
+typedef struct act_rows {
+    int32_t fmt;
+    int64_t n_in;
+    const uint8_t *base;
+    size_t stride;
+} act_rows;
+
+static dsib_qrow act_row(const act_rows *a, int64_t r) {
+    return dsib_kern_act_view(a->fmt, a->base + (size_t)r * a->stride, a->n_in);
+}
+
+/* Default path from quantised rows, DSIB_KERN_GROUP tokens at a time; token t uses
+ * activation row xr ? xr[t] : t and writes y + (yr ? yr[t] : t) * y_stride. */
+static void qrows_strided(dsib_qrows_fn fn, const void *w, size_t rb, int64_t n_in,
+                          int64_t o0, int64_t o1, const act_rows *a, const int64_t *xr,
+                          float *y, int64_t y_stride, const int64_t *yr, int64_t n_tok) {
+    dsib_qrow xq[DSIB_KERN_GROUP];
+    float *yp[DSIB_KERN_GROUP];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += DSIB_KERN_GROUP) {
+        int n = (int)(n_tok - t0 < DSIB_KERN_GROUP ? n_tok - t0 : DSIB_KERN_GROUP);
+        for (int t = 0; t < n; t++) {
+            xq[t] = act_row(a, xr ? xr[t0 + t] : t0 + t);
+            yp[t] = y + (yr ? yr[t0 + t] : t0 + t) * y_stride;
+        }
+        fn((const uint8_t *)w, rb, n_in, o0, o1, xq, yp, n);
+    }
+}
+
+/* Public per-ISA tables. */
+#define MATMUL_ROWS_ISA(ISA, ID)                                                          \
     static void matmul_rows_##ISA(int32_t type, const void *w, size_t rb, int64_t n_in,  \
                                   int64_t o0, int64_t o1, const float *x, int64_t xs,    \
                                   float *y, int64_t ys, int64_t n_tok) {                 \
-        rows_strided(FN, type, w, rb, n_in, o0, o1, x, xs, y, ys, n_tok);                 \
+        rows_strided(ID, type, w, rb, n_in, o0, o1, x, xs, y, ys, n_tok);                 \
+    }                                                                                     \
+    static void act_quantize_##ISA(int32_t fmt, const float *x, int64_t xs, int64_t n_in, \
+                                   int64_t n_tok, void *act, size_t stride) {            \
+        quantizer_for(ID)(fmt, x, xs, n_in, n_tok, act, stride);                          \
+    }                                                                                     \
+    static void qmatmul_rows_##ISA(int32_t type, const void *w, size_t rb, int64_t n_in, \
+                                   int64_t o0, int64_t o1, const void *act,              \
+                                   size_t act_stride, float *y, int64_t ys,              \
+                                   int64_t n_tok) {                                      \
+        const kern_type *kt = kern_type_get(type);                                        \
+        if (!kt || !kt->q) return;                                                        \
+        act_rows a = {kt->q->act, n_in, (const uint8_t *)act, act_stride};                \
+        qrows_strided(qrows_for(kt, ID), w, rb, n_in, o0, o1, &a, NULL, y, ys, NULL,     \
+                      n_tok);                                                             \
     }
-MATMUL_ROWS_ISA(scalar, dsib_kern_rows_scalar)
-#ifdef DSIB_KERN_X86
-MATMUL_ROWS_ISA(avx2, dsib_kern_rows_avx2)
-MATMUL_ROWS_ISA(avx512, dsib_kern_rows_avx512)
-#else
-MATMUL_ROWS_ISA(avx2, dsib_kern_rows_scalar)
-MATMUL_ROWS_ISA(avx512, dsib_kern_rows_scalar)
-#endif
+MATMUL_ROWS_ISA(scalar, DSIB_ISA_SCALAR)
+MATMUL_ROWS_ISA(avx2, DSIB_ISA_AVX2)
+MATMUL_ROWS_ISA(avx512, DSIB_ISA_AVX512)
+MATMUL_ROWS_ISA(avx512vnni, DSIB_ISA_AVX512VNNI)
+
+static const dsib_kern_table kern_tables_full[DSIB_ISA_COUNT] = {
+    {DSIB_ISA_SCALAR, "scalar", matmul_rows_scalar, act_quantize_scalar, qmatmul_rows_scalar},
+    {DSIB_ISA_AVX2, "avx2", matmul_rows_avx2, act_quantize_avx2, qmatmul_rows_avx2},
+    {DSIB_ISA_AVX512, "avx512", matmul_rows_avx512, act_quantize_avx512, qmatmul_rows_avx512},
+    {DSIB_ISA_AVX512VNNI, "avx512vnni", matmul_rows_avx512vnni, act_quantize_avx512vnni,
+     qmatmul_rows_avx512vnni},
+};
+
+const dsib_kern_table *dsib_kern_table_get(void) { return &kern_tables_full[process_isa()]; }
+const dsib_kern_table *dsib_kern_table_for(int32_t isa) {
+    if (isa < 0 || isa >= DSIB_ISA_COUNT || !cpu_has_isa(isa)) return NULL;
+    return &kern_tables_full[isa];
+}
+const char *dsib_kern_isa_name(void) { return kern_tables_full[process_isa()].name; }
+
+/* ---- activation scratch ------------------------------------------------------------------ */
+
+/* One token of n_in <= ~11k elements is quantised into the caller's stack. */
+#define ACT_STACK_BYTES 12288
+
+typedef struct act_scratch {
+    dsib_threadpool *pool;
+    void *heap;
+    _Alignas(64) uint8_t stack[ACT_STACK_BYTES];
+} act_scratch;
+
+/* 64-byte aligned scratch of `bytes` (the stack part when it fits). */
+static uint8_t *scratch_get(act_scratch *s, size_t bytes) {
+    s->heap = NULL;
+    if (bytes <= ACT_STACK_BYTES) return s->stack;
+    if (bytes > SIZE_MAX - 64) return NULL;
+    s->heap = dsib_threadpool_alloc(s->pool, bytes + 64);
+    if (!s->heap) return NULL;
+    return (uint8_t *)(((uintptr_t)s->heap + 63) & ~(uintptr_t)63);
+}
+
+static void scratch_release(act_scratch *s) {
+    dsib_threadpool_dealloc(s->pool, s->heap);
+    s->heap = NULL;
+}
+
+typedef struct quant_job {
+    dsib_act_quantize_fn fn;
+    const act_rows *a;
+    const float *x;
+    int64_t xs, rows, per_task;
+} quant_job;
+
+static void quant_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const quant_job *j = arg;
+    int64_t r0 = task * j->per_task, n = j->rows - r0 < j->per_task ? j->rows - r0 : j->per_task;
+    j->fn(j->a->fmt, j->x + r0 * j->xs, j->xs, j->a->n_in, n,
+          (uint8_t *)(uintptr_t)j->a->base + (size_t)r0 * j->a->stride, j->a->stride);
+}
+
+/* Quantises rows [0, rows) of x into `mem` (laid out by a). Several rows go over the pool. */
+static void act_quantize_rows(dsib_threadpool *pool, int32_t isa, const act_rows *a,
+                              const float *x, int64_t xs, int64_t rows) {
+    quant_job j = {quantizer_for(isa), a, x, xs, rows, 4};
+    if (rows <= 2) {
+        j.per_task = rows;
+        quant_task(&j, 0, 0);
+        return;
+    }
+    dsib_parallel_for(pool, (rows + j.per_task - 1) / j.per_task, quant_task, &j);
+}
+
+/* Lays out `rows` quantised rows of format fmt in scratch; NULL if it cannot be had. */
+static int act_alloc(act_scratch *s, int32_t fmt, int64_t n_in, int64_t rows, act_rows *a) {
+    a->fmt = fmt;
+    a->n_in = n_in;
+    a->stride = dsib_kern_act_row_bytes(fmt, n_in);
+    a->base = NULL;
+    if (a->stride == 0 || rows < 0 || (rows > 0 && (size_t)rows > SIZE_MAX / 2 / a->stride))
+        return 0;
+    a->base = scratch_get(s, a->stride * (size_t)(rows > 0 ? rows : 1));
+    return a->base != NULL;
+}
 
 /* ---- threading over output rows --------------------------------------------------------- */
 
@@ -333,13 +477,15 @@ static int64_t rows_per_task(size_t rb, int64_t n_out, int32_t n_threads) {
 }
 
 typedef struct mm_job {
-    dsib_rows_ptr_fn fn;
+    int32_t isa;
+    dsib_qrows_fn qfn; /* default path, or NULL: exact */
     int32_t type;
     const uint8_t *w;
     size_t rb;
     int64_t n_in, n_out, rows;
     const float *x;
     int64_t xs;
+    act_rows act;
     float *y;
     int64_t ys, n_tok;
 } mm_job;
@@ -349,11 +495,15 @@ static void mm_task(void *arg, int64_t task, int32_t slot) {
     const mm_job *j = arg;
     int64_t o0 = task * j->rows, o1 = o0 + j->rows;
     if (o1 > j->n_out) o1 = j->n_out;
-    rows_strided(j->fn, j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->xs, j->y, j->ys,
-                 j->n_tok);
+    if (j->qfn)
+        qrows_strided(j->qfn, j->w, j->rb, j->n_in, o0, o1, &j->act, NULL, j->y, j->ys, NULL,
+                      j->n_tok);
+    else
+        rows_strided(j->isa, j->type, j->w, j->rb, j->n_in, o0, o1, j->x, j->xs, j->y, j->ys,
+                     j->n_tok);
 }
 
-dsi_status dsib_matmul(dsib_threadpool *pool, int32_t type, const void *w,
+dsi_status dsib_matmul(dsib_threadpool *pool, uint32_t flags, int32_t type, const void *w,
                        size_t w_row_bytes, int64_t n_in, int64_t n_out, const float *x,
                        int64_t x_stride, float *y, int64_t y_stride, int64_t n_tok) {
     dsi_status st = dsib_kern_check(type, n_in, n_out, w_row_bytes, x_stride, y_stride,
@@ -362,29 +512,44 @@ dsi_status dsib_matmul(dsib_threadpool *pool, int32_t type, const void *w,
     if (n_tok < 0) return DSI_ERR_INVALID_ARGUMENT;
     if (n_tok == 0 || n_out == 0) return DSI_OK;
     if (!w || !x || !y) return DSI_ERR_INVALID_ARGUMENT;
-    mm_job j = {rows_fn_for(process_isa()), type, w, w_row_bytes, n_in, n_out, 0, x,
-                x_stride, y, y_stride, n_tok};
+    const kern_type *kt = kern_type_get(type);
+    const int32_t isa = process_isa();
+    mm_job j = {isa, NULL, type, w, w_row_bytes, n_in, n_out, 0, x, x_stride,
+                {0, 0, NULL, 0}, y, y_stride, n_tok};
     j.rows = rows_per_task(w_row_bytes, n_out, dsib_threadpool_n_threads(pool));
+    act_scratch s;
+    s.pool = pool;
+    s.heap = NULL;
+    const int32_t fmt = dsib_kern_act_format(type, flags);
+    if (fmt != DSIB_ACT_F32 && n_in > 0) {
+        if (!act_alloc(&s, fmt, n_in, n_tok, &j.act)) return DSI_ERR_OUT_OF_HOST_MEMORY;
+        act_quantize_rows(pool, isa, &j.act, x, x_stride, n_tok);
+        j.qfn = qrows_for(kt, isa);
+    }
     dsib_parallel_for(pool, (n_out + j.rows - 1) / j.rows, mm_task, &j);
+    scratch_release(&s);
     return DSI_OK;
 }
 
-dsi_status dsib_matmul_expert(dsib_threadpool *pool, int32_t type, const void *w_base,
-                              size_t expert_stride, int32_t expert, size_t w_row_bytes,
-                              int64_t n_in, int64_t n_out, const float *x,
-                              int64_t x_stride, float *y, int64_t y_stride,
+dsi_status dsib_matmul_expert(dsib_threadpool *pool, uint32_t flags, int32_t type,
+                              const void *w_base, size_t expert_stride, int32_t expert,
+                              size_t w_row_bytes, int64_t n_in, int64_t n_out,
+                              const float *x, int64_t x_stride, float *y, int64_t y_stride,
                               int64_t n_tok) {
     if (expert < 0 || !w_base) return DSI_ERR_INVALID_ARGUMENT;
     if (n_out > 0 && expert_stride / (size_t)n_out < w_row_bytes)
         return DSI_ERR_INVALID_ARGUMENT;
-    return dsib_matmul(pool, type, (const uint8_t *)w_base + (size_t)expert * expert_stride,
-                       w_row_bytes, n_in, n_out, x, x_stride, y, y_stride, n_tok);
+    return dsib_matmul(pool, flags, type,
+                       (const uint8_t *)w_base + (size_t)expert * expert_stride, w_row_bytes,
+                       n_in, n_out, x, x_stride, y, y_stride, n_tok);
 }
 
 typedef struct moe_job {
-    dsib_rows_ptr_fn fn;
+    int32_t isa;
+    dsib_qrows_fn qfn;
     const dsib_moe_matmul *m;
     int64_t rows, chunks;
+    act_rows act;
 } moe_job;
 
 static void moe_task(void *arg, int64_t task, int32_t slot) {
@@ -397,6 +562,19 @@ static void moe_task(void *arg, int64_t task, int32_t slot) {
     int64_t o0 = c * j->rows, o1 = o0 + j->rows;
     if (o1 > m->n_out) o1 = m->n_out;
     const uint8_t *w = (const uint8_t *)m->w_base + (size_t)m->experts[g] * m->expert_stride;
+    if (j->qfn) {
+        int64_t xr[DSIB_KERN_GROUP], yr[DSIB_KERN_GROUP];
+        for (int64_t t0 = s0; t0 < s1; t0 += DSIB_KERN_GROUP) {
+            int n = (int)(s1 - t0 < DSIB_KERN_GROUP ? s1 - t0 : DSIB_KERN_GROUP);
+            for (int t = 0; t < n; t++) {
+                xr[t] = m->x_rows ? m->x_rows[t0 + t] : t0 + t;
+                yr[t] = m->y_rows ? m->y_rows[t0 + t] : t0 + t;
+            }
+            qrows_strided(j->qfn, w, m->w_row_bytes, m->n_in, o0, o1, &j->act, xr, m->y,
+                          m->y_stride, yr, n);
+        }
+        return;
+    }
     const float *xp[DSIB_KERN_GROUP];
     float *yp[DSIB_KERN_GROUP];
     for (int64_t t0 = s0; t0 < s1; t0 += DSIB_KERN_GROUP) {
@@ -406,7 +584,7 @@ static void moe_task(void *arg, int64_t task, int32_t slot) {
             xp[t] = m->x + (m->x_rows ? m->x_rows[s] : s) * m->x_stride;
             yp[t] = m->y + (m->y_rows ? m->y_rows[s] : s) * m->y_stride;
         }
-        j->fn(m->type, w, m->w_row_bytes, m->n_in, o0, o1, xp, yp, n);
+        exact_rows(j->isa, m->type, w, m->w_row_bytes, m->n_in, o0, o1, xp, yp, n);
     }
 }
 
@@ -437,7 +615,8 @@ dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char
     }
     if (!m->w_base || !m->x || !m->y) return DSI_ERR_INVALID_ARGUMENT;
     moe_job j;
-    j.fn = rows_fn_for(process_isa());
+    memset(&j, 0, sizeof j);
+    j.isa = process_isa();
     j.m = m;
     /* Tasks are sized for the whole step's work, so many experts × few rows each still
      * balance over the threads. */
@@ -445,7 +624,31 @@ dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char
     j.rows = rows_per_task(m->w_row_bytes, m->n_out * m->n_groups, nt);
     if (j.rows > m->n_out) j.rows = m->n_out;
     j.chunks = (m->n_out + j.rows - 1) / j.rows;
+    act_scratch s;
+    s.pool = pool;
+    s.heap = NULL;
+    const int32_t fmt = dsib_kern_act_format(m->type, m->flags);
+    if (fmt != DSIB_ACT_F32 && m->n_in > 0) {
+        /* every x row a slot reads: rows [0, max + 1) */
+        const int64_t n_slots = m->slot_offs[m->n_groups];
+        int64_t n_rows = 0;
+        for (int64_t sl = 0; sl < n_slots; sl++) {
+            const int64_t r = m->x_rows ? m->x_rows[sl] : sl;
+            if (r < 0) {
+                if (msg && msg_size) snprintf(msg, msg_size, "cpu moe matmul: negative x row");
+                return DSI_ERR_INVALID_ARGUMENT;
+            }
+            if (r + 1 > n_rows) n_rows = r + 1;
+        }
+        if (!act_alloc(&s, fmt, m->n_in, n_rows, &j.act)) {
+            if (msg && msg_size) snprintf(msg, msg_size, "cpu moe matmul: out of memory");
+            return DSI_ERR_OUT_OF_HOST_MEMORY;
+        }
+        act_quantize_rows(pool, j.isa, &j.act, m->x, m->x_stride, n_rows);
+        j.qfn = qrows_for(kern_type_get(m->type), j.isa);
+    }
     dsib_parallel_for(pool, j.chunks * m->n_groups, moe_task, &j);
+    scratch_release(&s);
     return DSI_OK;
 }
 
@@ -454,11 +657,13 @@ dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char
 #define BATCH_MAX 64
 
 typedef struct batch_job {
-    dsib_rows_ptr_fn fn;
+    int32_t isa;
     const dsib_matmul_desc *d;
     int32_t n;
     int64_t rows[BATCH_MAX];
     int64_t first[BATCH_MAX + 1]; /* first task of each descriptor */
+    dsib_qrows_fn qfn[BATCH_MAX]; /* NULL: exact */
+    act_rows act[BATCH_MAX];
 } batch_job;
 
 static void batch_task(void *arg, int64_t task, int32_t slot) {
@@ -475,12 +680,62 @@ static void batch_task(void *arg, int64_t task, int32_t slot) {
     const dsib_matmul_desc *d = &j->d[lo];
     int64_t o0 = (task - j->first[lo]) * j->rows[lo], o1 = o0 + j->rows[lo];
     if (o1 > d->n_out) o1 = d->n_out;
-    rows_strided(j->fn, d->type, d->w, d->w_row_bytes, d->n_in, o0, o1, d->x, d->x_stride, d->y,
-                 d->y_stride, d->n_tok);
+    if (j->qfn[lo])
+        qrows_strided(j->qfn[lo], d->w, d->w_row_bytes, d->n_in, o0, o1, &j->act[lo], NULL,
+                      d->y, d->y_stride, NULL, d->n_tok);
+    else
+        rows_strided(j->isa, d->type, d->w, d->w_row_bytes, d->n_in, o0, o1, d->x,
+                     d->x_stride, d->y, d->y_stride, d->n_tok);
 }
 
-dsi_status dsib_matmul_batch(dsib_threadpool *pool, const dsib_matmul_desc *d, int32_t n,
-                             char *msg, size_t msg_size) {
+/* Quantised activations of the descriptors of one round: descriptors with the same input
+ * (x, stride, n_in, n_tok) and format share them. */
+static dsi_status batch_quantize(dsib_threadpool *pool, uint32_t flags, batch_job *j,
+                                 act_scratch *s) {
+    size_t total = 0;
+    int32_t owner[BATCH_MAX];
+    for (int32_t i = 0; i < j->n; i++) {
+        const dsib_matmul_desc *di = &j->d[i];
+        owner[i] = -1;
+        j->qfn[i] = NULL;
+        const int32_t fmt = dsib_kern_act_format(di->type, flags);
+        if (fmt == DSIB_ACT_F32 || di->n_tok == 0 || di->n_out == 0 || di->n_in == 0) continue;
+        j->qfn[i] = qrows_for(kern_type_get(di->type), j->isa);
+        j->act[i].fmt = fmt;
+        j->act[i].n_in = di->n_in;
+        j->act[i].stride = dsib_kern_act_row_bytes(fmt, di->n_in);
+        owner[i] = i;
+        for (int32_t k = 0; k < i; k++) {
+            const dsib_matmul_desc *dk = &j->d[k];
+            if (owner[k] == k && j->act[k].fmt == fmt && dk->x == di->x &&
+                dk->x_stride == di->x_stride && dk->n_in == di->n_in && dk->n_tok == di->n_tok) {
+                owner[i] = k;
+                break;
+            }
+        }
+        if (owner[i] == i) {
+            if ((size_t)di->n_tok > (SIZE_MAX / 4 - total) / j->act[i].stride)
+                return DSI_ERR_OUT_OF_HOST_MEMORY;
+            total += j->act[i].stride * (size_t)di->n_tok;
+        }
+    }
+    if (total == 0) return DSI_OK;
+    uint8_t *mem = scratch_get(s, total);
+    if (!mem) return DSI_ERR_OUT_OF_HOST_MEMORY;
+    size_t off = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        if (owner[i] != i) continue;
+        j->act[i].base = mem + off;
+        off += j->act[i].stride * (size_t)j->d[i].n_tok;
+        act_quantize_rows(pool, j->isa, &j->act[i], j->d[i].x, j->d[i].x_stride, j->d[i].n_tok);
+    }
+    for (int32_t i = 0; i < j->n; i++)
+        if (owner[i] >= 0 && owner[i] != i) j->act[i] = j->act[owner[i]];
+    return DSI_OK;
+}
+
+dsi_status dsib_matmul_batch(dsib_threadpool *pool, uint32_t flags, const dsib_matmul_desc *d,
+                             int32_t n, char *msg, size_t msg_size) {
     if (n < 0 || (n > 0 && !d)) {
         if (msg && msg_size) snprintf(msg, msg_size, "cpu matmul batch: bad descriptor list");
         return DSI_ERR_INVALID_ARGUMENT;
@@ -494,28 +749,42 @@ dsi_status dsib_matmul_batch(dsib_threadpool *pool, const dsib_matmul_desc *d, i
             return DSI_ERR_INVALID_ARGUMENT;
         }
     }
-    batch_job j;
-    j.fn = rows_fn_for(process_isa());
-    int32_t nt = dsib_threadpool_n_threads(pool);
-    for (int32_t b0 = 0; b0 < n; b0 += BATCH_MAX) {
-        j.d = d + b0;
-        j.n = n - b0 < BATCH_MAX ? n - b0 : BATCH_MAX;
-        int64_t total_out = 0;
-        for (int32_t i = 0; i < j.n; i++)
-            if (j.d[i].n_tok > 0) total_out += j.d[i].n_out;
-        j.first[0] = 0;
-        for (int32_t i = 0; i < j.n; i++) {
-            const dsib_matmul_desc *di = &j.d[i];
-            int64_t tasks = 0;
-            j.rows[i] = 1;
-            if (di->n_tok > 0 && di->n_out > 0) {
-                j.rows[i] = rows_per_task(di->w_row_bytes, total_out, nt);
-                if (j.rows[i] > di->n_out) j.rows[i] = di->n_out;
-                tasks = (di->n_out + j.rows[i] - 1) / j.rows[i];
-            }
-            j.first[i + 1] = j.first[i] + tasks;
-        }
-        if (j.first[j.n] > 0) dsib_parallel_for(pool, j.first[j.n], batch_task, &j);
+    batch_job *j = dsib_threadpool_alloc(pool, sizeof *j);
+    if (!j) {
+        if (msg && msg_size) snprintf(msg, msg_size, "cpu matmul batch: out of memory");
+        return DSI_ERR_OUT_OF_HOST_MEMORY;
     }
-    return DSI_OK;
+    j->isa = process_isa();
+    int32_t nt = dsib_threadpool_n_threads(pool);
+    dsi_status st = DSI_OK;
+    for (int32_t b0 = 0; b0 < n && st == DSI_OK; b0 += BATCH_MAX) {
+        j->d = d + b0;
+        j->n = n - b0 < BATCH_MAX ? n - b0 : BATCH_MAX;
+        int64_t total_out = 0;
+        for (int32_t i = 0; i < j->n; i++)
+            if (j->d[i].n_tok > 0) total_out += j->d[i].n_out;
+        j->first[0] = 0;
+        for (int32_t i = 0; i < j->n; i++) {
+            const dsib_matmul_desc *di = &j->d[i];
+            int64_t tasks = 0;
+            j->rows[i] = 1;
+            if (di->n_tok > 0 && di->n_out > 0) {
+                j->rows[i] = rows_per_task(di->w_row_bytes, total_out, nt);
+                if (j->rows[i] > di->n_out) j->rows[i] = di->n_out;
+                tasks = (di->n_out + j->rows[i] - 1) / j->rows[i];
+            }
+            j->first[i + 1] = j->first[i] + tasks;
+        }
+        act_scratch s;
+        s.pool = pool;
+        s.heap = NULL;
+        st = batch_quantize(pool, flags, j, &s);
+        if (st == DSI_OK && j->first[j->n] > 0)
+            dsib_parallel_for(pool, j->first[j->n], batch_task, j);
+        scratch_release(&s);
+        if (st != DSI_OK && msg && msg_size)
+            snprintf(msg, msg_size, "cpu matmul batch: out of memory");
+    }
+    dsib_threadpool_dealloc(pool, j);
+    return st;
 }

@@ -270,20 +270,11 @@ AI void dot_mxfp4(const uint8_t *w, int64_t n, const float *const *xp, float *ou
 
 /* ---- FP8 E4M3 with E8M0 block scales ---------------------------------------------------- */
 
-/* E4M3 → f32 times 2^8 without f32 subnormals (slow on some cores); see the AVX-512 file:
- * exponent bias 128 is exact for normal codes, codes with e = 0 are fixed by 2f - 4. The
- * 2^-8 goes into the block scale. */
-AI __m256 e4m3x8_s8(__m256i i) {
-    const __m256i mag = _mm256_or_si256(
-        _mm256_and_si256(_mm256_slli_epi32(i, 20), _mm256_set1_epi32(0x07F00000)),
-        _mm256_set1_epi32(0x40000000));
-    const __m256 f = _mm256_castsi256_ps(mag);
-    const __m256 sub = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
-        _mm256_and_si256(i, _mm256_set1_epi32(0x78)), _mm256_setzero_si256()));
-    const __m256 g = _mm256_blendv_ps(
-        f, _mm256_fmsub_ps(f, _mm256_set1_ps(2.0f), _mm256_set1_ps(4.0f)), sub);
-    const __m256i sg = _mm256_slli_epi32(_mm256_and_si256(i, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_or_ps(g, _mm256_castsi256_ps(sg));
+/* E4M3 → f16 bit patterns worth e4m3 · 2^-8, exactly (see the AVX-512 file): 16 codes →
+ * b << 7 with the sign bit moved from 14 to 15; the 2^8 goes into the block scale. */
+AI __m256i e4m3x16_f16(__m128i bytes) {
+    const __m256i t = _mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 7);
+    return _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
 }
 
 #define DEF_FP8(NAME, BS)                                                                 \
@@ -296,7 +287,7 @@ AI __m256 e4m3x8_s8(__m256i i) {
                 const int64_t b = b0 + k;                                                 \
                 if (b >= nb) break;                                                       \
                 const uint8_t *bp = w + b * ((BS) + 1);                                   \
-                const __m256 s = _mm256_set1_ps(dsib_e8m0_to_f32(bp[0]) * 0x1p-8f);                 \
+                const __m256 s = _mm256_set1_ps(dsib_e8m0_to_f32(bp[0]) * 256.0f);        \
                 const int64_t valid = n - b * (BS) < (BS) ? n - b * (BS) : (BS);          \
                 uint8_t pad[BS];                                                          \
                 const uint8_t *vals = bp + 1;                                             \
@@ -306,17 +297,22 @@ AI __m256 e4m3x8_s8(__m256i i) {
                     vals = pad;                                                           \
                 }                                                                         \
                 __m256 p[TMAX][2];                                                        \
-                UNR for (int v = 0; v < (BS) / 8; v++) {                                  \
-                    const __m256 wv = e4m3x8_s8(ldu8(vals + 8 * v));                         \
-                    UNR for (int t = 0; t < T; t++) {                                     \
-                        const float *xv = xp[t] + b * (BS) + 8 * v;                       \
-                        const __m256 xx = valid == (BS) ? _mm256_loadu_ps(xv)             \
-                                                        : _mm256_maskload_ps(             \
-                                                              xv, tail_mask8(valid - 8 * v)); \
-                        if (v < 2)                                                        \
-                            p[t][v] = _mm256_mul_ps(wv, xx);                              \
-                        else                                                              \
-                            p[t][v & 1] = _mm256_fmadd_ps(wv, xx, p[t][v & 1]);           \
+                UNR for (int g = 0; g < (BS) / 16; g++) {                                 \
+                    const __m256i h = e4m3x16_f16(_mm_loadu_si128((const __m128i *)(vals + 16 * g))); \
+                    UNR for (int hh = 0; hh < 2; hh++) {                                  \
+                        const int v = 2 * g + hh;                                         \
+                        const __m256 wv = _mm256_cvtph_ps(hh ? _mm256_extracti128_si256(h, 1) \
+                                                             : _mm256_castsi256_si128(h)); \
+                        UNR for (int t = 0; t < T; t++) {                                 \
+                            const float *xv = xp[t] + b * (BS) + 8 * v;                   \
+                            const __m256 xx = valid == (BS) ? _mm256_loadu_ps(xv)         \
+                                                            : _mm256_maskload_ps(         \
+                                                                  xv, tail_mask8(valid - 8 * v)); \
+                            if (v < 2)                                                    \
+                                p[t][v] = _mm256_mul_ps(wv, xx);                          \
+                            else                                                          \
+                                p[t][v & 1] = _mm256_fmadd_ps(wv, xx, p[t][v & 1]);       \
+                        }                                                                 \
                     }                                                                     \
                 }                                                                         \
                 UNR for (int t = 0; t < T; t++) acc[t][k] =                               \
@@ -350,7 +346,7 @@ SPECIALIZE(dot_mxfp4)
 SPECIALIZE(dot_fp8_b128)
 SPECIALIZE(dot_fp8_b32)
 
-void dsib_kern_rows_avx2(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
+int dsib_kern_rows_avx2(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
                          int64_t o0, int64_t o1, const float *const *xp, float *const *yp,
                          int n) {
     const dotfn *tab;
@@ -364,7 +360,7 @@ void dsib_kern_rows_avx2(int32_t type, const uint8_t *w, size_t w_row_bytes, int
     case DSI_TYPE_MXFP4: tab = dot_mxfp4_tab; break;
     case DSI_TYPE_FP8_E4M3_B128: tab = dot_fp8_b128_tab; break;
     case DSI_TYPE_FP8_E4M3_B32: tab = dot_fp8_b32_tab; break;
-    default: return;
+    default: return 0;
     }
     for (int t0 = 0; t0 < n; t0 += TMAX) {
         const int T = n - t0 < TMAX ? n - t0 : TMAX;
@@ -375,6 +371,7 @@ void dsib_kern_rows_avx2(int32_t type, const uint8_t *w, size_t w_row_bytes, int
             for (int t = 0; t < T; t++) yp[t0 + t][o] = out[t];
         }
     }
+    return 1;
 }
 
 #if defined(__clang__)

@@ -76,12 +76,27 @@ AI __m512 w_bf16_m(const uint8_t *w, int64_t i, __mmask16 m) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* Every dot function below runs elements [k0, k1) of n (k0 a multiple of KBLOCK, or 0) with
+ * its accumulators starting from zero (k0 = 0) or from st, and ends by reducing them into
+ * out (k1 = n) or by saving them to st: the K-blocked prefill tiles (dsib_kern_rows_avx512)
+ * split a row into chunks without changing a single operation. */
+#define ACC_LOAD                                                                          \
+    if (k0 > 0)                                                                           \
+        UNR for (int t = 0; t < T; t++) UNR for (int k = 0; k < 4; k++) acc[t][k] = st[4 * t + k];
+#define ACC_END                                                                           \
+    if (k1 < n) {                                                                         \
+        UNR for (int t = 0; t < T; t++) UNR for (int k = 0; k < 4; k++) st[4 * t + k] = acc[t][k]; \
+    } else {                                                                              \
+        ACC_OUT                                                                           \
+    }
+#define KARGS int64_t k0, int64_t k1, int64_t n, const float *const *xp, float *out, __m512 *st
+
 #define DEF_PLAIN(NAME, LD, LDM)                                                           \
-    AI void NAME(const uint8_t *w, int64_t n, const float *const *xp, float *out,         \
-                 const int T) {                                                            \
+    AI void NAME(const uint8_t *w, KARGS, const int T) {                                   \
         ACC_DECL                                                                           \
-        int64_t i = 0;                                                                     \
-        for (; i + 64 <= n; i += 64) {                                                     \
+        ACC_LOAD                                                                           \
+        int64_t i = k0;                                                                    \
+        for (; i + 64 <= k1; i += 64) {                                                     \
             UNR for (int k = 0; k < 4; k++) {                                              \
                 __m512 wv = LD(w, i + 16 * k);                                             \
                 UNR for (int t = 0; t < T; t++) acc[t][k] = _mm512_fmadd_ps(               \
@@ -89,14 +104,14 @@ AI __m512 w_bf16_m(const uint8_t *w, int64_t i, __mmask16 m) {
             }                                                                              \
         }                                                                                  \
         UNR for (int k = 0; k < 4; k++) {                                                  \
-            int64_t r = n - i - 16 * k;                                                    \
+            int64_t r = k1 - i - 16 * k;                                                   \
             if (r <= 0) break;                                                             \
             __mmask16 m = tail_mask(r);                                                    \
             __m512 wv = LDM(w, i + 16 * k, m);                                             \
             UNR for (int t = 0; t < T; t++) acc[t][k] = _mm512_fmadd_ps(                   \
                 wv, _mm512_maskz_loadu_ps(m, xp[t] + i + 16 * k), acc[t][k]);              \
         }                                                                                  \
-        ACC_OUT                                                                            \
+        ACC_END                                                                            \
     }
 
 DEF_PLAIN(dot_f32, w_f32, w_f32_m)
@@ -253,43 +268,43 @@ AI void dot_mxfp4(const uint8_t *w, int64_t n, const float *const *xp, float *ou
 
 /* ---- FP8 E4M3 with E8M0 block scales ---------------------------------------------------- */
 
-/* E4M3 → f32 times 2^8 without f32 subnormals (they take a slow microcode path on some
- * cores): the 7 magnitude bits go to f32 bit 20 under exponent bias 128, which is exact for
- * normal codes ((1 + m/8) 2^(e+1)); codes with e = 0 (subnormal m/8 2^-6, times 2^8 = m/2)
- * come out as 2 + m/4 and are fixed by one masked fmsub (2f - 4). The 2^-8 goes into the
- * block scale. */
-AI __m512 e4m3x16_s8(__m128i bytes) {
-    const __m512i i = _mm512_cvtepu8_epi32(bytes);
-    const __m512i mag = _mm512_ternarylogic_epi32(_mm512_slli_epi32(i, 20),
-                                                  _mm512_set1_epi32(0x07F00000),
-                                                  _mm512_set1_epi32(0x40000000), 0xEA);
-    const __mmask16 sub = _mm512_testn_epi32_mask(i, _mm512_set1_epi32(0x78));
-    const __m512 f = _mm512_mask_fmsub_ps(_mm512_castsi512_ps(mag), sub, _mm512_set1_ps(2.0f),
-                                          _mm512_set1_ps(4.0f));
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(f), _mm512_slli_epi32(i, 24), _mm512_set1_epi32((int)0x80000000u),
-        0xF8)); /* A | (B & C) */
+/* E4M3 → f16 bit patterns worth e4m3 · 2^-8, exactly: the sign goes to bit 15 and the 7
+ * magnitude bits to bits 13..7, so a normal E4M3 (1 + m/8)·2^(e-7) becomes the f16 normal
+ * (1 + m/8)·2^(e-15) and a subnormal m·2^-9 the f16 subnormal m·2^-17 (vcvtph2ps converts
+ * both exactly; NaN codes give ±480·2^-8). The 2^8 goes into the block scale. 32 codes per
+ * call: b << 7, then the sign bit (now at 14) is moved to 15 by adding it to itself. */
+AI __m512i e4m3x32_f16(__m256i bytes) {
+    const __m512i t = _mm512_slli_epi16(_mm512_cvtepu8_epi16(bytes), 7);
+    return _mm512_add_epi16(t, _mm512_and_si512(t, _mm512_set1_epi16(0x4000)));
 }
 
 /* One FP8 block of BS values, `valid` of them real (valid == BS except for a row's last
- * block), accumulated into acc[.][k]. */
+ * block), accumulated into acc[.][k]. Per 32 values: 16-element vectors 2g (low half) and
+ * 2g+1 (high half), so vector v still goes to the partial sum p[v & 1]. */
 #define FP8_BLOCK(BS, blkp, xoff, valid, K)                                               \
     do {                                                                                  \
         const uint8_t *bp_ = (blkp);                                                      \
-        const __m512 s_ = _mm512_set1_ps(dsib_e8m0_to_f32(bp_[0]) * 0x1p-8f);                       \
+        const __m512 s_ = _mm512_set1_ps(dsib_e8m0_to_f32(bp_[0]) * 256.0f);              \
         __m512 p_[TMAX][2];                                                               \
-        UNR for (int v = 0; v < (BS) / 16; v++) {                                         \
-            const int64_t r_ = (valid) - 16 * v;                                          \
-            const __mmask16 m_ = tail_mask(r_ > 0 ? r_ : 0);                              \
-            const __m512 wv_ = e4m3x16_s8(_mm_maskz_loadu_epi8(m_, bp_ + 1 + 16 * v));       \
-            UNR for (int t = 0; t < T; t++) {                                             \
-                const __m512 xv_ = _mm512_maskz_loadu_ps(m_, xp[t] + (xoff) + 16 * v);    \
-                if ((BS) == 32 && v == 1) /* B32: one chain p = w0*x0 + w1*x1 */          \
-                    p_[t][0] = _mm512_fmadd_ps(wv_, xv_, p_[t][0]);                       \
-                else if (v < 2)                                                           \
-                    p_[t][v] = _mm512_mul_ps(wv_, xv_);                                   \
-                else                                                                      \
-                    p_[t][v & 1] = _mm512_fmadd_ps(wv_, xv_, p_[t][v & 1]);               \
+        UNR for (int g = 0; g < (BS) / 32; g++) {                                         \
+            const int64_t rg_ = (valid) - 32 * g;                                         \
+            const __mmask32 mg_ = rg_ >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (rg_ > 0 ? rg_ : 0)) - 1u); \
+            const __m512i h_ = e4m3x32_f16(_mm256_maskz_loadu_epi8(mg_, bp_ + 1 + 32 * g)); \
+            UNR for (int hh = 0; hh < 2; hh++) {                                          \
+                const int v = 2 * g + hh;                                                 \
+                const int64_t r_ = (valid) - 16 * v;                                      \
+                const __mmask16 m_ = tail_mask(r_ > 0 ? r_ : 0);                          \
+                const __m512 wv_ = _mm512_cvtph_ps(hh ? _mm512_extracti64x4_epi64(h_, 1)  \
+                                                      : _mm512_castsi512_si256(h_));      \
+                UNR for (int t = 0; t < T; t++) {                                         \
+                    const __m512 xv_ = _mm512_maskz_loadu_ps(m_, xp[t] + (xoff) + 16 * v); \
+                    if ((BS) == 32 && v == 1) /* B32: one chain p = w0*x0 + w1*x1 */      \
+                        p_[t][0] = _mm512_fmadd_ps(wv_, xv_, p_[t][0]);                   \
+                    else if (v < 2)                                                       \
+                        p_[t][v] = _mm512_mul_ps(wv_, xv_);                               \
+                    else                                                                  \
+                        p_[t][v & 1] = _mm512_fmadd_ps(wv_, xv_, p_[t][v & 1]);           \
+                }                                                                         \
             }                                                                             \
         }                                                                                 \
         UNR for (int t = 0; t < T; t++) acc[t][K] = _mm512_fmadd_ps(                      \
@@ -297,12 +312,12 @@ AI __m512 e4m3x16_s8(__m128i bytes) {
     } while (0)
 
 #define DEF_FP8(NAME, BS)                                                                 \
-    AI void NAME(const uint8_t *w, int64_t n, const float *const *xp, float *out,        \
-                 const int T) {                                                           \
+    AI void NAME(const uint8_t *w, KARGS, const int T) {                                  \
         ACC_DECL                                                                          \
-        const int64_t nb = (n + (BS)-1) / (BS);                                           \
+        ACC_LOAD                                                                          \
+        const int64_t nb = (k1 + (BS)-1) / (BS);                                          \
         const int64_t nfull = n / (BS);                                                   \
-        for (int64_t b0 = 0; b0 < nb; b0 += 4) {                                          \
+        for (int64_t b0 = k0 / (BS); b0 < nb; b0 += 4) {                                          \
             UNR for (int k = 0; k < 4; k++) {                                             \
                 const int64_t b = b0 + k;                                                 \
                 if (b >= nb) break;                                                       \
@@ -312,7 +327,7 @@ AI __m512 e4m3x16_s8(__m128i bytes) {
                     FP8_BLOCK(BS, w + b * ((BS) + 1), b *(BS), n - b * (BS), k);          \
             }                                                                             \
         }                                                                                 \
-        ACC_OUT                                                                           \
+        ACC_END                                                                           \
     }
 
 DEF_FP8(dot_fp8_b128, 128)
@@ -335,41 +350,78 @@ DEF_FP8(dot_fp8_b32, 32)
     }                                                                                     \
     static const dotfn NAME##_tab[TMAX + 1] = {NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4};
 
-SPECIALIZE(dot_f32)
-SPECIALIZE(dot_f16)
-SPECIALIZE(dot_bf16)
+typedef void (*kdotfn)(const uint8_t *w, KARGS);
+#define SPECIALIZE_K(NAME)                                                                \
+    static void NAME##_1(const uint8_t *w, KARGS) { NAME(w, k0, k1, n, xp, out, st, 1); } \
+    static void NAME##_2(const uint8_t *w, KARGS) { NAME(w, k0, k1, n, xp, out, st, 2); } \
+    static void NAME##_3(const uint8_t *w, KARGS) { NAME(w, k0, k1, n, xp, out, st, 3); } \
+    static void NAME##_4(const uint8_t *w, KARGS) { NAME(w, k0, k1, n, xp, out, st, 4); } \
+    static const kdotfn NAME##_tab[TMAX + 1] = {NULL, NAME##_1, NAME##_2, NAME##_3, NAME##_4};
+
+SPECIALIZE_K(dot_f32)
+SPECIALIZE_K(dot_f16)
+SPECIALIZE_K(dot_bf16)
 SPECIALIZE(dot_q8_0)
 SPECIALIZE(dot_q4_k)
 SPECIALIZE(dot_q2_k)
 SPECIALIZE(dot_mxfp4)
-SPECIALIZE(dot_fp8_b128)
-SPECIALIZE(dot_fp8_b32)
+SPECIALIZE_K(dot_fp8_b128)
+SPECIALIZE_K(dot_fp8_b32)
 
-void dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
+/* Prefill tiles of the K-blocked types: KROWS rows × TMAX tokens advance together through
+ * chunks of KBLOCK elements, so the tokens' x chunk (16 KiB for f32) stays in L1 while the
+ * rows stream past; the accumulators wait in st between chunks. */
+#ifndef KBLOCK
+#define KBLOCK 1024
+#endif
+#ifndef KROWS
+#define KROWS 16
+#endif
+
+int dsib_kern_rows_avx512(int32_t type, const uint8_t *w, size_t w_row_bytes, int64_t n_in,
                            int64_t o0, int64_t o1, const float *const *xp, float *const *yp,
                            int n) {
-    const dotfn *tab;
+    const dotfn *tab = NULL;
+    const kdotfn *ktab = NULL;
     switch (type) {
-    case DSI_TYPE_F32: tab = dot_f32_tab; break;
-    case DSI_TYPE_F16: tab = dot_f16_tab; break;
-    case DSI_TYPE_BF16: tab = dot_bf16_tab; break;
+    case DSI_TYPE_F32: ktab = dot_f32_tab; break;
+    case DSI_TYPE_F16: ktab = dot_f16_tab; break;
+    case DSI_TYPE_BF16: ktab = dot_bf16_tab; break;
     case DSI_TYPE_Q8_0: tab = dot_q8_0_tab; break;
     case DSI_TYPE_Q4_K: tab = dot_q4_k_tab; break;
     case DSI_TYPE_Q2_K: tab = dot_q2_k_tab; break;
     case DSI_TYPE_MXFP4: tab = dot_mxfp4_tab; break;
-    case DSI_TYPE_FP8_E4M3_B128: tab = dot_fp8_b128_tab; break;
-    case DSI_TYPE_FP8_E4M3_B32: tab = dot_fp8_b32_tab; break;
-    default: return;
+    case DSI_TYPE_FP8_E4M3_B128: ktab = dot_fp8_b128_tab; break;
+    case DSI_TYPE_FP8_E4M3_B32: ktab = dot_fp8_b32_tab; break;
+    default: return 0;
     }
     for (int t0 = 0; t0 < n; t0 += TMAX) {
         const int T = n - t0 < TMAX ? n - t0 : TMAX;
-        const dotfn f = tab[T];
-        for (int64_t o = o0; o < o1; o++) {
-            float out[TMAX];
-            f(w + (size_t)o * w_row_bytes, n_in, xp + t0, out);
-            for (int t = 0; t < T; t++) yp[t0 + t][o] = out[t];
+        float out[KROWS][TMAX];
+        if (tab || T == 1 || n_in <= KBLOCK) {
+            for (int64_t o = o0; o < o1; o++) {
+                if (tab)
+                    tab[T](w + (size_t)o * w_row_bytes, n_in, xp + t0, out[0]);
+                else
+                    ktab[T](w + (size_t)o * w_row_bytes, 0, n_in, n_in, xp + t0, out[0], NULL);
+                for (int t = 0; t < T; t++) yp[t0 + t][o] = out[0][t];
+            }
+            continue;
+        }
+        __m512 st[KROWS][TMAX * 4];
+        for (int64_t og = o0; og < o1; og += KROWS) {
+            const int64_t og1 = o1 - og < KROWS ? o1 : og + KROWS;
+            for (int64_t k0 = 0; k0 < n_in; k0 += KBLOCK) {
+                const int64_t k1 = n_in - k0 < KBLOCK ? n_in : k0 + KBLOCK;
+                for (int64_t o = og; o < og1; o++)
+                    ktab[T](w + (size_t)o * w_row_bytes, k0, k1, n_in, xp + t0, out[o - og],
+                            st[o - og]);
+            }
+            for (int64_t o = og; o < og1; o++)
+                for (int t = 0; t < T; t++) yp[t0 + t][o] = out[o - og][t];
         }
     }
+    return 1;
 }
 
 #if defined(__clang__)

@@ -186,6 +186,11 @@ static void test_bad_options(void **state) {
     o.flags = 4;
     assert_int_equal(dsi_context_create(&o, &ctx), DSI_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(dsi_last_error(), "flags"));
+    /* the one defined flag is accepted */
+    o.flags = DSI_CONTEXT_FLAG_EXACT_MATMUL;
+    assert_int_equal(dsi_context_create(&o, &ctx), DSI_OK);
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+    ctx = NULL;
 
     dsi_context_options_init(&o, DSI_ABI_VERSION);
     o.malloc_fn = (dsi_malloc_fn)(uintptr_t)malloc; /* only one of three hooks */

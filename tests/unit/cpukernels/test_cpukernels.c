@@ -1,10 +1,22 @@
 /*
- * backends/cpu/kernels: every type × ISA path × odd shapes against a double-precision dot
- * computed here from weights decoded by this test's own decoders (written from the block
- * definitions and checked against hand-computed blocks), and bit-identity of y across
- * n_tok (GEMV vs GEMM rows), row chunking, thread counts and the MoE gather path
- * (model-spec §10.4).
+ * backends/cpu/kernels: every type × ISA path × activation path × odd shapes against a
+ * double-precision reference computed here from weights decoded by this test's own decoders
+ * (written from the block definitions and checked against hand-computed blocks):
+ *
+ *   exact path (f32 activations): |y - Σ w·x| <= (n_in/4 + 16)·2^-23·Σ|w·x|;
+ *   default path (8-bit activations): the activations are quantised by this test's own
+ *     quantiser (kernels.h / act.c definition) and |y - Σ w·d·q| <= (n_in/16 + 16)·2^-23·
+ *     Σ mag(w)·|d·q| (mag = |w|, or |d·sc·q| + |dmin·m| for the K-quants); the quantiser's
+ *     bytes must equal the library's on every ISA, and every ISA's default-path result must
+ *     equal the scalar one bit for bit;
+ *
+ * plus bit-identity of y across n_tok (GEMV vs GEMM rows), row chunking, thread counts and
+ * the MoE gather path, on both paths (model-spec §10.4).
+ *
+ * No arguments: the cross-ISA / threading / API tests. "--isa NAME": that ISA's type and
+ * invariance tests on both paths (exit 77 = skipped where the CPU / build cannot run it).
  */
+#define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,8 +69,10 @@ static double dec_e2m1(uint8_t n) {
 }
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-/* Decodes one row of n elements of `type` from `row` into dst (double). */
-static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst) {
+/* Decodes one row of n elements of `type` from `row` into dst (double). `mag` (may be NULL)
+ * receives the magnitude each element contributes before cancellation: |w| for most types,
+ * |d·sc·q| + |dmin·m| for the K-quants (whose kernels sum the two parts separately). */
+static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *dst, double *mag) {
     switch (type) {
     case DSI_TYPE_F32:
         for (int64_t i = 0; i < n; i++) {
@@ -99,6 +113,7 @@ static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst)
                     uint8_t byte = qs[32 * (j / 2) + l];
                     int q = (j & 1) ? byte >> 4 : byte & 15;
                     dst[256 * b + 32 * j + l] = d * s * q - dmin * m;
+                    if (mag) mag[256 * b + 32 * j + l] = fabs(d * s * q) + fabs(dmin * m);
                 }
             }
         }
@@ -115,6 +130,7 @@ static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst)
                 int q = (qs[32 * h + 16 * p + l] >> (2 * s)) & 3;
                 int is = 8 * h + 2 * s + p;
                 dst[256 * b + e] = d * (sc[is] & 15) * q - dmin * (sc[is] >> 4);
+                if (mag) mag[256 * b + e] = fabs(d * (sc[is] & 15) * q) + fabs(dmin * (sc[is] >> 4));
             }
         }
         break;
@@ -141,28 +157,102 @@ static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst)
     default:
         fail_msg("decode_row: type %d", (int)type);
     }
+    if (mag && type != DSI_TYPE_Q4_K && type != DSI_TYPE_Q2_K)
+        for (int64_t i = 0; i < n; i++) mag[i] = fabs(dst[i]);
+}
+
+static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst) {
+    decode_row_mag(type, row, n, dst, NULL);
+}
+
+/* ---- the default path's activation quantisation, from its definition (act.c) ------------ */
+
+/* Expected activation block (0: f32 activations) and format of each weight type. */
+static int act_block_of(int32_t type) {
+    switch (type) {
+    case DSI_TYPE_Q8_0:
+    case DSI_TYPE_MXFP4: return 32;
+    case DSI_TYPE_Q4_K:
+    case DSI_TYPE_Q2_K: return 256;
+    default: return 0;
+    }
+}
+static int32_t act_fmt_of(int32_t type) {
+    switch (type) {
+    case DSI_TYPE_Q8_0:
+    case DSI_TYPE_MXFP4: return DSIB_ACT_Q8_32;
+    case DSI_TYPE_Q4_K: return DSIB_ACT_Q8_K_P4;
+    case DSI_TYPE_Q2_K: return DSIB_ACT_Q8_K_P2;
+    default: return DSIB_ACT_F32;
+    }
+}
+/* Natural 32-element group stored at position p of a 256-block (kernels.h). */
+static int act_group_at(int32_t fmt, int p) {
+    static const int p4[8] = {0, 2, 1, 3, 4, 6, 5, 7}, p2[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    return fmt == DSIB_ACT_Q8_K_P4 ? p4[p] : fmt == DSIB_ACT_Q8_K_P2 ? p2[p] : p;
+}
+
+/* q (natural order) and d per block of B: d = amax/127, q = RNE(x·(127/amax)); non-finite
+ * block → d NaN, q 0; amax < 2^-96 → d 0, q 0. */
+static void ref_quantize(const float *x, int64_t n, int B, int8_t *q, float *d) {
+    for (int64_t b = 0; b < n / B; b++) {
+        float amax = 0;
+        int bad = 0;
+        for (int i = 0; i < B; i++) {
+            float a = fabsf(x[b * B + i]);
+            if (!isfinite(a)) bad = 1;
+            else if (a > amax) amax = a;
+        }
+        if (bad || amax < 0x1p-96f) {
+            d[b] = bad ? NAN : 0.0f;
+            memset(q + b * B, 0, (size_t)B);
+            continue;
+        }
+        volatile float dv = amax / 127.0f, idv = 127.0f / amax;
+        d[b] = dv;
+        for (int i = 0; i < B; i++) {
+            volatile float p = x[b * B + i] * idv;
+            float r = rintf(p);
+            q[b * B + i] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+        }
+    }
 }
 
 /* ---- hand-computed blocks ---------------------------------------------------------------- */
 
+/* Runs one row of every ISA on both paths with x = 127 at element i, 0 elsewhere (so the
+ * 8-bit activation is exact: d = 1, q = 127): y must be exactly 127 × the decoded weight
+ * (the values here are exact). */
 static void check_kernel_element(int32_t type, const uint8_t *row, int64_t n_in, int64_t i,
                                  double want) {
-    /* one-hot x: y must be exactly the decoded weight (one rounding at most, and the
-     * values here are exact) — for every ISA path. */
     float *x = calloc((size_t)n_in, sizeof(float));
+    void *act = NULL;
     assert_non_null(x);
-    x[i] = 1.0f;
+    assert_int_equal(posix_memalign(&act, 64, 65536), 0);
+    x[i] = 127.0f;
+    const int32_t fmt = dsib_kern_act_format(type, 0);
     for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
         const dsib_kern_table *kt = dsib_kern_table_for(isa);
         if (!kt) continue;
-        float y = -12345.0f;
-        kt->matmul_rows(type, row, dsib_kern_row_bytes(type, n_in), n_in, 0, 1, x, n_in, &y,
-                        1, 1);
-        if ((double)y != want)
-            fail_msg("type %d isa %s element %lld: kernel %.9g, hand value %.9g", (int)type,
-                     kt->name, (long long)i, (double)y, want);
+        for (int path = 0; path < 2; path++) {
+            float y = -12345.0f;
+            const size_t rb = dsib_kern_row_bytes(type, n_in);
+            if (path == 0 || fmt == DSIB_ACT_F32) {
+                kt->matmul_rows(type, row, rb, n_in, 0, 1, x, n_in, &y, 1, 1);
+            } else {
+                const size_t as = dsib_kern_act_row_bytes(fmt, n_in);
+                assert_true(as > 0 && as <= 65536);
+                kt->act_quantize(fmt, x, n_in, n_in, 1, act, as);
+                kt->qmatmul_rows(type, row, rb, n_in, 0, 1, act, as, &y, 1, 1);
+            }
+            if ((double)y != 127.0 * want)
+                fail_msg("type %d isa %s path %s element %lld: kernel %.9g, hand value 127 × %.9g",
+                         (int)type, kt->name, path ? "default" : "exact", (long long)i,
+                         (double)y, want);
+        }
     }
     free(x);
+    free(act);
 }
 
 static void test_hand_blocks(void **state) {
@@ -315,8 +405,8 @@ typedef struct shape {
     int64_t n_in[3];
 } shape;
 
-/* The third size of every type exceeds the 1024-element K block of the prefill path and
- * ends in a partial block / tail where the type allows it. */
+/* The third size of every type ends in a partial block / tail where the type allows it, and
+ * has an odd number of 32-blocks where it is a 32-block type (the lone last block). */
 static const shape shapes[] = {
     {DSI_TYPE_F32, {1, 77, 2100}},
     {DSI_TYPE_F16, {7, 64, 1333}},
@@ -330,49 +420,85 @@ static const shape shapes[] = {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
+enum { PATH_EXACT = 0, PATH_DEFAULT = 1 };
+static const char *path_name(int path) { return path ? "default" : "exact"; }
+static uint32_t path_flags(int path) { return path ? 0u : DSIB_MM_EXACT; }
+
 typedef struct problem {
-    int32_t type;
+    int32_t type, fmt;
     int64_t n_in, n_out, n_tok;
     size_t rb;
     uint8_t *w;
     float *x;      /* [n_tok][n_in + 3] (stride larger than n_in) */
     int64_t xs;
-    double *ref;   /* [n_tok][n_out] */
-    double *mag;   /* Σ|w x| */
+    double *ref;   /* [n_tok][n_out] Σ w·x */
+    double *mag;   /* Σ|w·x| */
+    double *refq;  /* Σ w·d·q (default path, quantised by this test) */
+    double *magq;  /* Σ mag(w)·|d·q| */
 } problem;
+
+/* Dequantised activations of token t as this test quantises them (default path). */
+static void ref_act(const problem *p, int64_t t, double *xq) {
+    const int B = act_block_of(p->type);
+    if (!B) {
+        for (int64_t i = 0; i < p->n_in; i++) xq[i] = p->x[t * p->xs + i];
+        return;
+    }
+    int8_t *q = malloc((size_t)p->n_in);
+    float *d = malloc(sizeof(float) * (size_t)(p->n_in / B + 1));
+    assert_non_null(q);
+    assert_non_null(d);
+    ref_quantize(p->x + t * p->xs, p->n_in, B, q, d);
+    for (int64_t i = 0; i < p->n_in; i++) xq[i] = (double)d[i / B] * q[i];
+    free(q);
+    free(d);
+}
 
 static void problem_make(problem *p, int32_t type, int64_t n_in, int64_t n_out, int64_t n_tok) {
     p->type = type;
+    p->fmt = act_fmt_of(type);
     p->n_in = n_in;
     p->n_out = n_out;
     p->n_tok = n_tok;
     p->rb = dsib_kern_row_bytes(type, n_in);
     assert_true(p->rb > 0);
+    assert_int_equal(dsib_kern_act_format(type, 0), p->fmt);
+    assert_int_equal(dsib_kern_act_format(type, DSIB_MM_EXACT), DSIB_ACT_F32);
     p->w = malloc(p->rb * (size_t)n_out);
     p->xs = n_in + 3;
+    const size_t ny = (size_t)(n_out * n_tok);
     p->x = malloc(sizeof(float) * (size_t)(p->xs * n_tok));
-    p->ref = malloc(sizeof(double) * (size_t)(n_out * n_tok));
-    p->mag = malloc(sizeof(double) * (size_t)(n_out * n_tok));
-    double *wd = malloc(sizeof(double) * (size_t)n_in);
-    assert_non_null(p->w);
-    assert_non_null(p->x);
-    assert_non_null(wd);
+    p->ref = malloc(sizeof(double) * ny);
+    p->mag = malloc(sizeof(double) * ny);
+    p->refq = malloc(sizeof(double) * ny);
+    p->magq = malloc(sizeof(double) * ny);
+    double *wd = malloc(sizeof(double) * (size_t)n_in), *wm = malloc(sizeof(double) * (size_t)n_in);
+    double *xq = malloc(sizeof(double) * (size_t)(n_in * n_tok));
+    assert_true(p->w && p->x && p->ref && p->mag && p->refq && p->magq && wd && wm && xq);
     for (int64_t i = 0; i < p->xs * n_tok; i++) p->x[i] = (float)(rndu() * 2 - 1);
+    for (int64_t t = 0; t < n_tok; t++) ref_act(p, t, xq + t * n_in);
     for (int64_t o = 0; o < n_out; o++) {
         uint8_t *row = p->w + p->rb * (size_t)o;
         fill_row(type, row, n_in);
-        decode_row(type, row, n_in, wd);
+        decode_row_mag(type, row, n_in, wd, wm);
         for (int64_t t = 0; t < n_tok; t++) {
-            double s = 0, m = 0;
+            double s = 0, m = 0, sq = 0, mq = 0;
             for (int64_t i = 0; i < n_in; i++) {
-                s += wd[i] * (double)p->x[t * p->xs + i];
-                m += fabs(wd[i] * (double)p->x[t * p->xs + i]);
+                const double xv = p->x[t * p->xs + i], qv = xq[t * n_in + i];
+                s += wd[i] * xv;
+                m += fabs(wd[i] * xv);
+                sq += wd[i] * qv;
+                mq += wm[i] * fabs(qv);
             }
             p->ref[t * n_out + o] = s;
             p->mag[t * n_out + o] = m;
+            p->refq[t * n_out + o] = sq;
+            p->magq[t * n_out + o] = mq;
         }
     }
     free(wd);
+    free(wm);
+    free(xq);
 }
 
 static void problem_free(problem *p) {
@@ -380,15 +506,44 @@ static void problem_free(problem *p) {
     free(p->x);
     free(p->ref);
     free(p->mag);
+    free(p->refq);
+    free(p->magq);
 }
 
-/* f32 accumulation bound: each lane chain has at most n_in/4 additions (plus the decode
- * rounding and the final lane sums); see docs/performance.md. */
-static double tolerance(const problem *p, int64_t idx) {
+/* Exact path: f32 accumulation, each lane chain has at most n_in/4 additions (plus the
+ * decode rounding and the final lane sums). Default path: per lane at most n_in/16 fma
+ * steps (one per block pair / two per super-block), the scale product and the 4-level
+ * reduction. docs/performance.md §2. */
+static double tol_exact(const problem *p, int64_t idx) {
     return ((double)p->n_in / 4.0 + 16.0) * ldexp(1.0, -23) * p->mag[idx] + 1e-37;
 }
+static double tol_default(const problem *p, int64_t idx) {
+    return ((double)p->n_in / 16.0 + 16.0) * ldexp(1.0, -23) * p->magq[idx] + 1e-37;
+}
 
-static void run_types(int32_t isa) {
+/* Quantised activation rows of p for table kt (64-aligned; free() it). */
+static void *quantize_all(const dsib_kern_table *kt, const problem *p, size_t *stride) {
+    *stride = dsib_kern_act_row_bytes(p->fmt, p->n_in);
+    assert_true(*stride > 0);
+    void *act = NULL;
+    assert_int_equal(posix_memalign(&act, 64, *stride * (size_t)p->n_tok), 0);
+    kt->act_quantize(p->fmt, p->x, p->xs, p->n_in, p->n_tok, act, *stride);
+    return act;
+}
+
+/* y rows [o0, o1) of tokens [t0, t0 + n) through table kt on `path` (single-threaded). */
+static void run_rows(const dsib_kern_table *kt, int path, const problem *p, const void *act,
+                     size_t as, int64_t o0, int64_t o1, int64_t t0, int64_t n, float *y,
+                     int64_t ys) {
+    if (path == PATH_EXACT || p->fmt == DSIB_ACT_F32)
+        kt->matmul_rows(p->type, p->w, p->rb, p->n_in, o0, o1, p->x + t0 * p->xs, p->xs,
+                        y + t0 * ys, ys, n);
+    else
+        kt->qmatmul_rows(p->type, p->w, p->rb, p->n_in, o0, o1, (const uint8_t *)act + t0 * as,
+                         as, y + t0 * ys, ys, n);
+}
+
+static void run_types(int32_t isa, int path) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
     if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     static const int64_t n_outs[] = {1, 5, 37};
@@ -402,51 +557,55 @@ static void run_types(int32_t isa) {
                     problem p;
                     problem_make(&p, shapes[si].type, shapes[si].n_in[ni], n_outs[oi],
                                  n_toks[ti]);
+                    const int quantised = path == PATH_DEFAULT && p.fmt != DSIB_ACT_F32;
+                    size_t as = 0;
+                    void *act = quantised ? quantize_all(kt, &p, &as) : NULL;
                     int64_t ys = p.n_out + 2;
                     float *y = malloc(sizeof(float) * (size_t)(ys * p.n_tok));
                     assert_non_null(y);
                     for (int64_t i = 0; i < ys * p.n_tok; i++) y[i] = 777.0f;
-                    kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x, p.xs, y, ys,
-                                    p.n_tok);
+                    run_rows(kt, path, &p, act, as, 0, p.n_out, 0, p.n_tok, y, ys);
                     for (int64_t t = 0; t < p.n_tok; t++) {
                         for (int64_t o = 0; o < p.n_out; o++) {
-                            double got = y[t * ys + o], want = p.ref[t * p.n_out + o];
-                            double err = fabs(got - want), tol = tolerance(&p, t * p.n_out + o);
+                            const int64_t k = t * p.n_out + o;
+                            double got = y[t * ys + o];
+                            double want = quantised ? p.refq[k] : p.ref[k];
+                            double tol = quantised ? tol_default(&p, k) : tol_exact(&p, k);
+                            double mg = quantised ? p.magq[k] : p.mag[k];
+                            double err = fabs(got - want);
                             if (!(err <= tol))
-                                fail_msg("%s type %d n_in %lld n_out %lld n_tok %lld: y[%lld][%lld]"
+                                fail_msg("%s %s type %d n_in %lld n_out %lld n_tok %lld: y[%lld][%lld]"
                                          " = %.9g, want %.9g (err %.3g > tol %.3g)",
-                                         kt->name, (int)p.type, (long long)p.n_in,
+                                         kt->name, path_name(path), (int)p.type, (long long)p.n_in,
                                          (long long)p.n_out, (long long)p.n_tok, (long long)t,
                                          (long long)o, got, want, err, tol);
-                            if (p.mag[t * p.n_out + o] > 0)
-                                worst = fmax(worst, err / p.mag[t * p.n_out + o]);
+                            if (mg > 0) worst = fmax(worst, err / mg);
                             checked++;
                         }
                         /* padding between rows untouched */
                         assert_true(y[t * ys + p.n_out] == 777.0f);
                     }
                     free(y);
+                    free(act);
                     problem_free(&p);
                 }
             }
         }
     }
-    print_message("%s: %d outputs checked, worst |err| / sum|w x| = %.3g\n", kt->name, checked,
-                  worst);
+    print_message("%s, %s path: %d outputs checked, worst |err| / magnitude = %.3g\n", kt->name,
+                  path_name(path), checked, worst);
 }
-
-static void test_types_scalar(void **state) { (void)state; run_types(DSIB_ISA_SCALAR); }
-static void test_types_avx2(void **state) { (void)state; run_types(DSIB_ISA_AVX2); }
-static void test_types_avx512(void **state) { (void)state; run_types(DSIB_ISA_AVX512); }
 
 /* ---- invariance ------------------------------------------------------------------------- */
 
-static void run_invariance(int32_t isa) {
+static void run_invariance(int32_t isa, int path) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
     if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     for (size_t si = 0; si < N_SHAPES; si++) {
         problem p;
         problem_make(&p, shapes[si].type, shapes[si].n_in[2], 37, 17);
+        size_t as = 0;
+        void *act = path == PATH_DEFAULT && p.fmt != DSIB_ACT_F32 ? quantize_all(kt, &p, &as) : NULL;
         size_t ny = (size_t)(p.n_out * p.n_tok);
         float *yb = malloc(ny * sizeof(float)), *y1 = malloc(ny * sizeof(float)),
               *yc = malloc(ny * sizeof(float));
@@ -454,33 +613,164 @@ static void run_invariance(int32_t isa) {
         assert_non_null(y1);
         assert_non_null(yc);
         /* batched */
-        kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x, p.xs, yb, p.n_out, p.n_tok);
+        run_rows(kt, path, &p, act, as, 0, p.n_out, 0, p.n_tok, yb, p.n_out);
         /* token by token (GEMV) */
-        for (int64_t t = 0; t < p.n_tok; t++)
-            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x + t * p.xs, p.xs,
-                            y1 + t * p.n_out, p.n_out, 1);
+        for (int64_t t = 0; t < p.n_tok; t++) run_rows(kt, path, &p, act, as, 0, p.n_out, t, 1, y1, p.n_out);
         assert_memory_equal(yb, y1, ny * sizeof(float));
         /* odd row chunks and token groups: rows [0,5) [5,6) [6,37); tokens 0..4, 5..16 */
         int64_t cuts[] = {0, 5, 6, 37};
         for (int c = 0; c < 3; c++) {
-            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, cuts[c], cuts[c + 1], p.x, p.xs, yc,
-                            p.n_out, 5);
-            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, cuts[c], cuts[c + 1], p.x + 5 * p.xs,
-                            p.xs, yc + 5 * p.n_out, p.n_out, 12);
+            run_rows(kt, path, &p, act, as, cuts[c], cuts[c + 1], 0, 5, yc, p.n_out);
+            run_rows(kt, path, &p, act, as, cuts[c], cuts[c + 1], 5, 12, yc, p.n_out);
         }
         assert_memory_equal(yb, yc, ny * sizeof(float));
         free(yb);
         free(y1);
         free(yc);
+        free(act);
         problem_free(&p);
     }
 }
 
-static void test_invariance_scalar(void **state) { (void)state; run_invariance(DSIB_ISA_SCALAR); }
-static void test_invariance_avx2(void **state) { (void)state; run_invariance(DSIB_ISA_AVX2); }
-static void test_invariance_avx512(void **state) { (void)state; run_invariance(DSIB_ISA_AVX512); }
+static int32_t g_isa; /* the --isa of this run */
+static void test_types_exact(void **state) { (void)state; run_types(g_isa, PATH_EXACT); }
+static void test_types_default(void **state) { (void)state; run_types(g_isa, PATH_DEFAULT); }
+static void test_invariance_exact(void **state) { (void)state; run_invariance(g_isa, PATH_EXACT); }
+static void test_invariance_default(void **state) { (void)state; run_invariance(g_isa, PATH_DEFAULT); }
 
-/* dsib_matmul over pools of 1..4 threads equals the process path's single-threaded rows. */
+/* ---- activation quantisation ---------------------------------------------------------------- */
+
+/* Every ISA's quantiser writes exactly this test's bytes (q in the format's storage order,
+ * d, the sums), on rows with zero, tiny, huge, non-finite and tie-valued blocks; and
+ * |x - d·q| <= d/2 · (1 + 2^-20) for finite blocks. */
+static void test_act_quantize(void **state) {
+    (void)state;
+    const int64_t n = 1024;
+    const int ntok = 3;
+    float *x = malloc(sizeof(float) * (size_t)(n * ntok));
+    int8_t *q = malloc((size_t)n);
+    float *d = malloc(sizeof(float) * (size_t)n);
+    assert_true(x && q && d);
+    for (int64_t i = 0; i < n * ntok; i++) x[i] = (float)((rndu() * 2 - 1) * ldexp(1, (int)rndi(20) - 10));
+    for (int i = 0; i < 32; i++) x[i] = 0.0f;                       /* zero block */
+    for (int i = 32; i < 64; i++) x[i] = (float)ldexp(rndu(), -100); /* tiny block */
+    x[70] = INFINITY;                                               /* non-finite blocks */
+    x[300] = NAN;
+    for (int i = 96; i < 128; i++) x[i] = (float)(i - 112) * 0.5f;  /* ties: amax 7.5 → ×127/7.5 */
+    x[600] = 1e30f;
+    x[n + 5] = -3e-38f;
+    static const int32_t fmts[] = {DSIB_ACT_Q8_32, DSIB_ACT_Q8_K, DSIB_ACT_Q8_K_P4, DSIB_ACT_Q8_K_P2};
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        const int32_t fmt = fmts[fi];
+        const int B = fmt == DSIB_ACT_Q8_32 ? 32 : 256;
+        const size_t as = dsib_kern_act_row_bytes(fmt, n);
+        assert_true(as >= (size_t)n + 4 * (size_t)(n / B) && as % 64 == 0);
+        assert_int_equal(dsib_kern_act_row_bytes(fmt, n + B / 2), 0); /* not whole blocks */
+        for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
+            const dsib_kern_table *kt = dsib_kern_table_for(isa);
+            if (!kt) continue;
+            uint8_t *act = NULL;
+            assert_int_equal(posix_memalign((void **)&act, 64, as * ntok), 0);
+            kt->act_quantize(fmt, x, n, n, ntok, act, as);
+            for (int t = 0; t < ntok; t++) {
+                const float *xr = x + (size_t)t * n;
+                dsib_qrow v = dsib_kern_act_view(fmt, act + as * t, n);
+                ref_quantize(xr, n, B, q, d);
+                for (int64_t b = 0; b < n / B; b++) {
+                    if (isnan(d[b])) assert_true(isnan(v.d[b]));
+                    else if (d[b] != v.d[b])
+                        fail_msg("%s fmt %d token %d block %lld: d %.9g, want %.9g", kt->name,
+                                 (int)fmt, t, (long long)b, (double)v.d[b], (double)d[b]);
+                    for (int p = 0; p < B / 32; p++) {
+                        const int g = act_group_at(fmt, p);
+                        for (int i = 0; i < 32; i++)
+                            if (v.q[b * B + 32 * p + i] != q[b * B + 32 * g + i])
+                                fail_msg("%s fmt %d token %d block %lld pos %d: q %d, want %d",
+                                         kt->name, (int)fmt, t, (long long)b, p,
+                                         v.q[b * B + 32 * p + i], q[b * B + 32 * g + i]);
+                    }
+                    const int S = B == 32 ? 32 : 16;
+                    for (int g = 0; g < B / S; g++) {
+                        int sum = 0;
+                        for (int i = 0; i < S; i++) sum += q[b * B + g * S + i];
+                        assert_int_equal(v.s[b * (B / S) + g], sum);
+                    }
+                    /* Q8_32 lane corrections -128·Σ of each four, pair scales */
+                    assert_true((B == 32) == (v.c != NULL));
+                    assert_true((B == 32) == (v.e != NULL));
+                    for (int j = 0; B == 32 && j < 8; j++) {
+                        const float e = v.e[16 * (b / 2) + 8 * (b % 2) + j];
+                        assert_true(isnan(d[b]) ? isnan(e) : e == d[b]);
+                        if (b == n / B - 1 && b % 2 == 0) /* past the last block */
+                            assert_true(v.e[16 * (b / 2) + 8 + j] == 0.0f);
+                    }
+                    for (int j = 0; B == 32 && j < 8; j++) {
+                        const int8_t *qj = q + b * B + 4 * j;
+                        assert_int_equal(v.c[8 * b + j], -128 * (qj[0] + qj[1] + qj[2] + qj[3]));
+                    }
+                    if (!isfinite(d[b])) continue;
+                    for (int i = 0; i < B; i++) {
+                        const double e = fabs((double)xr[b * B + i] - (double)d[b] * q[b * B + i]);
+                        const double lim = d[b] > 0 ? 0.5 * d[b] * (1 + ldexp(1, -20))
+                                                    : ldexp(1, -96);
+                        if (!(e <= lim))
+                            fail_msg("fmt %d block %lld element %d: |x - dq| %.3g > %.3g", (int)fmt,
+                                     (long long)b, i, e, lim);
+                    }
+                }
+            }
+            free(act);
+        }
+    }
+    free(x);
+    free(q);
+    free(d);
+}
+
+/* ---- across ISAs -------------------------------------------------------------------------- */
+
+/* The default path gives the same bits on every ISA (its integer sums are exact and its
+ * float part is one fixed sequence); the exact path's ISAs agree within their tolerances. */
+static void test_cross_isa(void **state) {
+    (void)state;
+    const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
+    int others = 0;
+    for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
+    if (!others) DSIT_SKIP_TEST("ISA", "no SIMD path on this CPU/build");
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        for (int ni = 0; ni < 3; ni++) {
+            problem p;
+            problem_make(&p, shapes[si].type, shapes[si].n_in[ni], 16, 6);
+            size_t as = 0;
+            void *act = p.fmt != DSIB_ACT_F32 ? quantize_all(sc, &p, &as) : NULL;
+            float ys[2][96], yv[96];
+            run_rows(sc, PATH_EXACT, &p, act, as, 0, 16, 0, 6, ys[0], 16);
+            run_rows(sc, PATH_DEFAULT, &p, act, as, 0, 16, 0, 6, ys[1], 16);
+            for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) {
+                const dsib_kern_table *kt = dsib_kern_table_for(isa);
+                if (!kt) continue;
+                run_rows(kt, PATH_EXACT, &p, act, as, 0, 16, 0, 6, yv, 16);
+                for (int i = 0; i < 96; i++)
+                    assert_true(fabs((double)ys[0][i] - yv[i]) <= 2 * tol_exact(&p, i));
+                if (p.fmt == DSIB_ACT_F32) continue;
+                void *a2 = quantize_all(kt, &p, &as);
+                run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, 16, 0, 6, yv, 16);
+                if (memcmp(ys[1], yv, sizeof yv))
+                    fail_msg("type %d n_in %lld: default path on %s differs from scalar", (int)p.type,
+                             (long long)p.n_in, kt->name);
+                free(a2);
+            }
+            free(act);
+            problem_free(&p);
+        }
+    }
+}
+
+/* ---- threads, flags ------------------------------------------------------------------------- */
+
+/* dsib_matmul over pools of 1..4 threads equals the process path's single-threaded rows, on
+ * both paths; the flag really selects the path (the default path differs from the exact
+ * one for the integer-coded types and equals it for the others). */
 static void test_threads_invariance(void **state) {
     (void)state;
     const dsib_kern_table *kt = dsib_kern_table_get();
@@ -494,93 +784,113 @@ static void test_threads_invariance(void **state) {
         problem p;
         problem_make(&p, shapes[si].type, shapes[si].n_in[1], 301, 9);
         size_t ny = (size_t)(p.n_out * p.n_tok);
-        float *ya = malloc(ny * sizeof(float)), *yb = malloc(ny * sizeof(float));
-        assert_non_null(ya);
+        float *ya[2], *yb = malloc(ny * sizeof(float));
         assert_non_null(yb);
-        kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, p.n_out, p.x, p.xs, ya, p.n_out, p.n_tok);
-        for (int i = 0; i < 4; i++) {
-            memset(yb, 0, ny * sizeof(float));
-            assert_int_equal(dsib_matmul(pools[i], p.type, p.w, p.rb, p.n_in, p.n_out, p.x,
-                                         p.xs, yb, p.n_out, p.n_tok),
-                             DSI_OK);
-            assert_memory_equal(ya, yb, ny * sizeof(float));
+        size_t as = 0;
+        void *act = p.fmt != DSIB_ACT_F32 ? quantize_all(kt, &p, &as) : NULL;
+        for (int path = 0; path < 2; path++) {
+            ya[path] = malloc(ny * sizeof(float));
+            assert_non_null(ya[path]);
+            run_rows(kt, path, &p, act, as, 0, p.n_out, 0, p.n_tok, ya[path], p.n_out);
+            for (int i = 0; i < 4; i++) {
+                memset(yb, 0, ny * sizeof(float));
+                assert_int_equal(dsib_matmul(pools[i], path_flags(path), p.type, p.w, p.rb, p.n_in,
+                                             p.n_out, p.x, p.xs, yb, p.n_out, p.n_tok),
+                                 DSI_OK);
+                assert_memory_equal(ya[path], yb, ny * sizeof(float));
+            }
+            /* decode-style: one token at a time through the pool */
+            for (int64_t t = 0; t < p.n_tok; t++)
+                assert_int_equal(dsib_matmul(pools[1], path_flags(path), p.type, p.w, p.rb, p.n_in,
+                                             p.n_out, p.x + t * p.xs, p.xs, yb + t * p.n_out,
+                                             p.n_out, 1),
+                                 DSI_OK);
+            assert_memory_equal(ya[path], yb, ny * sizeof(float));
         }
-        /* decode-style: one token at a time through the pool */
-        for (int64_t t = 0; t < p.n_tok; t++)
-            assert_int_equal(dsib_matmul(pools[1], p.type, p.w, p.rb, p.n_in, p.n_out,
-                                         p.x + t * p.xs, p.xs, yb + t * p.n_out, p.n_out, 1),
-                             DSI_OK);
-        assert_memory_equal(ya, yb, ny * sizeof(float));
-        free(ya);
+        if (p.fmt == DSIB_ACT_F32)
+            assert_memory_equal(ya[0], ya[1], ny * sizeof(float));
+        else
+            assert_true(memcmp(ya[0], ya[1], ny * sizeof(float)) != 0);
+        free(ya[0]);
+        free(ya[1]);
         free(yb);
+        free(act);
         problem_free(&p);
     }
     for (int i = 0; i < 4; i++) dsib_threadpool_free(pools[i]);
 }
 
-/* MoE gather: every slot equals dsib_matmul_expert of its token alone. */
+/* MoE gather: every slot equals dsib_matmul_expert of its token alone (both paths), and is
+ * within the path's bound of the reference. */
 static void test_moe_gather(void **state) {
     (void)state;
     dsib_threadpool *pool;
     assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
-    const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_MXFP4, DSI_TYPE_FP8_E4M3_B32};
+    const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
+                             DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const int32_t type = types[ti];
-        const int64_t n_in = 512, n_out = 45, n_exp = 5, n_tok = 6;
-        problem p; /* reuse for w (n_exp stacked experts) and x */
-        problem_make(&p, type, n_in, n_out * n_exp, n_tok);
-        size_t estride = p.rb * (size_t)n_out;
-        /* routing: token t uses experts (t % 5) and ((t * 2 + 1) % 5); grouped by expert */
-        int32_t experts[5];
-        int64_t offs[6], xrows[12], yrows[12];
-        int64_t ns = 0;
-        for (int32_t e = 0; e < n_exp; e++) {
-            experts[e] = (e * 3) % 5; /* any order */
-            offs[e] = ns;
-            for (int64_t t = 0; t < n_tok; t++) {
-                int k = (t % 5 == experts[e]) ? 0 : ((t * 2 + 1) % 5 == experts[e]) ? 1 : -1;
-                if (k < 0) continue;
-                xrows[ns] = t;
-                yrows[ns] = t * 2 + k;
-                ns++;
+        for (int path = 0; path < 2; path++) {
+            const int32_t type = types[ti];
+            const int64_t n_in = 512, n_out = 45, n_exp = 5, n_tok = 6;
+            problem p; /* reuse for w (n_exp stacked experts) and x */
+            problem_make(&p, type, n_in, n_out * n_exp, n_tok);
+            size_t estride = p.rb * (size_t)n_out;
+            /* routing: token t uses experts (t % 5) and ((t * 2 + 1) % 5); grouped by expert */
+            int32_t experts[5];
+            int64_t offs[6], xrows[12], yrows[12];
+            int64_t ns = 0;
+            for (int32_t e = 0; e < n_exp; e++) {
+                experts[e] = (e * 3) % 5; /* any order */
+                offs[e] = ns;
+                for (int64_t t = 0; t < n_tok; t++) {
+                    int k = (t % 5 == experts[e]) ? 0 : ((t * 2 + 1) % 5 == experts[e]) ? 1 : -1;
+                    if (k < 0) continue;
+                    xrows[ns] = t;
+                    yrows[ns] = t * 2 + k;
+                    ns++;
+                }
             }
-        }
-        offs[n_exp] = ns;
-        float *y = calloc((size_t)(n_tok * 2 * n_out), sizeof(float));
-        float *yr = calloc((size_t)n_out, sizeof(float));
-        assert_non_null(y);
-        assert_non_null(yr);
-        dsib_moe_matmul m = {type, p.w, estride, p.rb, n_in, n_out, (int32_t)n_exp, (int32_t)n_exp,
-                             experts, offs, xrows, yrows, p.x, p.xs, y, n_out};
-        char msg[256];
-        assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_OK);
-        for (int64_t s = 0; s < ns; s++) {
-            int32_t e = -1;
-            for (int g = 0; g < n_exp; g++)
-                if (s >= offs[g] && s < offs[g + 1]) e = experts[g];
-            assert_int_equal(dsib_matmul_expert(NULL, type, p.w, estride, e, p.rb, n_in, n_out,
-                                                p.x + xrows[s] * p.xs, p.xs, yr, n_out, 1),
-                             DSI_OK);
-            assert_memory_equal(yr, y + yrows[s] * n_out, (size_t)n_out * sizeof(float));
-            /* and against the double reference of that expert's rows */
-            for (int64_t o = 0; o < n_out; o++) {
-                int64_t idx = xrows[s] * p.n_out + e * n_out + o;
-                assert_true(fabs(yr[o] - p.ref[idx]) <= tolerance(&p, idx));
+            offs[n_exp] = ns;
+            float *y = calloc((size_t)(n_tok * 2 * n_out), sizeof(float));
+            float *yr = calloc((size_t)n_out, sizeof(float));
+            assert_non_null(y);
+            assert_non_null(yr);
+            dsib_moe_matmul m = {type, p.w, estride, p.rb, n_in, n_out, (int32_t)n_exp,
+                                 (int32_t)n_exp, experts, offs, xrows, yrows, p.x, p.xs, y, n_out,
+                                 path_flags(path)};
+            char msg[256];
+            assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_OK);
+            for (int64_t s = 0; s < ns; s++) {
+                int32_t e = -1;
+                for (int g = 0; g < n_exp; g++)
+                    if (s >= offs[g] && s < offs[g + 1]) e = experts[g];
+                assert_int_equal(dsib_matmul_expert(NULL, path_flags(path), type, p.w, estride, e,
+                                                    p.rb, n_in, n_out, p.x + xrows[s] * p.xs, p.xs,
+                                                    yr, n_out, 1),
+                                 DSI_OK);
+                assert_memory_equal(yr, y + yrows[s] * n_out, (size_t)n_out * sizeof(float));
+                for (int64_t o = 0; o < n_out; o++) {
+                    int64_t idx = xrows[s] * p.n_out + e * n_out + o;
+                    if (path == PATH_DEFAULT && p.fmt != DSIB_ACT_F32)
+                        assert_true(fabs(yr[o] - p.refq[idx]) <= tol_default(&p, idx));
+                    else
+                        assert_true(fabs(yr[o] - p.ref[idx]) <= tol_exact(&p, idx));
+                }
             }
+            /* a bad expert id is refused */
+            experts[0] = 7;
+            assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_ERR_INVALID_ARGUMENT);
+            free(y);
+            free(yr);
+            problem_free(&p);
         }
-        /* a bad expert id is refused */
-        experts[0] = 7;
-        assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_ERR_INVALID_ARGUMENT);
-        free(y);
-        free(yr);
-        problem_free(&p);
     }
     dsib_threadpool_free(pool);
 }
 
-/* Cross-check with the types engineer's lib/quant: same row sizes, this test's decoders give
- * lib/quant's dequantized values, and every ISA path matches its reference dot. Weights come
- * from lib/quant's quantizers (real scales / mins, not random bytes). */
+/* Cross-check with lib/quant: same row sizes, this test's decoders give lib/quant's
+ * dequantized values, and every ISA path matches its reference dot on both paths. Weights
+ * come from lib/quant's quantizers (real scales / mins, not random bytes). */
 static void test_lib_quant_agreement(void **state) {
     (void)state;
     for (size_t si = 0; si < N_SHAPES; si++) {
@@ -592,59 +902,66 @@ static void test_lib_quant_agreement(void **state) {
         uint64_t rb = 0;
         assert_true(dsii_type_row_size(type, n, &rb));
         assert_int_equal(rb, dsib_kern_row_bytes(type, n));
+        problem p;
+        problem_make(&p, type, n, 1, 1); /* x, shapes; the weights are replaced below */
         float *src = malloc(sizeof(float) * (size_t)n), *deq = malloc(sizeof(float) * (size_t)n);
-        float *x = malloc(sizeof(float) * (size_t)n);
-        double *mine = malloc(sizeof(double) * (size_t)n);
-        uint8_t *row = malloc((size_t)rb);
-        assert_non_null(src);
-        assert_non_null(deq);
-        assert_non_null(x);
-        assert_non_null(mine);
-        assert_non_null(row);
-        for (int64_t i = 0; i < n; i++) {
-            src[i] = (float)((rndu() * 2 - 1) * (1 + (i % 7)));
-            x[i] = (float)(rndu() * 2 - 1);
-        }
+        double *mine = malloc(sizeof(double) * (size_t)n), *mg = malloc(sizeof(double) * (size_t)n);
+        double *xq = malloc(sizeof(double) * (size_t)n);
+        assert_true(src && deq && mine && mg && xq);
+        for (int64_t i = 0; i < n; i++) src[i] = (float)((rndu() * 2 - 1) * (1 + (i % 7)));
         dsii_error e;
-        assert_int_equal(dsii_quantize_row(type, src, row, n, &e), DSI_OK);
-        assert_int_equal(dsii_dequantize_row(type, row, deq, n, &e), DSI_OK);
-        decode_row(type, row, n, mine);
-        double amax = 0, ref = 0, mag = 0;
+        assert_int_equal(dsii_quantize_row(type, src, p.w, n, &e), DSI_OK);
+        assert_int_equal(dsii_dequantize_row(type, p.w, deq, n, &e), DSI_OK);
+        decode_row_mag(type, p.w, n, mine, mg);
+        ref_act(&p, 0, xq);
+        double amax = 0, ref = 0, mag = 0, refq = 0, magq = 0;
         for (int64_t i = 0; i < n; i++) amax = fmax(amax, fabs(mine[i]));
         for (int64_t i = 0; i < n; i++) {
             /* K-quants round d*sc*q - dmin*m once in f32; the rest are exact */
             if (fabs((double)deq[i] - mine[i]) > ldexp(amax, -23))
                 fail_msg("type %d element %lld: lib/quant %.9g, test decoder %.9g", (int)type,
                          (long long)i, (double)deq[i], mine[i]);
-            ref += mine[i] * x[i];
-            mag += fabs(mine[i] * x[i]);
+            ref += mine[i] * p.x[i];
+            mag += fabs(mine[i] * p.x[i]);
+            refq += mine[i] * xq[i];
+            magq += mg[i] * fabs(xq[i]);
         }
+        p.ref[0] = ref;
+        p.mag[0] = mag;
+        p.refq[0] = refq;
+        p.magq[0] = magq;
         float lib_dot = 0;
-        assert_int_equal(dsii_dot_row(type, row, x, n, &lib_dot, &e), DSI_OK);
-        problem p = {0};
-        p.n_in = n;
-        p.mag = &mag;
-        const double tol = tolerance(&p, 0);
-        assert_true(fabs((double)lib_dot - ref) <= tol);
+        assert_int_equal(dsii_dot_row(type, p.w, p.x, n, &lib_dot, &e), DSI_OK);
+        assert_true(fabs((double)lib_dot - ref) <= tol_exact(&p, 0));
         for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
             const dsib_kern_table *kt = dsib_kern_table_for(isa);
             if (!kt) continue;
-            float y = 0;
-            kt->matmul_rows(type, row, (size_t)rb, n, 0, 1, x, n, &y, 1, 1);
-            if (!(fabs((double)y - ref) <= tol))
-                fail_msg("type %d isa %s: kernel %.9g, reference %.9g, lib/quant dot %.9g",
-                         (int)type, kt->name, (double)y, ref, (double)lib_dot);
+            for (int path = 0; path < 2; path++) {
+                const int quantised = path == PATH_DEFAULT && p.fmt != DSIB_ACT_F32;
+                size_t as = 0;
+                void *act = quantised ? quantize_all(kt, &p, &as) : NULL;
+                float y = 0;
+                run_rows(kt, path, &p, act, as, 0, 1, 0, 1, &y, 1);
+                const double want = quantised ? refq : ref;
+                const double tol = quantised ? tol_default(&p, 0) : tol_exact(&p, 0);
+                if (!(fabs((double)y - want) <= tol))
+                    fail_msg("type %d isa %s %s: kernel %.9g, reference %.9g", (int)type, kt->name,
+                             path_name(path), (double)y, want);
+                free(act);
+            }
         }
         free(src);
         free(deq);
-        free(x);
         free(mine);
-        free(row);
+        free(mg);
+        free(xq);
+        problem_free(&p);
     }
 }
 
-/* dsib_matmul_batch: each descriptor equals dsib_matmul alone; empty ones are skipped;
- * more than 64 descriptors run in several rounds. */
+/* dsib_matmul_batch: each descriptor equals dsib_matmul alone (both paths); descriptors
+ * sharing an input share its quantisation; empty ones are skipped; more than 64
+ * descriptors run in several rounds. */
 static void test_batch(void **state) {
     (void)state;
     dsib_threadpool *pool;
@@ -654,30 +971,32 @@ static void test_batch(void **state) {
     enum { ND = 70 };
     dsib_matmul_desc d[ND];
     float *yb[ND], *yr[ND];
-    for (int i = 0; i < ND; i++) {
-        const problem *q = &p[(size_t)i % N_SHAPES];
-        int64_t ntok = i % 5 == 4 ? 0 : 1 + i % 3;
-        int64_t nout = 1 + (i * 7) % 19;
-        d[i] = (dsib_matmul_desc){q->type, q->w, q->rb, q->n_in, nout, q->x, q->xs, NULL, 20, ntok};
-        yb[i] = calloc(60, sizeof(float));
-        yr[i] = calloc(60, sizeof(float));
-        assert_non_null(yb[i]);
-        assert_non_null(yr[i]);
-        d[i].y = yb[i];
-        assert_int_equal(dsib_matmul(NULL, q->type, q->w, q->rb, q->n_in, nout, q->x, q->xs, yr[i],
-                                     20, ntok),
-                         DSI_OK);
-    }
     char msg[256];
-    assert_int_equal(dsib_matmul_batch(pool, d, ND, msg, sizeof msg), DSI_OK);
-    for (int i = 0; i < ND; i++) {
-        assert_memory_equal(yb[i], yr[i], 60 * sizeof(float));
-        free(yb[i]);
-        free(yr[i]);
+    for (int path = 0; path < 2; path++) {
+        for (int i = 0; i < ND; i++) {
+            const problem *q = &p[(size_t)i % N_SHAPES];
+            int64_t ntok = i % 5 == 4 ? 0 : 1 + i % 3;
+            int64_t nout = 1 + (i * 7) % 19;
+            d[i] = (dsib_matmul_desc){q->type, q->w, q->rb, q->n_in, nout, q->x, q->xs, NULL, 20, ntok};
+            yb[i] = calloc(60, sizeof(float));
+            yr[i] = calloc(60, sizeof(float));
+            assert_non_null(yb[i]);
+            assert_non_null(yr[i]);
+            d[i].y = yb[i];
+            assert_int_equal(dsib_matmul(NULL, path_flags(path), q->type, q->w, q->rb, q->n_in,
+                                         nout, q->x, q->xs, yr[i], 20, ntok),
+                             DSI_OK);
+        }
+        assert_int_equal(dsib_matmul_batch(pool, path_flags(path), d, ND, msg, sizeof msg), DSI_OK);
+        for (int i = 0; i < ND; i++) {
+            assert_memory_equal(yb[i], yr[i], 60 * sizeof(float));
+            free(yb[i]);
+            free(yr[i]);
+        }
     }
-    assert_int_equal(dsib_matmul_batch(pool, NULL, 0, msg, sizeof msg), DSI_OK);
+    assert_int_equal(dsib_matmul_batch(pool, 0, NULL, 0, msg, sizeof msg), DSI_OK);
     d[3].type = DSI_TYPE_I32;
-    assert_int_equal(dsib_matmul_batch(pool, d, 5, msg, sizeof msg), DSI_ERR_UNSUPPORTED);
+    assert_int_equal(dsib_matmul_batch(pool, 0, d, 5, msg, sizeof msg), DSI_ERR_UNSUPPORTED);
     for (size_t i = 0; i < N_SHAPES; i++) problem_free(&p[i]);
     dsib_threadpool_free(pool);
 }
@@ -701,78 +1020,56 @@ static void test_checks(void **state) {
     assert_int_equal(dsib_kern_row_bytes(DSI_TYPE_Q8_0, 33), 0);
     assert_int_equal(dsib_kern_block_elems(DSI_TYPE_MXFP4), 32);
     assert_false(dsib_kern_type_supported(DSI_TYPE_I32));
+    assert_int_equal(dsib_kern_act_row_bytes(DSIB_ACT_F32, 256), 0);
+    assert_int_equal(dsib_kern_act_format(DSI_TYPE_I32, 0), DSIB_ACT_F32);
     float x[4] = {0}, y[4];
-    assert_int_equal(dsib_matmul(NULL, DSI_TYPE_F32, x, 16, 4, 1, x, 4, y, 1, -1),
-                     DSI_ERR_INVALID_ARGUMENT);
-    assert_int_equal(dsib_matmul(NULL, DSI_TYPE_F32, x, 16, 4, 1, x, 4, y, 1, 0), DSI_OK);
-    /* n_in = 0: y = 0 */
-    y[0] = 5;
-    assert_int_equal(dsib_matmul(NULL, DSI_TYPE_F32, x, 0, 0, 1, x, 0, y, 1, 1), DSI_OK);
-    assert_true(y[0] == 0.0f);
-}
-
-/* Paths agree with each other within the documented tolerance. */
-static void test_cross_isa(void **state) {
-    (void)state;
-    const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
-    int others = 0;
-    for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
-    if (!others) DSIT_SKIP_TEST("ISA", "no SIMD path on this CPU/build");
-    for (size_t si = 0; si < N_SHAPES; si++) {
-        problem p;
-        problem_make(&p, shapes[si].type, shapes[si].n_in[2], 16, 2);
-        float ys[32], yv[32];
-        sc->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, 16, p.x, p.xs, ys, 16, 2);
-        for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) {
-            const dsib_kern_table *kt = dsib_kern_table_for(isa);
-            if (!kt) continue;
-            kt->matmul_rows(p.type, p.w, p.rb, p.n_in, 0, 16, p.x, p.xs, yv, 16, 2);
-            for (int i = 0; i < 32; i++)
-                assert_true(fabs((double)ys[i] - yv[i]) <= 2 * tolerance(&p, i));
-        }
-        problem_free(&p);
+    for (int path = 0; path < 2; path++) {
+        assert_int_equal(dsib_matmul(NULL, path_flags(path), DSI_TYPE_F32, x, 16, 4, 1, x, 4, y, 1, -1),
+                         DSI_ERR_INVALID_ARGUMENT);
+        assert_int_equal(dsib_matmul(NULL, path_flags(path), DSI_TYPE_F32, x, 16, 4, 1, x, 4, y, 1, 0),
+                         DSI_OK);
+        /* n_in = 0: y = 0 */
+        y[0] = 5;
+        assert_int_equal(dsib_matmul(NULL, path_flags(path), DSI_TYPE_Q8_0, x, 0, 0, 1, x, 0, y, 1, 1),
+                         DSI_OK);
+        assert_true(y[0] == 0.0f);
     }
 }
 
-/* No arguments: everything (an ISA the CPU lacks is a cmocka skip). "--isa NAME": only that
- * path's type and invariance tests, exit 77 (skipped) when this CPU / build cannot run it —
+static int32_t isa_by_name(const char *s) {
+    return !strcmp(s, "scalar") ? DSIB_ISA_SCALAR
+           : !strcmp(s, "avx2") ? DSIB_ISA_AVX2
+           : !strcmp(s, "avx512") ? DSIB_ISA_AVX512
+           : !strcmp(s, "avx512vnni") ? DSIB_ISA_AVX512VNNI
+                                        : -1;
+}
+
+/* No arguments: the tests that span ISAs. "--isa NAME": that path's type and invariance
+ * tests on both activation paths, exit 77 (skipped) when this CPU / build cannot run it —
  * so ctest / meson list each missing ISA as skipped. */
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--isa")) {
-        int32_t isa = !strcmp(argv[2], "scalar") ? DSIB_ISA_SCALAR
-                      : !strcmp(argv[2], "avx2") ? DSIB_ISA_AVX2
-                      : !strcmp(argv[2], "avx512") ? DSIB_ISA_AVX512
-                                                   : -1;
-        if (isa < 0) {
+        g_isa = isa_by_name(argv[2]);
+        if (g_isa < 0) {
             fprintf(stderr, "unknown ISA %s\n", argv[2]);
             return 2;
         }
-        if (!dsib_kern_table_for(isa))
+        if (!dsib_kern_table_for(g_isa))
             return dsit_absent("ISA", "the %s kernels cannot run on this CPU / build", argv[2]);
-        const struct CMUnitTest scalar_tests[] = {cmocka_unit_test(test_types_scalar),
-                                                  cmocka_unit_test(test_invariance_scalar)};
-        const struct CMUnitTest avx2_tests[] = {cmocka_unit_test(test_types_avx2),
-                                                cmocka_unit_test(test_invariance_avx2)};
-        const struct CMUnitTest avx512_tests[] = {cmocka_unit_test(test_types_avx512),
-                                                  cmocka_unit_test(test_invariance_avx512)};
-        if (isa == DSIB_ISA_SCALAR) return cmocka_run_group_tests(scalar_tests, NULL, NULL);
-        if (isa == DSIB_ISA_AVX2) return cmocka_run_group_tests(avx2_tests, NULL, NULL);
-        return cmocka_run_group_tests(avx512_tests, NULL, NULL);
+        const struct CMUnitTest isa_tests[] = {
+            cmocka_unit_test(test_types_exact), cmocka_unit_test(test_types_default),
+            cmocka_unit_test(test_invariance_exact), cmocka_unit_test(test_invariance_default)};
+        return cmocka_run_group_tests(isa_tests, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_blocks),
+        cmocka_unit_test(test_act_quantize),
         cmocka_unit_test(test_lib_quant_agreement),
         cmocka_unit_test(test_checks),
-        cmocka_unit_test(test_types_scalar),
-        cmocka_unit_test(test_types_avx2),
-        cmocka_unit_test(test_types_avx512),
-        cmocka_unit_test(test_invariance_scalar),
-        cmocka_unit_test(test_invariance_avx2),
-        cmocka_unit_test(test_invariance_avx512),
+        cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
         cmocka_unit_test(test_batch),
-        cmocka_unit_test(test_cross_isa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,162 @@
+/*
+ * AVX2 helpers of the default-path kernels. Include INSIDE a DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
+ * region (the functions take that region's target).
+ */
+#ifndef DSIB_SIMD_AVX2_H
+#define DSIB_SIMD_AVX2_H
+
+#include <immintrin.h>
+
+/* dsib_reduce16 over lanes 0-7 (lo) and 8-15 (hi): same additions, same order. */
+DSIB_AI float dsib_reduce16_avx2(__m256 lo, __m256 hi) {
+    const __m256 h8 = _mm256_add_ps(lo, hi);
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+/* dsib_reduce32 over two sets of lanes 0-7 / 8-15. */
+DSIB_AI float dsib_reduce32_avx2(__m256 lo0, __m256 hi0, __m256 lo1, __m256 hi1) {
+    return dsib_reduce16_avx2(_mm256_add_ps(lo0, lo1), _mm256_add_ps(hi0, hi1));
+}
+
+/* Σ over groups of four of a[i]·b[i] (a unsigned, b signed; |a·b| <= 255·127 — no int16
+ * saturation as long as a <= 128 or |b| <= 64): 8 int32 lanes, lane j = bytes 4j..4j+3. */
+DSIB_AI __m256i dsib_dot_u8s8_avx2(__m256i a, __m256i b) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+}
+
+/* Signed × signed: lane j = Σ_{k<4} a[4j+k]·b[4j+k] (a != -128 or |b| <= 127). */
+DSIB_AI __m256i dsib_dot_s8s8_avx2(__m256i a, __m256i b) {
+    return dsib_dot_u8s8_avx2(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+/* f16 → f32 in hardware (exact, as dsib_f16_to_f32). */
+DSIB_AI float dsib_f16_hw(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Two consecutive f16 (e.g. Q4_K d, dmin) → lanes 0, 1. */
+DSIB_AI __m128 dsib_f16x2_hw(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
+}
+
+/* Q4_K: the 12 packed scale bytes at p (16 bytes are read) → bytes 0-7 the sub-block scales,
+ * 8-15 the mins: the same values as dsib_q4k_unpack_scales, in registers. */
+DSIB_AI __m128i dsib_q4k_scales_sse(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m128i p1 = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i lo = _mm_and_si128(p1, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+    const __m128i hn = _mm_and_si128(_mm_srli_epi16(p1, 4),
+                                     _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
+    const __m128i p2 = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i hi = _mm_srli_epi16(_mm_and_si128(p2, _mm_set1_epi8((char)0xC0)), 2);
+    return _mm_or_si128(_mm_or_si128(lo, hn), hi);
+}
+
+/* K-quant super-block epilogue (q4_k.c, q2_k.c), lanes 0-7 in a[0], 8-15 in a[1]. */
+DSIB_AI void dsib_kq_acc_avx2(__m256 a[2], __m256i S0, __m256i S1, __m256i M, __m128 dmw,
+                              float dx) {
+    const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(dx));
+    const __m256 dd = _mm256_broadcastss_ps(pr2);
+    a[0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S0), a[0]);
+    a[1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S1), a[1]);
+    a[0] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(pr2)), _mm256_cvtepi32_ps(M), a[0]);
+}
+
+/* One token of a K-quant super-block b from its eight 32-byte weight vectors (activation
+ * positions p = 0..7, lanes 0-7 for even p, 8-15 for odd p) and int16 scale vectors. */
+DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i sc[8], __m256i mn,
+                                __m128 dmw, const dsib_qrow *x, int64_t b) {
+    const int8_t *xq = x->q + 256 * b;
+    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int p = 0; p < 8; p++) {
+        const __m256i pr =
+            _mm256_maddubs_epi16(wq[p], _mm256_loadu_si256((const __m256i *)(xq + 32 * p)));
+        S[p & 1] = _mm256_add_epi32(S[p & 1], _mm256_madd_epi16(pr, sc[p]));
+    }
+    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x->s + 16 * b)));
+    dsib_kq_acc_avx2(a, S[0], S[1], M, dmw, x->d[b]);
+}
+
+/* The whole AVX2 tile of a K-quant: DECODE(blk, wq, sc, &mn, &dmw) as for
+ * DSIB_KQ_TILE_AVX512, with eight 32-byte vectors. */
+#define DSIB_KQ_TILE_AVX2(NAME, BLK, DECODE)                                               \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T) {                              \
+        __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =    \
+                    _mm256_setzero_ps();                                                   \
+        const int64_t nb = n_in / 256;                                                     \
+        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
+            const int64_t b = b2 + u;                                                      \
+            if (b >= nb) break;                                                            \
+            for (int r = 0; r < R; r++) {                                                  \
+                __m256i wq[8], sc[8];                                                      \
+                __m256i mn;                                                                \
+                __m128 dmw;                                                                \
+                DECODE(w + (size_t)r * rb + (BLK) * b, wq, sc, &mn, &dmw);                 \
+                for (int t = 0; t < T; t++)                                                \
+                    dsib_kq_token_avx2(acc[r][t][u], wq, sc, mn, dmw, &x[t], b);           \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1],      \
+                                                    acc[r][t][1][0], acc[r][t][1][1]);     \
+    }
+
+/*
+ * The whole AVX2 tile of a type with 32-element blocks on DSIB_ACT_Q8_32 activations
+ * (q8_0.c, mxfp4.c; the canonical order of q8_0.c), one block per ymm. The type supplies
+ * WBLK(blk) (the block's 32 weights as int8, not -128 together with |q| = 128), SBLK(blk)
+ * (its f32 scale) and BLK (bytes per block).
+ */
+#define DSIB_Q8_32_TILE_AVX2(NAME, BLK, WBLK, SBLK)                                        \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T) {                              \
+        __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =    \
+                    _mm256_setzero_ps();                                                   \
+        const int64_t nb = n_in / 32;                                                      \
+        int64_t b = 0;                                                                     \
+        for (; b + 4 <= nb; b += 4) {                                                      \
+            DSIB_Q8_32_BLOCK_AVX2_(b, 0, 0, BLK, WBLK, SBLK);                              \
+            DSIB_Q8_32_BLOCK_AVX2_(b + 1, 0, 1, BLK, WBLK, SBLK);                          \
+            DSIB_Q8_32_BLOCK_AVX2_(b + 2, 1, 0, BLK, WBLK, SBLK);                          \
+            DSIB_Q8_32_BLOCK_AVX2_(b + 3, 1, 1, BLK, WBLK, SBLK);                          \
+        }                                                                                  \
+        if (b < nb) DSIB_Q8_32_BLOCK_AVX2_(b, 0, 0, BLK, WBLK, SBLK);                      \
+        if (b + 1 < nb) DSIB_Q8_32_BLOCK_AVX2_(b + 1, 0, 1, BLK, WBLK, SBLK);              \
+        if (b + 2 < nb) DSIB_Q8_32_BLOCK_AVX2_(b + 2, 1, 0, BLK, WBLK, SBLK);              \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1],      \
+                                                    acc[r][t][1][0], acc[r][t][1][1]);     \
+    }
+
+#define DSIB_Q8_32_BLOCK_AVX2_(b, set, h, BLK, WBLK, SBLK)                                 \
+    do {                                                                                   \
+        for (int r = 0; r < R; r++) {                                                      \
+            const uint8_t *blk = w + (size_t)r * rb + (BLK) * (b);                         \
+            const __m256i wq = WBLK(blk);                                                  \
+            const float sw = SBLK(blk);                                                    \
+            for (int t = 0; t < T; t++) {                                                  \
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * (b))); \
+                acc[r][t][set][h] = _mm256_fmadd_ps(                                       \
+                    _mm256_set1_ps(sw * x[t].d[b]),                                        \
+                    _mm256_cvtepi32_ps(dsib_dot_s8s8_avx2(wq, xq)), acc[r][t][set][h]);    \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+
+#endif

@@ -1,0 +1,174 @@
+/*
+ * AVX-512 (+VNNI) helpers of the default-path kernels. Include INSIDE a
+ * DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI) region (the functions take that region's target).
+ */
+#ifndef DSIB_SIMD_AVX512_H
+#define DSIB_SIMD_AVX512_H
+
+#include <immintrin.h>
+
+/* dsib_reduce16 over the 16 lanes of a: same additions, same order. */
+DSIB_AI float dsib_reduce16_avx512(__m512 a) {
+    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+/* dsib_reduce32 over two sets. */
+DSIB_AI float dsib_reduce32_avx512(__m512 a0, __m512 a1) {
+    return dsib_reduce16_avx512(_mm512_add_ps(a0, a1));
+}
+
+/* 16 lanes: lanes 0-7 = a, lanes 8-15 = b (two broadcast loads and one insert). */
+DSIB_AI __m512 dsib_pair_ps(const float *a, const float *b) {
+    return _mm512_insertf32x8(_mm512_set1_ps(*a), _mm256_set1_ps(*b), 1);
+}
+
+/* Two f16 scales as 16 lanes (a × 8, b × 8). */
+DSIB_AI __m512 dsib_pair_f16(const uint8_t *a, const uint8_t *b) {
+    short ha, hb;
+    memcpy(&ha, a, 2);
+    memcpy(&hb, b, 2);
+    return _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(ha)), _mm_set1_epi16(hb), 1));
+}
+
+/* K-quant super-block epilogue (q4_k.c, q2_k.c): acc + (d·dx)·S over 16 lanes, then minus
+ * (dmin·dx)·M over lanes 0-7; dmw = (d, dmin) in lanes 0, 1. */
+DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dmw, float dx) {
+    const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(dx));
+    acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(pr2), _mm512_cvtepi32_ps(S), acc);
+    return _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(pr2)),
+                            _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc);
+}
+
+/* One token of a K-quant super-block b: S = Σ_v sc_v · (wv_v · q_v) over the four 64-byte
+ * vectors (maddubs + dpwssd, exact), M = mins · sums, then the epilogue above. */
+DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[4],
+                                    __m256i mn, __m128 dmw, const dsib_qrow *x, int64_t b) {
+    const int8_t *xq = x->q + 256 * b;
+    __m512i S = _mm512_setzero_si512();
+    for (int v = 0; v < 4; v++)
+        S = _mm512_dpwssd_epi32(S, _mm512_maddubs_epi16(wv[v], _mm512_loadu_si512(xq + 64 * v)),
+                                sc[v]);
+    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x->s + 16 * b)));
+    return dsib_kq_acc_avx512(acc, S, M, dmw, x->d[b]);
+}
+
+/* The whole AVX-512 tile of a K-quant (super-blocks of 256, BLK bytes, on a DSIB_ACT_Q8_K*
+ * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
+ * gives the super-block's four weight vectors (unsigned quants), the four int16 scale
+ * vectors (one word per int16 lane of the maddubs result), the 16 mins as int16 in the
+ * order of the activation sums (so mn · sums gives M), and (d, dmin). */
+#define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE)                                             \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T) {                              \
+        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        const int64_t nb = n_in / 256;                                                     \
+        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
+            const int64_t b = b2 + u;                                                      \
+            if (b >= nb) break;                                                            \
+            for (int r = 0; r < R; r++) {                                                  \
+                __m512i wv[4], sc[4];                                                      \
+                __m256i mn;                                                                \
+                __m128 dmw;                                                                \
+                DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
+                for (int t = 0; t < T; t++)                                                \
+                    acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, &x[t], b); \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+    }
+
+/*
+ * The whole AVX-512 tile of a type with 32-element blocks on DSIB_ACT_Q8_32 activations
+ * (q8_0.c, mxfp4.c; the canonical order of q8_0.c). The type supplies
+ *   WPAIR(blk, half, u): the 64 weight bytes of the block pair at blk (the second block's
+ *                        bytes zero when half) as int8, plus 128 (unsigned) when u;
+ *   SPAIR(blk, half):    the two weight scales as 16 lanes (a × 8, b × 8; b = 0 when half);
+ *   BLK:                 bytes per block.
+ * Block pair p, or the lone last block when `half` (its lanes 8-15 then add +0, which never
+ * changes an accumulator: acc is never -0). dpbusd multiplies unsigned by signed bytes, so
+ * one side is offset by 128 and each lane starts at minus that offset's contribution — the
+ * same integers Σ w·q either way:
+ *   T = 1 (decode):  w + 128 against q, lanes starting at the activation row's -128·Σq (c);
+ *   T > 1 (prefill): q + 128 (once per token) against w, lanes starting at -128·Σw (once
+ *                    per row, shared by the tokens).
+ */
+#define DSIB_Q8_32_TILE_AVX512(NAME, BLK, WPAIR, SPAIR)                                    \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T) {                              \
+        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        const int64_t nb = n_in / 32;                                                      \
+        const __m512i c128 = _mm512_set1_epi8((char)0x80);                                 \
+        (void)c128;                                                                        \
+        DSIB_PAIR_LOOP(nb, DSIB_Q8_32_PAIR_AVX512_, BLK, WPAIR, SPAIR);                    \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+    }
+
+#define DSIB_Q8_32_PAIR_AVX512_(p, half, set, BLK, WPAIR, SPAIR)                           \
+    do {                                                                                   \
+        __m512 dx[4];                                                                      \
+        __m512i xq[4];                                                                     \
+        for (int t = 0; t < T; t++) {                                                      \
+            dx[t] = _mm512_loadu_ps(x[t].e + 16 * (p)); /* upper half 0 when half */      \
+            xq[t] = (half) ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))     \
+                           : _mm512_loadu_si512(x[t].q + 64 * (p));                        \
+            if (T > 1) xq[t] = _mm512_xor_si512(xq[t], c128);                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++) {                                                      \
+            const uint8_t *blk = w + (size_t)r * rb + 2 * (BLK) * (p);                     \
+            const __m512 sw = SPAIR(blk, half);                                            \
+            if (T == 1) {                                                                  \
+                const __m512i I = _mm512_dpbusd_epi32(                                     \
+                    (half) ? _mm512_maskz_loadu_epi32(0x00FF, x[0].c + 16 * (p))           \
+                           : _mm512_loadu_si512(x[0].c + 16 * (p)),                        \
+                    WPAIR(blk, half, 1), xq[0]);                                           \
+                acc[r][0][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]),                 \
+                                                 _mm512_cvtepi32_ps(I), acc[r][0][set]);   \
+            } else {                                                                       \
+                const __m512i wq = WPAIR(blk, half, 0);                                    \
+                const __m512i neg = _mm512_sub_epi32(                                      \
+                    _mm512_setzero_si512(),                                                \
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wq));                \
+                for (int t = 0; t < T; t++) {                                              \
+                    const __m512i I = _mm512_dpbusd_epi32(neg, xq[t], wq);                 \
+                    acc[r][t][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),             \
+                                                     _mm512_cvtepi32_ps(I), acc[r][t][set]); \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+
+/* Block pairs of nb blocks in order with their accumulator set (pair parity) and the lone
+ * last block: PAIR(p, half, set, args...). */
+#define DSIB_PAIR_LOOP(nb, PAIR, ...)                                                      \
+    do {                                                                                   \
+        int64_t p_ = 0;                                                                    \
+        for (; 2 * p_ + 4 <= (nb); p_ += 2) {                                              \
+            PAIR(p_, 0, 0, __VA_ARGS__);                                                   \
+            PAIR(p_ + 1, 0, 1, __VA_ARGS__);                                               \
+        }                                                                                  \
+        if (2 * p_ + 2 <= (nb)) { /* p_ even: set 0 */                                     \
+            PAIR(p_, 0, 0, __VA_ARGS__);                                                   \
+            p_++;                                                                          \
+        }                                                                                  \
+        if (2 * p_ < (nb)) {                                                               \
+            if (p_ & 1)                                                                    \
+                PAIR(p_, 1, 1, __VA_ARGS__);                                               \
+            else                                                                           \
+                PAIR(p_, 1, 0, __VA_ARGS__);                                               \
+        }                                                                                  \
+    } while (0)
+
+#endif
