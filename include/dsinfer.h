@@ -763,6 +763,8 @@ typedef struct dsi_prompt_cache_stats {
     uint64_t write_errors;
     uint64_t evictions;        /* entries removed by the size cap */
     uint64_t corrupt_removed;  /* corrupt entries found and removed */
+    uint64_t write_ns;         /* time spent writing entries (incl. fsync, eviction) */
+    uint64_t read_ns;          /* time spent probing, reading, validating, restoring */
 } dsi_prompt_cache_stats;
 
 /* since 0.2 — [thread-safe] Sets struct_size and zeroes the rest. */

@@ -202,6 +202,12 @@ static void dir_of(const char *path, char *dir, size_t cap) {
     dir[n] = 0;
 }
 
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static void fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
@@ -549,6 +555,7 @@ uint32_t dsii_pcache_restore(dsi_session *s, const dsi_token *tokens, uint32_t n
     uint32_t top = ((n - 1) / pc->chunk) * pc->chunk; /* the last token is always evaluated */
     if (top <= keep || top < pc->min_tokens) return keep;
     uint32_t nb = top / pc->chunk;
+    uint64_t t0 = now_ns();
     /* one pass over the tokens: the hash state at every boundary */
     XXH3_state_t *states = dsii_malloc(s->ctx, sizeof(XXH3_state_t) * (size_t)nb + 64);
     if (!states) return keep;
@@ -595,6 +602,7 @@ uint32_t dsii_pcache_restore(dsi_session *s, const dsi_token *tokens, uint32_t n
     if (result == keep) pc->stats.misses++;
     (void)tried;
     dsii_free(s->ctx, states);
+    pc->stats.read_ns += now_ns() - t0;
     return result;
 }
 
@@ -667,7 +675,10 @@ static void evict(dsi_session *s, const char *keep_name) {
 void dsii_pcache_store(dsi_session *s) {
     struct dsii_pcache *pc = s->pcache;
     if (!pc || (pc->flags & DSI_PROMPT_CACHE_NO_WRITE)) return;
-    uint32_t B = (s->n_tokens / pc->chunk) * pc->chunk;
+    /* the boundary a lookup of this very timeline (or any extension of it) uses: the last
+     * token is always evaluated, so that is the last boundary <= n_tokens − 1 */
+    if (s->n_tokens < 2) return;
+    uint32_t B = ((s->n_tokens - 1) / pc->chunk) * pc->chunk;
     if (B == 0 || B < pc->min_tokens) return;
     /* the state at B is still exact when the timeline went at most the margin past it */
     if (s->n_tokens - B > s->margin || B < s->exact_from) return;
@@ -682,13 +693,15 @@ void dsii_pcache_store(dsi_session *s) {
     }
     dsii_error e;
     dsii_error_clear(&e);
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, t0 = now_ns();
     if (write_atomic(s, B, path, &bytes, &e) != DSI_OK) {
         pc->stats.write_errors++;
+        pc->stats.write_ns += now_ns() - t0;
         dsii_log(s->ctx, DSI_LOG_WARN, "prompt cache: %s", e.msg);
         return;
     }
     pc->stats.writes++;
     pc->stats.bytes_written += bytes;
     evict(s, strrchr(path, '/') + 1);
+    pc->stats.write_ns += now_ns() - t0;
 }
