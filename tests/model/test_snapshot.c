@@ -199,12 +199,18 @@ static int32_t rd_read(void *ud, void *d, size_t n) {
 static void test_roundtrip(void **state) {
     fx *f = *state;
     need(f);
-    const uint32_t lens[] = {1, 5, 16, 17, 33, 64, 131, 300, 530};
+    /* window 16; ratios 4 / 16 (tiny-v4), 2 / 1 (tiny-v41); rings of 16 + 256 rows wrap
+     * from 272 on. Lavapipe is slow: fewer lengths there. */
+    static const uint32_t all_lens[] = {1, 5, 16, 17, 33, 64, 131, 300, 530};
+    static const uint32_t gpu_lens[] = {5, 17, 131, 300};
+    int gpu = strcmp(g_backend, "cpu") != 0;
+    const uint32_t *lens = gpu ? gpu_lens : all_lens;
+    size_t n_lens = gpu ? sizeof gpu_lens / sizeof gpu_lens[0] : sizeof all_lens / sizeof all_lens[0];
     dsi_token toks[600], next[24], other[40];
     mt_tokens(toks, 600, f->V, 11);
     mt_tokens(next, 24, f->V, 12);
     mt_tokens(other, 40, f->V, 13);
-    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+    for (size_t li = 0; li < n_lens; li++) {
         uint32_t L = lens[li];
         dsi_session *a = session(f->m, 1024, li % 2 ? 64 : 7, 0);
         assert_int_equal(dsi_session_sync(a, toks, L, NULL), DSI_OK);
@@ -884,6 +890,8 @@ int main(int argc, char **argv) {
         return MT_SKIP;
     }
     int cpu = strcmp(g_backend, "cpu") == 0;
+    /* DSI_TEST_FILTER=name runs one test (e.g. while proving a test can fail) */
+    if (getenv("DSI_TEST_FILTER")) cmocka_set_test_filter(getenv("DSI_TEST_FILTER"));
     const struct CMUnitTest cpu_tests[] = {
         cmocka_unit_test_prestate_setup_teardown(test_roundtrip, setup, teardown, &g_fx[0]),
         cmocka_unit_test_prestate_setup_teardown(test_roundtrip, setup, teardown, &g_fx[1]),
