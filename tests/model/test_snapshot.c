@@ -753,13 +753,41 @@ static void test_crash_safety(void **state) {
     char dir[256];
     mkdtemp_dir(dir, sizeof dir, "crash");
     srand(12345);
-    int iters = 40, killed_mid = 0;
+    int iters = 40, killed_mid = 0, on_new_file = 0;
     for (int it = 0; it < iters; it++) {
+        /* names present now; odd iterations kill the writer the moment a new file appears in
+         * the directory (that is: in the middle of writing an entry), even ones at a random
+         * time */
+        static char seen[256][256];
+        int n_seen = 0;
+        DIR *d0 = opendir(dir);
+        struct dirent *de0;
+        while (d0 && (de0 = readdir(d0)) != NULL && n_seen < 256)
+            snprintf(seen[n_seen++], sizeof seen[0], "%s", de0->d_name);
+        if (d0) closedir(d0);
         pid_t p = spawn("--crash-writer", dir, model, (uint32_t)it % 7);
         assert_true(p > 0);
-        /* let it start (load + first writes), then kill at a random point */
-        struct timespec ts = {0, (long)(150 + rand() % 600) * 1000000L};
-        nanosleep(&ts, NULL);
+        if (it % 2) {
+            struct timespec t0, now;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            int found = 0;
+            for (;;) {
+                DIR *d = opendir(dir);
+                struct dirent *de;
+                while (d && !found && (de = readdir(d)) != NULL) {
+                    int old = 0;
+                    for (int k = 0; k < n_seen && !old; k++) old = !strcmp(seen[k], de->d_name);
+                    found = !old;
+                }
+                if (d) closedir(d);
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                if (found || now.tv_sec - t0.tv_sec > 20) break;
+            }
+            on_new_file += found;
+        } else {
+            struct timespec ts = {0, (long)(150 + rand() % 600) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
         kill(p, SIGKILL);
         int wst = 0;
         waitpid(p, &wst, 0);
@@ -768,7 +796,8 @@ static void test_crash_safety(void **state) {
     /* every entry left must validate and restore exactly; a session that reads the cache
      * removes temporary files of dead writers when it writes */
     int tmp = 0, n = count_entries(dir, &tmp);
-    printf("# crash: %d writers killed, %d entries, %d temporary files left\n", killed_mid, n, tmp);
+    printf("# crash: %d writers killed (%d as a new file appeared), %d entries, %d temporary "
+           "files left\n", killed_mid, on_new_file, n, tmp);
     assert_true(killed_mid >= iters / 2);
     DIR *d = opendir(dir);
     assert_non_null(d);
