@@ -35,6 +35,8 @@
 
 #include "dsinfer.h"
 #include "model_test_util.h"
+#include "tests/common/skip.h"
+#include "tests/common/vk_validation.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -108,12 +110,12 @@ static int teardown(void **state) {
 }
 
 static void need(fx *f) {
+    /* main() checked the backend; a model that does not open is absent only when its file
+     * is (otherwise the load failure is the test's failure) */
     if (!f->m) {
-        const char *v = getenv("DSI_REQUIRE_VULKAN");
-        if (v && v[0] == '1' && strcmp(g_backend, "cpu") != 0)
-            fail_msg("DSI_REQUIRE_VULKAN=1 but %s did not open on %s", f->file, g_backend);
-        printf("SKIP %s: model or %s context not available\n", f->file, g_backend);
-        skip();
+        if (!mt_model_path(f->file, NULL))
+            DSIT_SKIP_TEST("MODELS", "%s not found in $DSI_MODELS_DIR", f->file);
+        fail_msg("%s did not open on %s", f->file, g_backend);
     }
 }
 
@@ -421,8 +423,11 @@ static void test_corruption(void **state) {
             dsi_model_free(om);
             unlink(other);
         } else {
-            printf("# %s: dsinfer-mkmodel --seed 7 failed; other-weights case not run\n", f->config);
+            fail_msg("%s: dsinfer-mkmodel --seed 7 failed", f->config);
         }
+    } else {
+        dsit_absent_test("MODELS", __func__, "DSI_MKMODEL unset: the other-weights case needs "
+                                             "dsinfer-mkmodel");
     }
     /* a reader that fails half-way, and files: missing, truncated */
     rd r = {snap, n / 2, 0};
@@ -869,10 +874,7 @@ static double rel_diff(const float *a, const float *b, int32_t V) {
 static void test_cross_backend(void **state) {
     fx *f = *state;
     need(f);
-    if (!f->cpu_m) {
-        printf("SKIP %s: cross-backend restore needs a GPU backend run (argv[1] = vulkan)\n", f->file);
-        skip();
-    }
+    if (!f->cpu_m) fail_msg("%s: no CPU model beside the %s one", f->file, g_backend);
     dsi_token toks[300], next[6];
     mt_tokens(toks, 300, f->V, 51);
     mt_tokens(next, 6, f->V, 52);
@@ -913,10 +915,20 @@ int main(int argc, char **argv) {
         return crash_writer(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
     if (argc >= 5 && strcmp(argv[1], "--share") == 0)
         return share_worker(argv[2], argv[3], (uint32_t)strtoul(argv[4], NULL, 10));
+    setvbuf(stdout, NULL, _IONBF, 0);
     if (argc > 1) g_backend = argv[1];
-    if (!mt_model_path("tiny-v4.gguf", NULL) && !mt_model_path("tiny-v41.gguf", NULL)) {
-        printf("SKIP: tiny models not found (DSI_MODELS_DIR)\n");
-        return MT_SKIP;
+    if (!mt_model_path("tiny-v4.gguf", NULL) && !mt_model_path("tiny-v41.gguf", NULL))
+        return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
+    dsi_context *probe = NULL;
+    dsi_context_options co;
+    dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.backend = g_backend;
+    if (dsi_context_create(&co, &probe) != DSI_OK) {
+        if (strcmp(g_backend, "cpu") == 0) {
+            printf("FAIL: no cpu backend: %s\n", dsi_last_error());
+            return 1;
+        }
+        return dsit_absent("VULKAN", "no %s backend: %s", g_backend, dsi_last_error());
     }
     int cpu = strcmp(g_backend, "cpu") == 0;
     /* DSI_TEST_FILTER=name runs one test (e.g. while proving a test can fail) */
@@ -936,6 +948,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate_setup_teardown(test_cross_backend, setup, teardown, &g_fx[0]),
         cmocka_unit_test_prestate_setup_teardown(test_cross_backend, setup, teardown, &g_fx[1]),
     };
-    if (cpu) return cmocka_run_group_tests_name("snapshot", cpu_tests, NULL, NULL);
-    return cmocka_run_group_tests_name("snapshot_gpu", gpu_tests, NULL, NULL);
+    int rc;
+    if (cpu) rc = cmocka_run_group_tests_name("snapshot", cpu_tests, NULL, NULL);
+    else rc = cmocka_run_group_tests_name("snapshot_gpu", gpu_tests, NULL, NULL);
+    /* the validation counters live in the loaded module: read them with a context open */
+    if (strcmp(g_backend, "vulkan") == 0 && dsit_vk_validation_check("test_snapshot vulkan") != 0) rc++;
+    dsi_context_free(probe);
+    return rc;
 }
