@@ -813,6 +813,91 @@ DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessio
  * CONTEXT_FULL when the block does not fit before n_ctx. */
 DSI_API dsi_status dsi_session_draft(dsi_session *session, dsi_token next, dsi_token *ids,
                                      float *logits, size_t cap, size_t *n_drafts);
+/* ---- since 0.2 — session snapshots and the prompt cache (docs/snapshots.md) ---------- */
+
+/* Output callback of dsi_session_save: writes `size` bytes; returns 0 on success, anything
+ * else stops the save (DSI_ERR_IO). Runs on the calling thread. */
+typedef int32_t (*dsi_write_fn)(void *user_data, const void *data, size_t size);
+/* Input callback of dsi_session_load: fills exactly `size` bytes; returns 0 on success,
+ * anything else (end of data, error) stops the load. */
+typedef int32_t (*dsi_read_fn)(void *user_data, void *data, size_t size);
+
+/* since 0.2 — [per-handle] Saves the session's complete state — its timeline tokens, the
+ * last logits (if it holds them), every per-sequence model state row its timeline needs
+ * (KV windows, compressed rows, index keys, compressor frontiers; the Engram history is the
+ * timeline) — as a snapshot (docs/snapshots.md: versioned, model fingerprint, xxHash3
+ * checksums per section, backend-independent). The session is only read. IO when `write`
+ * fails; INVALID_ARGUMENT for an empty session. *n_written (may be NULL): bytes written. */
+DSI_API dsi_status dsi_session_save(dsi_session *session, dsi_write_fn write, void *user_data,
+                                    uint64_t *n_written);
+/* since 0.2 — [per-handle] Saves into buf[0 .. cap). *n_needed always receives the size;
+ * buf NULL with cap 0 only asks for it (DSI_OK); a smaller capacity gives INVALID_ARGUMENT. */
+DSI_API dsi_status dsi_session_save_buffer(dsi_session *session, void *buf, size_t cap,
+                                           size_t *n_needed);
+/* since 0.2 — [per-handle] Saves to the file `path` atomically (temporary file beside it,
+ * fsync, rename): a crash leaves the old file or the new one, never a partial one. */
+DSI_API dsi_status dsi_session_save_file(dsi_session *session, const char *path);
+
+/* since 0.2 — [per-handle] Loads a snapshot into a session (fresh or in use) of the same
+ * model: afterwards its timeline, logits and state are the saved ones and evaluation
+ * continues bit-identically to the saved session (on another backend: within the
+ * cross-backend tolerance). The session's n_ctx must hold the snapshot; its n_batch and
+ * backend may differ; DSI_SESSION_FLAG_NO_FAKE_QUANT must match. Everything is validated
+ * before the session changes: BAD_FORMAT (not a snapshot, truncated, a checksum mismatch —
+ * corrupt), UNSUPPORTED (a newer format version), STATE_MISMATCH (another model, other
+ * flags), CONTEXT_FULL (longer than n_ctx) leave the session exactly as it was. Only a
+ * device failure while the state is written makes the session forget its timeline. */
+DSI_API dsi_status dsi_session_load(dsi_session *session, dsi_read_fn read, void *user_data);
+DSI_API dsi_status dsi_session_load_buffer(dsi_session *session, const void *buf, size_t size);
+DSI_API dsi_status dsi_session_load_file(dsi_session *session, const char *path);
+
+/* dsi_prompt_cache_options.flags */
+#define DSI_PROMPT_CACHE_NO_WRITE (1u << 0) /* only read entries */
+#define DSI_PROMPT_CACHE_NO_READ (1u << 1)  /* only write entries */
+
+typedef struct dsi_prompt_cache_options {
+    uint32_t struct_size;
+    uint32_t chunk_tokens;   /* prefixes are cached at multiples of this; 0 = 256 */
+    const char *dir;         /* an existing directory (copied); NULL turns the cache off */
+    uint64_t max_bytes;      /* size cap of the directory's entries (LRU eviction); 0 = 4 GiB */
+    uint32_t min_tokens;     /* shorter prefixes are not cached; 0 = chunk_tokens */
+    uint32_t flags;          /* DSI_PROMPT_CACHE_* */
+} dsi_prompt_cache_options;
+
+/* since 0.2 — [thread-safe] Sets struct_size and zeroes the rest. */
+DSI_API void dsi_prompt_cache_options_init(dsi_prompt_cache_options *opt);
+
+/* since 0.2 — [per-handle] Turns the disk prefix cache on (or off: opt NULL or dir NULL)
+ * for this session. dsi_session_sync (and dsi_session_generate with a prompt) then restore
+ * the longest cached prefix of the new timeline (at a chunk boundary, longer than what the
+ * session already holds) before evaluating the rest, and cache the prefix at the last chunk
+ * boundary after evaluating. Entries are snapshots (checksummed; a corrupt entry is removed
+ * and ignored), written atomically; several sessions and processes may share a directory
+ * (lock-free: docs/snapshots.md). Cache failures never fail a sync. IO when `dir` is not a
+ * directory. */
+DSI_API dsi_status dsi_session_set_prompt_cache(dsi_session *session,
+                                                const dsi_prompt_cache_options *opt);
+
+typedef struct dsi_prompt_cache_stats {
+    uint32_t struct_size;
+    uint32_t reserved;
+    uint64_t hits;             /* syncs that restored a prefix from disk */
+    uint64_t misses;           /* syncs that looked and found none usable */
+    uint64_t tokens_restored;  /* tokens not evaluated thanks to hits */
+    uint64_t writes;           /* entries written */
+    uint64_t bytes_written;
+    uint64_t write_errors;
+    uint64_t evictions;        /* entries removed by the size cap */
+    uint64_t corrupt_removed;  /* corrupt entries found and removed */
+    uint64_t write_ns;         /* time spent writing entries (incl. fsync, eviction) */
+    uint64_t read_ns;          /* time spent probing, reading, validating, restoring */
+} dsi_prompt_cache_stats;
+
+/* since 0.2 — [thread-safe] Sets struct_size and zeroes the rest. */
+DSI_API void dsi_prompt_cache_stats_init(dsi_prompt_cache_stats *stats);
+/* since 0.2 — [per-handle] The session's prompt-cache counters (zero when off). */
+DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
+                                                  dsi_prompt_cache_stats *stats);
 
 #endif /* DSI_EXPERIMENTAL */
 

@@ -209,16 +209,20 @@ else
 fi
 
 if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
-  stage "libFuzzer: GGUF reader, ${DSI_FUZZ_SECONDS:-60} s"
+  stage "libFuzzer: GGUF reader and snapshot loader, ${DSI_FUZZ_SECONDS:-60} s each"
   rm -rf "$out/fuzz"
   if CC=clang CXX=clang++ cmake -S . -B "$out/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
        -DDSI_FUZZ=ON -DDSI_WERROR=ON -DDSI_VULKAN=off -DDSI_CUDA=off -DDSI_BUILD_EXAMPLES=OFF \
        >"$out/fuzz-configure.log" 2>&1 &&
-     cmake --build "$out/fuzz" -j"$jobs" --target fuzz_gguf fuzz_gguf_seeds >"$out/fuzz-build.log" 2>&1; then
+     cmake --build "$out/fuzz" -j"$jobs" --target fuzz_gguf fuzz_gguf_seeds fuzz_snapshot fuzz_snapshot_seeds >"$out/fuzz-build.log" 2>&1; then
     sh tests/fuzz/run.sh "$out/fuzz" >"$out/fuzz-run.log" 2>&1
     rc=$?
     tail -8 "$out/fuzz-run.log"
     record fuzz-gguf $rc
+    sh tests/fuzz/run.sh "$out/fuzz" snapshot >"$out/fuzz-snapshot-run.log" 2>&1
+    rc=$?
+    tail -8 "$out/fuzz-snapshot-run.log"
+    record fuzz-snapshot $rc
   else
     cat "$out/fuzz-configure.log" "$out/fuzz-build.log" | tail -40
     record fuzz-build 1

@@ -14,6 +14,7 @@
  * speculation off and on alternately; reported: tokens/s of both, mean accepted drafts per
  * verify step and tokens per step (measured), the output identity, and where the time goes
  * — one-token step, verify step of 1 + k rows, draft call — each timed alone.
+ *   dsinfer-bench -m FILE --ttft 4096 [--cache-dir DIR] [-r 3] [-t THREADS]
  *
  * Model runs use the public session API (dsi_session_sync for pp, dsi_session_append one
  * token at a time for tg); the byte and FLOP counts come from the model's bound tensors
@@ -23,6 +24,10 @@
  * aggregate and per-session t/s, ms per step, the weight bytes one step reads (shared
  * tensors once + the routed experts the batch selected, each once — counted by the CPU
  * backend), the speed-up those bytes allow over B = 1 and the effective bandwidth.
+ * --ttft N is persistence (docs/snapshots.md): time to first token (logits of the last
+ * prompt token available) for an N-token prompt cold, with the prefix cached on disk by the
+ * prompt cache (restore + the rest evaluated), and with the session restored from a
+ * snapshot file — one run, same session settings.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -42,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #ifndef DSI_BENCH_GIT
@@ -65,6 +71,8 @@ typedef struct opts {
     const char *prompt;
     int draft_max;
     long long shape_out, shape_in; /* --kernels --shape OUTxIN (default 2048x4096) */
+    int ttft;
+    const char *cache_dir;
 } opts;
 
 static void usage(FILE *f) {
@@ -93,7 +101,10 @@ static void usage(FILE *f) {
             "               default 32 here; prompts of 16 tokens)\n"
             "  --spec       speculative vs plain greedy decoding (models with draft blocks)\n"
             "  --prompt T   --spec: the first prompt (four built-in ones follow)\n"
-            "  --draft-max N --spec: drafts per step (default: the block's)\n");
+            "  --draft-max N --spec: drafts per step (default: the block's)\n"
+            "  --ttft N     time to first token of an N-token prompt: cold, from the disk\n"
+            "               prompt cache, from a snapshot file (-r repetitions of the warm ones)\n"
+            "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -136,6 +147,8 @@ static int parse(int argc, char **argv, opts *o) {
         }
         else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
         else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
+        else if (!strcmp(a, "--ttft")) { NEEDV; o->ttft = atoi(v); }
+        else if (!strcmp(a, "--cache-dir")) { NEEDV; o->cache_dir = v; }
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--spec")) o->spec = 1;
         else if (!strcmp(a, "--prompt")) { NEEDV; o->prompt = v; }
@@ -780,6 +793,135 @@ static int run_spec(const opts *o, dsi_model *model, int32_t nv) {
     return identical ? 0 : 1;
 }
 
+/* ---- --ttft: persistence ------------------------------------------------------------------ */
+
+static int run_ttft(const opts *o, dsi_context *ctx, dsi_model *model, int32_t nv) {
+    int N = o->ttft;
+    char dir[512];
+    if (o->cache_dir) {
+        snprintf(dir, sizeof dir, "%s", o->cache_dir);
+    } else {
+        snprintf(dir, sizeof dir, "/tmp/dsinfer-bench-ttft-XXXXXX");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "dsinfer-bench: mkdtemp failed\n");
+            return 1;
+        }
+    }
+    dsi_token *prompt = malloc(sizeof(dsi_token) * (size_t)N);
+    if (!prompt) return 1;
+    uint64_t rng = 4321;
+    for (int i = 0; i < N; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[i] = (dsi_token)((rng >> 33) % (uint64_t)(nv > 16 ? nv - 16 : nv));
+    }
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = (uint32_t)N + 16;
+    dsi_prompt_cache_options pco;
+    dsi_prompt_cache_options_init(&pco);
+    pco.dir = dir;
+    dsi_session *a = NULL;
+    int fail = 0;
+    if (dsi_session_create(model, &so, &a) != DSI_OK || dsi_session_set_prompt_cache(a, &pco) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: session: %s\n", dsi_last_error());
+        free(prompt);
+        return 1;
+    }
+    /* cold (the cache is empty; its one entry is written at the end of this sync) */
+    double t0 = bench_now();
+    if (dsi_session_sync(a, prompt, (size_t)N, NULL) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: sync: %s\n", dsi_session_last_error(a));
+        fail = 1;
+    }
+    double t_cold_all = bench_now() - t0;
+    dsi_prompt_cache_stats st;
+    dsi_prompt_cache_stats_init(&st);
+    dsi_session_prompt_cache_stats(a, &st);
+    double t_write = st.write_ns * 1e-9, t_cold = t_cold_all - t_write;
+    uint64_t entry_bytes = st.bytes_written;
+    /* snapshot file of the whole prompt (with its logits) */
+    char snap[600];
+    snprintf(snap, sizeof snap, "%s/ttft.dsis", dir);
+    t0 = bench_now();
+    if (!fail && dsi_session_save_file(a, snap) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: save: %s\n", dsi_session_last_error(a));
+        fail = 1;
+    }
+    double t_save = bench_now() - t0;
+    double cached[64], loaded[64];
+    int nr = o->r < 64 ? o->r : 64;
+    size_t reused = 0;
+    for (int rep = 0; rep < nr && !fail; rep++) {
+        dsi_session *b = NULL;
+        if (dsi_session_create(model, &so, &b) != DSI_OK || dsi_session_set_prompt_cache(b, &pco) != DSI_OK) {
+            fail = 1;
+            break;
+        }
+        t0 = bench_now();
+        if (dsi_session_sync(b, prompt, (size_t)N, &reused) != DSI_OK) fail = 1;
+        cached[rep] = bench_now() - t0;
+        /* the entry of this prefix exists: nothing is written */
+        dsi_session_free(b);
+        dsi_session *c = NULL;
+        if (dsi_session_create(model, &so, &c) != DSI_OK) {
+            fail = 1;
+            break;
+        }
+        t0 = bench_now();
+        const float *lg = NULL;
+        if (dsi_session_load_file(c, snap) != DSI_OK || dsi_session_logits(c, &lg, NULL) != DSI_OK) {
+            fprintf(stderr, "dsinfer-bench: load: %s\n", dsi_session_last_error(c));
+            fail = 1;
+        }
+        loaded[rep] = bench_now() - t0;
+        dsi_session_free(c);
+    }
+    long long snap_bytes = 0;
+    FILE *fp = fopen(snap, "rb");
+    if (fp) {
+        fseek(fp, 0, SEEK_END);
+        snap_bytes = ftell(fp);
+        fclose(fp);
+    }
+    double mc = 0, sc = 0, ml = 0, sl = 0;
+    if (!fail && nr > 0) {
+        mean_sd(cached, nr, &mc, &sc);
+        mean_sd(loaded, nr, &ml, &sl);
+    }
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    dsi_model_get_info(model, &info);
+    printf("| model | backend | threads | prompt | cold TTFT s | disk-cache TTFT s (reused) | snapshot TTFT s |\n");
+    printf("| ----- | ------- | ------: | -----: | ----------: | -------------------------: | --------------: |\n");
+    printf("| %s | %s | %d | %d | %.2f | %.3f ± %.3f (%zu) | %.3f ± %.3f |\n",
+           info.name[0] ? info.name : info.arch_name, dsi_context_backend(ctx), o->t, N, t_cold,
+           mc, sc, reused, ml, sl);
+    printf("\ncold: %.1f t/s prefill; cache entry %.1f MiB written in %.3f s (%.0f MiB/s incl. "
+           "fsync); snapshot %.1f MiB saved in %.3f s, loaded in %.3f s (%.0f MiB/s incl. "
+           "validation); speed-up over cold: disk cache %.1fx, snapshot %.1fx (%d repetitions)\n",
+           N / (t_cold > 0 ? t_cold : 1), entry_bytes / 1048576.0, t_write,
+           t_write > 0 ? entry_bytes / 1048576.0 / t_write : 0.0, snap_bytes / 1048576.0, t_save,
+           ml, ml > 0 ? snap_bytes / 1048576.0 / ml : 0.0, mc > 0 ? t_cold / mc : 0.0,
+           ml > 0 ? t_cold / ml : 0.0, nr);
+    dsi_session_free(a);
+    if (!o->cache_dir) {
+        /* our own directory: remove its files */
+        unlink(snap);
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        char p[1200];
+        while (d && (de = readdir(d)) != NULL) {
+            if (de->d_name[0] == '.' && (!de->d_name[1] || !strcmp(de->d_name, ".."))) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+        if (d) closedir(d);
+        rmdir(dir);
+    }
+    free(prompt);
+    return fail;
+}
+
 static int run_model(const opts *o) {
     dsib_threadpool *pool = NULL;
     char msg[256];
@@ -820,6 +962,13 @@ static int run_model(const opts *o) {
     const double *cat_bytes = cost.cat;
     if (o->spec) {
         int rc = run_spec(o, model, info.n_vocab);
+        dsib_threadpool_free(pool);
+        dsi_model_free(model);
+        dsi_context_free(ctx);
+        return rc;
+    }
+    if (o->ttft > 0) {
+        int rc = run_ttft(o, ctx, model, info.n_vocab);
         dsib_threadpool_free(pool);
         dsi_model_free(model);
         dsi_context_free(ctx);

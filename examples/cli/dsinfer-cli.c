@@ -10,7 +10,7 @@
  * the configured install location.
  */
 #define _POSIX_C_SOURCE 200809L
-#define DSI_EXPERIMENTAL
+#define DSI_EXPERIMENTAL /* speculative decoding (docs/spec.md), snapshots and the prompt cache (docs/snapshots.md) */
 #include "dsinfer.h"
 
 #include <errno.h>
@@ -52,6 +52,9 @@ typedef struct {
     uint32_t spec;          /* DSI_SPEC_* */
     uint32_t draft_max;
     float draft_conf;
+    const char *prompt_cache;  /* --prompt-cache DIR */
+    const char *session_save;  /* --session-save FILE */
+    const char *session_load;  /* --session-load FILE */
 } cli_opts;
 
 static void usage(FILE *f) {
@@ -72,6 +75,10 @@ static void usage(FILE *f) {
             "  -t THREADS       CPU threads (default: all online CPUs)\n"
             "  --backend NAME   cpu, vulkan, cuda or auto (default cpu)\n"
             "  --chat           interactive multi-turn chat (/reset, /quit; Ctrl+C stops an answer)\n"
+            "  --prompt-cache DIR  reuse evaluated prompt prefixes from / save them to DIR (between\n"
+            "                   turns and runs; shared by processes)\n"
+            "  --session-load FILE  start from a saved session (snapshot)\n"
+            "  --session-save FILE  save the session at the end (one-shot) or on exit (chat)\n"
             "  --think          chat with thinking on; --no-think: off (default)\n"
             "  --ctx N          context length in tokens (default: min(4096, trained))\n"
             "  --spec MODE      speculative decoding with the model's draft blocks: off (default),\n"
@@ -145,6 +152,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "-p")) { NEXT(); o->prompt = argv[i]; }
         else if (!strcmp(a, "-f")) { NEXT(); o->prompt_file = argv[i]; }
         else if (!strcmp(a, "--backend")) { NEXT(); o->backend = argv[i]; }
+        else if (!strcmp(a, "--prompt-cache")) { NEXT(); o->prompt_cache = argv[i]; }
+        else if (!strcmp(a, "--session-save")) { NEXT(); o->session_save = argv[i]; }
+        else if (!strcmp(a, "--session-load")) { NEXT(); o->session_load = argv[i]; }
         else if (!strcmp(a, "-n")) { NEXT(); if (!parse_i64(a, argv[i], 0, INT32_MAX, &v)) return 0; o->n_predict = (int32_t)v; }
         else if (!strcmp(a, "--top-k")) { NEXT(); if (!parse_i64(a, argv[i], 0, INT32_MAX, &v)) return 0; o->top_k = (int32_t)v; }
         else if (!strcmp(a, "-t")) { NEXT(); if (!parse_i64(a, argv[i], 1, 1024, &v)) return 0; o->threads = (int32_t)v; }
@@ -581,6 +591,21 @@ int main(int argc, char **argv) {
         rc = 1;
         goto done;
     }
+    if (o.prompt_cache) {
+        dsi_prompt_cache_options pco;
+        dsi_prompt_cache_options_init(&pco);
+        pco.dir = o.prompt_cache;
+        if (dsi_session_set_prompt_cache(s, &pco) != DSI_OK) {
+            fprintf(stderr, "%s: --prompt-cache: %s\n", prog, dsi_session_last_error(s));
+            rc = 1;
+            goto done;
+        }
+    }
+    if (o.session_load && dsi_session_load_file(s, o.session_load) != DSI_OK) {
+        fprintf(stderr, "%s: --session-load: %s\n", prog, dsi_session_last_error(s));
+        rc = 1;
+        goto done;
+    }
     dsi_sampler_options sopt;
     dsi_sampler_options_init(&sopt);
     sopt.temperature = o.temp;
@@ -604,7 +629,7 @@ int main(int argc, char **argv) {
 
     if (o.chat) {
         rc = run_chat(model, s, smp, &o);
-        goto done;
+        goto save;
     }
 
     const char *text = o.prompt;
@@ -637,6 +662,20 @@ int main(int argc, char **argv) {
     }
     print_speed(&r);
     if (st == DSI_ERR_CANCELLED) rc = 130; /* like a shell's Ctrl+C status */
+
+save:
+    if (o.session_save && s) {
+        uint32_t pos = 0;
+        dsi_session_position(s, &pos);
+        if (pos == 0) {
+            fprintf(stderr, "%s: --session-save: the session is empty; nothing saved\n", prog);
+        } else if (dsi_session_save_file(s, o.session_save) != DSI_OK) {
+            fprintf(stderr, "%s: --session-save: %s\n", prog, dsi_session_last_error(s));
+            if (rc == 0) rc = 1;
+        } else if (o.verbose) {
+            fprintf(stderr, "%s: session (%u tokens) saved to %s\n", prog, pos, o.session_save);
+        }
+    }
 
 done:
     /* the signal handler may cancel g_session: unpublish it before the free (docs/api.md

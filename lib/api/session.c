@@ -177,6 +177,7 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
 DSI_API void dsi_session_free(dsi_session *s) {
     if (!s) return;
     const dsi_context *ctx = s->ctx;
+    dsii_pcache_free(s);
     dsii_lane_free(s->seq.lane);
     dsii_kv_pool_release(s->seq.pool, s->seq.slot);
     dsii_model_session_release(s->model);
@@ -237,13 +238,15 @@ static void session_clear(dsi_session *s) {
     s->n_tokens = 0;
     s->has_logits = 0;
     dsii_spec_rewound(s->spec, 0);
+    s->exact_from = 0;
 }
 
 /* After a failed step that evaluated `n` rows from `pos`: the state before `pos` is intact
  * when the step wrote at most `margin` rows (ring rows it overwrote belong to positions a
  * re-evaluation never reads), so the timeline keeps that prefix; otherwise it is forgotten. */
 void dsii_session_step_failed(dsi_session *s, uint32_t pos, uint32_t n) {
-    s->n_tokens = n <= s->margin ? pos : 0;
+    s->n_tokens = n <= s->margin && pos >= s->exact_from ? pos : 0;
+    if (s->n_tokens == 0) s->exact_from = 0;
     s->has_logits = 0;
     dsii_spec_rewound(s->spec, s->n_tokens);
 }
@@ -293,7 +296,7 @@ static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
 static uint32_t rewind_to(dsi_session *s, uint32_t keep) {
     if (keep >= s->n_tokens) return s->n_tokens;
     uint32_t back = s->n_tokens - keep;
-    if (keep > 0 && back <= s->margin) {
+    if (keep > 0 && back <= s->margin && keep >= s->exact_from) {
         s->n_tokens = keep;
         s->has_logits = 0;
         dsii_spec_rewound(s->spec, keep);
@@ -327,9 +330,12 @@ dsi_status dsii_session_sync_nc(dsi_session *s, const dsi_token *tokens, size_t 
     /* the last token must be evaluated to have its logits */
     uint32_t keep = c < n ? c : (uint32_t)n - 1;
     keep = rewind_to(s, keep);
+    if (s->pcache) keep = dsii_pcache_restore(s, tokens, (uint32_t)n, keep);
     if (n_reused) *n_reused = keep;
     memcpy(s->tokens + keep, tokens + keep, sizeof(dsi_token) * (n - keep));
-    return eval_to(s, (uint32_t)n, NULL);
+    st = eval_to(s, (uint32_t)n, NULL);
+    if (st == DSI_OK && s->pcache) dsii_pcache_store(s);
+    return st;
 }
 
 dsi_status dsii_session_check_append(dsi_session *s, const dsi_token *tokens, size_t n,

@@ -37,6 +37,11 @@ struct dsi_session {
     float *logits;               /* n_vocab floats: logits of tokens[n_tokens-1] */
     int32_t has_logits;
 
+    uint32_t exact_from;         /* exact rewinds keep at least this many tokens (0 normally;
+                                    after a snapshot restore the rings hold only the
+                                    positions the snapshot had, lib/kv/snapshot.h) */
+    struct dsii_pcache *pcache;  /* disk prefix cache (lib/api/persist.c), NULL = off */
+
     atomic_int cancel;           /* set by dsi_session_cancel */
     dsii_error last_error;
 
@@ -89,6 +94,14 @@ dsi_status dsii_session_append_all_logits(dsi_session *s, const dsi_token *token
 /* Truncates the timeline to `keep` tokens (exact within the rewind margin, else forgetting
  * it: the caller re-evaluates); the logits are gone afterwards. Returns the kept length. */
 uint32_t dsii_session_rewind(dsi_session *s, uint32_t keep);
+/* Disk prefix cache hooks (lib/api/persist.c), called by dsi_session_sync when s->pcache
+ * is set. restore: after the in-memory reuse of `keep` tokens, restores the longest cached
+ * prefix of tokens[0 .. n−1) longer than keep (the session's timeline becomes that prefix)
+ * and returns the new keep. store: saves the prefix at the last chunk boundary of the
+ * timeline unless the cache already has it. Failures never fail the sync. */
+uint32_t dsii_pcache_restore(dsi_session *s, const dsi_token *tokens, uint32_t n, uint32_t keep);
+void dsii_pcache_store(dsi_session *s);
+void dsii_pcache_free(dsi_session *s);
 
 /* Records `st`/message on the session (and the thread error); returns st. */
 dsi_status dsii_session_fail(dsi_session *s, dsi_status st, const char *fmt, ...)

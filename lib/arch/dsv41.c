@@ -164,6 +164,9 @@ static void add_components(dsii_arch_model *am, dsii_kv_layout *l, uint32_t n_ct
             uint32_t rows = (n_ctx + 1) / lh->compress_ratio + 1;
             ids[1] = dsii_kv_add(l, DSII_KV_ROWS, rows, hp->head_dim);
             ids[2] = dsii_kv_add(l, DSII_KV_ROWS, rows, hp->idx_head_dim);
+            /* one compressed row / index key per completed group (store_rows ratio) */
+            dsii_kv_set_ratio(l, ids[1], lh->compress_ratio);
+            dsii_kv_set_ratio(l, ids[2], lh->compress_ratio);
             if (lh->compress_ratio > 1) {
                 ids[3] = dsii_kv_add(l, DSII_KV_RING, am->max_ratio + l->margin, hp->head_dim);
                 ids[4] = dsii_kv_add(l, DSII_KV_RING, am->max_ratio + l->margin, hp->head_dim);

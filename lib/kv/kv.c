@@ -39,10 +39,15 @@ uint32_t dsii_kv_add(dsii_kv_layout *l, uint32_t kind, uint32_t rows, uint32_t l
     c->kind = kind;
     c->rows = rows ? rows : 1;
     c->ld = ld ? ld : 1;
+    c->ratio = 0;
     /* 64-byte aligned component regions: keep every slot's part a multiple of 64 bytes */
     uint64_t b = (uint64_t)c->rows * c->ld * sizeof(float);
     l->slot_bytes += (b + 63) & ~(uint64_t)63;
     return l->n++;
+}
+
+void dsii_kv_set_ratio(dsii_kv_layout *l, uint32_t id, uint32_t ratio) {
+    if (l->status == DSI_OK && id < l->n && l->c[id].kind == DSII_KV_ROWS) l->c[id].ratio = ratio;
 }
 
 void dsii_kv_add_compressor(dsii_kv_layout *l, uint32_t ratio, int overlap, uint32_t hd,
@@ -55,6 +60,7 @@ void dsii_kv_add_compressor(dsii_kv_layout *l, uint32_t ratio, int overlap, uint
     out->kv = dsii_kv_add(l, DSII_KV_RING, span + l->margin, w);
     out->sc = dsii_kv_add(l, DSII_KV_RING, span + l->margin, w);
     out->out = dsii_kv_add(l, DSII_KV_ROWS, n_ctx / ratio + 1, hd);
+    dsii_kv_set_ratio(l, out->out, ratio);
 }
 
 /* ---- pool ------------------------------------------------------------------------------ */
@@ -272,4 +278,38 @@ dsi_status dsii_kv_slot_export(dsii_kv_pool *p, uint32_t slot, void *dst, dsii_e
 
 dsi_status dsii_kv_slot_import(dsii_kv_pool *p, uint32_t slot, const void *src, dsii_error *e) {
     return slot_io(p, slot, (uint8_t *)(uintptr_t)src, 0, e);
+}
+
+static dsi_status rows_io(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_t row0,
+                          uint32_t n, uint8_t *host, int out, dsii_error *e) {
+    if (n == 0) return DSI_OK;
+    dsii_kv_pool_lock(p);
+    dsi_status st = DSI_OK;
+    dsib_error be_err = {{0}};
+    if (slot >= p->cap || comp >= p->layout.n || row0 > p->layout.c[comp].rows ||
+        n > p->layout.c[comp].rows - row0) {
+        st = dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                       "state pool: rows %u+%u of component %u slot %u out of range", row0, n,
+                       comp, slot);
+    } else {
+        const dsii_kv_comp *c = &p->layout.c[comp];
+        uint64_t rb = (uint64_t)c->ld * sizeof(float);
+        uint64_t off = p->base[comp] + ((uint64_t)slot * c->rows + row0) * rb;
+        uint64_t bytes = (uint64_t)n * rb;
+        st = out ? p->dev->be->download(p->dev->inst, p->buf, off, host, bytes, &be_err)
+                 : p->dev->be->upload(p->dev->inst, p->buf, off, host, bytes, &be_err);
+        if (st != DSI_OK) st = dsii_fail(e, st, "state pool: row copy: %s", be_err.msg);
+    }
+    dsii_kv_pool_unlock(p);
+    return st;
+}
+
+dsi_status dsii_kv_rows_read(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_t row0,
+                             uint32_t n, void *dst, dsii_error *e) {
+    return rows_io(p, slot, comp, row0, n, (uint8_t *)dst, 1, e);
+}
+
+dsi_status dsii_kv_rows_write(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_t row0,
+                              uint32_t n, const void *src, dsii_error *e) {
+    return rows_io(p, slot, comp, row0, n, (uint8_t *)(uintptr_t)src, 0, e);
 }

@@ -48,6 +48,9 @@ typedef struct dsii_kv_comp {
     uint32_t kind;     /* DSII_KV_RING / DSII_KV_ROWS */
     uint32_t rows;     /* rows per slot */
     uint32_t ld;       /* floats per row */
+    uint32_t ratio;    /* DSII_KV_ROWS: positions per row (row w is written by position
+                          (w+1)·ratio − 1, so a prefix of P tokens has P / ratio valid rows);
+                          0 = unknown (snapshots then keep every row). Rings: 0. */
 } dsii_kv_comp;
 
 typedef struct dsii_kv_layout {
@@ -63,6 +66,10 @@ void dsii_kv_layout_init(dsii_kv_layout *l, const dsi_context *ctx, uint32_t mar
 void dsii_kv_layout_free(dsii_kv_layout *l);
 /* Adds a component; returns its id (check l->status once at the end). */
 uint32_t dsii_kv_add(dsii_kv_layout *l, uint32_t kind, uint32_t rows, uint32_t ld);
+
+/* Declares that row-array component `id` holds one row per `ratio` positions (snapshots
+ * keep only a prefix's valid rows). */
+void dsii_kv_set_ratio(dsii_kv_layout *l, uint32_t id, uint32_t ratio);
 
 /* Token-row compressor state for ratio r (§3.4): the overlapping compressor (CSA, r = 4,
  * coff = 2) reads the previous group as well, so its rings span 2r positions, otherwise r.
@@ -110,5 +117,13 @@ void dsii_kv_pool_state(const dsii_kv_pool *p, uint32_t comp, struct dsib_state 
 uint64_t dsii_kv_slot_bytes(const dsii_kv_pool *p);
 dsi_status dsii_kv_slot_export(dsii_kv_pool *p, uint32_t slot, void *dst, dsii_error *e);
 dsi_status dsii_kv_slot_import(dsii_kv_pool *p, uint32_t slot, const void *src, dsii_error *e);
+
+/* Rows [row0, row0 + n) of component `comp` of `slot` to / from host memory (n · ld floats;
+ * blocking; the slot's sequence must not be running). Snapshots (lib/kv/snapshot.h) copy
+ * only the rows a prefix needs with these. INVALID_ARGUMENT when the range is outside. */
+dsi_status dsii_kv_rows_read(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_t row0,
+                             uint32_t n, void *dst, dsii_error *e);
+dsi_status dsii_kv_rows_write(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_t row0,
+                              uint32_t n, const void *src, dsii_error *e);
 
 #endif /* DSI_KV_H */
