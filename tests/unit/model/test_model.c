@@ -629,9 +629,6 @@ static void nextn_name(const char *name, uint32_t L, char *out, size_t cap) {
         {"mtp.0.enorm.weight", "nextn.enorm.weight"},
         {"mtp.0.hnorm.weight", "nextn.hnorm.weight"},
         {"mtp.0.norm.weight", "nextn.shared_head_norm.weight"},
-        {"mtp.0.hc_head_fn.weight", "nextn.hc_head_fn.weight"},
-        {"mtp.0.hc_head_base.weight", "nextn.hc_head_base.weight"},
-        {"mtp.0.hc_head_scale.weight", "nextn.hc_head_scale.weight"},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
         if (strcmp(name, head[i][0]) == 0) {
@@ -725,6 +722,8 @@ static uint8_t *rebuild(const char *src_path, const edit *e, size_t *out_n) {
             uint32_t L = 0;
             assert_int_equal(dsii_gguf_get_u32(g, "deepseek4.block_count", &L, NULL), DSI_OK);
             if (strcmp(t->name, "mtp.0.h_proj.weight") == 0) continue;
+            /* llama.cpp's combined file has no place for the MTP's own HC head */
+            if (strncmp(t->name, "mtp.0.hc_head_", 14) == 0) continue;
             if (strcmp(t->name, "mtp.0.e_proj.weight") == 0) {
                 /* eh_proj [2D, D]: row j = [e_proj row j ; h_proj row j] (f32) */
                 const dsii_gguf_tensor *h = dsii_gguf_find_tensor(g, "mtp.0.h_proj.weight");
@@ -923,7 +922,8 @@ static void test_nextn_mtp(void **state) {
     assert_int_equal(m->hp.n_draft, 1);
     assert_int_equal(m->hp.has_mtp, 1);
     assert_int_equal(m->hp.mtp_from_nextn, 1);
-    assert_int_equal(m->n_params, base->n_params);
+    /* the MTP's own HC head (hc·D·hc + hc + 1 values) is not in a llama.cpp combined file */
+    assert_int_equal(m->n_params, base->n_params - (4 * 256 * 4 + 4 + 1));
     const dsii_draft_tensors *a = &base->w.draft[0], *b = &m->w.draft[0];
     assert_int_equal(b->e_proj->is_view, 1);
     assert_int_equal(b->e_proj->ne[0], 256);
@@ -937,6 +937,12 @@ static void test_nextn_mtp(void **state) {
     }
     assert_memory_equal(a->norm->data, b->norm->data, 256 * 4);
     assert_memory_equal(a->blk.attn_q_b->data, b->blk.attn_q_b->data, a->blk.attn_q_b->nbytes);
+    /* llama.cpp's semantics: the MTP head runs with the trunk's output_hc_* */
+    assert_int_equal(m->hp.mtp_hc_from_trunk, 1);
+    assert_ptr_equal(b->hc_head_fn, m->w.output_hc_fn);
+    assert_ptr_equal(b->hc_head_base, m->w.output_hc_base);
+    assert_ptr_equal(b->hc_head_scale, m->w.output_hc_scale);
+    assert_int_equal(base->hp.mtp_hc_from_trunk, 0);
     dsi_model_free(m);
     dsi_model_free(base);
     dsii_free(NULL, p);
