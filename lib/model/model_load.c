@@ -34,9 +34,9 @@ static const char *class_types(int cls) {
     switch (cls) {
     case C_VEC: return "f32";
     case C_FVEC:
-    case C_SMALL: return "f32, f16, bf16";
+    case C_SMALL:
     case C_MAT: return "f32, f16, bf16, q8_0, q2_k, q4_k, iq2_xxs, mxfp4, fp8_e4m3_b128, fp8_e4m3_b32";
-    case C_EMBD: return "f32, f16, bf16, q8_0";
+    case C_EMBD: return "f32, f16, bf16, q8_0, q2_k, q4_k, mxfp4";
     case C_I32: return "i32";
     case C_TABLE: return "fp8_e4m3_r32, f32, f16, bf16";
     }
@@ -47,13 +47,16 @@ static int class_allows(int cls, int32_t t) {
     const int fl = t == DSI_TYPE_F32 || t == DSI_TYPE_F16 || t == DSI_TYPE_BF16;
     switch (cls) {
     case C_VEC: return t == DSI_TYPE_F32;
+    /* llama.cpp's quantizer also quantizes the small matrices (mHC fn, compressor, indexer,
+     * ape) of community files: they take the matrix types */
     case C_FVEC:
-    case C_SMALL: return fl;
+    case C_SMALL:
     case C_MAT:
         return fl || t == DSI_TYPE_Q8_0 || t == DSI_TYPE_Q2_K || t == DSI_TYPE_Q4_K ||
                t == DSI_TYPE_IQ2_XXS || t == DSI_TYPE_MXFP4 || t == DSI_TYPE_FP8_E4M3_B128 ||
                t == DSI_TYPE_FP8_E4M3_B32;
-    case C_EMBD: return fl || t == DSI_TYPE_Q8_0;
+    /* rows are gathered and dequantized (llama.cpp's quantizer quantizes token_embd too) */
+    case C_EMBD: return fl || t == DSI_TYPE_Q8_0 || t == DSI_TYPE_Q2_K || t == DSI_TYPE_Q4_K || t == DSI_TYPE_MXFP4;
     case C_I32: return t == DSI_TYPE_I32;
     case C_TABLE: return fl || t == DSI_TYPE_FP8_E4M3_R32;
     }

@@ -54,7 +54,7 @@ static int run_mkmodel(const char *config, const char *seed, const char *out) {
     if (!mk || access(mk, X_OK) != 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
-        execl(mk, mk, "--config", config, "--seed", seed, "--type", "f32", "-o", out, (char *)NULL);
+        execl(mk, mk, "--config", config, "--seed", seed, "--type", "f32", "--layout", "native", "-o", out, (char *)NULL);
         _exit(127);
     }
     int status = 0;
@@ -976,8 +976,8 @@ static void test_mkmodel_types(void **state) {
             snprintf(path, sizeof path, "%s/type-%s-%d.gguf", g_tmpdir, types[i].name, v);
             pid_t pid = fork();
             if (pid == 0) {
-                execl(mk, mk, "--config", v ? "tiny-v41" : "tiny-v4", "--type", types[i].name, "-o", path,
-                      (char *)NULL);
+                execl(mk, mk, "--config", v ? "tiny-v41" : "tiny-v4", "--type", types[i].name, "--layout",
+                      "native", "-o", path, (char *)NULL);
                 _exit(127);
             }
             int status = 0;
