@@ -4,7 +4,11 @@
 set -euo pipefail
 pkgs=(gcc g++ clang cmake ninja-build meson pkg-config binutils make
       libcmocka-dev libclang-rt-14-dev python3 python3-numpy python3-regex unicode-data
-      mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev)
+      mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev
+      libjansson-dev git)
+# node + npm for the llama.cpp interop stage (tests/interop): Debian's, unless a node with npm
+# is already there (e.g. NodeSource's nodejs, which bundles npm and conflicts with Debian's)
+command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -6,9 +6,11 @@
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. bounded libFuzzer run of the GGUF reader (clang)
+#   7. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
 # Ends with a summary line "N passed, N failed, N skipped"; exits non-zero on any failure.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
-#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 to shorten local runs.
+#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_INTEROP=1 to
+#              shorten local runs; DSI_LCPP_NPM_DIR reuses an installed node-llama-cpp.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -132,6 +134,12 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
     cat "$out/fuzz-configure.log" "$out/fuzz-build.log" | tail -40
     record fuzz-build 1
   fi
+fi
+
+if [ "${DSI_SKIP_INTEROP:-0}" != 1 ] && [ -f tests/interop/run.sh ] && [ -x "$out/cmake/tests/dsi_logits" ]; then
+  stage "llama.cpp interop (npm node-llama-cpp, CPU)"
+  bash tests/interop/run.sh "$out/cmake" "$out/interop" 2>&1 | tee "$out/interop.log"
+  record interop "${PIPESTATUS[0]}"
 fi
 
 t1=$(date +%s)

@@ -14,6 +14,7 @@
  * ggml's choice; see README.md), LCPP_VERBOSE=1 (llama.cpp's own log).
  * TOKENS.bin: int32 little-endian token ids.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "llama.h"
 
 #include <stdio.h>

@@ -34,7 +34,8 @@ done
 npm_dir=${DSI_LCPP_NPM_DIR:-$work/npm}
 pkg=$npm_dir/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
 bundle=$npm_dir/node_modules/node-llama-cpp/llama/gitRelease.bundle
-if [ ! -f "$pkg/libllama.v0.5.0.so" ] && ! ls "$pkg"/libllama*.so >/dev/null 2>&1; then
+find_libllama() { ls "$pkg"/libllama.v*.so "$pkg"/libllama.so 2>/dev/null | head -1; }
+if [ -z "$(find_libllama)" ]; then
   command -v npm >/dev/null || skip "npm is not installed (scripts/setup-deps.sh installs it)"
   [ "$(uname -m)" = x86_64 ] || skip "the bundled llama.cpp is linux-x64 only (this is $(uname -m))"
   echo "interop: npm install node-llama-cpp@$LCPP_NPM_VERSION @node-llama-cpp/linux-x64@$LCPP_NPM_VERSION"
@@ -43,7 +44,8 @@ if [ ! -f "$pkg/libllama.v0.5.0.so" ] && ! ls "$pkg"/libllama*.so >/dev/null 2>&
      "node-llama-cpp@$LCPP_NPM_VERSION" "@node-llama-cpp/linux-x64@$LCPP_NPM_VERSION") \
      >"$work/npm-install.log" 2>&1 || { tail -5 "$work/npm-install.log"; skip "npm install failed (registry unreachable?)"; }
 fi
-libllama=$(ls "$pkg"/libllama*.so | head -1)
+libllama=$(find_libllama)
+[ -n "$libllama" ] || { echo "FAIL: no libllama in $pkg"; exit 1; }
 [ -f "$bundle" ] || { echo "FAIL: $bundle missing"; exit 1; }
 
 # ---- 2. headers from the package's source bundle, then the peer ----------------------------
