@@ -2,7 +2,7 @@
  * The libdsinfer side of the interop tests (tests/interop/README.md): all-position logits of a
  * token sequence through the public API only.
  *
- *   dsi_logits MODEL TOKENS.bin OUT.f32 [--fake-quant] [--threads N] [--draft FILE]
+ *   dsi_logits MODEL TOKENS.bin OUT.f32 [--fake-quant] [--threads N] [--draft FILE] [--pread]
  *   dsi_logits --bench MODEL n_prompt n_gen [--threads N]
  *
  * The fake-quant rounding (model-spec §10.1) is off unless --fake-quant: llama.cpp does not
@@ -30,12 +30,13 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *tok_path = NULL, *out_path = NULL, *draft = NULL;
-    int fq = 0, threads = 2, bench = 0, np = 0, ng = 0, pos = 0;
+    int fq = 0, threads = 2, bench = 0, np = 0, ng = 0, pos = 0, pread_ = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--fake-quant")) fq = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) draft = argv[++i];
         else if (!strcmp(argv[i], "--bench")) bench = 1;
+        else if (!strcmp(argv[i], "--pread")) pread_ = 1;
         else if (pos == 0) model = argv[i], pos++;
         else if (pos == 1) (bench ? (void)(np = atoi(argv[i])) : (void)(tok_path = argv[i])), pos++;
         else if (pos == 2) (bench ? (void)(ng = atoi(argv[i])) : (void)(out_path = argv[i])), pos++;
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
     dsi_model_options mo;
     dsi_model_options_init(&mo);
     mo.draft_path = draft;
+    if (pread_) mo.access = DSI_ACCESS_PREAD; /* weights read into memory, Engram rows on demand */
     dsi_model *m = NULL;
     if (dsi_model_load(ctx, model, &mo, &m) != DSI_OK) return fail("load");
     dsi_model_info info;

@@ -804,6 +804,10 @@ static const bad_case k_bad[] = {
     {"unimplemented type", 0, {.type_tensor = "output.weight", .new_type = 14 /* q6_k */}, DSI_ERR_UNSUPPORTED, "output.weight", "q6_k"},
     {"key of the wrong type", 0, {.key = "deepseek4.expert_count", .kind = 1, .sval = "8"}, DSI_ERR_BAD_FORMAT, "deepseek4.expert_count", NULL},
     {"missing key", 0, {.key = "deepseek4.attention.q_lora_rank", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.attention.q_lora_rank", NULL},
+    /* keys whose default differs between engines (docs/model-files.md §2.7): refused by name */
+    {"missing YaRN original context (llama.cpp: context_length)", 0, {.key = "deepseek4.rope.scaling.original_context_length", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.rope.scaling.original_context_length", "missing"},
+    {"missing YaRN factor (llama.cpp: no scaling)", 0, {.key = "deepseek4.rope.scaling.factor", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.rope.scaling.factor", "missing"},
+    {"linear RoPE scaling", 0, {.key = "deepseek4.rope.scaling.type", .kind = 1, .sval = "linear"}, DSI_ERR_UNSUPPORTED, "deepseek4.rope.scaling.type", "linear"},
     {"wrong arch", 0, {.key = "general.architecture", .kind = 1, .sval = "llama"}, DSI_ERR_UNSUPPORTED, "llama", NULL},
     {"no arch", 0, {.key = "general.architecture", .kind = 0}, DSI_ERR_BAD_FORMAT, "general.architecture", NULL},
     {"short layer array", 0, {.key = "deepseek4.attention.compress_ratios", .kind = 3, .arr = k_short_ratios, .n_arr = 4}, DSI_ERR_BAD_FORMAT, "compress_ratios", "4 entries"},
@@ -853,6 +857,51 @@ static void test_malformed(void **state) {
     assert_null(m);
     assert_int_equal(load_mem(ctx, "NOTAGGUF", 8, &m), DSI_ERR_BAD_FORMAT);
     free(p);
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+}
+
+/* Keys whose default differs between engines and that load with a documented default
+ * (docs/model-files.md §2.7): rope.scaling.type absent -> YaRN, said in the log; the YaRN betas
+ * absent -> 32 / 1 (llama.cpp's fixed values); "none" -> scaling off (llama.cpp's meaning). */
+static void test_key_defaults(void **state) {
+    (void)state;
+    NEED_MODELS();
+    dsi_context *ctx = new_ctx();
+    dsi_model *base = NULL, *m = NULL;
+    assert_int_equal(dsi_model_load(ctx, g_v4, NULL, &base), DSI_OK);
+    assert_int_equal(base->hp.rope_type_defaulted, 0);
+    {
+        edit e = {.key = "deepseek4.rope.scaling.type", .kind = 0};
+        size_t n = 0;
+        uint8_t *p = rebuild(g_v4, &e, &n);
+        g_log[0] = '\0';
+        assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+        assert_int_equal(m->hp.rope_type_defaulted, 1);
+        assert_true(m->hp.yarn_factor == base->hp.yarn_factor && m->hp.yarn_factor > 1.0f);
+        assert_non_null(strstr(g_log, "deepseek4.rope.scaling.type"));
+        assert_non_null(strstr(g_log, "yarn"));
+        dsi_model_free(m);
+        dsii_free(NULL, p);
+    }
+    {
+        edit e = {.key = "deepseek4.rope.scaling.yarn_beta_fast", .kind = 0};
+        size_t n = 0;
+        uint8_t *p = rebuild(g_v4, &e, &n);
+        assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+        assert_true(m->hp.yarn_beta_fast == 32.0f);
+        dsi_model_free(m);
+        dsii_free(NULL, p);
+    }
+    {
+        edit e = {.key = "deepseek4.rope.scaling.type", .kind = 1, .sval = "none"};
+        size_t n = 0;
+        uint8_t *p = rebuild(g_v4, &e, &n);
+        assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+        assert_true(m->hp.yarn_factor == 1.0f);
+        dsi_model_free(m);
+        dsii_free(NULL, p);
+    }
+    dsi_model_free(base);
     assert_int_equal(dsi_context_free(ctx), DSI_OK);
 }
 
@@ -1012,6 +1061,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_vision_ignored),
         cmocka_unit_test(test_nextn_mtp),
+        cmocka_unit_test(test_key_defaults),
         cmocka_unit_test(test_reader_io_error),
         cmocka_unit_test(test_mkmodel_types),
     };
