@@ -232,15 +232,40 @@ dsi_status dsii_layout_write_hparams(dsii_gguf_writer *w, const dsii_hparams *hp
 /* Tensors                                                                               */
 /* ------------------------------------------------------------------------------------ */
 
-/* A source tensor kept for a transform done at write time. */
+/* A source tensor: filled whole (`fill`) or a run of rows at a time (`fill_rows`). */
 typedef struct src_t {
     int32_t type;
     uint32_t n_dims;
     int64_t ne[4];
     uint64_t nbytes;
     dsii_gguf_fill_fn fill;
+    dsii_gguf_fill_rows_fn fill_rows;
+    uint32_t row_align;
     void *user;
+    uint8_t *cache;    /* whole sources read through src_rows: the tensor, while in use */
 } src_t;
+
+static uint64_t src_nrows(const src_t *s) { return (uint64_t)s->ne[1] * (uint64_t)s->ne[2] * (uint64_t)s->ne[3]; }
+
+/* Rows [row0, row0 + n) of a source into dst. */
+static int src_rows(src_t *s, uint64_t row0, uint64_t n, uint8_t *dst) {
+    if (s->fill_rows) return s->fill_rows(s->user, row0, n, dst);
+    const uint64_t rows = src_nrows(s), rb = s->nbytes / rows;
+    if (!s->cache) {
+        s->cache = malloc((size_t)s->nbytes);
+        if (!s->cache || s->fill(s->user, s->cache, s->nbytes) != 0) {
+            free(s->cache);
+            s->cache = NULL;
+            return 1;
+        }
+    }
+    memcpy(dst, s->cache + row0 * rb, (size_t)(n * rb));
+    if (row0 + n == rows) {
+        free(s->cache);
+        s->cache = NULL;
+    }
+    return 0;
+}
 
 /* Transform closures (owned by the emitter). */
 typedef struct xform {
@@ -270,17 +295,16 @@ struct dsii_emitter {
     int started;
 };
 
-static int fill_xform(void *user, void *dst, uint64_t nbytes) {
-    const xform *x = user;
+static int fill_xform(void *user, uint64_t row0, uint64_t n, void *dst) {
+    xform *x = user;
     uint8_t *o = dst;
-    uint8_t *a = malloc((size_t)x->a.nbytes);
+    uint8_t *a = malloc((size_t)(n * x->row_a));
     if (!a) return 1;
-    int rc = x->a.fill(x->a.user, a, x->a.nbytes);
+    int rc = src_rows(&x->a, row0, n, a);
     if (!rc && x->kind == X_ROW264) {
         /* [e][32 values] x K/32  ->  [K values][K/32 scales] per row (lossless) */
         const uint64_t K = (uint64_t)x->a.ne[0], nb = K / 32;
-        if (nbytes != x->rows * (K + nb)) rc = 1;
-        for (uint64_t r = 0; !rc && r < x->rows; r++) {
+        for (uint64_t r = 0; r < n; r++) {
             const uint8_t *s = a + r * x->row_a;
             uint8_t *d = o + r * (K + nb);
             for (uint64_t j = 0; j < nb; j++) {
@@ -290,11 +314,9 @@ static int fill_xform(void *user, void *dst, uint64_t nbytes) {
         }
     } else if (!rc) {
         /* eh_proj row r = [e_proj row r ; h_proj row r] (llama.cpp concatenates along the input) */
-        uint8_t *b = malloc((size_t)x->b.nbytes);
-        if (!b) rc = 1;
-        if (!rc) rc = x->b.fill(x->b.user, b, x->b.nbytes);
-        if (!rc && nbytes != x->rows * (x->row_a + x->row_b)) rc = 1;
-        for (uint64_t r = 0; !rc && r < x->rows; r++) {
+        uint8_t *b = malloc((size_t)(n * x->row_b));
+        rc = !b || src_rows(&x->b, row0, n, b);
+        for (uint64_t r = 0; !rc && r < n; r++) {
             memcpy(o + r * (x->row_a + x->row_b), a + r * x->row_a, (size_t)x->row_a);
             memcpy(o + r * (x->row_a + x->row_b) + x->row_a, b + r * x->row_b, (size_t)x->row_b);
         }
@@ -372,7 +394,11 @@ dsi_status dsii_emitter_create(const dsii_hparams *hp, int layout, const char *n
 void dsii_emitter_free(dsii_emitter *e) {
     if (!e) return;
     for (int p = 0; p < DSII_EMIT_PARTS; p++) dsii_gguf_writer_free(e->w[p]);
-    for (uint32_t i = 0; i < e->n_xf; i++) free(e->xf[i]);
+    for (uint32_t i = 0; i < e->n_xf; i++) {
+        free(e->xf[i]->a.cache);
+        free(e->xf[i]->b.cache);
+        free(e->xf[i]);
+    }
     free(e->xf);
     free(e->tail);
     free(e);
@@ -392,8 +418,13 @@ static int is_fp8_type(int32_t t) {
 
 static dsi_status put(dsii_emitter *e, int part, const char *name, const src_t *s, dsii_error *err) {
     e->started = 1;
+    if (s->fill_rows)
+        return dsii_gguf_writer_add_tensor_rows(e->w[part], name, s->type, s->n_dims, s->ne, s->row_align,
+                                                s->fill_rows, s->user, err);
     return dsii_gguf_writer_add_tensor_fn(e->w[part], name, s->type, s->n_dims, s->ne, s->fill, s->user, err);
 }
+
+static dsi_status add_src(dsii_emitter *e, const char *name, src_t s, dsii_error *err);
 
 dsi_status dsii_emitter_add(dsii_emitter *e, const char *name, int32_t type, uint32_t n_dims,
                             const int64_t *ne, dsii_gguf_fill_fn fill, void *user,
@@ -402,6 +433,22 @@ dsi_status dsii_emitter_add(dsii_emitter *e, const char *name, int32_t type, uin
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "emitter: bad tensor arguments");
     src_t s = {.type = type, .n_dims = n_dims, .fill = fill, .user = user};
     for (int i = 0; i < 4; i++) s.ne[i] = i < (int)n_dims ? ne[i] : 1;
+    return add_src(e, name, s, err);
+}
+
+dsi_status dsii_emitter_add_rows(dsii_emitter *e, const char *name, int32_t type, uint32_t n_dims,
+                                 const int64_t *ne, uint32_t row_align, dsii_gguf_fill_rows_fn fill,
+                                 void *user, dsii_error *err) {
+    if (!e || !name || !ne || !fill || n_dims < 1 || n_dims > 4)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "emitter: bad tensor arguments");
+    src_t s = {.type = type, .n_dims = n_dims, .fill_rows = fill, .row_align = row_align, .user = user};
+    for (int i = 0; i < 4; i++) s.ne[i] = i < (int)n_dims ? ne[i] : 1;
+    return add_src(e, name, s, err);
+}
+
+static dsi_status add_src(dsii_emitter *e, const char *name, src_t s, dsii_error *err) {
+    const int32_t type = s.type;
+    const uint32_t n_dims = s.n_dims;
     if (!dsii_type_nbytes(type, s.ne, n_dims, &s.nbytes))
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "emitter: tensor '%s' has a bad shape for its type", name);
     const int native = e->layout == DSII_LAYOUT_NATIVE;
@@ -446,7 +493,7 @@ dsi_status dsii_emitter_add(dsii_emitter *e, const char *name, int32_t type, uin
             snprintf(pd->name, sizeof pd->name, "%s", nn);
             pd->part = DSII_EMIT_MAIN;
             pd->s = (src_t){.type = DSI_TYPE_I8, .n_dims = 2, .ne = {s.ne[0] / 32 * 33, s.ne[1], 1, 1},
-                            .fill = fill_xform, .user = x};
+                            .fill_rows = fill_xform, .row_align = s.row_align, .user = x};
             pd->s.nbytes = x->rows * (uint64_t)pd->s.ne[0];
             return DSI_OK;
         }
@@ -484,7 +531,8 @@ dsi_status dsii_emitter_add(dsii_emitter *e, const char *name, int32_t type, uin
         if (!dsii_type_row_size(e->e_proj.type, e->e_proj.ne[0], &x->row_a)) return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "eh_proj");
         x->row_b = x->row_a;
         src_t m = {.type = e->e_proj.type, .n_dims = 2, .ne = {2 * e->e_proj.ne[0], e->e_proj.ne[1], 1, 1},
-                   .fill = fill_xform, .user = x};
+                   .fill_rows = fill_xform, .user = x,
+                   .row_align = e->e_proj.row_align > e->h_proj.row_align ? e->e_proj.row_align : e->h_proj.row_align};
         snprintf(nn, sizeof nn, "blk.%u.nextn.eh_proj.weight", L);
         return put(e, DSII_EMIT_DRAFT, nn, &m, err);
     }

@@ -45,6 +45,12 @@ dsi_status dsii_emitter_add(dsii_emitter *e, const char *name, int32_t type, uin
                             const int64_t *ne, dsii_gguf_fill_fn fill, void *user,
                             dsii_error *err);
 
+/* Same, streamed: `fill` produces runs of whole rows (dsii_gguf_writer_add_tensor_rows), a
+ * multiple of `row_align` rows each — for tensors too large to hold. */
+dsi_status dsii_emitter_add_rows(dsii_emitter *e, const char *name, int32_t type, uint32_t n_dims,
+                                 const int64_t *ne, uint32_t row_align, dsii_gguf_fill_rows_fn fill,
+                                 void *user, dsii_error *err);
+
 /* Writes the part's file (after all tensors were added). */
 dsi_status dsii_emitter_write(dsii_emitter *e, int part, const char *path, dsii_error *err);
 uint64_t dsii_emitter_size(dsii_emitter *e, int part);
