@@ -120,12 +120,12 @@ if [ -d "$out/cmake" ] && [ "$(cd "$out/cmake" && ctest -N -L backend | grep -c 
 fi
 
 if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
-  stage "libFuzzer: GGUF reader, ${DSI_FUZZ_SECONDS:-60} s"
+  stage "libFuzzer: GGUF reader, ${DSI_FUZZ_SECONDS:-60} s; safetensors header parser, a third of that"
   rm -rf "$out/fuzz"
   if CC=clang CXX=clang++ cmake -S . -B "$out/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
        -DDSI_FUZZ=ON -DDSI_WERROR=ON -DDSI_VULKAN=off -DDSI_CUDA=off -DDSI_BUILD_EXAMPLES=OFF \
        >"$out/fuzz-configure.log" 2>&1 &&
-     cmake --build "$out/fuzz" -j"$jobs" --target fuzz_gguf fuzz_gguf_seeds >"$out/fuzz-build.log" 2>&1; then
+     cmake --build "$out/fuzz" -j"$jobs" --target fuzz_gguf fuzz_gguf_seeds fuzz_safetensors >"$out/fuzz-build.log" 2>&1; then
     sh tests/fuzz/run.sh "$out/fuzz" >"$out/fuzz-run.log" 2>&1
     rc=$?
     tail -8 "$out/fuzz-run.log"
