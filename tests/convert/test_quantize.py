@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""dsinfer-quantize (docs/converting.md "Requantizing").
+
+1. Types per class: --type q4_k sets the matrices; --type-experts q2_k overrides one class;
+   norms stay f32, small matrices keep their type; the llama.cpp layout puts the V4 MTP in
+   its own file; the result loads in libdsinfer.
+2. Deterministic: the same command twice gives the same bytes.
+3. Lossless re-layout: --type keep into the ds4 layout (V4.1: the Engram tables become row264,
+   no DSpark; V4: MTP in a second file) and back to native binds exactly the same tensors.
+4. An importance matrix (llama.cpp's imatrix .dat) lowers the importance-weighted error of a
+   q4_k / q2_k tensor against its f32 source, compared with no imatrix (the search is what
+   the file buys); --imatrix-energy runs too.
+5. Refusals: an fp8 type outside the native layout; a truncated imatrix.
+"""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+except ImportError:
+    print("SKIP: python3-numpy missing")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+import gguf_reader as gr  # noqa: E402
+
+BUILD = os.environ.get("DSI_BUILD_DIR", "")
+MK = os.environ.get("DSI_MKMODEL", os.path.join(BUILD, "bin", "dsinfer-mkmodel"))
+QZ = os.path.join(BUILD, "bin", "dsinfer-quantize")
+CMP = os.path.join(BUILD, "tests", "dsi_layout_cmp")
+LOGITS = os.path.join(BUILD, "tests", "dsi_logits")
+for p in (MK, QZ, CMP, LOGITS):
+    if not os.access(p, os.X_OK):
+        print("SKIP: %s not built" % p)
+        sys.exit(77)
+failed = 0
+
+
+def check(ok, what):
+    global failed
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    failed += 0 if ok else 1
+
+
+def run(*cmd, ok=True):
+    r = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if ok and r.returncode != 0:
+        print(r.stdout + r.stderr)
+        raise SystemExit("FAIL: %s exited %d" % (os.path.basename(cmd[0]), r.returncode))
+    return r
+
+
+def deq(g, name):
+    t = g.tensors[name]
+    raw = g.buf[g.data_offset + t.offset: g.data_offset + t.offset + t.nbytes]
+    return np.asarray(gr.dequantize(t.type, raw, t.n, t.ne), np.float64).reshape(t.shape)
+
+
+with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
+    P = lambda n: os.path.join(d, n)  # noqa: E731
+    src4, src41 = P("v4.gguf"), P("v41.gguf")
+    run(MK, "--config", "tiny-v4-lcpp", "--type", "f32", "--layout", "native", "-o", src4)
+    run(MK, "--config", "tiny-v41", "--type", "f32", "--layout", "native", "-o", src41)
+
+    # 1. classes
+    out, mtp = P("q.gguf"), P("q-mtp.gguf")
+    run(QZ, src4, "-o", out, "--mtp-out", mtp, "--type", "q4_k", "--type-experts", "q2_k", "--quiet")
+    g = gr.GGUFFile(out)
+    t = {n: x.type for n, x in g.tensors.items()}
+    check(t["blk.0.attn_q_b.weight"] == 12 and t["blk.0.ffn_up_exps.weight"] == 10 and t["blk.0.attn_norm.weight"] == 0
+          and t["blk.2.attn_compressor_kv.weight"] == 0 and t["output.weight"] == 12 and os.path.exists(mtp),
+          "types per class: attention / head q4_k, experts q2_k, norms and small matrices f32; MTP in its own file")
+    toks = P("tok.bin")
+    np.arange(5, 69, dtype="<i4").tofile(toks)
+    r = run(LOGITS, out, toks, P("x.f32"), "--draft", mtp, ok=False)
+    check(r.returncode == 0, "the quantized llama.cpp-layout file (+ MTP file) loads and runs in libdsinfer")
+
+    # 2. determinism
+    out2 = P("q2.gguf")
+    run(QZ, src4, "-o", out2, "--mtp-out", P("q2-mtp.gguf"), "--type", "q4_k", "--type-experts", "q2_k", "--quiet")
+    check(open(out, "rb").read() == open(out2, "rb").read(), "the same command twice gives the same bytes")
+
+    # 3. lossless re-layout and back
+    for src, extra in ((src4, []), (src41, ["--no-draft"])):
+        a, am, b = P("a.gguf"), P("a-mtp.gguf"), P("b.gguf")
+        run(QZ, src, "-o", a, "--mtp-out", am, "--layout", "ds4", "--quiet")
+        run(QZ, a, "-o", b, "--layout", "native", "--quiet", *(["--draft", am] if os.path.exists(am) else []))
+        r = run(CMP, src, b, *extra, ok=False)
+        check(r.returncode == 0, "%s: native -> ds4 -> native with --type keep binds the same tensors: %s"
+              % (os.path.basename(src), r.stdout.strip().split(" between")[0]))
+        for f in (a, am, b):
+            if os.path.exists(f):
+                os.remove(f)
+
+    # 4. importance matrix
+    g0 = gr.GGUFFile(src4)
+    name = "blk.3.attn_q_b.weight"
+    w = deq(g0, name)
+    rng = np.random.default_rng(3)
+    imp = np.where(rng.random(w.shape[1]) < 0.1, 100.0, 0.01).astype(np.float32)
+    imat = P("imatrix.dat")
+    with open(imat, "wb") as f:
+        f.write(struct.pack("<i", 1))
+        nb = name.encode()
+        f.write(struct.pack("<i", len(nb)) + nb + struct.pack("<ii", 1, len(imp)) + imp.tobytes())
+    for ty in ("q4_k", "q2_k"):
+        plain, wtd = P("plain.gguf"), P("wtd.gguf")
+        run(QZ, src4, "-o", plain, "--layout", "native", "--type", ty, "--quiet")
+        run(QZ, src4, "-o", wtd, "--layout", "native", "--type", ty, "--imatrix", imat, "--quiet")
+        e = lambda f: float((((deq(gr.GGUFFile(f), name) - w) ** 2) * imp[None, :]).sum())  # noqa: E731
+        ep, ew = e(plain), e(wtd)
+        check(ew < ep * 0.9, "%s: importance-weighted error of %s with the imatrix %.4g vs %.4g without" % (ty, name, ew, ep))
+    r = run(QZ, src4, "-o", P("e.gguf"), "--layout", "native", "--type", "q4_k", "--imatrix-energy", ok=False)
+    check(r.returncode == 0 and "with importance" in r.stderr, "--imatrix-energy: " + r.stderr.strip().splitlines()[-1])
+
+    # 5. refusals
+    r = run(QZ, src4, "-o", P("f.gguf"), "--type", "fp8", ok=False)
+    check(r.returncode == 1 and "native layout only" in r.stderr and not os.path.exists(P("f.gguf")),
+          "fp8 outside the native layout is refused: " + r.stderr.strip().splitlines()[-1])
+    with open(P("bad.dat"), "wb") as f:
+        f.write(struct.pack("<i", 2) + struct.pack("<i", 4) + b"blk.")
+    r = run(QZ, src4, "-o", P("g.gguf"), "--imatrix", P("bad.dat"), ok=False)
+    check(r.returncode == 1 and "bad.dat" in r.stderr, "a truncated imatrix is refused: " + r.stderr.strip().splitlines()[-1])
+
+print("%d failed" % failed if failed else "all quantizer checks passed")
+sys.exit(1 if failed else 0)
