@@ -9,7 +9,10 @@
    no DSpark; V4: MTP in a second file) and back to native binds exactly the same tensors.
 4. An importance matrix (llama.cpp's imatrix .dat) lowers the importance-weighted error of a
    q4_k / q2_k tensor against its f32 source, compared with no imatrix (the search is what
-   the file buys); --imatrix-energy runs too.
+   the file buys); --imatrix-energy runs too; --imatrix-text computes one with libdsinfer's
+   forward pass over a text: every matrix product is observed, row counts add up (tokens for
+   attention, tokens x k for the routed experts, one row per chunk for the head — a prefill
+   computes the last position's logits only), and it is saved as a .dat.
 5. Refusals: an fp8 type outside the native layout; a truncated imatrix.
 """
 import os
@@ -116,6 +119,37 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
         check(ew < ep * 0.9, "%s: importance-weighted error of %s with the imatrix %.4g vs %.4g without" % (ty, name, ew, ep))
     r = run(QZ, src4, "-o", P("e.gguf"), "--layout", "native", "--type", "q4_k", "--imatrix-energy", ok=False)
     check(r.returncode == 0 and "with importance" in r.stderr, "--imatrix-energy: " + r.stderr.strip().splitlines()[-1])
+
+    # 4b. importance computed by libdsinfer's forward pass over a text
+    text = P("text.txt")
+    with open(text, "w") as f:
+        f.write(("The quick brown fox jumps over the lazy dog; it reads the text again and again. " * 12) +
+                "Numbers 12345, symbols #$%, and more words to pass through the model.\n")
+    dat, qi = P("text.dat"), P("qi.gguf")
+    r = run(QZ, src4, "-o", qi, "--layout", "native", "--type", "q4_k", "--imatrix-text", text, "--imatrix-ctx", "64",
+            "--imatrix-out", dat, ok=False)
+    ok = r.returncode == 0 and "importance from" in r.stderr
+    ent = {}
+    if ok:
+        b = open(dat, "rb").read()
+        n, off = struct.unpack_from("<i", b, 0)[0], 4
+        for _ in range(n):
+            ln = struct.unpack_from("<i", b, off)[0]
+            nm = b[off + 4:off + 4 + ln].decode()
+            nc, nv = struct.unpack_from("<ii", b, off + 4 + ln)
+            vals = np.frombuffer(b, "<f4", nv, off + 12 + ln)
+            ent[nm] = (nc, vals)
+            off += 12 + ln + 4 * nv
+    ntok = int(r.stderr.split("importance from ")[1].split()[0]) if ok else 0
+    E, k = 8, 2
+    ok = ok and ent.get("blk.0.attn_q_a.weight", (0,))[0] == ntok and \
+        ent.get("blk.4.ffn_gate_exps.weight", (0,))[0] == ntok * k and \
+        ent.get("blk.4.ffn_down_exps.weight", (0,))[0] == ntok * k and \
+        ent.get("output.weight", (0,))[0] == -(-ntok // 64) and \
+        len(ent["blk.4.ffn_down_exps.weight"][1]) == 256 * E and \
+        all((v >= 0).all() and np.isfinite(v).all() and v.std() > 0 for _, v in ent.values())
+    check(ok, "--imatrix-text: %d tokens through the model, %d matrices observed (attention rows = tokens, expert rows = "
+          "tokens x %d, head rows = chunks), written as llama.cpp's .dat" % (ntok, len(ent), k))
 
     # 5. refusals
     r = run(QZ, src4, "-o", P("f.gguf"), "--type", "fp8", ok=False)

@@ -3,16 +3,19 @@
  * other types per tensor class, in any layout (docs/converting.md "Requantizing").
  *
  *   dsinfer-quantize IN.gguf -o OUT.gguf [--draft IN-mtp.gguf] [--layout L] [--type T]
- *                    [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-energy]
- *                    [--no-mtp] [--mtp-out FILE] [--quiet]
+ *                    [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-text FILE.txt
+ *                    [--imatrix-ctx N] [--imatrix-chunks N] [--imatrix-out F.dat] |
+ *                    --imatrix-energy] [--no-mtp] [--mtp-out FILE] [--quiet]
  *
  * The input is loaded with the library (so every layout, draft file and type it reads is
  * accepted) and written through the layout writer (lib/model/emit.h) row run by row run.
- * An importance matrix (llama.cpp's imatrix .dat: per tensor, one importance per input
- * column, routed experts as E consecutive vectors) weights the error the K-quant encoders
- * minimize; --imatrix-energy uses the weights' own column energy instead (ds4's bootstrap).
+ * An importance matrix weights the error the K-quant encoders minimize: computed here by
+ * libdsinfer's forward pass over a text (--imatrix-text, imatrix.c), or read from llama.cpp's
+ * imatrix .dat (per tensor, one importance per input column, routed experts as E consecutive
+ * vectors); --imatrix-energy uses the weights' own column energy instead (ds4's bootstrap).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "imatrix.h"
 #include "weighted.h"
 
 #include "dsinfer.h"
@@ -397,7 +400,8 @@ static int copy_kv(dsii_gguf_writer *w, const dsii_gguf *g, int64_t i) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer-quantize IN.gguf -o OUT.gguf [--draft IN-mtp.gguf] [--layout llama.cpp|ds4|native]\n"
-               "                        [--type T] [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-energy]\n"
+               "                        [--type T] [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-energy |\n"
+               "                         --imatrix-text FILE.txt [--imatrix-ctx 512] [--imatrix-chunks N] [--imatrix-out F]]\n"
                "                        [--no-mtp] [--mtp-out FILE] [--quiet]\n"
                "T: keep (default) f32 f16 bf16 q8_0 q4_k q2_k iq2_xxs mxfp4 fp8 (native layout only)\n"
                "--type sets the matrices (attn shexp experts head engram draft); CLASS: attn shexp experts head\n"
@@ -405,7 +409,8 @@ static void usage(FILE *f) {
 }
 
 static int run(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *draft = NULL, *imat = NULL, *mtp_out = NULL;
+    const char *in = NULL, *out = NULL, *draft = NULL, *imat = NULL, *mtp_out = NULL, *itext = NULL, *iout = NULL;
+    uint32_t ictx = 512, ichunks = 0;
     qctx q;
     memset(&q, 0, sizeof q);
     q.layout = DSII_LAYOUT_LLAMACPP;
@@ -417,6 +422,10 @@ static int run(int argc, char **argv) {
         else if (!strcmp(a, "--draft") && i + 1 < argc) draft = argv[++i];
         else if (!strcmp(a, "--imatrix") && i + 1 < argc) imat = argv[++i];
         else if (!strcmp(a, "--imatrix-energy")) q.energy = 1;
+        else if (!strcmp(a, "--imatrix-text") && i + 1 < argc) itext = argv[++i];
+        else if (!strcmp(a, "--imatrix-out") && i + 1 < argc) iout = argv[++i];
+        else if (!strcmp(a, "--imatrix-ctx") && i + 1 < argc) ictx = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--imatrix-chunks") && i + 1 < argc) ichunks = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(a, "--mtp-out") && i + 1 < argc) mtp_out = argv[++i];
         else if (!strcmp(a, "--no-mtp")) no_mtp = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
@@ -453,7 +462,9 @@ static int run(int argc, char **argv) {
         usage(stderr);
         return fail("need IN.gguf and -o OUT.gguf");
     }
-    if (imat && q.energy) return fail("--imatrix and --imatrix-energy exclude each other");
+    if ((imat != NULL) + (itext != NULL) + q.energy > 1)
+        return fail("--imatrix, --imatrix-text and --imatrix-energy exclude each other");
+    if (itext && ictx < 2) return fail("--imatrix-ctx must be at least 2");
     dsi_context *ctx = NULL;
     if (dsi_context_create(NULL, &ctx) != DSI_OK) return fail("%s", dsi_last_error());
     dsi_model_options mo;
@@ -465,6 +476,25 @@ static int run(int argc, char **argv) {
     if (!rc && imat) {
         rc = load_imatrix(&q, imat);
         if (!rc) attach_imatrix(&q, m);
+    }
+    dsii_imatrix im;
+    memset(&im, 0, sizeof im);
+    if (!rc && itext) {
+        char e[512];
+        if (dsii_imatrix_collect(ctx, m, itext, ictx, ichunks, &im, e, sizeof e)) {
+            rc = fail("%s", e);
+        } else {
+            if (!quiet)
+                fprintf(stderr, "dsinfer-quantize: importance from %" PRIu64 " tokens of %s (%u chunks of <= %u)\n",
+                        im.tokens, itext, im.chunks, ictx);
+            if (iout && dsii_imatrix_save(&im, iout)) rc = fail("%s: cannot write the imatrix", iout);
+            for (size_t i = 0; !rc && i < q.n; i++)
+                for (size_t k = 0; k < im.n; k++)
+                    if (im.name[k] == q.it[i].t->name && im.n_call[k]) {
+                        q.it[i].imp = im.val[k];
+                        q.it[i].n_imp = im.n_val[k];
+                    }
+        }
     }
     for (size_t i = 0; !rc && i < q.n; i++) {
         item *it = &q.it[i];
@@ -521,7 +551,7 @@ static int run(int argc, char **argv) {
                     (double)dsii_emitter_size(em, part) / 1073741824.0);
         }
     }
-    if (!rc && !quiet && (imat || q.energy))
+    if (!rc && !quiet && (imat || itext || q.energy))
         fprintf(stderr, "dsinfer-quantize: %" PRIu64 " rows quantized with importance, %" PRIu64 " without\n",
                 q.weighted_rows, q.plain_rows);
     dsii_emitter_free(em);
@@ -534,6 +564,7 @@ static int run(int argc, char **argv) {
     }
     free(q.imp_names);
     free(q.imp_vals);
+    dsii_imatrix_free(&im);
     free(q.imp_n);
     free(q.it);
     dsi_model_free(m);
