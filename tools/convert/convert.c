@@ -353,6 +353,7 @@ typedef struct conv {
     hf_vocab vocab;
     int32_t bos, eos, pad;
     char *config_text;         /* config.json verbatim (ds4 layout copies it) */
+    dsii_emitter *em;
 } conv;
 
 static json_t *cfg_get(const conv *c, const char *key) {
@@ -735,6 +736,7 @@ static int add_experts(conv *c, const char *name, const char *pfx, const char *w
     o->ne[0] = in, o->ne[1] = out, o->ne[2] = E, o->ne[3] = 1;
     o->ew = calloc(E, sizeof *o->ew);
     o->es = calloc(E, sizeof *o->es);
+    c->n++; /* owned by the plan from here (freed with it on any failure) */
     if (!o->ew || !o->es) return fail("out of memory");
     if (in % 32) return fail("%s: expert input width %lld is not a multiple of 32 (FP4 blocks)", name, (long long)in);
     for (uint32_t e = 0; e < E; e++) {
@@ -756,7 +758,6 @@ static int add_experts(conv *c, const char *name, const char *pfx, const char *w
         o->es[e] = s;
         c->used[w - c->set.t] = c->used[s - c->set.t] = 1;
     }
-    c->n++;
     return 0;
 }
 
@@ -1066,11 +1067,27 @@ static char *read_text(const char *path) {
     return s;
 }
 
-static int run(int argc, char **argv) {
+static void conv_free(conv *c) {
+    dsii_emitter_free(c->em);
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->t[i].ew);
+        free(c->t[i].es);
+    }
+    free(c->t);
+    free(c->used);
+    free(c->primes);
+    free(c->offsets);
+    free(c->mults);
+    free(c->tmap);
+    free(c->config_text);
+    hf_vocab_free(&c->vocab);
+    st_close(&c->set);
+    json_decref(c->cfg);
+    memset(c, 0, sizeof *c);
+}
+
+static int run(conv *c, int argc, char **argv) {
     const char *dir = NULL, *out = NULL, *mtp_out = NULL, *name = NULL;
-    conv cv;
-    memset(&cv, 0, sizeof cv);
-    conv *c = &cv;
     c->layout = DSII_LAYOUT_LLAMACPP;
     for (int i = 0; i < CL_COUNT; i++) c->cls_type[i] = -1;
     int quiet = 0, stats = 0;
@@ -1147,6 +1164,7 @@ static int run(int argc, char **argv) {
     dsii_emitter *em = NULL;
     const char *gname = name ? name : c->v41 ? "DeepSeek V4.1 Flash" : "DeepSeek V4 Flash";
     if (dsii_emitter_create(&c->hp, c->layout, gname, c->no_mtp, &em, &de) != DSI_OK) return fail("%s", de.msg);
+    c->em = em;
     int rc = 0;
     for (int part = 0; part < DSII_EMIT_PARTS && !rc; part++) {
         dsii_gguf_writer *w = dsii_emitter_writer(em, part);
@@ -1182,7 +1200,6 @@ static int run(int argc, char **argv) {
                     dsii_layout_name(c->layout), (double)pg.total / 1073741824.0, now_s() - pg.t0);
         }
     }
-    dsii_emitter_free(em);
     if (!rc && stats) {
         /* VmHWM: this process image's peak RSS (getrusage's ru_maxrss would include the RSS
          * of the parent at fork time, which Linux carries across exec) */
@@ -1199,25 +1216,15 @@ static int run(int argc, char **argv) {
         }
         printf("peak_rss_kib %ld\n", kib);
     }
-    for (size_t i = 0; i < c->n; i++) {
-        free(c->t[i].ew);
-        free(c->t[i].es);
-    }
-    free(c->t);
-    free(c->used);
-    free(c->primes);
-    free(c->offsets);
-    free(c->mults);
-    free(c->tmap);
-    free(c->config_text);
-    hf_vocab_free(&c->vocab);
-    st_close(&c->set);
-    json_decref(c->cfg);
     return rc;
 }
 
 int main(int argc, char **argv) {
-    if (run(argc, argv) != 0) {
+    conv c;
+    memset(&c, 0, sizeof c);
+    const int rc = run(&c, argc, argv);
+    conv_free(&c);
+    if (rc != 0) {
         fprintf(stderr, "dsinfer-convert: %s\n", g_err[0] ? g_err : "failed");
         return 1;
     }

@@ -471,7 +471,11 @@ static int run(int argc, char **argv) {
     dsi_model_options_init(&mo);
     mo.draft_path = draft;
     dsi_model *m = NULL;
-    if (dsi_model_load(ctx, in, &mo, &m) != DSI_OK) return fail("%s", dsi_last_error());
+    if (dsi_model_load(ctx, in, &mo, &m) != DSI_OK) {
+        fail("%s", dsi_last_error());
+        dsi_context_free(ctx);
+        return -1;
+    }
     int rc = collect(&q, m);
     if (!rc && imat) {
         rc = load_imatrix(&q, imat);
