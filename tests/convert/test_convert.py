@@ -19,7 +19,6 @@
    bound (PEAK_MIB) as the small one, and the peak does not grow with the size.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -29,50 +28,20 @@ except ImportError:
     print("SKIP: python3-numpy missing")
     sys.exit(77)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-import gguf_reader as gr  # noqa: E402
+from toolcheck import check, deq, finish, gr, run, tool
 
-BUILD = os.environ.get("DSI_BUILD_DIR", "")
-CONV = os.path.join(BUILD, "bin", "dsinfer-convert")
-LOGITS = os.path.join(BUILD, "tests", "dsi_logits")
-CMP = os.path.join(BUILD, "tests", "dsi_layout_cmp")
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONV = tool("bin", "dsinfer-convert")
+LOGITS = tool("tests", "dsi_logits")
+CMP = tool("tests", "dsi_layout_cmp")
 PY = "/usr/bin/python3"
 PEAK_MIB = 64          # converter peak RSS bound (VmHWM; the tiny checkpoints need ~3-10 MiB)
 TOL_LOGITS = 1e-4
 
-for p in (CONV, LOGITS, CMP):
-    if not os.access(p, os.X_OK):
-        print("SKIP: %s not built (DSI_BUILD_DIR)" % p)
-        sys.exit(77)
-
-failed = 0
-
-
-def check(ok, what):
-    global failed
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    failed += 0 if ok else 1
-
-
-def run(*cmd):
-    r = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        print(r.stdout + r.stderr)
-        raise SystemExit("FAIL: %s exited %d" % (os.path.basename(cmd[0]), r.returncode))
-    return r.stdout
-
 
 def convert(src, out, *args):
-    o = run(CONV, src, "-o", out, "--quiet", "--stats", *args)
+    o = run(CONV, src, "-o", out, "--quiet", "--stats", *args).stdout
     return int(o.split("peak_rss_kib")[1].split()[0]) // 1024
-
-
-def tensor(g, name):
-    t = g.tensors[name]
-    raw = g.buf[g.data_offset + t.offset: g.data_offset + t.offset + t.nbytes]
-    v = gr.dequantize(t.type, raw, t.n, t.ne)
-    return t, np.asarray(v).reshape(t.shape)
 
 
 with tempfile.TemporaryDirectory(prefix="dsi_convert_") as d:
@@ -94,8 +63,8 @@ with tempfile.TemporaryDirectory(prefix="dsi_convert_") as d:
             if name not in g.tensors:
                 bad.append(name + " missing")
                 continue
-            t, got = tensor(g, name)
-            types[name] = t.type
+            got = deq(g, name)
+            types[name] = g.tensors[name].type
             if got.shape != v.shape or not np.array_equal(got.astype(np.float32), v.astype(np.float32)):
                 bad.append(name)
         extra = sorted(set(g.tensors) - set(want))
@@ -147,7 +116,7 @@ with tempfile.TemporaryDirectory(prefix="dsi_convert_") as d:
             convert(hf, f, "--layout", lay, "--mtp-out", m, "--type", "f32")
             args = [CMP, ref, f] + (["--draft", m] if os.path.exists(m) else []) + \
                    (["--no-draft"] if (arch == "v41" and lay == "ds4") else [])
-            r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            r = run(*args, ok=False)
             check(r.returncode == 0, "%s %s layout (matrices f32): loads, same tensors as native: %s"
                   % (arch, lay, (r.stdout + r.stderr).strip().split(" between")[0]))
 
@@ -166,5 +135,4 @@ with tempfile.TemporaryDirectory(prefix="dsi_convert_") as d:
         for f in os.listdir(big):
             os.remove(os.path.join(big, f))
 
-print("%d failed" % failed if failed else "all converter checks passed")
-sys.exit(1 if failed else 0)
+finish("converter")

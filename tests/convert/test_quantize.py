@@ -17,7 +17,6 @@
 """
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -27,40 +26,12 @@ except ImportError:
     print("SKIP: python3-numpy missing")
     sys.exit(77)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-import gguf_reader as gr  # noqa: E402
+from toolcheck import check, deq, finish, gr, run, tool
 
-BUILD = os.environ.get("DSI_BUILD_DIR", "")
-MK = os.environ.get("DSI_MKMODEL", os.path.join(BUILD, "bin", "dsinfer-mkmodel"))
-QZ = os.path.join(BUILD, "bin", "dsinfer-quantize")
-CMP = os.path.join(BUILD, "tests", "dsi_layout_cmp")
-LOGITS = os.path.join(BUILD, "tests", "dsi_logits")
-for p in (MK, QZ, CMP, LOGITS):
-    if not os.access(p, os.X_OK):
-        print("SKIP: %s not built" % p)
-        sys.exit(77)
-failed = 0
-
-
-def check(ok, what):
-    global failed
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    failed += 0 if ok else 1
-
-
-def run(*cmd, ok=True):
-    r = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if ok and r.returncode != 0:
-        print(r.stdout + r.stderr)
-        raise SystemExit("FAIL: %s exited %d" % (os.path.basename(cmd[0]), r.returncode))
-    return r
-
-
-def deq(g, name):
-    t = g.tensors[name]
-    raw = g.buf[g.data_offset + t.offset: g.data_offset + t.offset + t.nbytes]
-    return np.asarray(gr.dequantize(t.type, raw, t.n, t.ne), np.float64).reshape(t.shape)
+MK = os.environ.get("DSI_MKMODEL") or tool("bin", "dsinfer-mkmodel")
+QZ = tool("bin", "dsinfer-quantize")
+CMP = tool("tests", "dsi_layout_cmp")
+LOGITS = tool("tests", "dsi_logits")
 
 
 with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
@@ -102,7 +73,7 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
     # 4. importance matrix
     g0 = gr.GGUFFile(src4)
     name = "blk.3.attn_q_b.weight"
-    w = deq(g0, name)
+    w = deq(g0, name).astype(np.float64)
     rng = np.random.default_rng(3)
     imp = np.where(rng.random(w.shape[1]) < 0.1, 100.0, 0.01).astype(np.float32)
     imat = P("imatrix.dat")
@@ -114,7 +85,7 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
         plain, wtd = P("plain.gguf"), P("wtd.gguf")
         run(QZ, src4, "-o", plain, "--layout", "native", "--type", ty, "--quiet")
         run(QZ, src4, "-o", wtd, "--layout", "native", "--type", ty, "--imatrix", imat, "--quiet")
-        e = lambda f: float((((deq(gr.GGUFFile(f), name) - w) ** 2) * imp[None, :]).sum())  # noqa: E731
+        e = lambda f: float((((deq(gr.GGUFFile(f), name).astype(np.float64) - w) ** 2) * imp[None, :]).sum())  # noqa: E731
         ep, ew = e(plain), e(wtd)
         check(ew < ep * 0.9, "%s: importance-weighted error of %s with the imatrix %.4g vs %.4g without" % (ty, name, ew, ep))
     r = run(QZ, src4, "-o", P("e.gguf"), "--layout", "native", "--type", "q4_k", "--imatrix-energy", ok=False)
@@ -160,5 +131,4 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
     r = run(QZ, src4, "-o", P("g.gguf"), "--imatrix", P("bad.dat"), ok=False)
     check(r.returncode == 1 and "bad.dat" in r.stderr, "a truncated imatrix is refused: " + r.stderr.strip().splitlines()[-1])
 
-print("%d failed" % failed if failed else "all quantizer checks passed")
-sys.exit(1 if failed else 0)
+finish("quantizer")
