@@ -113,7 +113,7 @@ typedef struct qctx {
     char **imp_names;
     float **imp_vals;
     uint64_t *imp_n;
-    size_t n_imp;
+    size_t n_imp, cap_imp;
     int energy;
     uint64_t weighted_rows, plain_rows;
 } qctx;
@@ -179,6 +179,7 @@ static int load_imatrix(qctx *q, const char *path) {
         q->imp_vals = calloc((size_t)n, sizeof *q->imp_vals);
         q->imp_n = calloc((size_t)n, sizeof *q->imp_n);
         if (!q->imp_names || !q->imp_vals || !q->imp_n) rc = fail("out of memory");
+        else q->cap_imp = (size_t)n;
     }
     for (int32_t i = 0; !rc && i < n; i++) {
         int32_t len = 0, ncall = 0, nval = 0;
@@ -562,7 +563,7 @@ static int run(int argc, char **argv) {
     free(fcs);
     if (q.energy)
         for (size_t i = 0; i < q.n; i++) free((void *)q.it[i].imp);
-    for (size_t i = 0; i < q.n_imp; i++) {
+    for (size_t i = 0; i < q.cap_imp; i++) { /* entries a failed read left half-made too */
         free(q.imp_names[i]);
         free(q.imp_vals[i]);
     }
