@@ -31,9 +31,9 @@ except ImportError:
 from toolcheck import check, deq, finish, gr, run, tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONV = tool("bin", "dsinfer-convert")
-LOGITS = tool("tests", "dsi_logits")
-CMP = tool("tests", "dsi_layout_cmp")
+CONV = tool("bin", "dsinfer-convert", env="DSI_CONVERT")
+LOGITS = tool("tests", "dsi_logits", env="DSI_LOGITS")
+CMP = tool("tests", "dsi_layout_cmp", env="DSI_LAYOUT_CMP")
 PY = "/usr/bin/python3"
 PEAK_MIB = 64          # converter peak RSS bound (VmHWM; the tiny checkpoints need ~3-10 MiB)
 TOL_LOGITS = 1e-4

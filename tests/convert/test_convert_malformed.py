@@ -13,7 +13,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("DSI_BUILD_DIR", "")
-CONV = os.path.join(BUILD, "bin", "dsinfer-convert")
+CONV = os.environ.get("DSI_CONVERT") or os.path.join(BUILD, "bin", "dsinfer-convert")
 if not os.access(CONV, os.X_OK):
     print("SKIP: %s not built (DSI_BUILD_DIR)" % CONV)
     sys.exit(77)

@@ -29,9 +29,9 @@ except ImportError:
 from toolcheck import check, deq, finish, gr, run, tool
 
 MK = os.environ.get("DSI_MKMODEL") or tool("bin", "dsinfer-mkmodel")
-QZ = tool("bin", "dsinfer-quantize")
-CMP = tool("tests", "dsi_layout_cmp")
-LOGITS = tool("tests", "dsi_logits")
+QZ = tool("bin", "dsinfer-quantize", env="DSI_QUANTIZE")
+CMP = tool("tests", "dsi_layout_cmp", env="DSI_LAYOUT_CMP")
+LOGITS = tool("tests", "dsi_logits", env="DSI_LOGITS")
 
 
 with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:

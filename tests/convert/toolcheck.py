@@ -14,9 +14,10 @@ BUILD = os.environ.get("DSI_BUILD_DIR", "")
 failed = 0
 
 
-def tool(*parts):
-    """Path of a built tool; exits 77 (skip) when it is not there."""
-    p = os.path.join(BUILD, *parts)
+def tool(*parts, env=None):
+    """Path of a built tool: $env (Meson sets it) or BUILD/parts... (CMake's layout); exits 77
+    (skip) when it is not there."""
+    p = os.environ.get(env) if env and os.environ.get(env) else os.path.join(BUILD, *parts)
     if not os.access(p, os.X_OK):
         print("SKIP: %s not built (DSI_BUILD_DIR)" % p)
         sys.exit(77)

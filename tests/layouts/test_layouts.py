@@ -25,8 +25,8 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("DSI_BUILD_DIR", "")
 MK = os.environ.get("DSI_MKMODEL", "")
-CMP = os.path.join(BUILD, "tests", "dsi_layout_cmp")
-LOGITS = os.path.join(BUILD, "tests", "dsi_logits")
+CMP = os.environ.get("DSI_LAYOUT_CMP") or os.path.join(BUILD, "tests", "dsi_layout_cmp")
+LOGITS = os.environ.get("DSI_LOGITS") or os.path.join(BUILD, "tests", "dsi_logits")
 for p in (MK, CMP, LOGITS):
     if not p or not os.access(p, os.X_OK):
         print("SKIP: helper %r not built (DSI_MKMODEL / DSI_BUILD_DIR)" % p)
