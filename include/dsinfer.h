@@ -58,7 +58,7 @@ extern "C" {
 
 /* The ABI this header describes. Bumped when a function or struct field is appended
  * (compatible) — the SONAME major (libdsinfer.so.0) changes only on an incompatible break. */
-#define DSI_ABI_VERSION 1
+#define DSI_ABI_VERSION 2
 
 /* [thread-safe] Library version "MAJOR.MINOR.PATCH"; static storage. */
 DSI_API const char *dsi_version_string(void);
@@ -147,6 +147,11 @@ typedef struct dsi_context_options {
     const char *backend_dir;   /* directory of backend modules; NULL = built-in search path */
     int32_t device_index;      /* device of the chosen backend; -1 = best (default) */
     uint32_t flags;            /* reserved, must be 0 */
+    /* since 0.2: the devices to open, a comma-separated list of "backend[:index]" entries
+     * (e.g. "vulkan:0,vulkan:1"); NULL (default) = `backend` and `device_index`. The CPU is
+     * always opened as well (hybrid work, host-side ops); the forward pass runs on the
+     * first GPU listed. Copied by dsi_context_create. */
+    const char *devices;
 } dsi_context_options;
 
 /* [thread-safe] Fills `opt` with defaults. `abi_version` must be DSI_ABI_VERSION (bindings
@@ -246,7 +251,7 @@ typedef struct dsi_model_options {
     int32_t access;               /* DSI_ACCESS_MMAP (default) or DSI_ACCESS_PREAD */
     dsi_progress_fn progress_fn;  /* may be NULL */
     void *progress_user_data;
-    uint32_t flags;               /* reserved, must be 0 */
+    uint32_t flags;               /* DSI_MODEL_FLAG_* (experimental section); other bits 0 */
     uint32_t reserved;
     /* since 0.2: a second GGUF holding the draft blocks (V4 MTP / V4.1 DSpark) when the
      * model file has none — llama.cpp's converter and ds4 ship the V4 MTP as a separate
@@ -648,6 +653,46 @@ DSI_API void dsi_generate_result_init(dsi_generate_result *result);
 DSI_API dsi_status dsi_session_generate(dsi_session *session, dsi_sampler *sampler,
                                         const dsi_generate_options *opt,
                                         dsi_generate_result *result);
+
+/* ------------------------------------------------------------------------------------ */
+/* Experimental API                                                                      */
+/* ------------------------------------------------------------------------------------ */
+/* Declared only when DSI_EXPERIMENTAL is defined before this header is included (the
+ * pattern of zstd's ZSTD_STATIC_LINKING_ONLY): these may still change between minor
+ * releases; each carries the version it appeared in. The symbols are exported by the
+ * library either way. docs/api.md "Experimental: batched steps". */
+#if defined(DSI_EXPERIMENTAL)
+
+/* since 0.2 — dsi_model_options.flags: sessions of this model coalesce their evaluation.
+ * Concurrent dsi_session_sync / dsi_session_append / dsi_session_generate calls on
+ * different sessions of the model (from different threads) are merged into shared
+ * batched steps; results are bit-identical to running each session alone. Cancellation,
+ * errors and context-full stay per session. */
+#define DSI_MODEL_FLAG_COALESCE (1u << 0)
+
+/* since 0.2 — dsi_session_options.flags: never capture / replay the session's steps (a
+ * debugging switch: replayed steps give identical logits). */
+#define DSI_SESSION_FLAG_NO_CAPTURE (1u << 16)
+
+/* since 0.2 — [per-handle: every session listed] Advances `n` sessions of ONE model by one
+ * call each: session i evaluates tokens[i][0 .. n_tokens[i]) appended to its timeline (one
+ * decode token, or a prefill chunk of any length), and afterwards holds the logits of its
+ * last token (dsi_session_logits). Rows of all sessions run together in shared steps
+ * (long prefills in several steps); each session's results are bit-identical to
+ * dsi_session_append on it alone.
+ * Per session, exactly as dsi_session_append: INVALID_ARGUMENT (token outside the
+ * vocabulary, n_tokens 0) and CONTEXT_FULL leave that session unchanged; CANCELLED when
+ * dsi_session_cancel was called on it (it keeps a valid prefix). One session's failure
+ * does not change any other session's result. `status` (may be NULL) receives each
+ * session's status. Returns DSI_OK when every session succeeded, otherwise the first
+ * failing session's status. INVALID_ARGUMENT for the whole call (nothing changes) when an
+ * array is NULL, a session is NULL or listed twice, or the sessions belong to different
+ * models. */
+DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessions,
+                                            const dsi_token *const *tokens,
+                                            const size_t *n_tokens, dsi_status *status);
+
+#endif /* DSI_EXPERIMENTAL */
 
 #ifdef __cplusplus
 }

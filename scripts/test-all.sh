@@ -6,11 +6,13 @@
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. bounded libFuzzer run of the GGUF reader (clang)
-#   7. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
+#   7. ThreadSanitizer build of the concurrency tests (label concurrency)
+#   8. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
 # Ends with a summary line "N passed, N failed, N skipped"; exits non-zero on any failure.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
-#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_INTEROP=1 to
-#              shorten local runs; DSI_LCPP_NPM_DIR reuses an installed node-llama-cpp.
+#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_TSAN=1 /
+#              DSI_SKIP_INTEROP=1 to shorten local runs; DSI_LCPP_NPM_DIR reuses an installed
+#              node-llama-cpp.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -133,6 +135,21 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
   else
     cat "$out/fuzz-configure.log" "$out/fuzz-build.log" | tail -40
     record fuzz-build 1
+  fi
+fi
+
+if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
+  stage "ThreadSanitizer build (concurrency tests)"
+  rm -rf "$out/tsan"
+  if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
+       -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
+     cmake --build "$out/tsan" -j"$jobs" >"$out/tsan-build.log" 2>&1; then
+    record tsan-build 0
+    (cd "$out/tsan" && ctest -j"$jobs" --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
+    count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}"
+  else
+    tail -60 "$out/tsan-build.log" 2>/dev/null
+    record tsan-build 1
   fi
 fi
 

@@ -1,7 +1,8 @@
 /*
  * backends/cpu/cpu_backend.c — the built-in CPU backend: device description, host-memory
- * buffers (mmapped weights are wrapped in place, never copied), a no-op command stream (ops
- * run at once), and the op table of ops.c.
+ * buffers (mmapped weights are wrapped in place, never copied), streams whose ops run at once
+ * (each stream owns the workspace its ops use), always-complete events, and the op table of
+ * ops.c.
  */
 #include "backends/cpu/cpu_impl.h"
 
@@ -74,6 +75,8 @@ static dsi_status cpu_create(const dsib_host *host, dsib_instance **out, dsib_er
     }
     inst->host.struct_size = sizeof inst->host;
     atomic_init(&inst->mem_used, 0);
+    atomic_init(&inst->stat_expert_bytes, 0);
+    atomic_init(&inst->stat_expert_calls, 0);
     int32_t nt = inst->host.n_threads;
     if (nt < 1) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
@@ -192,14 +195,122 @@ static void *cpu_host_ptr(dsib_instance *inst, dsib_buffer *b) {
     return b ? b->ptr : NULL;
 }
 
-static dsi_status cpu_begin(dsib_instance *inst, dsib_error *err) {
-    (void)inst;
+/* ---- streams and events ---------------------------------------------------------------- */
+
+static size_t al64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* The largest workspace any op of ops.c / ops_v41.c takes for shapes up to `d` (their
+ * comments say what they carve out of it). */
+static size_t workspace_bytes(const dsib_stream_desc *d, int32_t nt) {
+    size_t T = (size_t)(nt > 0 ? nt : 1);
+    size_t P = (size_t)d->max_positions + 2, H = d->max_heads ? d->max_heads : 1;
+    size_t E = d->max_experts, k = d->max_experts_used, W = d->max_width;
+    size_t K = d->max_topk;
+    size_t ns = (size_t)d->max_rows * k;
+    size_t need = 0, v;
+    /* attn_sink: sinks [H] + per thread 2P scores and 2P row pointers */
+    v = al64(H * 4) + T * al64(2 * P * (sizeof(float) + sizeof(float *)));
+    if (v > need) need = v;
+    /* indexer_topk: per thread P scores; indexer_topk_v41: + a heap of 2K (id, score) */
+    v = T * al64(P * 4 + 2 * K * 8 + 64);
+    if (v > need) need = v;
+    /* moe_route: 2E scores + k heap ids */
+    v = al64(2 * E * 4) + al64(k * 4 + 4);
+    if (v > need) need = v;
+    /* moe_experts: per-expert counts/offsets, slot maps, G and U [ns][F], Y [ns][D] */
+    v = 2 * al64((E + 1) * 8) + al64(E * 4 + 4) + 2 * al64(ns * 8) + 3 * al64(ns * W * 4);
+    if (v > need) need = v;
+    /* engram_gate: qw ⊙ kw and a row [n_hc·D] each */
+    v = 2 * al64(W * 4);
+    if (v > need) need = v;
+    return need;
+}
+
+static dsi_status cpu_stream_create(dsib_instance *inst, const dsib_stream_desc *desc,
+                                    dsib_stream **out, dsib_error *err) {
+    *out = NULL;
+    dsib_stream *s = dsib_cpu_malloc(inst, sizeof *s);
+    if (!s) {
+        set_err(err, "cpu backend: out of host memory (stream)");
+        return DSI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    memset(s, 0, sizeof *s);
+    s->inst = inst;
+    if (desc) {
+        size_t n = desc->struct_size < sizeof s->desc ? desc->struct_size : sizeof s->desc;
+        memcpy(&s->desc, desc, n);
+    }
+    s->desc.struct_size = sizeof s->desc;
+    size_t ws = workspace_bytes(&s->desc, dsib_threadpool_n_threads(inst->pool));
+    if (ws) {
+        s->ws_raw = dsib_cpu_malloc(inst, ws + 64);
+        if (!s->ws_raw) {
+            dsib_cpu_free(inst, s);
+            set_err(err, "cpu backend: out of host memory (stream workspace)");
+            return DSI_ERR_OUT_OF_HOST_MEMORY;
+        }
+        s->ws = (uint8_t *)(((uintptr_t)s->ws_raw + 63) & ~(uintptr_t)63);
+        s->ws_size = ws;
+    }
+    *out = s;
+    return DSI_OK;
+}
+
+static void cpu_stream_destroy(dsib_stream *s) {
+    if (!s) return;
+    dsib_instance *inst = s->inst;
+    dsib_cpu_free(inst, s->ws_raw);
+    dsib_cpu_free(inst, s);
+}
+
+static dsi_status cpu_submit(dsib_stream *s, dsib_error *err) {
+    (void)s;
     (void)err;
     return DSI_OK;
 }
 
-static dsi_status cpu_submit(dsib_instance *inst, dsib_error *err) {
+static dsi_status cpu_sync(dsib_stream *s, dsib_error *err) {
+    dsi_status st = s->status;
+    s->status = DSI_OK;
+    if (st != DSI_OK) set_err(err, "cpu backend: an op on this stream failed");
+    return st;
+}
+
+static dsi_status cpu_event_create(dsib_instance *inst, dsib_event **out, dsib_error *err) {
+    *out = dsib_cpu_malloc(inst, sizeof **out);
+    if (!*out) {
+        set_err(err, "cpu backend: out of host memory (event)");
+        return DSI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    (*out)->recorded = 0;
+    return DSI_OK;
+}
+
+static void cpu_event_destroy(dsib_instance *inst, dsib_event *ev) { dsib_cpu_free(inst, ev); }
+
+static dsi_status cpu_event_record(dsib_stream *s, dsib_event *ev, dsib_error *err) {
+    (void)s;
+    (void)err;
+    ev->recorded = 1; /* the work before it has already run */
+    return DSI_OK;
+}
+
+static dsi_status cpu_stream_wait(dsib_stream *s, dsib_event *ev, dsib_error *err) {
+    (void)s;
+    (void)ev;
+    (void)err;
+    return DSI_OK;
+}
+
+static dsi_status cpu_event_query(dsib_instance *inst, dsib_event *ev) {
     (void)inst;
+    (void)ev;
+    return DSI_OK;
+}
+
+static dsi_status cpu_event_sync(dsib_instance *inst, dsib_event *ev, dsib_error *err) {
+    (void)inst;
+    (void)ev;
     (void)err;
     return DSI_OK;
 }
@@ -217,12 +328,21 @@ static const dsib_backend cpu_backend = {
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_wrap_host = cpu_buffer_wrap_host,
     .buffer_free = cpu_buffer_free,
+    .buffer_host_ptr = cpu_host_ptr,
     .upload = cpu_upload,
     .download = cpu_download,
-    .buffer_host_ptr = cpu_host_ptr,
-    .begin = cpu_begin,
-    .submit = cpu_submit,
     .memory_used = cpu_memory_used,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .submit = cpu_submit,
+    .sync = cpu_sync,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_query = cpu_event_query,
+    .event_sync = cpu_event_sync,
+    /* no capture: CPU ops run as they are issued (nothing to replay) */
     .ops = &dsib_cpu_ops,
 };
 

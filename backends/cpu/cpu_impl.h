@@ -16,6 +16,9 @@ struct dsib_instance {
     dsib_host host;
     dsib_threadpool *pool;
     atomic_ullong mem_used;      /* bytes of buffers allocated (not wrapped) */
+    /* Statistics (dsinfer-bench reads them through this header): routed-expert weight
+     * bytes moe_experts read (each selected expert once per call) and its calls. */
+    atomic_ullong stat_expert_bytes, stat_expert_calls;
 };
 
 struct dsib_buffer {
@@ -25,12 +28,54 @@ struct dsib_buffer {
     int32_t owned;               /* 1: allocated by buffer_alloc (freed with it) */
 };
 
+/* A CPU stream: ops run at once on the calling thread (and the instance's pool); the stream
+ * holds the workspace its ops use (sized from the desc at creation) and the first failure
+ * since the last sync. */
+struct dsib_stream {
+    dsib_instance *inst;
+    dsib_stream_desc desc;
+    uint8_t *ws;                 /* 64-byte aligned workspace */
+    size_t ws_size;
+    void *ws_raw;
+    dsi_status status;
+};
+
+/* CPU work completes when its op returns: events are always complete. */
+struct dsib_event {
+    int32_t recorded;
+};
+
 /* Host pointer of a view (CPU buffers are host memory). */
 static inline float *dsib_cpu_f32(dsib_view v) { return (float *)(void *)(v.buf->ptr + v.offset); }
 static inline int32_t *dsib_cpu_i32(dsib_view v) {
     return (int32_t *)(void *)(v.buf->ptr + v.offset);
 }
 static inline const uint8_t *dsib_cpu_wptr(const dsib_weight *w) { return w->buf->ptr + w->offset; }
+
+/* Workspace of a stream: `bytes` at the start of it, or NULL when the stream was created for
+ * smaller shapes (the op then fails with DSI_ERR_INVALID_ARGUMENT). */
+static inline void *dsib_cpu_ws(dsib_stream *s, size_t bytes) {
+    return bytes <= s->ws_size ? s->ws : NULL;
+}
+/* Records the first failure on the stream (reported again by sync) and returns st. */
+static inline dsi_status dsib_cpu_ret(dsib_stream *s, dsi_status st) {
+    if (st != DSI_OK && s->status == DSI_OK) s->status = st;
+    return st;
+}
+/* Row t of step rows (int32 [n][DSIB_ROW_WORDS]). */
+static inline const int32_t *dsib_cpu_row(dsib_view rows, uint32_t t) {
+    return dsib_cpu_i32(rows) + (size_t)t * DSIB_ROW_WORDS;
+}
+/* Checks step rows against n and a slot count (0: not checked): positions >= 0, each
+ * sequence's rows contiguous at consecutive positions. DSI_OK or INVALID_ARGUMENT. */
+dsi_status dsib_cpu_rows_check(dsib_view rows, uint32_t n, uint32_t slots);
+/* Row r of slot `slot` of a state view. */
+static inline float *dsib_cpu_state_row(const dsib_state *st, uint32_t slot, uint64_t r) {
+    return (float *)(void *)(st->buf->ptr + st->offset) +
+           ((uint64_t)slot * st->rows + r) * st->ld;
+}
+/* INVALID_ARGUMENT / UNSUPPORTED for a state view the CPU cannot use. */
+dsi_status dsib_cpu_state_check(const dsib_state *st, uint32_t width);
 
 /* Host allocation through the instance's allocator (size 0 → 1 byte). */
 void *dsib_cpu_malloc(dsib_instance *inst, size_t size);

@@ -9,6 +9,7 @@
  */
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/kernels/kernels.h"
+#include "backends/rope.h"
 #include "quant/fp.h"
 #include "quant/quant.h"
 
@@ -85,17 +86,20 @@ float dsib_cpu_weight_f32(const dsib_weight *w, int64_t i) {
 
 /* ---- generic ----------------------------------------------------------------------------- */
 
-static dsi_status op_matmul(dsib_instance *inst, const dsib_weight *w, int32_t expert,
+static dsi_status op_matmul(dsib_stream *strm, const dsib_weight *w, int32_t expert,
                             dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy, uint32_t n) {
+    dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
-    return dsib_matmul(inst->pool, w->type, dsib_cpu_wptr(w) + (uint64_t)expert * w->nb2,
-                       (size_t)w->nb1, w->ne[0], w->ne[1], dsib_cpu_f32(x), ldx,
-                       dsib_cpu_f32(y), ldy, n);
+    return dsib_cpu_ret(strm, dsib_matmul(inst->pool, w->type,
+                                          dsib_cpu_wptr(w) + (uint64_t)expert * w->nb2,
+                                          (size_t)w->nb1, w->ne[0], w->ne[1], dsib_cpu_f32(x),
+                                          ldx, dsib_cpu_f32(y), ldy, n));
 }
 
-static dsi_status op_matmul_grouped(dsib_instance *inst, const dsib_weight *w, uint32_t groups,
+static dsi_status op_matmul_grouped(dsib_stream *strm, const dsib_weight *w, uint32_t groups,
                                     dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy,
                                     uint32_t n) {
+    dsib_instance *inst = strm->inst;
     if (n == 0 || groups == 0) return DSI_OK;
     int64_t R = w->ne[1] / groups, K = w->ne[0];
     for (uint32_t g = 0; g < groups; g++) {
@@ -103,55 +107,50 @@ static dsi_status op_matmul_grouped(dsib_instance *inst, const dsib_weight *w, u
                                     dsib_cpu_wptr(w) + (uint64_t)g * (uint64_t)R * w->nb1,
                                     (size_t)w->nb1, K, R, dsib_cpu_f32(x) + (size_t)g * K, ldx,
                                     dsib_cpu_f32(y) + (size_t)g * R, ldy, n);
-        if (st != DSI_OK) return st;
+        if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     }
     return DSI_OK;
 }
 
-static dsi_status op_get_rows(dsib_instance *inst, const dsib_weight *table, dsib_view ids,
+static dsi_status op_get_rows(dsib_stream *strm, const dsib_weight *table, dsib_view ids,
                               dsib_view y, uint32_t ldy, uint32_t n) {
-    (void)inst;
     const int32_t *id = dsib_cpu_i32(ids);
     float *out = dsib_cpu_f32(y);
     for (uint32_t t = 0; t < n; t++) {
-        if (id[t] < 0 || id[t] >= table->ne[1]) return DSI_ERR_INVALID_ARGUMENT;
+        if (id[t] < 0 || id[t] >= table->ne[1]) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
         dsi_status st = dsib_cpu_weight_row(table, 0, id[t], out + (size_t)t * ldy);
-        if (st != DSI_OK) return st;
+        if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     }
     return DSI_OK;
 }
 
-static dsi_status op_rms_norm(dsib_instance *inst, dsib_view x, uint32_t ldx, dsib_view y,
+static dsi_status op_rms_norm(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view y,
                               uint32_t ldy, uint32_t rows, uint32_t width, const dsib_weight *w,
                               float eps) {
-    (void)inst;
+    (void)strm;
     const float *xs = dsib_cpu_f32(x);
     float *ys = dsib_cpu_f32(y);
-    float *wv = NULL;
-    if (w) {
-        wv = dsib_cpu_malloc(inst, (size_t)width * sizeof(float));
-        if (!wv) return DSI_ERR_OUT_OF_HOST_MEMORY;
-        for (uint32_t i = 0; i < width; i++) wv[i] = dsib_cpu_weight_f32(w, i);
-    }
+    const float *wf = w && w->type == DSI_TYPE_F32 ? (const float *)(const void *)dsib_cpu_wptr(w) : NULL;
     for (uint32_t r = 0; r < rows; r++) {
         const float *a = xs + (size_t)r * ldx;
         float *b = ys + (size_t)r * ldy;
         float ss = 0.0f;
         for (uint32_t i = 0; i < width; i++) ss += a[i] * a[i];
         float sc = 1.0f / sqrtf(ss / (float)width + eps);
-        if (wv)
-            for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * wv[i];
+        if (wf)
+            for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * wf[i];
+        else if (w)
+            for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * dsib_cpu_weight_f32(w, i);
         else
             for (uint32_t i = 0; i < width; i++) b[i] = a[i] * sc;
     }
-    dsib_cpu_free(inst, wv);
     return DSI_OK;
 }
 
-static dsi_status op_add(dsib_instance *inst, dsib_view a, uint32_t lda, dsib_view b,
+static dsi_status op_add(dsib_stream *strm, dsib_view a, uint32_t lda, dsib_view b,
                          uint32_t ldb, dsib_view y, uint32_t ldy, uint32_t rows,
                          uint32_t width) {
-    (void)inst;
+    (void)strm;
     const float *pa = dsib_cpu_f32(a), *pb = dsib_cpu_f32(b);
     float *py = dsib_cpu_f32(y);
     for (uint32_t r = 0; r < rows; r++)
@@ -160,24 +159,24 @@ static dsi_status op_add(dsib_instance *inst, dsib_view a, uint32_t lda, dsib_vi
     return DSI_OK;
 }
 
-static dsi_status op_scale(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status op_scale(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                            uint32_t width, float s) {
-    (void)inst;
+    (void)strm;
     float *p = dsib_cpu_f32(x);
     for (uint32_t r = 0; r < rows; r++)
         for (uint32_t i = 0; i < width; i++) p[(size_t)r * ldx + i] *= s;
     return DSI_OK;
 }
 
-static dsi_status op_copy(dsib_instance *inst, dsib_view src, dsib_view dst, uint64_t bytes) {
-    (void)inst;
+static dsi_status op_copy(dsib_stream *strm, dsib_view src, dsib_view dst, uint64_t bytes) {
+    (void)strm;
     if (bytes) memcpy(dst.buf->ptr + dst.offset, src.buf->ptr + src.offset, (size_t)bytes);
     return DSI_OK;
 }
 
-static dsi_status op_copy_rows(dsib_instance *inst, dsib_view src, uint32_t lds, dsib_view dst,
+static dsi_status op_copy_rows(dsib_stream *strm, dsib_view src, uint32_t lds, dsib_view dst,
                                uint32_t ldd, uint32_t rows, uint32_t width) {
-    (void)inst;
+    (void)strm;
     const float *s = dsib_cpu_f32(src);
     float *d = dsib_cpu_f32(dst);
     for (uint32_t r = 0; r < rows; r++)
@@ -185,45 +184,65 @@ static dsi_status op_copy_rows(dsib_instance *inst, dsib_view src, uint32_t lds,
     return DSI_OK;
 }
 
-/* ---- positions --------------------------------------------------------------------------- */
-
-/* Frequencies of §3.9 in double precision (the angle p·f is formed in double as well, so the
- * only f32 rounding is the final cos/sin and the rotation itself). */
-static void rope_freqs(const dsib_rope *r, double *f) {
-    int32_t half = r->n_rot / 2;
-    for (int32_t i = 0; i < half; i++) f[i] = pow((double)r->freq_base, -2.0 * i / r->n_rot);
-    if (r->yarn_factor > 1.0f) {
-        const double two_pi = 6.283185307179586476925286766559;
-        double lnb = 2.0 * log((double)r->freq_base);
-        double cf = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_fast * two_pi)) / lnb;
-        double cs = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_slow * two_pi)) / lnb;
-        double low = floor(cf), high = ceil(cs);
-        if (low < 0) low = 0;
-        if (high > r->n_rot - 1) high = r->n_rot - 1;
-        if (high == low) high += 0.001;
-        for (int32_t i = 0; i < half; i++) {
-            double ramp = (i - low) / (high - low);
-            if (ramp < 0) ramp = 0;
-            if (ramp > 1) ramp = 1;
-            f[i] = f[i] / r->yarn_factor * ramp + f[i] * (1.0 - ramp);
-        }
+static dsi_status op_gather_rows(dsib_stream *strm, dsib_view src, uint32_t lds, dsib_view idx,
+                                 dsib_view dst, uint32_t ldd, uint32_t n, uint32_t width) {
+    const float *s = dsib_cpu_f32(src);
+    const int32_t *ix = dsib_cpu_i32(idx);
+    float *d = dsib_cpu_f32(dst);
+    for (uint32_t t = 0; t < n; t++) {
+        if (ix[t] < 0) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+        memmove(d + (size_t)t * ldd, s + (size_t)ix[t] * lds, (size_t)width * sizeof(float));
     }
+    return DSI_OK;
 }
 
-static dsi_status op_rope_tail(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
-                               uint32_t heads, uint32_t head_dim, int64_t pos0,
-                               int64_t pos_step, const dsib_rope *rope, int32_t inverse) {
-    (void)inst;
-    double f[256];
-    if (rope->n_rot <= 0 || rope->n_rot > 512 || (uint32_t)rope->n_rot > head_dim ||
-        (rope->n_rot & 1))
+/* ---- step rows and state ---------------------------------------------------------------- */
+
+dsi_status dsib_cpu_rows_check(dsib_view rows, uint32_t n, uint32_t slots) {
+    if (n == 0) return DSI_OK;
+    if (!rows.buf) return DSI_ERR_INVALID_ARGUMENT;
+    for (uint32_t t = 0; t < n; t++) {
+        const int32_t *r = dsib_cpu_row(rows, t);
+        if (r[DSIB_ROW_POS] < 0 || r[DSIB_ROW_SLOT] < 0 ||
+            (slots && (uint32_t)r[DSIB_ROW_SLOT] >= slots) || r[DSIB_ROW_FIRST] < 0 ||
+            (uint32_t)r[DSIB_ROW_FIRST] > t || r[DSIB_ROW_COUNT] < 1 ||
+            (uint64_t)r[DSIB_ROW_FIRST] + (uint64_t)r[DSIB_ROW_COUNT] <= t ||
+            (uint64_t)r[DSIB_ROW_FIRST] + (uint64_t)r[DSIB_ROW_COUNT] > n)
+            return DSI_ERR_INVALID_ARGUMENT;
+        const int32_t *f = dsib_cpu_row(rows, (uint32_t)r[DSIB_ROW_FIRST]);
+        if (f[DSIB_ROW_SLOT] != r[DSIB_ROW_SLOT] ||
+            (int64_t)f[DSIB_ROW_POS] + (t - (uint32_t)r[DSIB_ROW_FIRST]) != r[DSIB_ROW_POS])
+            return DSI_ERR_INVALID_ARGUMENT;
+    }
+    return DSI_OK;
+}
+
+dsi_status dsib_cpu_state_check(const dsib_state *st, uint32_t width) {
+    if (!st || !st->buf || st->rows == 0 || st->slots == 0 || st->ld < width)
         return DSI_ERR_INVALID_ARGUMENT;
-    rope_freqs(rope, f);
+    if (st->format != DSIB_STATE_F32) return DSI_ERR_UNSUPPORTED;
+    uint64_t bytes = (uint64_t)st->slots * st->rows * st->ld * sizeof(float);
+    if (st->offset > st->buf->size || bytes > st->buf->size - st->offset)
+        return DSI_ERR_INVALID_ARGUMENT;
+    return DSI_OK;
+}
+
+/* ---- positions --------------------------------------------------------------------------- */
+
+static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t n,
+                               uint32_t heads, uint32_t head_dim, dsib_view rows,
+                               int32_t pos_delta, const dsib_rope *rope, int32_t inverse) {
+    double f[256];
+    if (!rope || rope->n_rot <= 0 || rope->n_rot > 512 || (uint32_t)rope->n_rot > head_dim ||
+        (rope->n_rot & 1) || dsib_cpu_rows_check(rows, n, 0) != DSI_OK)
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    dsib_rope_freqs(rope, f);
     int32_t half = rope->n_rot / 2;
     float cs[256], sn[256];
     float *p = dsib_cpu_f32(x);
-    for (uint32_t t = 0; t < rows; t++) {
-        double pos = (double)(pos0 + (int64_t)t * pos_step);
+    for (uint32_t t = 0; t < n; t++) {
+        int64_t q = (int64_t)dsib_cpu_row(rows, t)[DSIB_ROW_POS] + pos_delta;
+        double pos = (double)(q > 0 ? q : 0);
         for (int32_t i = 0; i < half; i++) {
             double th = pos * f[i];
             cs[i] = (float)cos(th);
@@ -241,27 +260,48 @@ static dsi_status op_rope_tail(dsib_instance *inst, dsib_view x, uint32_t ldx, u
     return DSI_OK;
 }
 
-static dsi_status op_ring_write(dsib_instance *inst, dsib_view src, uint32_t lds, uint32_t n,
-                                int64_t pos0, dsib_view ring, uint32_t ldr, uint32_t ring_len,
-                                uint32_t width) {
-    (void)inst;
+static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, uint32_t n,
+                                dsib_view rows, const dsib_state *dst, uint32_t width,
+                                uint32_t ratio, uint32_t flags) {
+    if (n == 0) return DSI_OK;
+    int ring = (flags & DSIB_STORE_RING) != 0;
+    dsi_status st = dsib_cpu_state_check(dst, width);
+    if (st == DSI_OK && (ratio == 0 || (ring && ratio != 1) || (flags & ~DSIB_STORE_RING)))
+        st = DSI_ERR_INVALID_ARGUMENT;
+    if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, dst->slots);
+    if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     const float *s = dsib_cpu_f32(src);
-    float *r = dsib_cpu_f32(ring);
-    uint32_t first = n > ring_len ? n - ring_len : 0;
-    for (uint32_t t = first; t < n; t++) {
-        uint64_t slot = (uint64_t)(pos0 + t) % ring_len;
-        memcpy(r + slot * ldr, s + (size_t)t * lds, (size_t)width * sizeof(float));
+    /* capacity first: nothing is written when a row does not fit */
+    for (uint32_t t = 0; t < n && !ring; t++) {
+        int64_t p = dsib_cpu_row(rows, t)[DSIB_ROW_POS];
+        if ((p + 1) % ratio == 0 && (uint64_t)((p + 1) / ratio - 1) >= dst->rows)
+            return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        const int32_t *r = dsib_cpu_row(rows, t);
+        int64_t p = r[DSIB_ROW_POS];
+        uint64_t row;
+        if (ring) {
+            int64_t last = dsib_cpu_row(rows, (uint32_t)r[DSIB_ROW_FIRST])[DSIB_ROW_POS] +
+                           r[DSIB_ROW_COUNT] - 1;
+            if (p <= last - (int64_t)dst->rows) continue; /* a later row takes its ring row */
+            row = (uint64_t)p % dst->rows;
+        } else {
+            if ((p + 1) % ratio != 0) continue;
+            row = (uint64_t)((p + 1) / ratio - 1);
+        }
+        memcpy(dsib_cpu_state_row(dst, (uint32_t)r[DSIB_ROW_SLOT], row), s + (size_t)t * lds,
+               (size_t)width * sizeof(float));
     }
     return DSI_OK;
 }
 
 /* ---- quantisation simulation ------------------------------------------------------------- */
 
-static dsi_status op_fake_quant(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status op_fake_quant(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                                 uint32_t col0, uint32_t ncols, uint32_t block, int32_t recipe,
                                 uint32_t flags) {
-    (void)inst;
-    if (block == 0 || ncols % block) return DSI_ERR_INVALID_ARGUMENT;
+    if (block == 0 || ncols % block) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     int round = !(flags & DSIB_FQ_NO_ROUND);
     float *p = dsib_cpu_f32(x);
     for (uint32_t r = 0; r < rows; r++) {
@@ -289,7 +329,7 @@ static dsi_status op_fake_quant(dsib_instance *inst, dsib_view x, uint32_t ldx, 
                 s = dsii_e4m3_rne(amax / 6.0f);
                 lim = 6.0f;
                 break;
-            default: return DSI_ERR_INVALID_ARGUMENT;
+            default: return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
             }
             int e4m3 = recipe == DSIB_FQ_E4M3_UE8M0;
             for (uint32_t i = 0; i < block; i++) {
@@ -304,10 +344,9 @@ static dsi_status op_fake_quant(dsib_instance *inst, dsib_view x, uint32_t ldx, 
     return DSI_OK;
 }
 
-static dsi_status op_hadamard(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status op_hadamard(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                               uint32_t chunks, uint32_t size) {
-    (void)inst;
-    if (size == 0 || (size & (size - 1))) return DSI_ERR_INVALID_ARGUMENT;
+    if (size == 0 || (size & (size - 1))) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     float sc = 1.0f / sqrtf((float)size);
     float *p = dsib_cpu_f32(x);
     for (uint32_t r = 0; r < rows; r++)
@@ -327,9 +366,9 @@ static dsi_status op_hadamard(dsib_instance *inst, dsib_view x, uint32_t ldx, ui
 
 /* ---- mHC --------------------------------------------------------------------------------- */
 
-static dsi_status op_hc_expand(dsib_instance *inst, dsib_view e, uint32_t lde, dsib_view X,
+static dsi_status op_hc_expand(dsib_stream *strm, dsib_view e, uint32_t lde, dsib_view X,
                                uint32_t n, uint32_t n_hc, uint32_t D) {
-    (void)inst;
+    (void)strm;
     const float *s = dsib_cpu_f32(e);
     float *d = dsib_cpu_f32(X);
     for (uint32_t t = 0; t < n; t++)
@@ -340,16 +379,16 @@ static dsi_status op_hc_expand(dsib_instance *inst, dsib_view e, uint32_t lde, d
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-static dsi_status op_hc_mix(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t n_hc,
                             uint32_t D, const dsib_weight *fn, const dsib_weight *scale,
                             const dsib_weight *base, float rms_eps, float hc_eps,
                             uint32_t iters, int32_t mode, dsib_view coef, uint32_t ldc) {
-    if (n_hc == 0 || n_hc > 16) return DSI_ERR_INVALID_ARGUMENT;
+    if (n_hc == 0 || n_hc > 16) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     uint32_t n_mix = mode == DSIB_HC_HEAD ? n_hc : n_hc * (2 + n_hc);
     if (fn->ne[1] != (int64_t)n_mix || fn->ne[0] != (int64_t)n_hc * D || ldc < n_mix)
-        return DSI_ERR_INVALID_ARGUMENT;
-    dsi_status st = op_matmul(inst, fn, 0, X, n_hc * D, coef, ldc, n);
-    if (st != DSI_OK) return st;
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    dsi_status st = op_matmul(strm, fn, 0, X, n_hc * D, coef, ldc, n);
+    if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     const float *xs = dsib_cpu_f32(X);
     float *cf = dsib_cpu_f32(coef);
     float sc[3], bs[16 * 18];
@@ -401,10 +440,10 @@ static dsi_status op_hc_mix(dsib_instance *inst, dsib_view X, uint32_t n, uint32
     return DSI_OK;
 }
 
-static dsi_status op_hc_collapse(dsib_instance *inst, dsib_view X, dsib_view coef, uint32_t ldc,
+static dsi_status op_hc_collapse(dsib_stream *strm, dsib_view X, dsib_view coef, uint32_t ldc,
                                  dsib_view y, uint32_t ldy, uint32_t n, uint32_t n_hc,
                                  uint32_t D) {
-    (void)inst;
+    (void)strm;
     const float *xs = dsib_cpu_f32(X), *cf = dsib_cpu_f32(coef);
     float *ys = dsib_cpu_f32(y);
     for (uint32_t t = 0; t < n; t++) {
@@ -419,11 +458,10 @@ static dsi_status op_hc_collapse(dsib_instance *inst, dsib_view X, dsib_view coe
     return DSI_OK;
 }
 
-static dsi_status op_hc_post(dsib_instance *inst, dsib_view f, uint32_t ldf, dsib_view R,
+static dsi_status op_hc_post(dsib_stream *strm, dsib_view f, uint32_t ldf, dsib_view R,
                              dsib_view coef, uint32_t ldc, dsib_view Xo, uint32_t n,
                              uint32_t n_hc, uint32_t D) {
-    (void)inst;
-    if (n_hc > 16) return DSI_ERR_INVALID_ARGUMENT;
+    if (n_hc > 16) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     const float *fs = dsib_cpu_f32(f), *rs = dsib_cpu_f32(R), *cf = dsib_cpu_f32(coef);
     float *xo = dsib_cpu_f32(Xo);
     for (uint32_t t = 0; t < n; t++) {
@@ -445,102 +483,120 @@ static dsi_status op_hc_post(dsib_instance *inst, dsib_view f, uint32_t ldf, dsi
 
 /* ---- compressed attention ---------------------------------------------------------------- */
 
-static dsi_status op_compress_pool(dsib_instance *inst, dsib_view ring_kv, dsib_view ring_sc,
-                                   uint32_t ldr, uint32_t ring_len, dsib_view kv, dsib_view sc,
-                                   uint32_t ldc, int64_t pos0, uint32_t n, uint32_t ratio,
-                                   int32_t overlap, uint32_t hd, int64_t w0, uint32_t n_groups,
-                                   dsib_view out, uint32_t ldo) {
-    (void)inst;
-    if (ratio == 0 || ratio > 4096) return DSI_ERR_INVALID_ARGUMENT;
-    const float *rk = dsib_cpu_f32(ring_kv), *rsc = dsib_cpu_f32(ring_sc);
-    const float *ck = dsib_cpu_f32(kv), *csc = dsib_cpu_f32(sc);
-    float *o = dsib_cpu_f32(out);
-    uint32_t maxc = 2 * ratio;
-    const float **kp = dsib_cpu_malloc(inst, sizeof(float *) * maxc * 2);
-    float *e = dsib_cpu_malloc(inst, sizeof(float) * maxc);
-    if (!kp || !e) {
-        dsib_cpu_free(inst, kp);
-        dsib_cpu_free(inst, e);
-        return DSI_ERR_OUT_OF_HOST_MEMORY;
+/* Pointer to candidate c's kv (or score) row for a row at position p of group w; NULL when
+ * the position is outside what the state and the step hold. */
+typedef struct pool_src {
+    const dsib_state *rk, *rs;
+    const float *ck, *cs;
+    uint32_t ldc, slot, ratio, hd;
+    int32_t overlap;
+    int64_t pos0, first, count;
+} pool_src;
+
+static int pool_cand(const pool_src *P, int64_t w, uint32_t c, const float **k, const float **sc) {
+    int lane_a = P->overlap && w > 0 && c < P->ratio;
+    int64_t grp = lane_a ? w - 1 : w;
+    uint32_t s = lane_a ? c : (P->overlap && w > 0 ? c - P->ratio : c);
+    uint32_t off = P->overlap && !lane_a ? P->hd : 0;
+    int64_t q = grp * P->ratio + s;
+    if (q < P->pos0) {
+        if (P->pos0 - q > (int64_t)P->rk->rows) return 0;
+        uint64_t r = (uint64_t)q % P->rk->rows;
+        *k = dsib_cpu_state_row(P->rk, P->slot, r) + off;
+        *sc = dsib_cpu_state_row(P->rs, P->slot, r) + off;
+    } else {
+        if (q - P->pos0 >= P->count) return 0;
+        *k = P->ck + (size_t)(P->first + q - P->pos0) * P->ldc + off;
+        *sc = P->cs + (size_t)(P->first + q - P->pos0) * P->ldc + off;
     }
-    const float **sp = kp + maxc;
-    for (uint32_t g = 0; g < n_groups; g++) {
-        int64_t w = w0 + g;
-        uint32_t nc = 0;
-        for (int lane = overlap ? 0 : 1; lane < 2; lane++) {
-            int64_t grp = overlap && lane == 0 ? w - 1 : w;
-            if (grp < 0) continue;
-            uint32_t off = overlap && lane == 1 ? hd : 0;
-            for (uint32_t s = 0; s < ratio; s++) {
-                int64_t q = grp * ratio + s;
-                const float *krow, *srow;
-                if (q < pos0) {
-                    if (pos0 - q > ring_len) goto bad;
-                    uint64_t slot = (uint64_t)q % ring_len;
-                    krow = rk + slot * ldr;
-                    srow = rsc + slot * ldr;
-                } else {
-                    if (q - pos0 >= n) goto bad;
-                    krow = ck + (size_t)(q - pos0) * ldc;
-                    srow = csc + (size_t)(q - pos0) * ldc;
-                }
-                kp[nc] = krow + off;
-                sp[nc] = srow + off;
-                nc++;
-            }
+    return 1;
+}
+
+static dsi_status op_compress_pool(dsib_stream *strm, const dsib_state *ring_kv,
+                                   const dsib_state *ring_sc, dsib_view kv, dsib_view sc,
+                                   uint32_t ldc, dsib_view rows, uint32_t n, uint32_t ratio,
+                                   int32_t overlap, uint32_t hd, dsib_view out, uint32_t ldo) {
+    if (n == 0) return DSI_OK;
+    uint32_t wi = (overlap ? 2u : 1u) * hd;
+    dsi_status st = ratio == 0 || ratio > 4096 ? DSI_ERR_INVALID_ARGUMENT : DSI_OK;
+    if (st == DSI_OK) st = dsib_cpu_state_check(ring_kv, wi);
+    if (st == DSI_OK) st = dsib_cpu_state_check(ring_sc, wi);
+    if (st == DSI_OK && (ring_kv->rows != ring_sc->rows || ring_kv->slots != ring_sc->slots))
+        st = DSI_ERR_INVALID_ARGUMENT;
+    if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, ring_kv->slots);
+    if (st != DSI_OK) return dsib_cpu_ret(strm, st);
+    float *o = dsib_cpu_f32(out);
+    for (uint32_t t = 0; t < n; t++) {
+        const int32_t *r = dsib_cpu_row(rows, t);
+        int64_t p = r[DSIB_ROW_POS];
+        float *og = o + (size_t)t * ldo;
+        if ((p + 1) % ratio != 0) {
+            memset(og, 0, (size_t)hd * sizeof(float));
+            continue;
         }
-        float *og = o + (size_t)g * ldo;
+        int64_t w = (p + 1) / ratio - 1;
+        pool_src P = {ring_kv, ring_sc, dsib_cpu_f32(kv), dsib_cpu_f32(sc), ldc,
+                      (uint32_t)r[DSIB_ROW_SLOT], ratio, hd, overlap,
+                      dsib_cpu_row(rows, (uint32_t)r[DSIB_ROW_FIRST])[DSIB_ROW_POS],
+                      r[DSIB_ROW_FIRST], r[DSIB_ROW_COUNT]};
+        uint32_t nc = overlap && w > 0 ? 2 * ratio : ratio;
+        const float *k0, *s0;
+        for (uint32_t c = 0; c < nc; c++)
+            if (!pool_cand(&P, w, c, &k0, &s0)) return dsib_cpu_ret(strm, DSI_ERR_INTERNAL);
+        /* per channel: max, then Σexp, then Σ p·kv over candidates in order (recomputing the
+         * same exponentials gives the same values) */
         for (uint32_t j = 0; j < hd; j++) {
-            float mx = sp[0][j];
-            for (uint32_t c = 1; c < nc; c++) mx = sp[c][j] > mx ? sp[c][j] : mx;
+            pool_cand(&P, w, 0, &k0, &s0);
+            float mx = s0[j];
+            for (uint32_t c = 1; c < nc; c++) {
+                pool_cand(&P, w, c, &k0, &s0);
+                mx = s0[j] > mx ? s0[j] : mx;
+            }
             float z = 0.0f;
             for (uint32_t c = 0; c < nc; c++) {
-                e[c] = expf(sp[c][j] - mx);
-                z += e[c];
+                pool_cand(&P, w, c, &k0, &s0);
+                z += expf(s0[j] - mx);
             }
             float a = 0.0f;
-            for (uint32_t c = 0; c < nc; c++) a += (e[c] / z) * kp[c][j];
+            for (uint32_t c = 0; c < nc; c++) {
+                pool_cand(&P, w, c, &k0, &s0);
+                a += (expf(s0[j] - mx) / z) * k0[j];
+            }
             og[j] = a;
         }
     }
-    dsib_cpu_free(inst, kp);
-    dsib_cpu_free(inst, e);
     return DSI_OK;
-bad:
-    dsib_cpu_free(inst, kp);
-    dsib_cpu_free(inst, e);
-    return DSI_ERR_INTERNAL;
 }
 
-static dsi_status op_add_rows_periodic(dsib_instance *inst, dsib_view x, uint32_t ldx,
+static dsi_status op_add_rows_periodic(dsib_stream *strm, dsib_view x, uint32_t ldx,
                                        uint32_t n, uint32_t width, const dsib_weight *table,
-                                       int64_t pos0, uint32_t period) {
-    if (period == 0 || table->ne[0] < (int64_t)width) return DSI_ERR_INVALID_ARGUMENT;
-    float *row = dsib_cpu_malloc(inst, (size_t)table->ne[0] * sizeof(float));
-    if (!row) return DSI_ERR_OUT_OF_HOST_MEMORY;
+                                       dsib_view rows, uint32_t period) {
+    if (n == 0) return DSI_OK;
+    if (period == 0 || table->ne[0] < (int64_t)width || dsib_cpu_rows_check(rows, n, 0) != DSI_OK)
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    /* ws: one dequantized table row */
+    float *row = dsib_cpu_ws(strm, (size_t)table->ne[0] * sizeof(float));
+    if (!row) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     float *p = dsib_cpu_f32(x);
     for (uint32_t t = 0; t < n; t++) {
-        dsi_status st = dsib_cpu_weight_row(table, 0, (pos0 + t) % period, row);
-        if (st != DSI_OK) {
-            dsib_cpu_free(inst, row);
-            return st;
-        }
+        int64_t pos = dsib_cpu_row(rows, t)[DSIB_ROW_POS];
+        dsi_status st = dsib_cpu_weight_row(table, 0, pos % period, row);
+        if (st != DSI_OK) return dsib_cpu_ret(strm, st);
         float *v = p + (size_t)t * ldx;
         for (uint32_t i = 0; i < width; i++) v[i] += row[i];
     }
-    dsib_cpu_free(inst, row);
     return DSI_OK;
 }
 
 /* -- indexer -- */
 
 typedef struct idx_job {
-    const float *q, *w, *keys;
+    const float *q, *w;
+    const dsib_state *keys;
+    const int32_t *rows;
     uint32_t ldq, ldw, heads, hd, ratio, topk, n;
-    int64_t pos0;
     int32_t *idx;
     float *scratch;      /* [threads][max_rows] scores */
-    int32_t *iscratch;   /* [threads][max_rows] order */
     int64_t max_rows;
 } idx_job;
 
@@ -580,7 +636,8 @@ static void topk_select(const float *sc, int64_t m, uint32_t k, int32_t *heap) {
 
 static void idx_task(void *arg, int64_t t, int32_t slot) {
     idx_job *j = arg;
-    int64_t p = j->pos0 + t;
+    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
+    int64_t p = r[DSIB_ROW_POS];
     int64_t nvis = (p + 1) / j->ratio;
     int32_t *out = j->idx + (size_t)t * j->topk;
     if (nvis <= (int64_t)j->topk) {
@@ -589,8 +646,9 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     }
     float *sc = j->scratch + (size_t)slot * j->max_rows;
     const float *q = j->q + (size_t)t * j->ldq, *w = j->w + (size_t)t * j->ldw;
+    const float *keys = dsib_cpu_state_row(j->keys, (uint32_t)r[DSIB_ROW_SLOT], 0);
     for (int64_t c = 0; c < nvis; c++) {
-        const float *k = j->keys + (size_t)c * j->hd;
+        const float *k = keys + (size_t)c * j->keys->ld;
         float s = 0.0f;
         for (uint32_t h = 0; h < j->heads; h++) {
             const float *qh = q + (size_t)h * j->hd;
@@ -603,125 +661,153 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     topk_select(sc, nvis, j->topk, out);
 }
 
-static dsi_status op_indexer_topk(dsib_instance *inst, dsib_view q, uint32_t ldq, dsib_view w,
-                                  uint32_t ldw, dsib_view keys, uint32_t heads, uint32_t hd,
-                                  int64_t pos0, uint32_t n, uint32_t ratio, uint32_t topk,
-                                  dsib_view idx) {
+/* Largest position + 1 of the step rows (rows already checked). */
+static int64_t rows_max_pos(dsib_view rows, uint32_t n) {
+    int64_t m = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        int64_t p = dsib_cpu_row(rows, t)[DSIB_ROW_POS] + 1;
+        if (p > m) m = p;
+    }
+    return m;
+}
+
+static dsi_status op_indexer_topk(dsib_stream *strm, dsib_view q, uint32_t ldq, dsib_view w,
+                                  uint32_t ldw, const dsib_state *keys, uint32_t heads,
+                                  uint32_t hd, dsib_view rows, uint32_t n, uint32_t ratio,
+                                  uint32_t topk, dsib_view idx) {
+    dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
-    if (ratio == 0 || topk == 0) return DSI_ERR_INVALID_ARGUMENT;
-    idx_job j = {dsib_cpu_f32(q), dsib_cpu_f32(w), dsib_cpu_f32(keys), ldq, ldw, heads, hd,
-                 ratio, topk, n, pos0, dsib_cpu_i32(idx), NULL, NULL, 0};
-    j.max_rows = (pos0 + n) / ratio + 1;
+    dsi_status st = ratio == 0 || topk == 0 ? DSI_ERR_INVALID_ARGUMENT : DSI_OK;
+    if (st == DSI_OK) st = dsib_cpu_state_check(keys, hd);
+    if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, keys->slots);
+    if (st != DSI_OK) return dsib_cpu_ret(strm, st);
+    int64_t maxp = rows_max_pos(rows, n);
+    if (maxp / ratio > (int64_t)keys->rows) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    idx_job j = {dsib_cpu_f32(q), dsib_cpu_f32(w), keys, dsib_cpu_i32(rows), ldq, ldw, heads, hd,
+                 ratio, topk, n, dsib_cpu_i32(idx), NULL, 0};
+    j.max_rows = maxp / ratio + 1;
     int32_t nt = dsib_threadpool_n_threads(inst->pool);
-    j.scratch = dsib_cpu_malloc(inst, sizeof(float) * (size_t)j.max_rows * (size_t)nt);
-    if (!j.scratch) return DSI_ERR_OUT_OF_HOST_MEMORY;
+    /* ws: per thread max_rows scores */
+    j.scratch = dsib_cpu_ws(strm, sizeof(float) * (size_t)j.max_rows * (size_t)nt);
+    if (!j.scratch) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     dsib_parallel_for(inst->pool, n, idx_task, &j);
-    dsib_cpu_free(inst, j.scratch);
     return DSI_OK;
 }
 
 /* -- sink attention -- */
 
 typedef struct attn_job {
-    const float *q, *ring, *kv, *comp, *sinks;
-    const int32_t *idx;
+    const float *q, *kv, *sinks;
+    const dsib_state *ring, *comp;
+    const int32_t *rows, *idx;
     float *out, *zs;
     const float **ps;
-    uint32_t ldq, H, hd, window, ring_len, ldkv, comp_ratio, topk, ldo;
-    int64_t pos0, max_rows;
+    uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
+    int64_t max_rows;
     float scale;
 } attn_job;
 
 static void attn_task(void *arg, int64_t task, int32_t slot) {
     attn_job *j = arg;
     uint32_t t = (uint32_t)(task / j->H), h = (uint32_t)(task % j->H);
-    int64_t p = j->pos0 + t;
+    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
+    int64_t p = r[DSIB_ROW_POS];
+    uint32_t sl = (uint32_t)r[DSIB_ROW_SLOT];
+    int64_t first = r[DSIB_ROW_FIRST];
+    int64_t pos0 = j->rows[(size_t)first * DSIB_ROW_WORDS + DSIB_ROW_POS];
     const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
     float *z = j->zs + (size_t)slot * j->max_rows;
     const float **rp = j->ps + (size_t)slot * j->max_rows;
     /* The visible rows in canonical order: compressed (ascending), then window (ascending). */
     int64_t nr = 0;
     if (j->comp_ratio > 0) {
+        const float *comp = dsib_cpu_state_row(j->comp, sl, 0);
         if (j->idx) {
             const int32_t *ix = j->idx + (size_t)t * j->topk;
             for (uint32_t k = 0; k < j->topk; k++)
-                if (ix[k] >= 0) rp[nr++] = j->comp + (size_t)ix[k] * j->hd;
+                if (ix[k] >= 0) rp[nr++] = comp + (size_t)ix[k] * j->comp->ld;
         } else {
             int64_t nv = (p + 1) / j->comp_ratio;
-            for (int64_t c = 0; c < nv; c++) rp[nr++] = j->comp + (size_t)c * j->hd;
+            for (int64_t c = 0; c < nv; c++) rp[nr++] = comp + (size_t)c * j->comp->ld;
         }
     }
     int64_t w0 = p - (int64_t)j->window + 1;
     if (w0 < 0) w0 = 0;
     for (int64_t qp = w0; qp <= p; qp++) {
-        if (qp < j->pos0) rp[nr++] = j->ring + (size_t)((uint64_t)qp % j->ring_len) * j->hd;
-        else rp[nr++] = j->kv + (size_t)(qp - j->pos0) * j->ldkv;
+        if (qp < pos0)
+            rp[nr++] = dsib_cpu_state_row(j->ring, sl, (uint64_t)qp % j->ring->rows);
+        else
+            rp[nr++] = j->kv + (size_t)(first + qp - pos0) * j->ldkv;
     }
     float sink = j->sinks[h];
     float m = sink;
-    for (int64_t r = 0; r < nr; r++) {
-        float d = dot_fixed(q, rp[r], j->hd) * j->scale;
-        z[r] = d;
+    for (int64_t i = 0; i < nr; i++) {
+        float d = dot_fixed(q, rp[i], j->hd) * j->scale;
+        z[i] = d;
         if (d > m) m = d;
     }
     float den = expf(sink - m);
     float *o = j->out + (size_t)t * j->ldo + (size_t)h * j->hd;
     for (uint32_t i = 0; i < j->hd; i++) o[i] = 0.0f;
-    for (int64_t r = 0; r < nr; r++) {
-        float e = expf(z[r] - m);
+    for (int64_t i = 0; i < nr; i++) {
+        float e = expf(z[i] - m);
         den += e;
-        const float *v = rp[r];
-        for (uint32_t i = 0; i < j->hd; i++) o[i] += e * v[i];
+        const float *v = rp[i];
+        for (uint32_t k = 0; k < j->hd; k++) o[k] += e * v[k];
     }
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
 }
 
-static dsi_status op_attn_sink(dsib_instance *inst, dsib_view q, uint32_t ldq, uint32_t H,
-                               uint32_t hd, int64_t pos0, uint32_t n, uint32_t window,
-                               dsib_view ring, uint32_t ring_len, dsib_view kv, uint32_t ldkv,
-                               uint32_t comp_ratio, dsib_view comp, dsib_view idx,
+static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uint32_t H,
+                               uint32_t hd, dsib_view rows, uint32_t n, uint32_t window,
+                               const dsib_state *ring, dsib_view kv, uint32_t ldkv,
+                               uint32_t comp_ratio, const dsib_state *comp, dsib_view idx,
                                uint32_t topk, const dsib_weight *sinks, float scale,
                                dsib_view out, uint32_t ldo) {
+    dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
-    if (ring_len < window) return DSI_ERR_INVALID_ARGUMENT;
+    dsi_status st = dsib_cpu_state_check(ring, hd);
+    if (st == DSI_OK && ring->rows < window) st = DSI_ERR_INVALID_ARGUMENT;
+    if (st == DSI_OK && comp_ratio) st = dsib_cpu_state_check(comp, hd);
+    if (st == DSI_OK && comp_ratio && comp->slots != ring->slots) st = DSI_ERR_INVALID_ARGUMENT;
+    if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, ring->slots);
+    if (st != DSI_OK) return dsib_cpu_ret(strm, st);
+    int64_t maxp = rows_max_pos(rows, n);
+    if (comp_ratio && !idx.buf && maxp / comp_ratio > (int64_t)comp->rows)
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     attn_job j;
     memset(&j, 0, sizeof j);
     j.q = dsib_cpu_f32(q);
-    j.ring = dsib_cpu_f32(ring);
+    j.ring = ring;
     j.kv = dsib_cpu_f32(kv);
-    j.comp = comp_ratio ? dsib_cpu_f32(comp) : NULL;
+    j.comp = comp_ratio ? comp : NULL;
+    j.rows = dsib_cpu_i32(rows);
     j.idx = idx.buf ? dsib_cpu_i32(idx) : NULL;
     j.out = dsib_cpu_f32(out);
     j.ldq = ldq;
     j.H = H;
     j.hd = hd;
     j.window = window;
-    j.ring_len = ring_len;
     j.ldkv = ldkv;
     j.comp_ratio = comp_ratio;
     j.topk = topk;
     j.ldo = ldo;
-    j.pos0 = pos0;
     j.scale = scale;
     int64_t maxc = 0;
-    if (comp_ratio) maxc = j.idx ? topk : (pos0 + n) / comp_ratio;
+    if (comp_ratio) maxc = j.idx ? topk : maxp / comp_ratio;
     j.max_rows = maxc + window + 1;
-    int32_t nt = dsib_threadpool_n_threads(inst->pool);
-    float *sk = dsib_cpu_malloc(inst, sizeof(float) * H);
-    j.zs = dsib_cpu_malloc(inst, sizeof(float) * (size_t)j.max_rows * (size_t)nt);
-    j.ps = dsib_cpu_malloc(inst, sizeof(float *) * (size_t)j.max_rows * (size_t)nt);
-    if (!sk || !j.zs || !j.ps) {
-        dsib_cpu_free(inst, sk);
-        dsib_cpu_free(inst, j.zs);
-        dsib_cpu_free(inst, (void *)j.ps);
-        return DSI_ERR_OUT_OF_HOST_MEMORY;
-    }
+    size_t nt = (size_t)dsib_threadpool_n_threads(inst->pool);
+    /* ws: sinks [H], then per thread scores [max_rows] and row pointers [max_rows] */
+    size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
+    size_t o2 = o1 + ((sizeof(float) * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
+    uint8_t *ws = dsib_cpu_ws(strm, o2 + sizeof(float *) * (size_t)j.max_rows * nt);
+    if (!ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    float *sk = (float *)(void *)ws;
+    j.zs = (float *)(void *)(ws + o1);
+    j.ps = (const float **)(void *)(ws + o2);
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
     dsib_parallel_for(inst->pool, (int64_t)n * H, attn_task, &j);
-    dsib_cpu_free(inst, sk);
-    dsib_cpu_free(inst, j.zs);
-    dsib_cpu_free(inst, (void *)j.ps);
     return DSI_OK;
 }
 
@@ -729,22 +815,21 @@ static dsi_status op_attn_sink(dsib_instance *inst, dsib_view q, uint32_t ldq, u
 
 static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-static dsi_status op_moe_route(dsib_instance *inst, dsib_view logits, uint32_t ldl, uint32_t E,
+static dsi_status op_moe_route(dsib_stream *strm, dsib_view logits, uint32_t ldl, uint32_t E,
                                uint32_t k, const dsib_weight *bias, const dsib_weight *tid2eid,
                                dsib_view ids, float norm_add, float route_scale, uint32_t n,
                                dsib_view sel, dsib_view wts) {
-    if (k == 0 || k > E || E > 65536) return DSI_ERR_INVALID_ARGUMENT;
+    if (k == 0 || k > E || E > 65536) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     const float *l = dsib_cpu_f32(logits);
     int32_t *sl = dsib_cpu_i32(sel);
     float *wt = dsib_cpu_f32(wts);
     const int32_t *tok = tid2eid ? dsib_cpu_i32(ids) : NULL;
-    float *s = dsib_cpu_malloc(inst, sizeof(float) * E * 2);
-    int32_t *heap = dsib_cpu_malloc(inst, sizeof(int32_t) * k);
-    if (!s || !heap) {
-        dsib_cpu_free(inst, s);
-        dsib_cpu_free(inst, heap);
-        return DSI_ERR_OUT_OF_HOST_MEMORY;
-    }
+    /* ws: scores [2E], heap [k] */
+    size_t hoff = ((size_t)E * 2 * sizeof(float) + 63) & ~(size_t)63;
+    uint8_t *ws = dsib_cpu_ws(strm, hoff + sizeof(int32_t) * k);
+    if (!ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    float *s = (float *)(void *)ws;
+    int32_t *heap = (int32_t *)(void *)(ws + hoff);
     float *sb = s + E;
     dsi_status st = DSI_OK;
     for (uint32_t t = 0; t < n && st == DSI_OK; t++) {
@@ -790,9 +875,7 @@ static dsi_status op_moe_route(dsib_instance *inst, dsib_view logits, uint32_t l
         float *w = wt + (size_t)t * k;
         for (uint32_t i = 0; i < k; i++) w[i] = s[o[i]] / sum * route_scale;
     }
-    dsib_cpu_free(inst, s);
-    dsib_cpu_free(inst, heap);
-    return st;
+    return dsib_cpu_ret(strm, st);
 }
 
 static float siluf_(float x) { return x / (1.0f + expf(-x)); }
@@ -809,10 +892,10 @@ static void swiglu_row(const float *g, const float *u, float *y, uint32_t w, flo
     }
 }
 
-static dsi_status op_swiglu(dsib_instance *inst, dsib_view g, uint32_t ldg, dsib_view u,
+static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_view u,
                             uint32_t ldu, dsib_view y, uint32_t ldy, uint32_t rows,
                             uint32_t width, float limit) {
-    (void)inst;
+    (void)strm;
     const float *pg = dsib_cpu_f32(g), *pu = dsib_cpu_f32(u);
     float *py = dsib_cpu_f32(y);
     for (uint32_t r = 0; r < rows; r++)
@@ -820,31 +903,38 @@ static dsi_status op_swiglu(dsib_instance *inst, dsib_view g, uint32_t ldg, dsib
     return DSI_OK;
 }
 
-static dsi_status op_moe_experts(dsib_instance *inst, dsib_view x, uint32_t ldx, dsib_view sel,
+static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view sel,
                                  dsib_view wts, uint32_t k, const dsib_weight *w1,
                                  const dsib_weight *w3, const dsib_weight *w2, float limit,
                                  uint32_t n, dsib_view y, uint32_t ldy) {
+    dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
     int64_t D = w1->ne[0], F = w1->ne[1], E = w1->ne[2];
     if (w2->ne[0] != F || w2->ne[1] != D || w3->ne[0] != D || w3->ne[1] != F)
-        return DSI_ERR_INVALID_ARGUMENT;
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     size_t ns = (size_t)n * k;
     const int32_t *sl = dsib_cpu_i32(sel);
     const float *wt = dsib_cpu_f32(wts);
-    /* Group the (token, slot) pairs by expert, experts ascending, slots ascending. */
-    int64_t *cnt = dsib_cpu_malloc(inst, sizeof(int64_t) * ((size_t)E + 1));
-    int64_t *offs = dsib_cpu_malloc(inst, sizeof(int64_t) * ((size_t)E + 1));
-    int32_t *ex = dsib_cpu_malloc(inst, sizeof(int32_t) * (size_t)E);
-    int64_t *xr = dsib_cpu_malloc(inst, sizeof(int64_t) * ns);
-    int64_t *yr = dsib_cpu_malloc(inst, sizeof(int64_t) * ns);
-    float *G = dsib_cpu_malloc(inst, sizeof(float) * ns * (size_t)F);
-    float *U = dsib_cpu_malloc(inst, sizeof(float) * ns * (size_t)F);
-    float *Y = dsib_cpu_malloc(inst, sizeof(float) * ns * (size_t)D);
+    /* Group the (token, slot) pairs by expert, experts ascending, slots ascending, so each
+     * selected expert's weights are read once for all the rows that chose it.
+     * ws: cnt, offs [E+1], ex [E], xr, yr [ns], G, U [ns][F], Y [ns][D] */
+#define AL64(x) (((size_t)(x) + 63) & ~(size_t)63)
+    size_t o_offs = AL64(sizeof(int64_t) * ((size_t)E + 1));
+    size_t o_ex = o_offs + AL64(sizeof(int64_t) * ((size_t)E + 1));
+    size_t o_xr = o_ex + AL64(sizeof(int32_t) * (size_t)E);
+    size_t o_yr = o_xr + AL64(sizeof(int64_t) * ns);
+    size_t o_G = o_yr + AL64(sizeof(int64_t) * ns);
+    size_t o_U = o_G + AL64(sizeof(float) * ns * (size_t)F);
+    size_t o_Y = o_U + AL64(sizeof(float) * ns * (size_t)F);
+    uint8_t *ws = dsib_cpu_ws(strm, o_Y + sizeof(float) * ns * (size_t)D);
+#undef AL64
+    if (!ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    int64_t *cnt = (int64_t *)(void *)ws, *offs = (int64_t *)(void *)(ws + o_offs);
+    int32_t *ex = (int32_t *)(void *)(ws + o_ex);
+    int64_t *xr = (int64_t *)(void *)(ws + o_xr), *yr = (int64_t *)(void *)(ws + o_yr);
+    float *G = (float *)(void *)(ws + o_G), *U = (float *)(void *)(ws + o_U);
+    float *Y = (float *)(void *)(ws + o_Y);
     dsi_status st = DSI_OK;
-    if (!cnt || !offs || !ex || !xr || !yr || !G || !U || !Y) {
-        st = DSI_ERR_OUT_OF_HOST_MEMORY;
-        goto done;
-    }
     memset(cnt, 0, sizeof(int64_t) * ((size_t)E + 1));
     for (size_t s = 0; s < ns; s++) {
         if (sl[s] < 0 || sl[s] >= E) {
@@ -864,6 +954,12 @@ static dsi_status op_moe_experts(dsib_instance *inst, dsib_view x, uint32_t ldx,
         ng++;
     }
     offs[ng] = acc;
+    /* every selected expert's rows are read once for all the rows that chose it */
+    atomic_fetch_add_explicit(&inst->stat_expert_bytes,
+                              (uint64_t)ng * ((uint64_t)F * (w1->nb1 + w3->nb1) +
+                                              (uint64_t)D * w2->nb1),
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&inst->stat_expert_calls, 1, memory_order_relaxed);
     for (size_t s = 0; s < ns; s++) {
         int64_t pos = cnt[sl[s]]++;
         xr[pos] = (int64_t)(s / k);
@@ -911,15 +1007,7 @@ static dsi_status op_moe_experts(dsib_instance *inst, dsib_view x, uint32_t ldx,
         }
     }
 done:
-    dsib_cpu_free(inst, cnt);
-    dsib_cpu_free(inst, offs);
-    dsib_cpu_free(inst, ex);
-    dsib_cpu_free(inst, xr);
-    dsib_cpu_free(inst, yr);
-    dsib_cpu_free(inst, G);
-    dsib_cpu_free(inst, U);
-    dsib_cpu_free(inst, Y);
-    return st;
+    return dsib_cpu_ret(strm, st);
 }
 
 const dsib_ops dsib_cpu_ops = {
@@ -932,8 +1020,9 @@ const dsib_ops dsib_cpu_ops = {
     .scale = op_scale,
     .copy = op_copy,
     .copy_rows = op_copy_rows,
+    .gather_rows = op_gather_rows,
     .rope_tail = op_rope_tail,
-    .ring_write = op_ring_write,
+    .store_rows = op_store_rows,
     .fake_quant = op_fake_quant,
     .hadamard = op_hadamard,
     .hc_expand = op_hc_expand,

@@ -10,7 +10,6 @@
 #include "backends/cpu/cpu_impl.h"
 
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 /* ---- top-k with "lower position first" ties (§10.2) ---------------------------------- */
@@ -115,20 +114,21 @@ static void sort_i32_big(int32_t *a, uint32_t n) { /* heap sort for larger outpu
 /* ---- indexer_topk_v41 ------------------------------------------------------------------ */
 
 typedef struct idx_args {
-    dsib_instance *inst;
-    const float *q, *w, *keys;
+    const float *q, *w;
+    const dsib_state *keys;
+    const int32_t *rows;
     uint32_t ldq, ldw, heads, hd, ratio, topk, cand_block, cand_k;
-    int64_t pos0;
     int32_t *idx;
     const int32_t *cand_in;
     int32_t *cand_out;
-    atomic_int failed;
+    uint8_t *ws;             /* per thread slot: ws_per bytes */
+    size_t ws_per;
 } idx_args;
 
 static void idx_task(void *arg, int64_t t, int32_t slot) {
-    (void)slot;
     idx_args *a = (idx_args *)arg;
-    const int64_t p = a->pos0 + t;
+    const int32_t *row = a->rows + (size_t)t * DSIB_ROW_WORDS;
+    const int64_t p = row[DSIB_ROW_POS];
     const int64_t nvis64 = (p + 1) / (int64_t)a->ratio;
     const uint32_t nvis = (uint32_t)nvis64;
     int32_t *idx = a->idx + (size_t)t * a->topk;
@@ -139,12 +139,7 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     if (nvis == 0) return;
 
     const uint32_t heap_cap = a->topk > a->cand_k ? a->topk : a->cand_k;
-    size_t bytes = (size_t)nvis * sizeof(float) + (size_t)heap_cap * (sizeof(int32_t) + sizeof(float));
-    uint8_t *mem = (uint8_t *)dsib_cpu_malloc(a->inst, bytes);
-    if (!mem) {
-        atomic_store(&a->failed, 1);
-        return;
-    }
+    uint8_t *mem = a->ws + (size_t)slot * a->ws_per;
     float *score = (float *)(void *)mem;
     topk_heap h;
     h.id = (int32_t *)(void *)(mem + (size_t)nvis * sizeof(float));
@@ -152,8 +147,9 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
 
     const float *q = a->q + (size_t)t * a->ldq;
     const float *wt = a->w + (size_t)t * a->ldw;
+    const float *keys = dsib_cpu_state_row(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
     for (uint32_t c = 0; c < nvis; c++) {
-        const float *k = a->keys + (size_t)c * a->hd;
+        const float *k = keys + (size_t)c * a->keys->ld;
         float s = 0.0f;
         for (uint32_t hh = 0; hh < a->heads; hh++) {
             const float *qh = q + (size_t)hh * a->hd;
@@ -199,24 +195,34 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     }
     for (uint32_t i = 0; i < h.n; i++) idx[i] = h.id[i];
     sort_i32_big(idx, h.n);
-    dsib_cpu_free(a->inst, mem);
 }
 
-dsi_status dsib_cpu_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq,
-                                     dsib_view w, uint32_t ldw, dsib_view keys, uint32_t heads,
-                                     uint32_t hd, int64_t pos0, uint32_t n, uint32_t ratio,
-                                     uint32_t topk, dsib_view idx, dsib_view cand_in,
-                                     dsib_view cand_out, uint32_t cand_block, uint32_t cand_k) {
+dsi_status dsib_cpu_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ldq,
+                                     dsib_view w, uint32_t ldw, const dsib_state *keys,
+                                     uint32_t heads, uint32_t hd, dsib_view rows, uint32_t n,
+                                     uint32_t ratio, uint32_t topk, dsib_view idx,
+                                     dsib_view cand_in, dsib_view cand_out, uint32_t cand_block,
+                                     uint32_t cand_k) {
     if (n == 0) return DSI_OK;
-    if (!inst || !q.buf || !w.buf || !keys.buf || !idx.buf || ratio == 0 || pos0 < 0 ||
+    dsib_instance *inst = strm->inst;
+    if (!q.buf || !w.buf || !idx.buf || ratio == 0 ||
         ((cand_in.buf || cand_out.buf) && (cand_block == 0 || cand_k == 0)))
-        return DSI_ERR_INVALID_ARGUMENT;
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    dsi_status st = dsib_cpu_state_check(keys, hd);
+    if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, keys->slots);
+    if (st != DSI_OK) return dsib_cpu_ret(strm, st);
+    int64_t maxp = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        int64_t p = dsib_cpu_row(rows, t)[DSIB_ROW_POS] + 1;
+        if (p > maxp) maxp = p;
+    }
+    if (maxp / ratio > (int64_t)keys->rows) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     idx_args a;
     memset(&a, 0, sizeof a);
-    a.inst = inst;
     a.q = dsib_cpu_f32(q);
     a.w = dsib_cpu_f32(w);
-    a.keys = dsib_cpu_f32(keys);
+    a.keys = keys;
+    a.rows = dsib_cpu_i32(rows);
     a.ldq = ldq;
     a.ldw = ldw;
     a.heads = heads;
@@ -225,19 +231,23 @@ dsi_status dsib_cpu_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t 
     a.topk = topk;
     a.cand_block = cand_block;
     a.cand_k = (cand_in.buf || cand_out.buf) ? cand_k : 0;
-    a.pos0 = pos0;
     a.idx = dsib_cpu_i32(idx);
     a.cand_in = cand_in.buf ? dsib_cpu_i32(cand_in) : NULL;
     a.cand_out = cand_out.buf ? dsib_cpu_i32(cand_out) : NULL;
-    atomic_init(&a.failed, 0);
+    /* ws: per thread, scores [maxp/ratio] then a heap of max(topk, cand_k) (id, score) */
+    uint32_t heap_cap = a.topk > a.cand_k ? a.topk : a.cand_k;
+    a.ws_per = ((size_t)(maxp / ratio + 1) * sizeof(float) + (size_t)heap_cap * 8 + 63) &
+               ~(size_t)63;
+    size_t nt = (size_t)dsib_threadpool_n_threads(inst->pool);
+    a.ws = dsib_cpu_ws(strm, a.ws_per * nt);
+    if (!a.ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     dsib_parallel_for(inst->pool, n, idx_task, &a);
-    return atomic_load(&a.failed) ? DSI_ERR_OUT_OF_HOST_MEMORY : DSI_OK;
+    return DSI_OK;
 }
 
 /* ---- engram_gate ----------------------------------------------------------------------- */
 
 typedef struct gate_args {
-    dsib_instance *inst;
     float *X;
     const float *kv;
     uint32_t n_hc, D, ldkv;
@@ -273,17 +283,19 @@ static void gate_task(void *arg, int64_t t, int32_t slot) {
     }
 }
 
-dsi_status dsib_cpu_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+dsi_status dsib_cpu_engram_gate(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t n_hc,
                                 uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
                                 const dsib_weight *kw, float eps) {
+    dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
     if (!inst || !X.buf || !kv.buf || !qw || !kw || n_hc == 0 || D == 0 ||
         ldkv < (n_hc + 1) * D || qw->ne[0] != (int64_t)D || kw->ne[0] != (int64_t)D ||
         qw->ne[1] < (int64_t)n_hc || kw->ne[1] < (int64_t)n_hc)
-        return DSI_ERR_INVALID_ARGUMENT;
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     size_t cnt = (size_t)n_hc * D;
-    float *w = (float *)dsib_cpu_malloc(inst, 2 * cnt * sizeof(float));
-    if (!w) return DSI_ERR_OUT_OF_HOST_MEMORY;
+    /* ws: qw ⊙ kw [n_hc][D] and one row */
+    float *w = (float *)dsib_cpu_ws(strm, 2 * cnt * sizeof(float));
+    if (!w) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     float *tmp = w + cnt;
     dsi_status st = DSI_OK;
     for (uint32_t h = 0; h < n_hc && st == DSI_OK; h++) {
@@ -293,9 +305,8 @@ dsi_status dsib_cpu_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, ui
         for (uint32_t d = 0; st == DSI_OK && d < D; d++) w[(size_t)h * D + d] *= tmp[d];
     }
     if (st == DSI_OK) {
-        gate_args a = {inst, dsib_cpu_f32(X), dsib_cpu_f32(kv), n_hc, D, ldkv, w, eps};
+        gate_args a = {dsib_cpu_f32(X), dsib_cpu_f32(kv), n_hc, D, ldkv, w, eps};
         dsib_parallel_for(inst->pool, n, gate_task, &a);
     }
-    dsib_cpu_free(inst, w);
-    return st;
+    return dsib_cpu_ret(strm, st);
 }

@@ -7,12 +7,13 @@
 
 #include "backends/backend.h"
 
-dsi_status dsib_cpu_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq,
-                                     dsib_view w, uint32_t ldw, dsib_view keys, uint32_t heads,
-                                     uint32_t hd, int64_t pos0, uint32_t n, uint32_t ratio,
-                                     uint32_t topk, dsib_view idx, dsib_view cand_in,
-                                     dsib_view cand_out, uint32_t cand_block, uint32_t cand_k);
-dsi_status dsib_cpu_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+dsi_status dsib_cpu_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ldq,
+                                     dsib_view w, uint32_t ldw, const dsib_state *keys,
+                                     uint32_t heads, uint32_t hd, dsib_view rows, uint32_t n,
+                                     uint32_t ratio, uint32_t topk, dsib_view idx,
+                                     dsib_view cand_in, dsib_view cand_out, uint32_t cand_block,
+                                     uint32_t cand_k);
+dsi_status dsib_cpu_engram_gate(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t n_hc,
                                 uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
                                 const dsib_weight *kw, float eps);
 

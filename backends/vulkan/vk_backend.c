@@ -14,8 +14,10 @@
  */
 #define _GNU_SOURCE
 #include "backends/vulkan/vk_impl.h"
+#include "backends/rope.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -455,6 +457,33 @@ static void free_chunks(dsib_instance *inst, dsib_buffer *b, uint32_t n) {
     }
 }
 
+/* Zeroes a new buffer: mapped chunks by memset, others with vkCmdFillBuffer on the staging
+ * command buffer (it exists exactly when device memory is not mappable). */
+static void zero_fill(dsib_instance *inst, dsib_buffer *b) {
+    if (b->host_mapped) {
+        for (uint32_t i = 0; i < b->n_chunks; i++) memset(b->chunks[i].mapped, 0, (size_t)b->chunks[i].size);
+        return;
+    }
+    if (!inst->staging_cb) return;
+    pthread_mutex_lock(&inst->staging_lock);
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    inst->vk.vkBeginCommandBuffer(inst->staging_cb, &bi);
+    for (uint32_t i = 0; i < b->n_chunks; i++)
+        inst->vk.vkCmdFillBuffer(inst->staging_cb, b->chunks[i].buf, 0, VK_WHOLE_SIZE, 0);
+    inst->vk.vkEndCommandBuffer(inst->staging_cb);
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &inst->staging_cb;
+    pthread_mutex_lock(&inst->queue_lock);
+    VkResult vr = inst->vk.vkQueueSubmit(inst->queue, 1, &si, inst->staging_fence);
+    pthread_mutex_unlock(&inst->queue_lock);
+    if (vr == VK_SUCCESS) inst->vk.vkWaitForFences(inst->device, 1, &inst->staging_fence, VK_TRUE, UINT64_MAX);
+    inst->vk.vkResetFences(inst->device, 1, &inst->staging_fence);
+    inst->vk.vkResetCommandPool(inst->device, inst->staging_pool, 0);
+    pthread_mutex_unlock(&inst->staging_lock);
+}
+
 dsi_status dsib_vk_buffer_create(dsib_instance *inst, uint64_t size, uint32_t flags,
                                  dsib_buffer **out, char *msg, size_t msg_cap) {
     return dsib_vk_buffer_create_rows(inst, size, 0, flags, out, msg, msg_cap);
@@ -572,6 +601,8 @@ dsi_status dsib_vk_buffer_create_rows(dsib_instance *inst, uint64_t size, uint64
         else
             b->host_mapped = 0;
     }
+    /* everything but weights (uploaded right away) starts zeroed (backend.h) */
+    if (!(flags & DSIB_BUFFER_WEIGHTS)) zero_fill(inst, b);
     *out = b;
     return DSI_OK;
 }
@@ -652,110 +683,69 @@ static VkPipeline get_pipeline(dsib_instance *inst, uint32_t si, char *msg, size
     return pipe;
 }
 
-/* ---- recorders ------------------------------------------------------------------------------ */
+/* ---- recording targets, streams, graphs, events ------------------------------------------- */
 
 #define DSIB_VK_SETS_PER_POOL 512
 
-static dsib_vk_recorder *rec_find(dsib_instance *inst, int create) {
-    pthread_t self = pthread_self();
-    pthread_mutex_lock(&inst->rec_lock);
-    dsib_vk_recorder *r = inst->recorders;
-    while (r && !pthread_equal(r->thread, self)) r = r->next;
-    if (!r && create) {
-        r = dsib_vk_malloc(&inst->host, sizeof *r);
-        if (r) {
-            memset(r, 0, sizeof *r);
-            r->thread = self;
-            VkCommandPoolCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-            pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
-            pi.queueFamilyIndex = inst->queue_family;
-            VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-            ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-            ai.commandBufferCount = 1;
-            VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-            VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                       DSIB_VK_SETS_PER_POOL * DSIB_VK_MAX_BINDINGS};
-            VkDescriptorPoolCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-            di.maxSets = DSIB_VK_SETS_PER_POOL;
-            di.poolSizeCount = 1;
-            di.pPoolSizes = &ps;
-            int ok = inst->vk.vkCreateCommandPool(inst->device, &pi, NULL, &r->pool) == VK_SUCCESS;
-            if (ok) {
-                ai.commandPool = r->pool;
-                ok = inst->vk.vkAllocateCommandBuffers(inst->device, &ai, &r->cb) == VK_SUCCESS;
-            }
-            ok = ok && inst->vk.vkCreateFence(inst->device, &fi, NULL, &r->fence) == VK_SUCCESS;
-            ok = ok && inst->vk.vkCreateDescriptorPool(inst->device, &di, NULL, &r->dpool) == VK_SUCCESS;
-            if (!ok) {
-                if (r->dpool) inst->vk.vkDestroyDescriptorPool(inst->device, r->dpool, NULL);
-                if (r->fence) inst->vk.vkDestroyFence(inst->device, r->fence, NULL);
-                if (r->pool) inst->vk.vkDestroyCommandPool(inst->device, r->pool, NULL);
-                dsib_vk_free(&inst->host, r);
-                r = NULL;
-            } else {
-                r->next = inst->recorders;
-                inst->recorders = r;
-            }
-        }
+static void rec_fini(dsib_instance *inst, dsib_vk_rec *r) {
+    while (r->dpools) {
+        dsib_vk_dpool *d = r->dpools;
+        r->dpools = d->next;
+        inst->vk.vkDestroyDescriptorPool(inst->device, d->pool, NULL);
+        dsib_vk_free(&inst->host, d);
     }
-    pthread_mutex_unlock(&inst->rec_lock);
-    return r;
+    if (r->pool) inst->vk.vkDestroyCommandPool(inst->device, r->pool, NULL);
+    memset(r, 0, sizeof *r);
 }
 
-static void rec_free_temps(dsib_instance *inst, dsib_vk_recorder *r) {
-    while (r->temps) {
-        dsib_vk_temp *t = r->temps;
-        r->temps = t->next;
-        dsib_vk_buffer_destroy(inst, t->buf);
-        dsib_vk_free(&inst->host, t);
+static int rec_init(dsib_instance *inst, dsib_vk_rec *r, int reusable) {
+    memset(r, 0, sizeof *r);
+    r->inst = inst;
+    r->reusable = reusable;
+    VkCommandPoolCreateInfo pi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.flags = reusable ? 0 : VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+    pi.queueFamilyIndex = inst->queue_family;
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if (inst->vk.vkCreateCommandPool(inst->device, &pi, NULL, &r->pool) != VK_SUCCESS) {
+        r->pool = VK_NULL_HANDLE;
+        return 0;
     }
+    ai.commandPool = r->pool;
+    if (inst->vk.vkAllocateCommandBuffers(inst->device, &ai, &r->cb) != VK_SUCCESS) {
+        rec_fini(inst, r);
+        return 0;
+    }
+    return 1;
 }
 
-/* Ends, submits and waits for the recorded work; resets the pools. Temporary buffers are
- * freed only at the end of a recording (`final`): a flush in the middle of an op (descriptor
- * pool full) must keep the op's temporaries alive for its remaining dispatches. */
-static dsi_status rec_flush(dsib_instance *inst, dsib_vk_recorder *r, int final) {
-    dsi_status st = DSI_OK;
-    if (r->has_cmds) {
-        VkResult vr = inst->vk.vkEndCommandBuffer(r->cb);
-        if (vr == VK_SUCCESS) {
-            VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
-            si.commandBufferCount = 1;
-            si.pCommandBuffers = &r->cb;
-            pthread_mutex_lock(&inst->queue_lock);
-            vr = inst->vk.vkQueueSubmit(inst->queue, 1, &si, r->fence);
-            pthread_mutex_unlock(&inst->queue_lock);
-            if (vr == VK_SUCCESS) {
-                vr = inst->vk.vkWaitForFences(inst->device, 1, &r->fence, VK_TRUE, UINT64_MAX);
-                inst->vk.vkResetFences(inst->device, 1, &r->fence);
-            }
-        }
-        if (vr != VK_SUCCESS) {
-            st = vr == VK_ERROR_DEVICE_LOST ? DSI_ERR_BACKEND
-                 : vr == VK_ERROR_OUT_OF_DEVICE_MEMORY ? DSI_ERR_OUT_OF_DEVICE_MEMORY
-                                                        : DSI_ERR_BACKEND;
-            dsib_vk_rec_fail(r, st, "vulkan: submission failed (VkResult %d)", (int)vr);
-        }
-        inst->vk.vkResetCommandPool(inst->device, r->pool, 0);
-        r->has_cmds = 0;
+/* Resets a target whose recorded work has completed (or was never submitted). */
+static void rec_reset(dsib_instance *inst, dsib_vk_rec *r) {
+    if (r->has_cmds && !r->ended) inst->vk.vkEndCommandBuffer(r->cb);
+    inst->vk.vkResetCommandPool(inst->device, r->pool, 0);
+    for (dsib_vk_dpool *d = r->dpools; d; d = d->next) {
+        inst->vk.vkResetDescriptorPool(inst->device, d->pool, 0);
+        d->used = 0;
     }
-    inst->vk.vkResetDescriptorPool(inst->device, r->dpool, 0);
-    r->sets_used = 0;
-    if (final) rec_free_temps(inst, r);
-    return st;
+    r->has_cmds = 0;
+    r->ended = 0;
+    r->status = DSI_OK;
+    r->msg[0] = 0;
 }
 
-static dsi_status rec_ensure_begun(dsib_instance *inst, dsib_vk_recorder *r) {
+static dsi_status rec_begin(dsib_vk_rec *r) {
+    dsib_instance *inst = r->inst;
     if (r->has_cmds) return DSI_OK;
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
-    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    bi.flags = r->reusable ? 0 : VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     if (inst->vk.vkBeginCommandBuffer(r->cb, &bi) != VK_SUCCESS)
         return dsib_vk_rec_fail(r, DSI_ERR_BACKEND, "vulkan: vkBeginCommandBuffer failed");
     r->has_cmds = 1;
     return DSI_OK;
 }
 
-dsi_status dsib_vk_rec_fail(dsib_vk_recorder *r, dsi_status st, const char *fmt, ...) {
+dsi_status dsib_vk_rec_fail(dsib_vk_rec *r, dsi_status st, const char *fmt, ...) {
     if (r && r->status == DSI_OK) {
         r->status = st;
         va_list ap;
@@ -766,56 +756,149 @@ dsi_status dsib_vk_rec_fail(dsib_vk_recorder *r, dsi_status st, const char *fmt,
     return st;
 }
 
-dsib_vk_recorder *dsib_vk_rec_get(dsib_instance *inst, int *implicit) {
-    dsib_vk_recorder *r = rec_find(inst, 1);
-    *implicit = 0;
-    if (r && !r->active) {
-        /* An op outside begin/submit runs at once, like the CPU backend's. */
-        r->active = 1;
-        r->status = DSI_OK;
-        r->msg[0] = 0;
-        *implicit = 1;
+/* A descriptor set from the target's pools (a new pool when they are full: recording never
+ * has to stop in the middle of a step). */
+static VkDescriptorSet rec_set(dsib_vk_rec *r) {
+    dsib_instance *inst = r->inst;
+    dsib_vk_dpool *d = r->dpools;
+    while (d && d->used >= DSIB_VK_SETS_PER_POOL) d = d->next;
+    if (!d) {
+        d = dsib_vk_malloc(&inst->host, sizeof *d);
+        if (!d) return VK_NULL_HANDLE;
+        memset(d, 0, sizeof *d);
+        VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                   DSIB_VK_SETS_PER_POOL * DSIB_VK_MAX_BINDINGS};
+        VkDescriptorPoolCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+        di.maxSets = DSIB_VK_SETS_PER_POOL;
+        di.poolSizeCount = 1;
+        di.pPoolSizes = &ps;
+        if (inst->vk.vkCreateDescriptorPool(inst->device, &di, NULL, &d->pool) != VK_SUCCESS) {
+            dsib_vk_free(&inst->host, d);
+            return VK_NULL_HANDLE;
+        }
+        d->next = r->dpools;
+        r->dpools = d;
     }
-    return r;
+    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = d->pool;
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &inst->dsl;
+    VkDescriptorSet set;
+    if (inst->vk.vkAllocateDescriptorSets(inst->device, &ai, &set) != VK_SUCCESS) return VK_NULL_HANDLE;
+    d->used++;
+    return set;
 }
 
-dsi_status dsib_vk_rec_end_implicit(dsib_instance *inst, dsib_vk_recorder *r, int implicit) {
-    if (!implicit) return DSI_OK;
-    rec_flush(inst, r, 1);
-    r->active = 0;
-    dsi_status st = r->status;
-    if (st != DSI_OK) dsib_vk_log(&inst->host, DSI_LOG_ERROR, "%s", r->msg);
-    return st;
+static dsi_status vk_result_status(VkResult vr) {
+    return vr == VK_ERROR_OUT_OF_DEVICE_MEMORY ? DSI_ERR_OUT_OF_DEVICE_MEMORY
+           : vr == VK_ERROR_OUT_OF_HOST_MEMORY ? DSI_ERR_OUT_OF_HOST_MEMORY
+                                                : DSI_ERR_BACKEND;
 }
 
-dsi_status dsib_vk_rec_temp(dsib_instance *inst, dsib_vk_recorder *r, uint64_t size,
-                            dsib_buffer **out) {
-    char msg[512];
-    dsib_vk_temp *t = dsib_vk_malloc(&inst->host, sizeof *t);
-    if (!t) return dsib_vk_rec_fail(r, DSI_ERR_OUT_OF_HOST_MEMORY, "vulkan: out of host memory");
-    dsi_status st = dsib_vk_buffer_create(inst, size, DSIB_BUFFER_SCRATCH, out, msg, sizeof msg);
-    if (st != DSI_OK) {
-        dsib_vk_free(&inst->host, t);
-        return dsib_vk_rec_fail(r, st, "%s", msg);
+/* Records the first failure on the stream (reported by sync). Called with s->lock held. */
+static void stream_note(dsib_stream *s, dsi_status st, const char *msg) {
+    if (st != DSI_OK && s->status == DSI_OK) {
+        s->status = st;
+        snprintf(s->msg, sizeof s->msg, "%s", msg);
     }
-    t->buf = *out;
-    t->next = r->temps;
-    r->temps = t;
+}
+
+/* Waits for frame f's submission and resets it. Called with s->lock held. */
+static void frame_retire(dsib_stream *s, dsib_vk_frame *f) {
+    dsib_instance *inst = s->inst;
+    if (f->submitted) {
+        VkResult vr = inst->vk.vkWaitForFences(inst->device, 1, &f->fence, VK_TRUE, UINT64_MAX);
+        inst->vk.vkResetFences(inst->device, 1, &f->fence);
+        if (vr != VK_SUCCESS)
+            stream_note(s, vk_result_status(vr), "vulkan: waiting for a submission failed");
+        f->submitted = 0;
+        if (f->graph) f->graph->in_flight = 0;
+        f->graph = NULL;
+        if (f->serial > s->done_serial) s->done_serial = f->serial;
+    }
+    stream_note(s, f->rec.status, f->rec.msg);
+    rec_reset(inst, &f->rec);
+}
+
+/* Submits `cb` with frame f's fence. Called with s->lock held. */
+static dsi_status frame_submit(dsib_stream *s, dsib_vk_frame *f, VkCommandBuffer cb) {
+    dsib_instance *inst = s->inst;
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cb;
+    pthread_mutex_lock(&inst->queue_lock);
+    VkResult vr = inst->vk.vkQueueSubmit(inst->queue, 1, &si, f->fence);
+    pthread_mutex_unlock(&inst->queue_lock);
+    if (vr != VK_SUCCESS) {
+        stream_note(s, vk_result_status(vr), "vulkan: vkQueueSubmit failed");
+        return vk_result_status(vr);
+    }
+    f->submitted = 1;
+    f->serial = ++s->serial;
     return DSI_OK;
 }
 
-static void record_barrier(dsib_instance *inst, dsib_vk_recorder *r) {
+/* The frame the stream records into next (waiting for its previous submission). */
+static dsib_vk_frame *frame_cur(dsib_stream *s) {
+    dsib_vk_frame *f = &s->frames[s->cur];
+    if (f->submitted) frame_retire(s, f);
+    return f;
+}
+
+/* Submits the current frame's recorded work, if any. Called with s->lock held. */
+static dsi_status stream_flush(dsib_stream *s) {
+    dsib_instance *inst = s->inst;
+    dsib_vk_frame *f = &s->frames[s->cur];
+    if (f->submitted || !f->rec.has_cmds) return DSI_OK;
+    VkResult vr = inst->vk.vkEndCommandBuffer(f->rec.cb);
+    f->rec.ended = 1;
+    if (vr != VK_SUCCESS) {
+        stream_note(s, vk_result_status(vr), "vulkan: vkEndCommandBuffer failed");
+        rec_reset(inst, &f->rec);
+        return vk_result_status(vr);
+    }
+    dsi_status st = frame_submit(s, f, f->rec.cb);
+    if (st != DSI_OK) {
+        rec_reset(inst, &f->rec);
+        return st;
+    }
+    s->cur = (s->cur + 1) % DSIB_VK_FRAMES;
+    return DSI_OK;
+}
+
+dsib_vk_rec *dsib_vk_stream_rec(dsib_stream *s) {
+    if (s->capturing) return &s->capturing->rec;
+    pthread_mutex_lock(&s->lock);
+    dsib_vk_frame *f = frame_cur(s);
+    pthread_mutex_unlock(&s->lock);
+    return &f->rec;
+}
+
+static void record_barrier(dsib_instance *inst, dsib_vk_rec *r) {
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT |
+                       VK_ACCESS_HOST_WRITE_BIT;
     mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT |
                        VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
     inst->vk.vkCmdPipelineBarrier(r->cb,
-                                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT |
+                                      VK_PIPELINE_STAGE_HOST_BIT,
                                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                                   0, 1, &mb, 0, NULL, 0, NULL);
 }
 
-dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_recorder *r, uint32_t si,
+/* Makes host reads of host-visible buffers see everything recorded so far (the end of a
+ * step that writes its results into a host-visible buffer). */
+static void record_host_barrier(dsib_instance *inst, dsib_vk_rec *r) {
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+    inst->vk.vkCmdPipelineBarrier(r->cb,
+                                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                  VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_rec *r, uint32_t si,
                             const dsib_vk_bind *binds, uint32_t n_binds, const uint32_t *push,
                             uint32_t n_push, uint32_t gx, uint32_t gy, uint32_t gz) {
     if (r->status != DSI_OK) return r->status;
@@ -827,21 +910,10 @@ dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_recorder *r, uint32_t s
     char msg[256];
     VkPipeline pipe = get_pipeline(inst, si, msg, sizeof msg);
     if (!pipe) return dsib_vk_rec_fail(r, DSI_ERR_BACKEND, "%s", msg);
-    if (r->sets_used >= DSIB_VK_SETS_PER_POOL) {
-        /* Descriptor pool full: run what is recorded so far and continue (same order). */
-        dsi_status st = rec_flush(inst, r, 0);
-        if (st != DSI_OK) return st;
-    }
-    dsi_status st = rec_ensure_begun(inst, r);
+    dsi_status st = rec_begin(r);
     if (st != DSI_OK) return st;
-    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-    ai.descriptorPool = r->dpool;
-    ai.descriptorSetCount = 1;
-    ai.pSetLayouts = &inst->dsl;
-    VkDescriptorSet set;
-    if (inst->vk.vkAllocateDescriptorSets(inst->device, &ai, &set) != VK_SUCCESS)
-        return dsib_vk_rec_fail(r, DSI_ERR_BACKEND, "vulkan: vkAllocateDescriptorSets failed");
-    r->sets_used++;
+    VkDescriptorSet set = rec_set(r);
+    if (!set) return dsib_vk_rec_fail(r, DSI_ERR_BACKEND, "vulkan: descriptor set allocation failed");
     VkDescriptorBufferInfo bi[DSIB_VK_MAX_BINDINGS];
     VkWriteDescriptorSet wr[DSIB_VK_MAX_BINDINGS];
     for (uint32_t i = 0; i < DSIB_VK_MAX_BINDINGS; i++) {
@@ -877,12 +949,12 @@ dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_recorder *r, uint32_t s
     return DSI_OK;
 }
 
-dsi_status dsib_vk_copy(dsib_instance *inst, dsib_vk_recorder *r, const dsib_buffer *src,
+dsi_status dsib_vk_copy(dsib_instance *inst, dsib_vk_rec *r, const dsib_buffer *src,
                         uint64_t so, dsib_buffer *dst, uint64_t dof, uint64_t bytes) {
     if (r->status != DSI_OK) return r->status;
     if (so > src->size || bytes > src->size - so || dof > dst->size || bytes > dst->size - dof)
         return dsib_vk_rec_fail(r, DSI_ERR_INVALID_ARGUMENT, "vulkan: copy out of range");
-    dsi_status st = rec_ensure_begun(inst, r);
+    dsi_status st = rec_begin(r);
     if (st != DSI_OK) return st;
     record_barrier(inst, r);
     while (bytes) {
@@ -900,6 +972,298 @@ dsi_status dsib_vk_copy(dsib_instance *inst, dsib_vk_recorder *r, const dsib_buf
     return DSI_OK;
 }
 
+/* Workspace (device) views handed to ops. */
+dsib_buffer *dsib_vk_stream_ws(dsib_stream *s, uint64_t need) {
+    return s->ws && need <= s->ws->size ? s->ws : NULL;
+}
+
+/* Workspace of a stream: the largest of the ops' temporaries for shapes up to `d` (words
+ * aligned per piece: the ops bind several pieces of it). */
+static uint64_t vk_workspace_bytes(const dsib_instance *inst, const dsib_stream_desc *d) {
+    uint64_t a = inst->min_align > 256 ? inst->min_align : 256;
+    uint64_t P = (uint64_t)d->max_positions + 2, n = d->max_rows;
+    uint64_t idx = n * 4 * P * 4 + a;                                /* indexer scratch */
+    uint64_t nr = n * d->max_experts_used, W = d->max_width;
+    uint64_t moe = 3 * (nr * W * 4 + a);                             /* G, U, Z */
+    uint64_t need = idx > moe ? idx : moe;
+    return need > 256 ? need : 256;
+}
+
+static void vk_stream_destroy(dsib_stream *s) {
+    if (!s) return;
+    dsib_instance *inst = s->inst;
+    pthread_mutex_lock(&s->lock);
+    stream_flush(s);
+    for (int i = 0; i < DSIB_VK_FRAMES; i++)
+        if (s->frames[i].submitted) frame_retire(s, &s->frames[i]);
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < DSIB_VK_FRAMES; i++) {
+        rec_fini(inst, &s->frames[i].rec);
+        if (s->frames[i].fence) inst->vk.vkDestroyFence(inst->device, s->frames[i].fence, NULL);
+    }
+    dsib_vk_buffer_destroy(inst, s->ws);
+    pthread_mutex_destroy(&s->lock);
+    dsib_vk_free(&inst->host, s);
+}
+
+static dsi_status vk_stream_create(dsib_instance *inst, const dsib_stream_desc *desc,
+                                   dsib_stream **out, dsib_error *err) {
+    *out = NULL;
+    dsib_stream *s = dsib_vk_malloc(&inst->host, sizeof *s);
+    if (!s) return set_err(err, DSI_ERR_OUT_OF_HOST_MEMORY, "vulkan: out of host memory (stream)");
+    memset(s, 0, sizeof *s);
+    s->inst = inst;
+    if (desc) {
+        size_t n = desc->struct_size < sizeof s->desc ? desc->struct_size : sizeof s->desc;
+        memcpy(&s->desc, desc, n);
+    }
+    s->desc.struct_size = sizeof s->desc;
+    pthread_mutex_init(&s->lock, NULL);
+    VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    int ok = 1;
+    for (int i = 0; i < DSIB_VK_FRAMES && ok; i++) {
+        ok = rec_init(inst, &s->frames[i].rec, 0);
+        if (ok && inst->vk.vkCreateFence(inst->device, &fi, NULL, &s->frames[i].fence) != VK_SUCCESS) {
+            s->frames[i].fence = VK_NULL_HANDLE;
+            ok = 0;
+        }
+    }
+    char msg[512] = "vulkan: cannot create a command stream";
+    dsi_status st = ok ? DSI_OK : DSI_ERR_BACKEND;
+    if (st == DSI_OK)
+        st = dsib_vk_buffer_create(inst, vk_workspace_bytes(inst, &s->desc), DSIB_BUFFER_SCRATCH,
+                                   &s->ws, msg, sizeof msg);
+    if (st != DSI_OK) {
+        s->ws = NULL;
+        vk_stream_destroy(s);
+        return set_err(err, st, "%s", msg);
+    }
+    *out = s;
+    return DSI_OK;
+}
+
+static dsi_status vk_submit(dsib_stream *s, dsib_error *err) {
+    if (s->capturing) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: submit while capturing");
+    pthread_mutex_lock(&s->lock);
+    dsib_vk_frame *f = &s->frames[s->cur];
+    if (f->rec.has_cmds && !f->submitted) record_host_barrier(s->inst, &f->rec);
+    dsi_status st = f->rec.status == DSI_OK ? stream_flush(s) : DSI_OK;
+    if (f->rec.status != DSI_OK) frame_retire(s, f); /* an op failed: drop the recording */
+    pthread_mutex_unlock(&s->lock);
+    if (st != DSI_OK) return set_err(err, st, "%s", s->msg);
+    return DSI_OK;
+}
+
+static dsi_status vk_sync(dsib_stream *s, dsib_error *err) {
+    if (s->capturing) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: sync while capturing");
+    vk_submit(s, NULL);
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < DSIB_VK_FRAMES; i++) {
+        dsib_vk_frame *f = &s->frames[(s->cur + i) % DSIB_VK_FRAMES];
+        if (f->submitted || f->rec.status != DSI_OK) frame_retire(s, f);
+    }
+    dsi_status st = s->status;
+    if (st != DSI_OK) set_err(err, st, "%s", s->msg);
+    s->status = DSI_OK;
+    s->msg[0] = 0;
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+/* ---- events: a stream and a submission serial ----------------------------------------------- */
+
+static dsi_status vk_event_create(dsib_instance *inst, dsib_event **out, dsib_error *err) {
+    *out = dsib_vk_malloc(&inst->host, sizeof **out);
+    if (!*out) return set_err(err, DSI_ERR_OUT_OF_HOST_MEMORY, "vulkan: out of host memory (event)");
+    memset(*out, 0, sizeof **out);
+    return DSI_OK;
+}
+
+static void vk_event_destroy(dsib_instance *inst, dsib_event *ev) { dsib_vk_free(&inst->host, ev); }
+
+static dsi_status vk_event_record(dsib_stream *s, dsib_event *ev, dsib_error *err) {
+    if (s->capturing) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: event while capturing");
+    dsi_status st = vk_submit(s, err);
+    pthread_mutex_lock(&s->lock);
+    ev->s = s;
+    ev->serial = s->serial; /* everything submitted so far */
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+/* One queue, and every recorded command starts with a full barrier whose first scope is all
+ * earlier work in submission order — so work submitted after the event's submission waits
+ * for it. The event's work was submitted when it was recorded. */
+static dsi_status vk_stream_wait(dsib_stream *s, dsib_event *ev, dsib_error *err) {
+    (void)s;
+    (void)ev;
+    (void)err;
+    return DSI_OK;
+}
+
+static dsi_status event_state(dsib_event *ev, int wait) {
+    dsib_stream *s = ev->s;
+    if (!s) return DSI_OK;
+    dsib_instance *inst = s->inst;
+    pthread_mutex_lock(&s->lock);
+    dsi_status st = DSI_OK;
+    if (ev->serial > s->done_serial) {
+        for (int i = 0; i < DSIB_VK_FRAMES; i++) {
+            dsib_vk_frame *f = &s->frames[i];
+            if (!f->submitted || f->serial > ev->serial) continue;
+            if (wait) {
+                frame_retire(s, f);
+            } else {
+                VkResult vr = inst->vk.vkGetFenceStatus(inst->device, f->fence);
+                if (vr == VK_NOT_READY) st = DSI_ERR_BUSY;
+                else if (vr != VK_SUCCESS) st = vk_result_status(vr);
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+static dsi_status vk_event_query(dsib_instance *inst, dsib_event *ev) {
+    (void)inst;
+    return event_state(ev, 0);
+}
+
+static dsi_status vk_event_sync(dsib_instance *inst, dsib_event *ev, dsib_error *err) {
+    (void)inst;
+    dsi_status st = event_state(ev, 1);
+    if (st != DSI_OK) set_err(err, st, "vulkan: event wait failed");
+    return st;
+}
+
+/* ---- capture / replay: reusable command buffers ---------------------------------------------- */
+
+static dsi_status vk_capture_begin(dsib_stream *s, dsib_error *err) {
+    dsib_instance *inst = s->inst;
+    if (s->capturing) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: already capturing");
+    dsib_graph *g = dsib_vk_malloc(&inst->host, sizeof *g);
+    if (!g) return set_err(err, DSI_ERR_OUT_OF_HOST_MEMORY, "vulkan: out of host memory (graph)");
+    memset(g, 0, sizeof *g);
+    g->inst = inst;
+    if (!rec_init(inst, &g->rec, 1)) {
+        dsib_vk_free(&inst->host, g);
+        return set_err(err, DSI_ERR_BACKEND, "vulkan: cannot create a command buffer for capture");
+    }
+    s->capturing = g;
+    return DSI_OK;
+}
+
+static void vk_graph_destroy(dsib_instance *inst, dsib_graph *g) {
+    if (!g) return;
+    rec_fini(inst, &g->rec);
+    dsib_vk_free(&inst->host, g);
+}
+
+static dsi_status vk_capture_end(dsib_stream *s, dsib_graph **out, dsib_error *err) {
+    dsib_instance *inst = s->inst;
+    *out = NULL;
+    dsib_graph *g = s->capturing;
+    if (!g) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: not capturing");
+    s->capturing = NULL;
+    dsi_status st = g->rec.status;
+    if (st == DSI_OK && rec_begin(&g->rec) == DSI_OK) {
+        record_host_barrier(inst, &g->rec);
+        if (inst->vk.vkEndCommandBuffer(g->rec.cb) != VK_SUCCESS)
+            dsib_vk_rec_fail(&g->rec, DSI_ERR_BACKEND, "vulkan: vkEndCommandBuffer failed");
+        g->rec.ended = 1;
+    }
+    st = g->rec.status;
+    if (st != DSI_OK) {
+        set_err(err, st, "%s", g->rec.msg);
+        vk_graph_destroy(inst, g);
+        return st;
+    }
+    *out = g;
+    return DSI_OK;
+}
+
+static dsi_status vk_graph_launch(dsib_stream *s, dsib_graph *g, dsib_error *err) {
+    if (s->capturing) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: launch while capturing");
+    if (!g || g->inst != s->inst) return set_err(err, DSI_ERR_INVALID_ARGUMENT, "vulkan: bad graph");
+    if (g->in_flight) return set_err(err, DSI_ERR_BUSY, "vulkan: the graph's previous launch is still running");
+    pthread_mutex_lock(&s->lock);
+    dsi_status st = stream_flush(s); /* earlier work first, in submission order */
+    dsib_vk_frame *f = frame_cur(s);
+    if (st == DSI_OK) st = frame_submit(s, f, g->rec.cb);
+    if (st == DSI_OK) {
+        f->graph = g;
+        g->in_flight = 1;
+        s->cur = (s->cur + 1) % DSIB_VK_FRAMES;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st != DSI_OK) return set_err(err, st, "vulkan: graph launch failed");
+    return DSI_OK;
+}
+
+/* ---- rope tables ------------------------------------------------------------------------- */
+
+static int rope_same(const dsib_rope *a, const dsib_rope *b) {
+    return a->freq_base == b->freq_base && a->yarn_factor == b->yarn_factor &&
+           a->yarn_orig_ctx == b->yarn_orig_ctx && a->yarn_beta_fast == b->yarn_beta_fast &&
+           a->yarn_beta_slow == b->yarn_beta_slow && a->n_rot == b->n_rot;
+}
+
+/* Positions are split in three 10-bit digits; level l, digit j holds cos/sin of
+ * j·2^(10·l)·f_i in double precision (rope.comp multiplies the three). A one-time constant
+ * per instance and config, built outside any step. */
+dsi_status dsib_vk_rope_table(dsib_instance *inst, const dsib_rope *rope, dsib_buffer **out,
+                              char *msg, size_t cap) {
+    *out = NULL;
+    pthread_mutex_lock(&inst->rope_lock);
+    for (uint32_t i = 0; i < inst->n_ropes; i++)
+        if (rope_same(&inst->ropes[i].key, rope)) {
+            *out = inst->ropes[i].buf;
+            pthread_mutex_unlock(&inst->rope_lock);
+            return DSI_OK;
+        }
+    dsi_status st = DSI_OK;
+    if (inst->n_ropes >= DSIB_VK_ROPE_TABLES) {
+        snprintf(msg, cap, "vulkan rope_tail: too many RoPE configurations");
+        st = DSI_ERR_UNSUPPORTED;
+    }
+    uint32_t half = (uint32_t)rope->n_rot / 2;
+    size_t bytes = (size_t)3 * 1024 * half * 2 * sizeof(float);
+    float *tab = st == DSI_OK ? dsib_vk_malloc(&inst->host, bytes) : NULL;
+    if (st == DSI_OK && !tab) {
+        snprintf(msg, cap, "vulkan rope_tail: out of host memory");
+        st = DSI_ERR_OUT_OF_HOST_MEMORY;
+    }
+    dsib_buffer *buf = NULL;
+    if (st == DSI_OK) {
+        double f[256];
+        dsib_rope_freqs(rope, f);
+        for (uint32_t l = 0; l < 3; l++)
+            for (uint32_t j = 0; j < 1024; j++)
+                for (uint32_t i = 0; i < half; i++) {
+                    double th = (double)j * ldexp(1.0, 10 * (int)l) * f[i];
+                    tab[((l * 1024 + j) * half + i) * 2] = (float)cos(th);
+                    tab[((l * 1024 + j) * half + i) * 2 + 1] = (float)sin(th);
+                }
+        st = dsib_vk_buffer_create(inst, bytes, DSIB_BUFFER_SCRATCH, &buf, msg, cap);
+        dsib_error e;
+        if (st == DSI_OK) st = dsib_vk_upload(inst, buf, 0, tab, bytes, &e);
+        if (st != DSI_OK && buf) {
+            snprintf(msg, cap, "vulkan rope_tail: table upload failed");
+            dsib_vk_buffer_destroy(inst, buf);
+            buf = NULL;
+        }
+    }
+    dsib_vk_free(&inst->host, tab);
+    if (st == DSI_OK) {
+        inst->ropes[inst->n_ropes].key = *rope;
+        inst->ropes[inst->n_ropes].buf = buf;
+        inst->n_ropes++;
+        *out = buf;
+    }
+    pthread_mutex_unlock(&inst->rope_lock);
+    return st;
+}
+
 /* ---- instance creation -------------------------------------------------------------------- */
 
 static void vk_destroy(dsib_instance *inst);
@@ -912,7 +1276,7 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     memset(inst, 0, sizeof *inst);
     if (host) inst->host = *host;
     pthread_mutex_init(&inst->queue_lock, NULL);
-    pthread_mutex_init(&inst->rec_lock, NULL);
+    pthread_mutex_init(&inst->rope_lock, NULL);
     pthread_mutex_init(&inst->pipe_lock, NULL);
     pthread_mutex_init(&inst->staging_lock, NULL);
     atomic_init(&inst->mem_used, 0);
@@ -1080,15 +1444,8 @@ static void vk_destroy(dsib_instance *inst) {
     if (!inst) return;
     if (inst->device) {
         inst->vk.vkDeviceWaitIdle(inst->device);
-        while (inst->recorders) {
-            dsib_vk_recorder *r = inst->recorders;
-            inst->recorders = r->next;
-            rec_free_temps(inst, r);
-            inst->vk.vkDestroyDescriptorPool(inst->device, r->dpool, NULL);
-            inst->vk.vkDestroyFence(inst->device, r->fence, NULL);
-            inst->vk.vkDestroyCommandPool(inst->device, r->pool, NULL);
-            dsib_vk_free(&inst->host, r);
-        }
+        for (uint32_t i = 0; i < inst->n_ropes; i++) dsib_vk_buffer_destroy(inst, inst->ropes[i].buf);
+        inst->n_ropes = 0;
         if (inst->pipes)
             for (size_t i = 0; i < dsib_vk_n_shaders; i++)
                 if (inst->pipes[i].pipe) inst->vk.vkDestroyPipeline(inst->device, inst->pipes[i].pipe, NULL);
@@ -1104,7 +1461,7 @@ static void vk_destroy(dsib_instance *inst) {
     dsib_vk_free(&inst->host, inst->pipes);
     destroy_vk_instance(inst);
     pthread_mutex_destroy(&inst->queue_lock);
-    pthread_mutex_destroy(&inst->rec_lock);
+    pthread_mutex_destroy(&inst->rope_lock);
     pthread_mutex_destroy(&inst->pipe_lock);
     pthread_mutex_destroy(&inst->staging_lock);
     dsib_host host = inst->host;
@@ -1239,37 +1596,17 @@ static dsi_status vk_download(dsib_instance *inst, const dsib_buffer *src, uint6
 
 static void *vk_host_ptr(dsib_instance *inst, dsib_buffer *b) {
     (void)inst;
-    (void)b;
-    return NULL; /* device memory is never handed out as a host pointer */
-}
-
-/* ---- command stream ------------------------------------------------------------------------- */
-
-static dsi_status vk_begin(dsib_instance *inst, dsib_error *err) {
-    dsib_vk_recorder *r = inst ? rec_find(inst, 1) : NULL;
-    if (!r) return set_err(err, DSI_ERR_BACKEND, "vulkan: cannot create a command recorder");
-    if (r->active && r->has_cmds) {
-        /* begin twice: keep what was recorded (it runs at the next submit). */
-        return DSI_OK;
-    }
-    r->active = 1;
-    r->status = DSI_OK;
-    r->msg[0] = 0;
-    return DSI_OK;
-}
-
-static dsi_status vk_submit(dsib_instance *inst, dsib_error *err) {
-    dsib_vk_recorder *r = inst ? rec_find(inst, 0) : NULL;
-    if (!r || !r->active) return DSI_OK; /* nothing recorded on this thread */
-    rec_flush(inst, r, 1);
-    r->active = 0;
-    if (r->status != DSI_OK) return set_err(err, r->status, "%s", r->msg);
-    return DSI_OK;
+    /* only host-visible buffers are handed out (one mapped chunk) */
+    if (!b || !(b->flags & DSIB_BUFFER_HOST_VISIBLE) || !b->host_mapped || b->n_chunks != 1)
+        return NULL;
+    return b->chunks[0].mapped;
 }
 
 static uint64_t vk_memory_used(dsib_instance *inst) {
     return inst ? atomic_load(&inst->mem_used) : 0;
 }
+
+static int32_t vk_supports_op(dsib_instance *inst, uint32_t op, int32_t type);
 
 static const dsib_backend vk_backend = {
     .struct_size = sizeof(dsib_backend),
@@ -1283,13 +1620,40 @@ static const dsib_backend vk_backend = {
     .buffer_alloc_rows = vk_buffer_alloc_rows,
     .buffer_wrap_host = NULL,
     .buffer_free = vk_buffer_free,
+    .buffer_host_ptr = vk_host_ptr,
     .upload = dsib_vk_upload,
     .download = vk_download,
-    .buffer_host_ptr = vk_host_ptr,
-    .begin = vk_begin,
-    .submit = vk_submit,
     .memory_used = vk_memory_used,
+    .stream_create = vk_stream_create,
+    .stream_destroy = vk_stream_destroy,
+    .submit = vk_submit,
+    .sync = vk_sync,
+    .event_create = vk_event_create,
+    .event_destroy = vk_event_destroy,
+    .event_record = vk_event_record,
+    .stream_wait = vk_stream_wait,
+    .event_query = vk_event_query,
+    .event_sync = vk_event_sync,
+    .capture_begin = vk_capture_begin,
+    .capture_end = vk_capture_end,
+    .graph_launch = vk_graph_launch,
+    .graph_destroy = vk_graph_destroy,
+    .supports_op = vk_supports_op,
     .ops = &dsib_vk_ops,
 };
+
+/* Weight types with a matmul shader (vk_ops.c); every op exists. */
+int dsib_vk_type_has_matmul(int32_t type);
+static int32_t vk_supports_op(dsib_instance *inst, uint32_t op, int32_t type) {
+    (void)inst;
+    if (type < 0) return 1;
+    switch (op) {
+    case DSIB_OP_MATMUL:
+    case DSIB_OP_MATMUL_GROUPED:
+    case DSIB_OP_GET_ROWS:
+    case DSIB_OP_MOE_EXPERTS: return dsib_vk_type_has_matmul(type);
+    default: return 1;
+    }
+}
 
 DSIB_VK_EXPORT const dsib_backend *dsi_backend_module_entry(void) { return &vk_backend; }

@@ -73,6 +73,7 @@
     X(vkDestroyFence)                                                                          \
     X(vkWaitForFences)                                                                         \
     X(vkResetFences)                                                                           \
+    X(vkGetFenceStatus)                                                                        \
     X(vkCreateShaderModule)                                                                    \
     X(vkDestroyShaderModule)                                                                   \
     X(vkCreatePipelineCache)                                                                   \
@@ -153,27 +154,69 @@ typedef struct dsib_vk_bind {
     uint32_t skew;   /* view offset − base, bytes (< alignment + 0) */
 } dsib_vk_bind;
 
-/* ---- per-thread command recorder --------------------------------------------------------- */
+/* ---- recording: stream frames and graphs -------------------------------------------------- */
 
-typedef struct dsib_vk_temp {
-    struct dsib_vk_temp *next;
-    dsib_buffer *buf;
-} dsib_vk_temp;
+typedef struct dsib_vk_dpool {
+    struct dsib_vk_dpool *next;
+    VkDescriptorPool pool;
+    uint32_t used;
+} dsib_vk_dpool;
 
-typedef struct dsib_vk_recorder {
-    struct dsib_vk_recorder *next;
-    pthread_t thread;
-    int active;            /* between begin and submit */
-    int has_cmds;          /* the command buffer holds recorded work */
+/* A recording target: one command buffer and the descriptor pools its dispatches use (a
+ * chain that grows, so recording never stops mid-step). */
+typedef struct dsib_vk_rec {
+    dsib_instance *inst;
     VkCommandPool pool;
     VkCommandBuffer cb;
-    VkFence fence;
-    VkDescriptorPool dpool;
-    uint32_t sets_used;
-    dsi_status status;     /* first failure since begin */
+    int reusable;          /* graph: recorded once, submitted many times */
+    int has_cmds;          /* begun */
+    int ended;
+    dsib_vk_dpool *dpools;
+    dsi_status status;     /* first failure recorded into it */
     char msg[512];
-    dsib_vk_temp *temps;   /* temporary buffers freed after the next completed submit */
-} dsib_vk_recorder;
+} dsib_vk_rec;
+
+/* Streams keep a few frames so recording can continue while earlier work runs. */
+#define DSIB_VK_FRAMES 3
+
+typedef struct dsib_vk_frame {
+    dsib_vk_rec rec;
+    VkFence fence;
+    int submitted;
+    uint64_t serial;
+    struct dsib_graph *graph; /* the frame's submission was this graph's command buffer */
+} dsib_vk_frame;
+
+struct dsib_stream {
+    dsib_instance *inst;
+    dsib_stream_desc desc;
+    dsib_buffer *ws;              /* workspace (ops' temporaries) */
+    pthread_mutex_t lock;         /* frames, serials, status (events are queried from any thread) */
+    dsib_vk_frame frames[DSIB_VK_FRAMES];
+    uint32_t cur;                 /* frame being recorded */
+    uint64_t serial, done_serial; /* last submitted / last known complete */
+    dsi_status status;            /* first failure since the last sync */
+    char msg[512];
+    struct dsib_graph *capturing; /* capture target, NULL when not capturing */
+};
+
+struct dsib_graph {
+    dsib_instance *inst;
+    dsib_vk_rec rec;
+    int in_flight;
+};
+
+struct dsib_event {
+    dsib_stream *s;
+    uint64_t serial;
+};
+
+/* Per-instance rope tables (rope.comp): [3][1024][half] (cos, sin), one per config. */
+typedef struct dsib_vk_rope_tab {
+    dsib_rope key;
+    dsib_buffer *buf;
+} dsib_vk_rope_tab;
+#define DSIB_VK_ROPE_TABLES 16
 
 /* ---- the instance ------------------------------------------------------------------------- */
 
@@ -193,7 +236,7 @@ struct dsib_instance {
     VkQueue queue;
     uint32_t queue_family;
     pthread_mutex_t queue_lock;  /* VkQueue access is externally synchronised */
-    pthread_mutex_t rec_lock;    /* recorder list */
+    pthread_mutex_t rope_lock;   /* rope tables */
     pthread_mutex_t pipe_lock;   /* lazy pipeline creation */
     pthread_mutex_t staging_lock;
 
@@ -225,7 +268,8 @@ struct dsib_instance {
     VkCommandBuffer staging_cb;
     VkFence staging_fence;
 
-    dsib_vk_recorder *recorders;
+    dsib_vk_rope_tab ropes[DSIB_VK_ROPE_TABLES];
+    uint32_t n_ropes;
 };
 
 /* ---- shared helpers (vk_backend.c) ------------------------------------------------------- */
@@ -256,27 +300,28 @@ dsi_status dsib_vk_resolve(const dsib_instance *inst, const dsib_buffer *b, uint
  * the alignment skew). */
 uint64_t dsib_vk_window_avail(const dsib_instance *inst, const dsib_buffer *b, uint64_t offset);
 
-/* Recording. dsib_vk_rec_get returns the calling thread's recorder and whether an implicit
- * begin was made (the op then calls dsib_vk_rec_end_implicit). */
-dsib_vk_recorder *dsib_vk_rec_get(dsib_instance *inst, int *implicit);
-dsi_status dsib_vk_rec_end_implicit(dsib_instance *inst, dsib_vk_recorder *r, int implicit);
-/* Records a failure on the recorder (first one wins) and returns `st`. */
-dsi_status dsib_vk_rec_fail(dsib_vk_recorder *r, dsi_status st, const char *fmt, ...)
+/* The recording target of a stream: its capture when capturing, else its current frame
+ * (waiting for that frame's previous submission). */
+dsib_vk_rec *dsib_vk_stream_rec(dsib_stream *s);
+/* The stream's workspace when it holds `need` bytes, else NULL. */
+dsib_buffer *dsib_vk_stream_ws(dsib_stream *s, uint64_t need);
+/* Records a failure on the target (first one wins) and returns `st`. */
+dsi_status dsib_vk_rec_fail(dsib_vk_rec *r, dsi_status st, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-/* A temporary device buffer that lives until the recorder's next submit completes. */
-dsi_status dsib_vk_rec_temp(dsib_instance *inst, dsib_vk_recorder *r, uint64_t size,
-                            dsib_buffer **out);
 /* Records one dispatch of shader `shader_index` with the given bindings and push words,
  * preceded by a full memory barrier. */
-dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_recorder *r, uint32_t shader_index,
+dsi_status dsib_vk_dispatch(dsib_instance *inst, dsib_vk_rec *r, uint32_t shader_index,
                             const dsib_vk_bind *binds, uint32_t n_binds, const uint32_t *push,
                             uint32_t n_push, uint32_t gx, uint32_t gy, uint32_t gz);
 /* Records buffer-to-buffer copies (regions must each lie in one chunk of src and dst). */
-dsi_status dsib_vk_copy(dsib_instance *inst, dsib_vk_recorder *r, const dsib_buffer *src,
+dsi_status dsib_vk_copy(dsib_instance *inst, dsib_vk_rec *r, const dsib_buffer *src,
                         uint64_t src_off, dsib_buffer *dst, uint64_t dst_off, uint64_t bytes);
+/* The rope table of `rope` (built and uploaded on first use; per instance). */
+dsi_status dsib_vk_rope_table(dsib_instance *inst, const dsib_rope *rope, dsib_buffer **out,
+                              char *msg, size_t cap);
 /* Immediate host → buffer copy (the backend's upload entry point). */
 dsi_status dsib_vk_upload(dsib_instance *inst, dsib_buffer *dst, uint64_t offset, const void *src,
                           uint64_t size, dsib_error *err);

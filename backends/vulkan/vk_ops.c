@@ -2,40 +2,56 @@
  * backends/vulkan/vk_ops.c — struct dsib_ops on Vulkan compute shaders.
  *
  * Each op resolves its views to binding windows (vk_backend.c), fills the shader's push
- * words and records dispatches on the calling thread's recorder; an op called outside
- * begin/submit runs at once. Ops the module does not implement are NULL in the table (the
- * forward pass and the tests report them as unsupported). Weight reads are split into
- * windows of rows / experts that fit one storage binding (docs/vulkan.md "Large tensors").
+ * words and records dispatches on its stream (the stream's current frame, or its capture).
+ * Positions, slots and sequence boundaries are read by the shaders from the step rows, so
+ * push words never hold a position: a recorded step replays at any position. Temporaries
+ * live in the stream's workspace. Weight reads are split into windows of rows / experts
+ * that fit one storage binding (docs/vulkan.md "Large tensors").
  */
 #include "backends/vulkan/vk_impl.h"
+#include "backends/types.h"
 
 #include <math.h>
 #include <string.h>
 
 /* ---- tensor types -------------------------------------------------------------------------- */
 
+/* Geometry from the shared table (backends/types.h); here only the matmul shader of each
+ * type this module has kernels for. */
 typedef struct vk_type {
     int32_t type;
     uint32_t blck, bytes;
     const char *shader; /* matmul variant */
 } vk_type;
 
-static const vk_type k_types[] = {
-    {DSI_TYPE_F32, 1, 4, "matmul_f32"},
-    {DSI_TYPE_F16, 1, 2, "matmul_f16"},
-    {DSI_TYPE_BF16, 1, 2, "matmul_bf16"},
-    {DSI_TYPE_Q8_0, 32, 34, "matmul_q8_0"},
-    {DSI_TYPE_Q4_K, 256, 144, "matmul_q4_k"},
-    {DSI_TYPE_Q2_K, 256, 84, "matmul_q2_k"},
-    {DSI_TYPE_MXFP4, 32, 17, "matmul_mxfp4"},
-    {DSI_TYPE_FP8_E4M3_B128, 128, 129, "matmul_fp8_b128"},
-    {DSI_TYPE_FP8_E4M3_B32, 32, 33, "matmul_fp8_b32"},
-    {DSI_TYPE_FP8_E4M3_R32, 32, 33, "matmul_fp8_b32"}, /* same bytes as B32 (tensor-types.md) */
+static const struct {
+    int32_t type;
+    const char *shader;
+} k_shaders[] = {
+    {DSI_TYPE_F32, "matmul_f32"},
+    {DSI_TYPE_F16, "matmul_f16"},
+    {DSI_TYPE_BF16, "matmul_bf16"},
+    {DSI_TYPE_Q8_0, "matmul_q8_0"},
+    {DSI_TYPE_Q4_K, "matmul_q4_k"},
+    {DSI_TYPE_Q2_K, "matmul_q2_k"},
+    {DSI_TYPE_MXFP4, "matmul_mxfp4"},
+    {DSI_TYPE_FP8_E4M3_B128, "matmul_fp8_b128"},
+    {DSI_TYPE_FP8_E4M3_B32, "matmul_fp8_b32"},
+    {DSI_TYPE_FP8_E4M3_R32, "matmul_fp8_b32"}, /* same bytes as B32 (tensor-types.md) */
 };
 
-static const vk_type *type_info(int32_t type) {
-    for (size_t i = 0; i < sizeof k_types / sizeof k_types[0]; i++)
-        if (k_types[i].type == type) return &k_types[i];
+/* Fills *out for a type with a matmul shader and returns out; NULL otherwise. */
+static const vk_type *type_info(int32_t type, vk_type *out) {
+    for (size_t i = 0; i < sizeof k_shaders / sizeof k_shaders[0]; i++) {
+        if (k_shaders[i].type != type) continue;
+        const dsib_type_info *g = dsib_type_info_get(type);
+        if (!g) return NULL;
+        out->type = type;
+        out->blck = g->blck;
+        out->bytes = g->type_size;
+        out->shader = k_shaders[i].shader;
+        return out;
+    }
     return NULL;
 }
 
@@ -47,22 +63,23 @@ static uint64_t row_bytes(const vk_type *t, int64_t ne0) {
 
 typedef struct opc {
     dsib_instance *inst;
-    dsib_vk_recorder *r;
-    int implicit;
+    dsib_stream *s;
+    dsib_vk_rec *r;
     const char *name;
 } opc;
 
-static dsi_status op_start(dsib_instance *inst, opc *c, const char *name) {
-    c->inst = inst;
+static dsi_status op_start(dsib_stream *s, opc *c, const char *name) {
+    c->s = s;
+    c->inst = s ? s->inst : NULL;
     c->name = name;
-    c->r = inst ? dsib_vk_rec_get(inst, &c->implicit) : NULL;
+    c->r = s ? dsib_vk_stream_rec(s) : NULL;
     return c->r ? DSI_OK : DSI_ERR_BACKEND;
 }
 
+/* An op's status: its own, or the first failure recorded on the target (reported again by
+ * sync / capture_end). */
 static dsi_status op_end(opc *c, dsi_status st) {
-    dsi_status e = dsib_vk_rec_end_implicit(c->inst, c->r, c->implicit);
-    if (st == DSI_OK) st = e;
-    if (st == DSI_OK && !c->implicit && c->r->status != DSI_OK) st = c->r->status;
+    if (st == DSI_OK && c->r->status != DSI_OK) st = c->r->status;
     return st;
 }
 
@@ -172,7 +189,8 @@ typedef dsi_status (*win_fn)(opc *c, const dsib_weight *w, const mm_win *win, vo
 
 static dsi_status for_windows(opc *c, const dsib_weight *w, uint32_t e_first, uint32_t e_last,
                               win_fn fn, void *ud) {
-    const vk_type *t = type_info(w->type);
+    vk_type tv_;
+    const vk_type *t = type_info(w->type, &tv_);
     if (!t)
         return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: weight type %d is not supported", c->name,
                     (int)w->type);
@@ -278,7 +296,8 @@ static dsi_status mm_window(opc *c, const dsib_weight *w, const mm_win *win, voi
 static dsi_status matmul_impl(opc *c, const dsib_weight *w, int32_t expert, uint32_t groups,
                               dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy, uint32_t n) {
     if (n == 0) return DSI_OK;
-    const vk_type *t = type_info(w->type);
+    vk_type tv_;
+    const vk_type *t = type_info(w->type, &tv_);
     if (!t) return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: weight type %d is not supported", c->name, (int)w->type);
     if (expert < 0 || expert >= (w->ne[2] ? w->ne[2] : 1) || groups == 0 || w->ne[1] % groups)
         return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad expert / groups", c->name);
@@ -299,28 +318,29 @@ static dsi_status matmul_impl(opc *c, const dsib_weight *w, int32_t expert, uint
     return for_windows(c, w, (uint32_t)expert, (uint32_t)expert + 1, mm_window, &a);
 }
 
-static dsi_status op_matmul(dsib_instance *inst, const dsib_weight *w, int32_t expert,
+static dsi_status op_matmul(dsib_stream *strm, const dsib_weight *w, int32_t expert,
                             dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy, uint32_t n) {
     opc c;
-    if (op_start(inst, &c, "matmul") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "matmul") != DSI_OK) return DSI_ERR_BACKEND;
     return op_end(&c, matmul_impl(&c, w, expert, 1, x, ldx, y, ldy, n));
 }
 
-static dsi_status op_matmul_grouped(dsib_instance *inst, const dsib_weight *w, uint32_t groups,
+static dsi_status op_matmul_grouped(dsib_stream *strm, const dsib_weight *w, uint32_t groups,
                                     dsib_view x, uint32_t ldx, dsib_view y, uint32_t ldy,
                                     uint32_t n) {
     opc c;
-    if (op_start(inst, &c, "matmul_grouped") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "matmul_grouped") != DSI_OK) return DSI_ERR_BACKEND;
     return op_end(&c, matmul_impl(&c, w, 0, groups, x, ldx, y, ldy, n));
 }
 
-static dsi_status op_get_rows(dsib_instance *inst, const dsib_weight *table, dsib_view ids,
+static dsi_status op_get_rows(dsib_stream *strm, const dsib_weight *table, dsib_view ids,
                               dsib_view y, uint32_t ldy, uint32_t n) {
     opc c;
-    if (op_start(inst, &c, "get_rows") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "get_rows") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (n) {
-        const vk_type *t = type_info(table->type);
+        vk_type tv_;
+        const vk_type *t = type_info(table->type, &tv_);
         if (!t) {
             st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan get_rows: type %d is not supported", (int)table->type);
         } else {
@@ -339,17 +359,18 @@ static dsi_status op_get_rows(dsib_instance *inst, const dsib_weight *table, dsi
     return op_end(&c, st);
 }
 
-static dsi_status op_add_rows_periodic(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t n,
-                                       uint32_t width, const dsib_weight *table, int64_t pos0,
+static dsi_status op_add_rows_periodic(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t n,
+                                       uint32_t width, const dsib_weight *table, dsib_view rows,
                                        uint32_t period) {
     opc c;
-    if (op_start(inst, &c, "add_rows_periodic") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "add_rows_periodic") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
-    if (period == 0 || table->ne[0] != (int64_t)width || pos0 < 0)
+    if (period == 0 || table->ne[0] != (int64_t)width)
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT,
                   "vulkan add_rows_periodic: width must equal the table row length");
     else if (n) {
-        const vk_type *t = type_info(table->type);
+        vk_type tv_;
+        const vk_type *t = type_info(table->type, &tv_);
         if (!t) {
             st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan add_rows_periodic: type %d unsupported", (int)table->type);
         } else {
@@ -358,10 +379,10 @@ static dsi_status op_add_rows_periodic(dsib_instance *inst, dsib_view x, uint32_
             a.mode = MM_ROWS_ADD;
             a.si = pick(c.inst, t->shader);
             st = bind_words(&c, x, span(n, ldx, width), &a.by, &a.y_off, "x");
-            a.bx = a.bi = a.by;
+            if (st == DSI_OK) st = bind_words(&c, rows, (uint64_t)n * 16, &a.bi, &a.ids_off, "rows");
+            a.bx = a.by;
             a.ldy = ldx;
             a.n = n;
-            a.ids_off = (uint32_t)(pos0 % period);
             a.period = period;
             if (st == DSI_OK) st = for_windows(&c, table, 0, 1, mm_window, &a);
         }
@@ -379,10 +400,10 @@ static dsi_status ew(opc *c, uint32_t *p, const dsib_vk_bind *b, uint32_t rows, 
     return dispatch_rows(c, shader("eltwise"), b, 5, p, 32, (width + 63) / 64, rows, 1, 13, 0);
 }
 
-static dsi_status op_add(dsib_instance *inst, dsib_view a, uint32_t lda, dsib_view b, uint32_t ldb,
+static dsi_status op_add(dsib_stream *strm, dsib_view a, uint32_t lda, dsib_view b, uint32_t ldb,
                          dsib_view y, uint32_t ldy, uint32_t rows, uint32_t width) {
     opc c;
-    if (op_start(inst, &c, "add") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "add") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[5];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {EW_ADD};
@@ -397,10 +418,10 @@ static dsi_status op_add(dsib_instance *inst, dsib_view a, uint32_t lda, dsib_vi
     return op_end(&c, st);
 }
 
-static dsi_status op_scale(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status op_scale(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                            uint32_t width, float s) {
     opc c;
-    if (op_start(inst, &c, "scale") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "scale") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[5];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {EW_SCALE};
@@ -414,11 +435,11 @@ static dsi_status op_scale(dsib_instance *inst, dsib_view x, uint32_t ldx, uint3
     return op_end(&c, st);
 }
 
-static dsi_status op_swiglu(dsib_instance *inst, dsib_view g, uint32_t ldg, dsib_view u,
+static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_view u,
                             uint32_t ldu, dsib_view y, uint32_t ldy, uint32_t rows,
                             uint32_t width, float limit) {
     opc c;
-    if (op_start(inst, &c, "swiglu") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "swiglu") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[5];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {EW_SWIGLU};
@@ -434,54 +455,97 @@ static dsi_status op_swiglu(dsib_instance *inst, dsib_view g, uint32_t ldg, dsib
     return op_end(&c, st);
 }
 
-static dsi_status op_copy(dsib_instance *inst, dsib_view src, dsib_view dst, uint64_t bytes) {
+static dsi_status op_copy(dsib_stream *strm, dsib_view src, dsib_view dst, uint64_t bytes) {
     opc c;
-    if (op_start(inst, &c, "copy") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "copy") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (!src.buf || !dst.buf) st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan copy: NULL buffer");
-    else if (bytes) st = dsib_vk_copy(inst, c.r, src.buf, src.offset, dst.buf, dst.offset, bytes);
+    else if (bytes) st = dsib_vk_copy(c.inst, c.r, src.buf, src.offset, dst.buf, dst.offset, bytes);
     return op_end(&c, st);
 }
 
-static dsi_status op_copy_rows(dsib_instance *inst, dsib_view src, uint32_t lds, dsib_view dst,
+static dsi_status op_copy_rows(dsib_stream *strm, dsib_view src, uint32_t lds, dsib_view dst,
                                uint32_t ldd, uint32_t rows, uint32_t width) {
     opc c;
-    if (op_start(inst, &c, "copy_rows") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "copy_rows") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (!src.buf || !dst.buf) st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan copy_rows: NULL buffer");
     if (st == DSI_OK && lds == width && ldd == width)
-        st = dsib_vk_copy(inst, c.r, src.buf, src.offset, dst.buf, dst.offset, (uint64_t)rows * width * 4);
+        st = dsib_vk_copy(c.inst, c.r, src.buf, src.offset, dst.buf, dst.offset, (uint64_t)rows * width * 4);
     else
         for (uint32_t t = 0; t < rows && st == DSI_OK; t++)
-            st = dsib_vk_copy(inst, c.r, src.buf, src.offset + (uint64_t)t * lds * 4, dst.buf,
+            st = dsib_vk_copy(c.inst, c.r, src.buf, src.offset + (uint64_t)t * lds * 4, dst.buf,
                               dst.offset + (uint64_t)t * ldd * 4, (uint64_t)width * 4);
     return op_end(&c, st);
 }
 
-static dsi_status op_ring_write(dsib_instance *inst, dsib_view src, uint32_t lds, uint32_t n,
-                                int64_t pos0, dsib_view ring, uint32_t ldr, uint32_t ring_len,
+/* Binds a state view whole (every slot): ops address slot s, row r themselves. */
+static dsi_status bind_state(opc *c, const dsib_state *st, uint32_t width, dsib_vk_bind *b,
+                             uint32_t *off, const char *what) {
+    if (!st || !st->buf || st->slots == 0 || st->rows == 0 || st->ld < width)
+        return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad %s state view", c->name, what);
+    if (st->format != DSIB_STATE_F32)
+        return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: %s state format %d is not supported",
+                    c->name, what, (int)st->format);
+    dsib_view v = {st->buf, st->offset};
+    return bind_words(c, v, (uint64_t)st->slots * st->rows * st->ld * 4, b, off, what);
+}
+
+enum { ROWS_STORE_RING = 0, ROWS_STORE_GROUP = 1, ROWS_GATHER = 2 };
+
+static dsi_status rows_dispatch(opc *c, uint32_t *p, const dsib_vk_bind *bd, uint32_t n,
                                 uint32_t width) {
+    p[5] = n;
+    p[6] = width;
+    return dispatch_rows(c, shader("rows"), bd, 3, p, 32, (width + 63) / 64, n, 1, 10, 0);
+}
+
+static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, uint32_t n,
+                                dsib_view rows, const dsib_state *dst, uint32_t width,
+                                uint32_t ratio, uint32_t flags) {
     opc c;
-    if (op_start(inst, &c, "ring_write") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "store_rows") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
-    if (!src.buf || !ring.buf || ring_len == 0 || pos0 < 0)
-        st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan ring_write: bad arguments");
-    uint32_t first = n > ring_len ? n - ring_len : 0;
-    for (uint32_t t = first; t < n && st == DSI_OK; t++) {
-        uint64_t slot = (uint64_t)(pos0 + t) % ring_len;
-        st = dsib_vk_copy(inst, c.r, src.buf, src.offset + (uint64_t)t * lds * 4, ring.buf,
-                          ring.offset + slot * ldr * 4, (uint64_t)width * 4);
+    int ring = (flags & DSIB_STORE_RING) != 0;
+    if (ratio == 0 || (ring && ratio != 1) || (flags & ~DSIB_STORE_RING))
+        st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan store_rows: bad ratio / flags");
+    if (st == DSI_OK && n && width) {
+        dsib_vk_bind bd[3];
+        uint32_t p[32] = {ring ? ROWS_STORE_RING : ROWS_STORE_GROUP};
+        st = bind_words(&c, src, span(n, lds, width), &bd[0], &p[1], "src");
+        if (st == DSI_OK) st = bind_state(&c, dst, width, &bd[1], &p[3], "dst");
+        if (st == DSI_OK) st = bind_words(&c, rows, (uint64_t)n * 16, &bd[2], &p[7], "rows");
+        p[2] = lds, p[4] = dst->ld, p[8] = dst->rows, p[9] = ratio, p[11] = dst->slots;
+        if (st == DSI_OK) st = rows_dispatch(&c, p, bd, n, width);
+    }
+    return op_end(&c, st);
+}
+
+static dsi_status op_gather_rows(dsib_stream *strm, dsib_view src, uint32_t lds, dsib_view idx,
+                                 dsib_view dst, uint32_t ldd, uint32_t n, uint32_t width) {
+    opc c;
+    if (op_start(strm, &c, "gather_rows") != DSI_OK) return DSI_ERR_BACKEND;
+    dsi_status st = DSI_OK;
+    if (n && width) {
+        dsib_vk_bind bd[3];
+        uint32_t p[32] = {ROWS_GATHER};
+        /* the source rows are addressed by index: bind from the view to the window's end */
+        st = bind_words(&c, src, (uint64_t)width * 4, &bd[0], &p[1], "src");
+        if (st == DSI_OK) st = bind_words(&c, dst, span(n, ldd, width), &bd[1], &p[3], "dst");
+        if (st == DSI_OK) st = bind_words(&c, idx, (uint64_t)n * 4, &bd[2], &p[7], "idx");
+        p[2] = lds, p[4] = ldd;
+        if (st == DSI_OK) st = rows_dispatch(&c, p, bd, n, width);
     }
     return op_end(&c, st);
 }
 
 /* ---- norms, positions, quantisation --------------------------------------------------------- */
 
-static dsi_status op_rms_norm(dsib_instance *inst, dsib_view x, uint32_t ldx, dsib_view y,
+static dsi_status op_rms_norm(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view y,
                               uint32_t ldy, uint32_t rows, uint32_t width, const dsib_weight *w,
                               float eps) {
     opc c;
-    if (op_start(inst, &c, "rms_norm") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "rms_norm") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[3];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {0};
@@ -496,85 +560,44 @@ static dsi_status op_rms_norm(dsib_instance *inst, dsib_view x, uint32_t ldx, ds
     return op_end(&c, st);
 }
 
-/* §3.9 frequencies in double precision, as the CPU backend computes them. */
-static void rope_freqs(const dsib_rope *r, double *f) {
-    int32_t half = r->n_rot / 2;
-    for (int32_t i = 0; i < half; i++) f[i] = pow((double)r->freq_base, -2.0 * i / r->n_rot);
-    if (r->yarn_factor > 1.0f) {
-        const double two_pi = 6.283185307179586476925286766559;
-        double lnb = 2.0 * log((double)r->freq_base);
-        double cf = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_fast * two_pi)) / lnb;
-        double cs = r->n_rot * log(r->yarn_orig_ctx / (r->yarn_beta_slow * two_pi)) / lnb;
-        double low = floor(cf), high = ceil(cs);
-        if (low < 0) low = 0;
-        if (high > r->n_rot - 1) high = r->n_rot - 1;
-        if (high == low) high += 0.001;
-        for (int32_t i = 0; i < half; i++) {
-            double ramp = (i - low) / (high - low);
-            if (ramp < 0) ramp = 0;
-            if (ramp > 1) ramp = 1;
-            f[i] = f[i] / r->yarn_factor * ramp + f[i] * (1.0 - ramp);
-        }
-    }
-}
-
-/* Writes host data into a fresh temporary buffer (not yet used by any recorded command). */
-static dsi_status temp_upload(opc *c, const void *data, uint64_t bytes, dsib_buffer **out) {
-    dsi_status st = dsib_vk_rec_temp(c->inst, c->r, bytes, out);
-    if (st != DSI_OK) return st;
-    dsib_error e;
-    st = dsib_vk_upload(c->inst, *out, 0, data, bytes, &e);
-    if (st != DSI_OK) return FAIL(c, st, "%s", e.msg);
-    return DSI_OK;
-}
-
-static dsi_status op_rope_tail(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
-                               uint32_t heads, uint32_t head_dim, int64_t pos0,
-                               int64_t pos_step, const dsib_rope *rope, int32_t inverse) {
+static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
+                               uint32_t heads, uint32_t head_dim, dsib_view rws,
+                               int32_t pos_delta, const dsib_rope *rope, int32_t inverse) {
     opc c;
-    if (op_start(inst, &c, "rope_tail") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "rope_tail") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (!rope || rope->n_rot <= 0 || rope->n_rot > 512 || (uint32_t)rope->n_rot > head_dim ||
         (rope->n_rot & 1))
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan rope_tail: bad n_rot");
     if (st == DSI_OK && rows && heads) {
         uint32_t half = (uint32_t)rope->n_rot / 2;
-        double f[256];
-        rope_freqs(rope, f);
-        float *tab = dsib_vk_malloc(&inst->host, (size_t)rows * half * 2 * sizeof(float));
-        if (!tab) st = FAIL(&c, DSI_ERR_OUT_OF_HOST_MEMORY, "vulkan rope_tail: out of host memory");
-        for (uint32_t t = 0; t < rows && tab; t++) {
-            double pos = (double)(pos0 + (int64_t)t * pos_step);
-            for (uint32_t i = 0; i < half; i++) {
-                double th = pos * f[i];
-                tab[(t * half + i) * 2] = (float)cos(th);
-                tab[(t * half + i) * 2 + 1] = inverse ? -(float)sin(th) : (float)sin(th);
-            }
-        }
         dsib_buffer *tb = NULL;
-        if (st == DSI_OK) st = temp_upload(&c, tab, (uint64_t)rows * half * 8, &tb);
-        dsib_vk_free(&inst->host, tab);
-        dsib_vk_bind bd[2];
-        uint32_t p[32] = {0}, toff = 0;
+        char msg[256];
+        st = dsib_vk_rope_table(c.inst, rope, &tb, msg, sizeof msg);
+        if (st != DSI_OK) st = FAIL(&c, st, "%s", msg);
+        dsib_vk_bind bd[3];
+        uint32_t p[32] = {0};
         dsib_view tv = {tb, 0};
         if (st == DSI_OK) st = bind_words(&c, x, span(rows, ldx, (uint64_t)heads * head_dim), &bd[0], &p[0], "x");
-        if (st == DSI_OK) st = bind_words(&c, tv, (uint64_t)rows * half * 8, &bd[1], &toff, "table");
+        if (st == DSI_OK) st = bind_words(&c, tv, (uint64_t)3 * 1024 * half * 8, &bd[1], &p[10], "table");
+        if (st == DSI_OK) st = bind_words(&c, rws, (uint64_t)rows * 16, &bd[2], &p[7], "rows");
         p[1] = ldx, p[2] = rows, p[3] = heads, p[4] = head_dim, p[5] = half;
+        p[8] = (uint32_t)pos_delta, p[9] = inverse ? 1u : 0u;
         if (st == DSI_OK && heads > 65535) st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan rope_tail: too many heads");
         for (uint32_t r0 = 0; r0 < rows && st == DSI_OK; r0 += 65535) {
             uint32_t cnt = rows - r0 < 65535 ? rows - r0 : 65535;
             p[6] = r0;
-            st = dsib_vk_dispatch(inst, c.r, (uint32_t)shader("rope"), bd, 2, p, 32, (half + 63) / 64, heads, cnt);
+            st = dsib_vk_dispatch(c.inst, c.r, (uint32_t)shader("rope"), bd, 3, p, 32, (half + 63) / 64, heads, cnt);
         }
     }
     return op_end(&c, st);
 }
 
-static dsi_status op_fake_quant(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status op_fake_quant(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                                 uint32_t col0, uint32_t ncols, uint32_t block, int32_t recipe,
                                 uint32_t flags) {
     opc c;
-    if (op_start(inst, &c, "fake_quant") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "fake_quant") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (block == 0 || ncols % block || recipe < 0 || recipe > 2)
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan fake_quant: bad block / recipe");
@@ -588,10 +611,10 @@ static dsi_status op_fake_quant(dsib_instance *inst, dsib_view x, uint32_t ldx, 
     return op_end(&c, st);
 }
 
-static dsi_status op_hadamard(dsib_instance *inst, dsib_view x, uint32_t ldx, uint32_t rows,
+static dsi_status op_hadamard(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                               uint32_t chunks, uint32_t size) {
     opc c;
-    if (op_start(inst, &c, "hadamard") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "hadamard") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (size == 0 || (size & (size - 1)) || size > 1024)
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan hadamard: size must be a power of two <= 1024");
@@ -607,10 +630,10 @@ static dsi_status op_hadamard(dsib_instance *inst, dsib_view x, uint32_t ldx, ui
 
 /* ---- mHC --------------------------------------------------------------------------------------- */
 
-static dsi_status op_hc_expand(dsib_instance *inst, dsib_view e, uint32_t lde, dsib_view X,
+static dsi_status op_hc_expand(dsib_stream *strm, dsib_view e, uint32_t lde, dsib_view X,
                                uint32_t n, uint32_t n_hc, uint32_t D) {
     opc c;
-    if (op_start(inst, &c, "hc_expand") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "hc_expand") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[5];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {EW_EXPAND};
@@ -624,10 +647,10 @@ static dsi_status op_hc_expand(dsib_instance *inst, dsib_view e, uint32_t lde, d
     return op_end(&c, st);
 }
 
-static dsi_status op_hc_collapse(dsib_instance *inst, dsib_view X, dsib_view coef, uint32_t ldc,
+static dsi_status op_hc_collapse(dsib_stream *strm, dsib_view X, dsib_view coef, uint32_t ldc,
                                  dsib_view y, uint32_t ldy, uint32_t n, uint32_t n_hc, uint32_t D) {
     opc c;
-    if (op_start(inst, &c, "hc_collapse") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "hc_collapse") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[5];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {EW_COLLAPSE};
@@ -642,11 +665,11 @@ static dsi_status op_hc_collapse(dsib_instance *inst, dsib_view X, dsib_view coe
     return op_end(&c, st);
 }
 
-static dsi_status op_hc_post(dsib_instance *inst, dsib_view f, uint32_t ldf, dsib_view R,
+static dsi_status op_hc_post(dsib_stream *strm, dsib_view f, uint32_t ldf, dsib_view R,
                              dsib_view coef, uint32_t ldc, dsib_view Xo, uint32_t n, uint32_t n_hc,
                              uint32_t D) {
     opc c;
-    if (op_start(inst, &c, "hc_post") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "hc_post") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_vk_bind bd[5];
     memset(bd, 0, sizeof bd);
     uint32_t p[32] = {EW_POST};
@@ -663,12 +686,12 @@ static dsi_status op_hc_post(dsib_instance *inst, dsib_view f, uint32_t ldf, dsi
     return op_end(&c, st);
 }
 
-static dsi_status op_hc_mix(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc, uint32_t D,
+static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t n_hc, uint32_t D,
                             const dsib_weight *fn, const dsib_weight *scale, const dsib_weight *base,
                             float rms_eps, float hc_eps, uint32_t iters, int32_t mode,
                             dsib_view coef, uint32_t ldc) {
     opc c;
-    if (op_start(inst, &c, "hc_mix") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "hc_mix") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     uint32_t n_mix = mode == DSIB_HC_HEAD ? n_hc : n_hc * (2 + n_hc);
     if (n_hc == 0 || n_hc > 16 || fn->ne[1] != (int64_t)n_mix || fn->ne[0] != (int64_t)n_hc * D ||
@@ -691,102 +714,99 @@ static dsi_status op_hc_mix(dsib_instance *inst, dsib_view X, uint32_t n, uint32
 
 /* ---- compressed attention ------------------------------------------------------------------- */
 
-static int fits_i32(int64_t v) { return v >= 0 && v < (int64_t)1 << 30; }
 
-static dsi_status op_compress_pool(dsib_instance *inst, dsib_view ring_kv, dsib_view ring_sc,
-                                   uint32_t ldr, uint32_t ring_len, dsib_view kv, dsib_view sc,
-                                   uint32_t ldc, int64_t pos0, uint32_t n, uint32_t ratio,
-                                   int32_t overlap, uint32_t hd, int64_t w0, uint32_t n_groups,
-                                   dsib_view out, uint32_t ldo) {
+static dsi_status op_compress_pool(dsib_stream *strm, const dsib_state *ring_kv,
+                                   const dsib_state *ring_sc, dsib_view kv, dsib_view sc,
+                                   uint32_t ldc, dsib_view rows, uint32_t n, uint32_t ratio,
+                                   int32_t overlap, uint32_t hd, dsib_view out, uint32_t ldo) {
     opc c;
-    if (op_start(inst, &c, "compress_pool") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "compress_pool") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
-    if (ratio == 0 || ratio > 4096 || !fits_i32(pos0) || !fits_i32(w0) || ring_len == 0)
+    uint32_t width = overlap ? 2 * hd : hd;
+    if (ratio == 0 || ratio > 4096 || !ring_kv || !ring_sc || ring_kv->rows != ring_sc->rows ||
+        ring_kv->ld != ring_sc->ld || ring_kv->slots != ring_sc->slots)
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan compress_pool: bad arguments");
-    /* Every candidate must be in the ring or the step (the CPU reports INTERNAL otherwise). */
-    for (uint32_t g = 0; g < n_groups && st == DSI_OK; g++) {
-        int64_t w = w0 + g;
-        int64_t qlo = (overlap && w > 0 ? w - 1 : w) * ratio, qhi = w * ratio + ratio - 1;
-        if (qlo < pos0 - (int64_t)ring_len || qhi >= pos0 + (int64_t)n)
-            st = FAIL(&c, DSI_ERR_INTERNAL, "vulkan compress_pool: group %lld not available", (long long)w);
-    }
-    if (st == DSI_OK && n_groups && hd) {
-        uint32_t width = overlap ? 2 * hd : hd;
-        dsib_vk_bind bd[5];
+    if (st == DSI_OK && n && hd) {
+        dsib_vk_bind bd[6];
         uint32_t p[32] = {0};
-        st = bind_words(&c, ring_kv, span(ring_len, ldr, width), &bd[0], &p[0], "ring_kv");
-        if (st == DSI_OK) st = bind_words(&c, ring_sc, span(ring_len, ldr, width), &bd[1], &p[1], "ring_sc");
-        if (st == DSI_OK) st = bind_words(&c, kv, n ? span(n, ldc, width) : 4, &bd[2], &p[4], "kv");
-        if (st == DSI_OK) st = bind_words(&c, sc, n ? span(n, ldc, width) : 4, &bd[3], &p[5], "sc");
-        if (st == DSI_OK) st = bind_words(&c, out, span(n_groups, ldo, hd), &bd[4], &p[14], "out");
-        p[2] = ldr, p[3] = ring_len, p[6] = ldc, p[7] = (uint32_t)pos0, p[8] = n, p[9] = ratio;
-        p[10] = overlap ? 1u : 0u, p[11] = hd, p[12] = (uint32_t)w0, p[13] = n_groups, p[15] = ldo;
-        if (st == DSI_OK && n_groups > 65535) st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan compress_pool: too many groups");
+        st = bind_state(&c, ring_kv, width, &bd[0], &p[0], "ring_kv");
+        if (st == DSI_OK) st = bind_state(&c, ring_sc, width, &bd[1], &p[1], "ring_sc");
+        if (st == DSI_OK) st = bind_words(&c, kv, span(n, ldc, width), &bd[2], &p[4], "kv");
+        if (st == DSI_OK) st = bind_words(&c, sc, span(n, ldc, width), &bd[3], &p[5], "sc");
+        if (st == DSI_OK) st = bind_words(&c, out, span(n, ldo, hd), &bd[4], &p[14], "out");
+        if (st == DSI_OK) st = bind_words(&c, rows, (uint64_t)n * 16, &bd[5], &p[7], "rows");
+        p[2] = ring_kv->ld, p[3] = ring_kv->rows, p[6] = ldc, p[8] = n, p[9] = ratio;
+        p[10] = overlap ? 1u : 0u, p[11] = hd, p[12] = ring_kv->slots, p[15] = ldo;
         if (st == DSI_OK)
-            st = dsib_vk_dispatch(inst, c.r, (uint32_t)shader("compress_pool"), bd, 5, p, 32, (hd + 63) / 64, n_groups, 1);
+            st = dispatch_rows(&c, shader("compress_pool"), bd, 6, p, 32, (hd + 63) / 64, n, 1, 13, 0);
     }
     return op_end(&c, st);
 }
 
 static dsi_status indexer_impl(opc *c, dsib_view q, uint32_t ldq, dsib_view w, uint32_t ldw,
-                               dsib_view keys, uint32_t heads, uint32_t hd, int64_t pos0,
+                               const dsib_state *keys, uint32_t heads, uint32_t hd, dsib_view rows,
                                uint32_t n, uint32_t ratio, uint32_t topk, dsib_view idx,
                                dsib_view cand_in, dsib_view cand_out, uint32_t cand_block,
                                uint32_t cand_k) {
     int cands = cand_in.buf || cand_out.buf;
-    if (ratio == 0 || topk == 0 || !fits_i32(pos0 + n) || (cands && (cand_block == 0 || cand_k == 0)))
+    if (ratio == 0 || topk == 0 || (cands && (cand_block == 0 || cand_k == 0)) || !keys ||
+        keys->ld != hd)
         return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad arguments", c->name);
     if (n == 0) return DSI_OK;
-    uint64_t max_rows = (uint64_t)(pos0 + n) / ratio + 1;
+    /* scratch rows sized for the stream's largest position */
+    uint64_t max_rows = (uint64_t)c->s->desc.max_positions / ratio + 1;
     uint64_t nb = cands ? (max_rows + cand_block - 1) / cand_block + 1 : 0;
     uint64_t stride = 2 * max_rows + 2 * nb;
-    dsib_buffer *scr = NULL;
-    dsi_status st = dsib_vk_rec_temp(c->inst, c->r, (uint64_t)n * stride * 4, &scr);
-    dsib_vk_bind bd[7];
+    dsib_buffer *scr = dsib_vk_stream_ws(c->s, (uint64_t)n * stride * 4);
+    if (!scr)
+        return FAIL(c, DSI_ERR_INVALID_ARGUMENT,
+                    "vulkan %s: %u rows exceed the stream's workspace", c->name, n);
+    dsib_vk_bind bd[8];
     memset(bd, 0, sizeof bd);
-    uint32_t p[32] = {0}, soff = 0;
+    uint32_t p[32] = {0};
     dsib_view sv = {scr, 0};
-    if (st == DSI_OK) st = bind_words(c, q, span(n, ldq, (uint64_t)heads * hd), &bd[0], &p[0], "q");
+    dsi_status st = bind_words(c, q, span(n, ldq, (uint64_t)heads * hd), &bd[0], &p[0], "q");
     if (st == DSI_OK) st = bind_words(c, w, span(n, ldw, heads), &bd[1], &p[2], "w");
-    if (st == DSI_OK) st = bind_words(c, keys, (max_rows > 1 ? max_rows - 1 : 1) * hd * 4, &bd[2], &p[4], "keys");
+    if (st == DSI_OK) st = bind_state(c, keys, hd, &bd[2], &p[4], "keys");
     if (st == DSI_OK) st = bind_words(c, idx, (uint64_t)n * topk * 4, &bd[3], &p[10], "idx");
-    if (st == DSI_OK) st = bind_words(c, sv, (uint64_t)n * stride * 4, &bd[4], &soff, "scratch");
+    if (st == DSI_OK) st = bind_words(c, sv, (uint64_t)n * stride * 4, &bd[4], &p[20], "scratch");
     if (st == DSI_OK && cand_in.buf) st = bind_words(c, cand_in, (uint64_t)n * cand_k * 4, &bd[5], &p[17], "cand_in");
     if (st == DSI_OK && cand_out.buf) st = bind_words(c, cand_out, (uint64_t)n * cand_k * 4, &bd[6], &p[18], "cand_out");
-    p[1] = ldq, p[3] = ldw, p[5] = heads, p[6] = hd, p[7] = (uint32_t)pos0, p[8] = ratio;
+    if (st == DSI_OK) st = bind_words(c, rows, (uint64_t)n * 16, &bd[7], &p[7], "rows");
+    p[1] = ldq, p[3] = ldw, p[5] = heads, p[6] = hd, p[8] = ratio;
     p[9] = topk, p[11] = (uint32_t)stride, p[13] = cand_in.buf != NULL, p[14] = cand_out.buf != NULL;
-    p[15] = cand_block, p[16] = cands ? cand_k : 0;
-    if (st == DSI_OK) st = dispatch_rows(c, shader("indexer"), bd, 7, p, 32, 1, n, 1, 12, 1);
+    p[15] = cand_block, p[16] = cands ? cand_k : 0, p[19] = keys->rows;
+    if (st == DSI_OK) st = dispatch_rows(c, shader("indexer"), bd, 8, p, 32, 1, n, 1, 12, 1);
     return st;
 }
 
-static dsi_status op_indexer_topk(dsib_instance *inst, dsib_view q, uint32_t ldq, dsib_view w,
-                                  uint32_t ldw, dsib_view keys, uint32_t heads, uint32_t hd,
-                                  int64_t pos0, uint32_t n, uint32_t ratio, uint32_t topk,
-                                  dsib_view idx) {
+static dsi_status op_indexer_topk(dsib_stream *strm, dsib_view q, uint32_t ldq, dsib_view w,
+                                  uint32_t ldw, const dsib_state *keys, uint32_t heads,
+                                  uint32_t hd, dsib_view rows, uint32_t n, uint32_t ratio,
+                                  uint32_t topk, dsib_view idx) {
     opc c;
-    if (op_start(inst, &c, "indexer_topk") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "indexer_topk") != DSI_OK) return DSI_ERR_BACKEND;
     dsib_view none = {NULL, 0};
-    return op_end(&c, indexer_impl(&c, q, ldq, w, ldw, keys, heads, hd, pos0, n, ratio, topk, idx,
-                                   none, none, 0, 0));
+    return op_end(&c, indexer_impl(&c, q, ldq, w, ldw, keys, heads, hd, rows, n, ratio, topk,
+                                   idx, none, none, 0, 0));
 }
 
-static dsi_status op_indexer_topk_v41(dsib_instance *inst, dsib_view q, uint32_t ldq, dsib_view w,
-                                      uint32_t ldw, dsib_view keys, uint32_t heads, uint32_t hd,
-                                      int64_t pos0, uint32_t n, uint32_t ratio, uint32_t topk,
-                                      dsib_view idx, dsib_view cand_in, dsib_view cand_out,
-                                      uint32_t cand_block, uint32_t cand_k) {
+static dsi_status op_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ldq, dsib_view w,
+                                      uint32_t ldw, const dsib_state *keys, uint32_t heads,
+                                      uint32_t hd, dsib_view rows, uint32_t n, uint32_t ratio,
+                                      uint32_t topk, dsib_view idx, dsib_view cand_in,
+                                      dsib_view cand_out, uint32_t cand_block, uint32_t cand_k) {
     opc c;
-    if (op_start(inst, &c, "indexer_topk_v41") != DSI_OK) return DSI_ERR_BACKEND;
-    return op_end(&c, indexer_impl(&c, q, ldq, w, ldw, keys, heads, hd, pos0, n, ratio, topk, idx,
-                                   cand_in, cand_out, cand_block, cand_k));
+    if (op_start(strm, &c, "indexer_topk_v41") != DSI_OK) return DSI_ERR_BACKEND;
+    return op_end(&c, indexer_impl(&c, q, ldq, w, ldw, keys, heads, hd, rows, n, ratio, topk,
+                                   idx, cand_in, cand_out, cand_block, cand_k));
 }
 
-static dsi_status op_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, uint32_t n_hc,
+static dsi_status op_engram_gate(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t n_hc,
                                  uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
                                  const dsib_weight *kw, float eps) {
     opc c;
-    if (op_start(inst, &c, "engram_gate") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "engram_gate") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (!qw || !kw || n_hc == 0 || D == 0 || ldkv < (n_hc + 1) * D || qw->ne[0] != (int64_t)D ||
         kw->ne[0] != (int64_t)D || qw->ne[1] < (int64_t)n_hc || kw->ne[1] < (int64_t)n_hc ||
@@ -805,47 +825,47 @@ static dsi_status op_engram_gate(dsib_instance *inst, dsib_view X, uint32_t n, u
     return op_end(&c, st);
 }
 
-static dsi_status op_attn_sink(dsib_instance *inst, dsib_view q, uint32_t ldq, uint32_t H,
-                               uint32_t hd, int64_t pos0, uint32_t n, uint32_t window,
-                               dsib_view ring, uint32_t ring_len, dsib_view kv, uint32_t ldkv,
-                               uint32_t comp_ratio, dsib_view comp, dsib_view idx, uint32_t topk,
-                               const dsib_weight *sinks, float scale, dsib_view out, uint32_t ldo) {
+static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uint32_t H,
+                               uint32_t hd, dsib_view rows, uint32_t n, uint32_t window,
+                               const dsib_state *ring, dsib_view kv, uint32_t ldkv,
+                               uint32_t comp_ratio, const dsib_state *comp, dsib_view idx,
+                               uint32_t topk, const dsib_weight *sinks, float scale,
+                               dsib_view out, uint32_t ldo) {
     opc c;
-    if (op_start(inst, &c, "attn_sink") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "attn_sink") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
-    if (ring_len < window || hd > 1024 || hd == 0 || !fits_i32(pos0 + n) || H > 65535)
+    if (!ring || ring->rows < window || ring->ld != hd || hd > 1024 || hd == 0 || H > 65535 ||
+        (comp_ratio && (!comp || comp->ld != hd || comp->slots != ring->slots)))
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan attn_sink: bad arguments");
     if (st == DSI_OK && n && H) {
-        dsib_vk_bind bd[7];
+        dsib_vk_bind bd[8];
         memset(bd, 0, sizeof bd);
-        uint32_t p[32] = {0}, dummy = 0;
+        uint32_t p[32] = {0};
         st = bind_words(&c, q, span(n, ldq, (uint64_t)H * hd), &bd[0], &p[0], "q");
-        if (st == DSI_OK) st = bind_words(&c, ring, (uint64_t)ring_len * hd * 4, &bd[1], &p[6], "ring");
+        if (st == DSI_OK) st = bind_state(&c, ring, hd, &bd[1], &p[6], "ring");
         if (st == DSI_OK) st = bind_words(&c, kv, span(n, ldkv, hd), &bd[2], &p[8], "kv");
-        if (st == DSI_OK && comp_ratio) {
-            uint64_t nrows = (uint64_t)(pos0 + n) / comp_ratio;
-            st = bind_words(&c, comp, (nrows ? nrows : 1) * hd * 4, &bd[3], &p[11], "comp");
-        }
+        if (st == DSI_OK && comp_ratio) st = bind_state(&c, comp, hd, &bd[3], &p[11], "comp");
         p[12] = 0xFFFFFFFFu;
         if (st == DSI_OK && comp_ratio && idx.buf) st = bind_words(&c, idx, (uint64_t)n * topk * 4, &bd[4], &p[12], "idx");
         if (st == DSI_OK) st = bind_param(&c, sinks, H, &bd[5], &p[14], &p[15], "sinks");
         if (st == DSI_OK) st = bind_words(&c, out, span(n, ldo, (uint64_t)H * hd), &bd[6], &p[17], "out");
-        (void)dummy;
-        p[1] = ldq, p[2] = H, p[3] = hd, p[4] = (uint32_t)pos0, p[5] = window, p[7] = ring_len;
+        if (st == DSI_OK) st = bind_words(&c, rows, (uint64_t)n * 16, &bd[7], &p[4], "rows");
+        p[1] = ldq, p[2] = H, p[3] = hd, p[5] = window, p[7] = ring->rows;
         p[9] = ldkv, p[10] = comp_ratio, p[13] = topk, p[16] = fbits(scale), p[18] = ldo;
-        if (st == DSI_OK) st = dispatch_rows(&c, shader("attn_sink"), bd, 7, p, 32, H, n, 1, 19, 0);
+        p[20] = comp_ratio ? comp->rows : 0;
+        if (st == DSI_OK) st = dispatch_rows(&c, shader("attn_sink"), bd, 8, p, 32, H, n, 1, 19, 0);
     }
     return op_end(&c, st);
 }
 
 /* ---- MoE ------------------------------------------------------------------------------------------ */
 
-static dsi_status op_moe_route(dsib_instance *inst, dsib_view logits, uint32_t ldl, uint32_t E,
+static dsi_status op_moe_route(dsib_stream *strm, dsib_view logits, uint32_t ldl, uint32_t E,
                                uint32_t k, const dsib_weight *bias, const dsib_weight *tid2eid,
                                dsib_view ids, float norm_add, float route_scale, uint32_t n,
                                dsib_view sel, dsib_view wts) {
     opc c;
-    if (op_start(inst, &c, "moe_route") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "moe_route") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     if (k == 0 || k > E || E > 65536) st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan moe_route: bad k / E");
     if (st == DSI_OK && tid2eid && (tid2eid->type != DSI_TYPE_I32 || (tid2eid->offset & 3) || (tid2eid->nb1 & 3)))
@@ -857,7 +877,7 @@ static dsi_status op_moe_route(dsib_instance *inst, dsib_view logits, uint32_t l
         st = bind_words(&c, logits, span(n, ldl, E), &bd[0], &p[0], "logits");
         if (st == DSI_OK && bias && !tid2eid) st = bind_param(&c, bias, E, &bd[1], &p[5], &p[6], "bias");
         if (st == DSI_OK && tid2eid) {
-            if (dsib_vk_resolve(inst, tid2eid->buf, tid2eid->offset,
+            if (dsib_vk_resolve(c.inst, tid2eid->buf, tid2eid->offset,
                                 (uint64_t)(tid2eid->ne[1] - 1) * tid2eid->nb1 + (uint64_t)k * 4, &bd[2]) != DSI_OK)
                 st = FAIL(&c, DSI_ERR_UNSUPPORTED, "vulkan moe_route: tid2eid does not fit one binding");
             p[8] = bd[2].skew;
@@ -870,29 +890,22 @@ static dsi_status op_moe_route(dsib_instance *inst, dsib_view logits, uint32_t l
         p[1] = ldl, p[2] = E, p[3] = k, p[4] = bias && !tid2eid, p[7] = tid2eid != NULL;
         p[11] = fbits(norm_add), p[12] = fbits(route_scale), p[13] = n;
         if (st == DSI_OK)
-            st = dsib_vk_dispatch(inst, c.r, (uint32_t)shader("moe_route"), bd, 6, p, 32, (n + 63) / 64, 1, 1);
+            st = dsib_vk_dispatch(c.inst, c.r, (uint32_t)shader("moe_route"), bd, 6, p, 32, (n + 63) / 64, 1, 1);
     }
     return op_end(&c, st);
 }
 
 /* By-id matmul: y[r][:] = W_{sel[r]} · x[r / xdiv], r < nr, over all expert windows. */
 static dsi_status mm_ids(opc *c, const dsib_weight *w, const dsib_vk_bind *bsel, uint32_t sel_off,
-                         dsib_buffer *x, uint32_t ldx, uint32_t xdiv, dsib_view xv,
-                         dsib_buffer *y, uint32_t nr) {
-    const vk_type *t = type_info(w->type);
+                         dsib_view xv, uint32_t ldx, uint32_t xdiv, dsib_view yv, uint32_t nr) {
+    vk_type tv_;
+    const vk_type *t = type_info(w->type, &tv_);
     if (!t) return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan moe_experts: weight type %d is not supported", (int)w->type);
     mm_args a;
     memset(&a, 0, sizeof a);
     a.mode = MM_IDS;
     a.si = pick(c->inst, t->shader);
-    dsib_view yv = {y, 0};
-    dsi_status st;
-    if (x) {
-        dsib_view v = {x, 0};
-        st = bind_words(c, v, span(nr / xdiv, ldx, (uint64_t)w->ne[0]), &a.bx, &a.x_off, "x");
-    } else {
-        st = bind_words(c, xv, span(nr / xdiv, ldx, (uint64_t)w->ne[0]), &a.bx, &a.x_off, "x");
-    }
+    dsi_status st = bind_words(c, xv, span(nr / xdiv, ldx, (uint64_t)w->ne[0]), &a.bx, &a.x_off, "x");
     if (st == DSI_OK) st = bind_words(c, yv, (uint64_t)nr * w->ne[1] * 4, &a.by, &a.y_off, "y");
     if (st != DSI_OK) return st;
     a.bi = *bsel;
@@ -906,36 +919,40 @@ static dsi_status mm_ids(opc *c, const dsib_weight *w, const dsib_vk_bind *bsel,
     return for_windows(c, w, 0, E, mm_window, &a);
 }
 
-static dsi_status op_moe_experts(dsib_instance *inst, dsib_view x, uint32_t ldx, dsib_view sel,
+static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view sel,
                                  dsib_view wts, uint32_t k, const dsib_weight *w1,
                                  const dsib_weight *w3, const dsib_weight *w2, float limit,
                                  uint32_t n, dsib_view y, uint32_t ldy) {
     opc c;
-    if (op_start(inst, &c, "moe_experts") != DSI_OK) return DSI_ERR_BACKEND;
+    if (op_start(strm, &c, "moe_experts") != DSI_OK) return DSI_ERR_BACKEND;
     dsi_status st = DSI_OK;
     int64_t D = w1->ne[0], F = w1->ne[1];
     if (w2->ne[0] != F || w2->ne[1] != D || w3->ne[0] != D || w3->ne[1] != F || k == 0)
         st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT, "vulkan moe_experts: shape mismatch");
     if (st == DSI_OK && n) {
         uint32_t nr = n * k;
-        dsib_buffer *G = NULL, *U = NULL, *Z = NULL;
-        st = dsib_vk_rec_temp(inst, c.r, (uint64_t)nr * F * 4, &G);
-        if (st == DSI_OK) st = dsib_vk_rec_temp(inst, c.r, (uint64_t)nr * F * 4, &U);
-        if (st == DSI_OK) st = dsib_vk_rec_temp(inst, c.r, (uint64_t)nr * D * 4, &Z);
+        /* G, U [nr][F] and Z [nr][D] in the stream's workspace, each at an aligned offset */
+        uint64_t al = c.inst->min_align > 256 ? c.inst->min_align : 256;
+        uint64_t gb = ((uint64_t)nr * F * 4 + al - 1) / al * al;
+        uint64_t ub = gb, zb = (uint64_t)nr * D * 4;
+        dsib_buffer *ws = dsib_vk_stream_ws(strm, gb + ub + zb);
+        if (!ws)
+            st = FAIL(&c, DSI_ERR_INVALID_ARGUMENT,
+                      "vulkan moe_experts: %u rows exceed the stream's workspace", n);
+        dsib_view G = {ws, 0}, U = {ws, gb}, Z = {ws, gb + ub};
         dsib_vk_bind bsel, bw;
         uint32_t sel_off = 0, w_off = 0;
         if (st == DSI_OK) st = bind_words(&c, sel, (uint64_t)nr * 4, &bsel, &sel_off, "sel");
         if (st == DSI_OK) st = bind_words(&c, wts, (uint64_t)nr * 4, &bw, &w_off, "wts");
-        if (st == DSI_OK) st = mm_ids(&c, w1, &bsel, sel_off, NULL, ldx, k, x, G, nr);
-        if (st == DSI_OK) st = mm_ids(&c, w3, &bsel, sel_off, NULL, ldx, k, x, U, nr);
+        if (st == DSI_OK) st = mm_ids(&c, w1, &bsel, sel_off, x, ldx, k, G, nr);
+        if (st == DSI_OK) st = mm_ids(&c, w3, &bsel, sel_off, x, ldx, k, U, nr);
         if (st == DSI_OK) {
             /* G = swiglu(G, U)·wts[r] (router weight before the down projection, §3.5) */
             dsib_vk_bind bd[5];
             memset(bd, 0, sizeof bd);
             uint32_t p[32] = {EW_MOE_SWIGLU};
-            dsib_view gv = {G, 0}, uv = {U, 0};
-            st = bind_words(&c, gv, (uint64_t)nr * F * 4, &bd[0], &p[3], "G");
-            if (st == DSI_OK) st = bind_words(&c, uv, (uint64_t)nr * F * 4, &bd[1], &p[5], "U");
+            st = bind_words(&c, G, (uint64_t)nr * F * 4, &bd[0], &p[3], "G");
+            if (st == DSI_OK) st = bind_words(&c, U, (uint64_t)nr * F * 4, &bd[1], &p[5], "U");
             bd[2] = bd[0];
             p[7] = p[3];
             bd[3] = bw;
@@ -944,23 +961,24 @@ static dsi_status op_moe_experts(dsib_instance *inst, dsib_view x, uint32_t ldx,
             p[9] = fbits(limit);
             if (st == DSI_OK) st = ew(&c, p, bd, nr, (uint32_t)F);
         }
-        if (st == DSI_OK) {
-            dsib_view none = {NULL, 0};
-            st = mm_ids(&c, w2, &bsel, sel_off, G, (uint32_t)F, 1, none, Z, nr);
-        }
+        if (st == DSI_OK) st = mm_ids(&c, w2, &bsel, sel_off, G, (uint32_t)F, 1, Z, nr);
         if (st == DSI_OK) {
             /* y[t] = Σ_{j ascending} Z[t·k + j] */
             dsib_vk_bind bd[5];
             memset(bd, 0, sizeof bd);
             uint32_t p[32] = {EW_SUMK};
-            dsib_view zv = {Z, 0};
-            st = bind_words(&c, zv, (uint64_t)nr * D * 4, &bd[0], &p[3], "Z");
+            st = bind_words(&c, Z, (uint64_t)nr * D * 4, &bd[0], &p[3], "Z");
             if (st == DSI_OK) st = bind_words(&c, y, span(n, ldy, (uint64_t)D), &bd[2], &p[7], "y");
             p[4] = (uint32_t)D, p[8] = ldy, p[14] = k;
             if (st == DSI_OK) st = ew(&c, p, bd, n, (uint32_t)D);
         }
     }
     return op_end(&c, st);
+}
+
+int dsib_vk_type_has_matmul(int32_t type) {
+    vk_type tv;
+    return type_info(type, &tv) != NULL;
 }
 
 const dsib_ops dsib_vk_ops = {
@@ -973,8 +991,9 @@ const dsib_ops dsib_vk_ops = {
     .scale = op_scale,
     .copy = op_copy,
     .copy_rows = op_copy_rows,
+    .gather_rows = op_gather_rows,
     .rope_tail = op_rope_tail,
-    .ring_write = op_ring_write,
+    .store_rows = op_store_rows,
     .fake_quant = op_fake_quant,
     .hadamard = op_hadamard,
     .hc_expand = op_hc_expand,

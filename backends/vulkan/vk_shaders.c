@@ -65,6 +65,9 @@ static const uint32_t spv_moe_route[] =
 static const uint32_t spv_engram_gate[] =
 #include "engram_gate.spv.inc"
     ;
+static const uint32_t spv_rows[] =
+#include "rows.spv.inc"
+    ;
 static const uint32_t spv_matmul_f32_sg[] =
 #include "matmul_f32_sg.spv.inc"
     ;
@@ -107,15 +110,16 @@ const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_fp8_b32", spv_matmul_fp8_b32, sizeof spv_matmul_fp8_b32, 0, 4},
     {"rms_norm", spv_rms_norm, sizeof spv_rms_norm, 0, 3},
     {"eltwise", spv_eltwise, sizeof spv_eltwise, 0, 5},
-    {"rope", spv_rope, sizeof spv_rope, 0, 2},
+    {"rope", spv_rope, sizeof spv_rope, 0, 3},
     {"fake_quant", spv_fake_quant, sizeof spv_fake_quant, 0, 1},
     {"hadamard", spv_hadamard, sizeof spv_hadamard, 0, 1},
     {"hc_mix", spv_hc_mix, sizeof spv_hc_mix, 0, 4},
-    {"compress_pool", spv_compress_pool, sizeof spv_compress_pool, 0, 5},
-    {"indexer", spv_indexer, sizeof spv_indexer, 0, 7},
-    {"attn_sink", spv_attn_sink, sizeof spv_attn_sink, 0, 7},
+    {"compress_pool", spv_compress_pool, sizeof spv_compress_pool, 0, 6},
+    {"indexer", spv_indexer, sizeof spv_indexer, 0, 8},
+    {"attn_sink", spv_attn_sink, sizeof spv_attn_sink, 0, 8},
     {"moe_route", spv_moe_route, sizeof spv_moe_route, 0, 6},
     {"engram_gate", spv_engram_gate, sizeof spv_engram_gate, 0, 4},
+    {"rows", spv_rows, sizeof spv_rows, 0, 3},
     {"matmul_f32_sg", spv_matmul_f32_sg, sizeof spv_matmul_f32_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
     {"matmul_f16_sg", spv_matmul_f16_sg, sizeof spv_matmul_f16_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
     {"matmul_bf16_sg", spv_matmul_bf16_sg, sizeof spv_matmul_bf16_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},

@@ -5,16 +5,25 @@
  * the same run; prefill into GFLOP/s next to a measured FMA peak.
  *
  *   dsinfer-bench -m FILE [-p 512] [-n 128] [-r 5] [-t THREADS] [--backend NAME] [--json]
+ *   dsinfer-bench -m FILE --sessions 1,2,4,8 [-n 32] [-r 3] [-t THREADS]
  *   dsinfer-bench --kernels [-t THREADS] [-r 5] [--type NAME] [--json]
  *
  * Model runs use the public session API (dsi_session_sync for pp, dsi_session_append one
  * token at a time for tg); the byte and FLOP counts come from the model's bound tensors
- * (lib/model internals; this tool links the static library).
+ * (lib/model internals; this tool links the static library). --sessions is the serving
+ * frontier: for each batch size B, B sessions decode together through the experimental
+ * dsi_session_append_batch (one shared step per token of every session); reported per B:
+ * aggregate and per-session t/s, ms per step, the weight bytes one step reads (shared
+ * tensors once + the routed experts the batch selected, each once — counted by the CPU
+ * backend), the speed-up those bytes allow over B = 1 and the effective bandwidth.
  */
 #define _POSIX_C_SOURCE 200809L
 
+#define DSI_EXPERIMENTAL
 #include "dsinfer.h"
 
+#include "backend/device.h"
+#include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
 #include "bench_hw.h"
@@ -40,6 +49,8 @@ typedef struct opts {
     const char *isa;
     int bw_mib;
     int no_limits;
+    const char *sessions;
+    int n_given;
 } opts;
 
 static void usage(FILE *f) {
@@ -58,7 +69,9 @@ static void usage(FILE *f) {
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512) instead of the\n"
             "               one the library picked\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
-            "  --no-limits  skip the bandwidth / FMA-peak measurements\n");
+            "  --no-limits  skip the bandwidth / FMA-peak measurements\n"
+            "  --sessions L batch sizes of the serving frontier, e.g. 1,2,4,8 (-n decode steps,\n"
+            "               default 32 here; prompts of 16 tokens)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -82,13 +95,14 @@ static int parse(int argc, char **argv, opts *o) {
     } while (0)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDV; o->model = v; }
         else if (!strcmp(a, "-p")) { NEEDV; o->p = atoi(v); }
-        else if (!strcmp(a, "-n")) { NEEDV; o->n = atoi(v); }
+        else if (!strcmp(a, "-n")) { NEEDV; o->n = atoi(v); o->n_given = 1; }
         else if (!strcmp(a, "-r")) { NEEDV; o->r = atoi(v); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDV; o->t = atoi(v); }
         else if (!strcmp(a, "--backend")) { NEEDV; o->backend = v; }
         else if (!strcmp(a, "--type")) { NEEDV; o->type = v; }
         else if (!strcmp(a, "--isa")) { NEEDV; o->isa = v; }
         else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
+        else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
@@ -335,11 +349,18 @@ static void add_cost(const dsii_tensor *t, double bytes, double flops, double *c
     cb[cat_of(t)] += bytes;
 }
 
+/* `per_row`: the part of `bytes` that every row of a step reads again (its embedding row,
+ * hash-routing row, Engram rows); the rest is read once per step whatever its rows. */
+static double g_per_row_bytes;
 static void per_token_cost(const dsi_model *m, double *bytes, double *flops, double *cb) {
     double b = 0, f = 0;
     for (int c = 0; c < C_COUNT; c++) cb[c] = 0;
     const dsii_model_tensors *w = &m->w;
-    if (w->token_embd) add_cost(w->token_embd, (double)w->token_embd->row_bytes, 0, cb, &b, &f);
+    g_per_row_bytes = 0;
+    if (w->token_embd) {
+        add_cost(w->token_embd, (double)w->token_embd->row_bytes, 0, cb, &b, &f);
+        g_per_row_bytes += (double)w->token_embd->row_bytes;
+    }
     const dsii_tensor *top[] = {w->output_norm, w->output, w->output_hc_fn, w->output_hc_base,
                                 w->output_hc_scale};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
@@ -361,8 +382,10 @@ static void per_token_cost(const dsi_model *m, double *bytes, double *flops, dou
                          &b, &f);
             } else if (t == L->tid2eid) {
                 add_cost(t, (double)t->row_bytes, 0, cb, &b, &f);
+                g_per_row_bytes += (double)t->row_bytes;
             } else if (t == L->engram_embd) {
                 add_cost(t, (double)m->hp.engram.n_cols * (double)t->row_bytes, 0, cb, &b, &f);
+                g_per_row_bytes += (double)m->hp.engram.n_cols * (double)t->row_bytes;
             } else {
                 add_cost(t, (double)t->nbytes, t->ne[1] > 1 ? 2.0 * (double)t->n_elements : 0, cb,
                          &b, &f);
@@ -393,6 +416,122 @@ static int argmax(const float *v, int32_t n) {
     for (int32_t i = 1; i < n; i++)
         if (v[i] > v[best]) best = i;
     return best;
+}
+
+/* ---- --sessions: the serving frontier --------------------------------------------------- */
+
+static uint64_t cpu_expert_bytes(dsi_context *ctx) {
+    dsii_device *d = dsii_context_compute(ctx);
+    if (!d || strcmp(d->name, "cpu") != 0) return 0;
+    return atomic_load(&d->inst->stat_expert_bytes);
+}
+
+static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const limits *l,
+                        double tok_bytes, const double *cat_bytes, int32_t nv) {
+    int bs[16], nb = 0;
+    for (const char *p = o->sessions; *p && nb < 16;) {
+        int v = atoi(p);
+        if (v < 1 || v > 64) {
+            fprintf(stderr, "dsinfer-bench: bad --sessions entry\n");
+            return 1;
+        }
+        bs[nb++] = v;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    int n = o->n_given && o->n > 0 ? o->n : 32, reps = o->r, P = 16;
+    int on_cpu = strcmp(dsi_context_backend(ctx), "cpu") == 0;
+    /* read once per step: everything but the routed experts and the per-row parts */
+    double shared = tok_bytes - cat_bytes[C_ROUTED] - g_per_row_bytes;
+    printf("\nserving frontier: B sessions decode together (dsi_session_append_batch), %d steps x "
+           "%d repetitions, prompts of %d tokens; backend %s, %d threads\n",
+           n, reps, P, dsi_context_backend(ctx), o->t);
+    printf("weights read once per step: %.1f MiB (+ %.3f MiB per row; routed experts: %.2f MiB per "
+           "token at k/E)\n\n",
+           shared / 1048576.0, g_per_row_bytes / 1048576.0, cat_bytes[C_ROUTED] / 1048576.0);
+    printf("| B | agg t/s | t/s per session | ms/step | MiB/step (experts) | bytes bound x | "
+           "measured x | eff GB/s | %% read BW |\n");
+    printf("| -: | ------: | --------------: | ------: | -----------------: | ------------: | "
+           "---------: | -------: | --------: |\n");
+    double agg1 = 0, bytes1 = 0;
+    int fail = 0;
+    for (int bi = 0; bi < nb && !fail; bi++) {
+        int B = bs[bi];
+        dsi_session *s[64];
+        dsi_token *tok = calloc((size_t)B, sizeof *tok);
+        const dsi_token *tp[64];
+        size_t tn[64];
+        dsi_session_options so;
+        dsi_session_options_init(&so);
+        so.n_ctx = (uint32_t)(P + (reps + 1) * n + 8);
+        for (int i = 0; i < B; i++) s[i] = NULL;
+        for (int i = 0; i < B && !fail; i++)
+            if (dsi_session_create(model, &so, &s[i]) != DSI_OK) {
+                fprintf(stderr, "dsinfer-bench: session: %s\n", dsi_last_error());
+                fail = 1;
+            }
+        dsi_token *prompts = calloc((size_t)B * P, sizeof *prompts);
+        uint64_t rng = 99;
+        for (int i = 0; i < B * P; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            prompts[i] = (dsi_token)((rng >> 33) % (uint64_t)(nv > 16 ? nv - 16 : nv));
+        }
+        for (int i = 0; i < B; i++) {
+            tp[i] = prompts + (size_t)i * P;
+            tn[i] = (size_t)P;
+        }
+        if (!fail && dsi_session_append_batch((size_t)B, s, tp, tn, NULL) != DSI_OK) {
+            fprintf(stderr, "dsinfer-bench: prefill: %s\n", dsi_last_error());
+            fail = 1;
+        }
+        double samples[64];
+        int ns = 0;
+        uint64_t ebytes = 0;
+        for (int rep = 0; rep < reps + 1 && !fail; rep++) {
+            uint64_t e0 = cpu_expert_bytes(ctx);
+            double t0 = bench_now();
+            for (int step = 0; step < n && !fail; step++) {
+                for (int i = 0; i < B; i++) {
+                    const float *lg = NULL;
+                    int32_t k = 0;
+                    tok[i] = dsi_session_logits(s[i], &lg, &k) == DSI_OK ? argmax(lg, k) : 0;
+                    tp[i] = &tok[i];
+                    tn[i] = 1;
+                }
+                if (dsi_session_append_batch((size_t)B, s, tp, tn, NULL) != DSI_OK) {
+                    fprintf(stderr, "dsinfer-bench: batch step: %s\n", dsi_last_error());
+                    fail = 1;
+                }
+            }
+            double dt = bench_now() - t0;
+            if (rep == 0) continue; /* warm-up */
+            samples[ns++] = dt;
+            ebytes += cpu_expert_bytes(ctx) - e0;
+        }
+        if (!fail && ns > 0) {
+            double mean, sd;
+            mean_sd(samples, ns, &mean, &sd);
+            double step_s = mean / n;
+            double agg = B / step_s, per = 1.0 / step_s;
+            double eb = on_cpu ? (double)ebytes / ((double)ns * n) : (double)B * cat_bytes[C_ROUTED];
+            double bytes = shared + B * g_per_row_bytes + eb;
+            if (bi == 0 && B == 1) agg1 = agg, bytes1 = bytes;
+            double bound = bytes1 > 0 ? B * bytes1 / bytes : 0;
+            double meas = agg1 > 0 ? agg / agg1 : 0;
+            double eff = bytes / step_s * 1e-9;
+            printf("| %d | %.2f | %.2f | %.1f | %.1f (%.1f%s) | %.2f | %.2f | %.2f | %.1f%% |\n", B,
+                   agg, per, 1000.0 * step_s, bytes / 1048576.0, eb / 1048576.0,
+                   on_cpu ? "" : " est", bound, meas, eff,
+                   l->read_gbs > 0 ? 100.0 * eff / l->read_gbs : 0.0);
+        }
+        for (int i = 0; i < B; i++) dsi_session_free(s[i]);
+        free(tok);
+        free(prompts);
+    }
+    if (!o->no_limits)
+        printf("\nmemory read bandwidth measured in this run: %.2f GB/s\n", l->read_gbs);
+    return fail;
 }
 
 static int run_model(const opts *o) {
@@ -429,6 +568,12 @@ static int run_model(const opts *o) {
     dsi_model_get_info(model, &info);
     double tok_bytes = 0, tok_flops = 0, cat_bytes[C_COUNT];
     per_token_cost(model, &tok_bytes, &tok_flops, cat_bytes);
+    if (o->sessions) {
+        int rc = run_sessions(o, ctx, model, &l, tok_bytes, cat_bytes, info.n_vocab);
+        dsi_model_free(model);
+        dsi_context_free(ctx);
+        return rc;
+    }
 
     dsi_session_options so;
     dsi_session_options_init(&so);

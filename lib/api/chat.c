@@ -6,12 +6,7 @@
 
 #include <string.h>
 
-DSI_API void dsi_chat_message_init(dsi_chat_message *msg) {
-    if (!msg) return;
-    memset(msg, 0, sizeof *msg);
-    msg->struct_size = sizeof *msg;
-    msg->role = DSI_ROLE_USER;
-}
+DSI_API void dsi_chat_message_init(dsi_chat_message *msg) { dsii_chat_message_defaults(msg); }
 
 DSI_API void dsi_chat_options_init(dsi_chat_options *opt) {
     if (!opt) return;

@@ -17,27 +17,6 @@ DSI_API void dsi_version(uint32_t *major, uint32_t *minor, uint32_t *patch) {
 
 DSI_API uint32_t dsi_abi_version(void) { return DSI_ABI_VERSION; }
 
-DSI_API const char *dsi_status_string(dsi_status status) {
-    switch (status) {
-    case DSI_OK: return "ok";
-    case DSI_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case DSI_ERR_OUT_OF_HOST_MEMORY: return "out of host memory";
-    case DSI_ERR_OUT_OF_DEVICE_MEMORY: return "out of device memory";
-    case DSI_ERR_IO: return "input/output error";
-    case DSI_ERR_BAD_FORMAT: return "bad file format";
-    case DSI_ERR_UNSUPPORTED: return "unsupported";
-    case DSI_ERR_BACKEND: return "backend failure";
-    case DSI_ERR_CANCELLED: return "cancelled";
-    case DSI_ERR_CONTEXT_FULL: return "context full";
-    case DSI_ERR_STATE_MISMATCH: return "state mismatch";
-    case DSI_ERR_ABI_MISMATCH: return "ABI mismatch";
-    case DSI_ERR_BUSY: return "busy";
-    case DSI_ERR_NOT_FOUND: return "not found";
-    case DSI_ERR_INTERNAL: return "internal error";
-    default: return "unknown status";
-    }
-}
-
 DSI_API void dsi_context_options_init(dsi_context_options *opt, uint32_t abi_version) {
     if (!opt) return;
     memset(opt, 0, sizeof *opt);
@@ -131,6 +110,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     ctx->opt = opt;
     ctx->opt.backend = NULL;
     ctx->opt.backend_dir = NULL;
+    ctx->opt.devices = NULL;
     atomic_init(&ctx->n_models, 0);
     ctx->n_threads = opt.n_threads > 0 ? opt.n_threads : dsii_cpu_count();
     if (opt.backend_dir) {
@@ -142,8 +122,18 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
         ctx->opt.backend_dir = ctx->backend_dir;
     }
 
-    dsi_status st = dsii_context_open_backend(ctx, backend, opt.device_index, &err);
+    if (opt.devices) {
+        ctx->devices = dsii_strdup(ctx, opt.devices);
+        if (!ctx->devices) {
+            dsii_free(ctx, ctx->backend_dir);
+            dsii_free(ctx, ctx);
+            return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
+        }
+        ctx->opt.devices = ctx->devices;
+    }
+    dsi_status st = dsii_context_open_backend(ctx, backend, opt.device_index, ctx->devices, &err);
     if (st != DSI_OK) {
+        dsii_free(ctx, ctx->devices);
         dsii_free(ctx, ctx->backend_dir);
         dsii_free(ctx, ctx);
         dsii_set_thread_error(err.msg);
@@ -165,6 +155,7 @@ DSI_API dsi_status dsi_context_free(dsi_context *ctx) {
         return dsii_context_fail(ctx, &e);
     }
     dsii_context_close_backend(ctx);
+    dsii_free(ctx, ctx->devices);
     dsii_free(ctx, ctx->backend_dir);
     dsii_free(ctx, ctx);
     return DSI_OK;

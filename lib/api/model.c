@@ -7,6 +7,7 @@
 #include "base/file.h"
 #include "arch/arch.h"
 #include "model/model.h"
+#include "sched/sched.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -42,8 +43,9 @@ static dsi_status read_model_options(const dsi_model_options *user, dsi_model_op
     dsi_model_options_init(opt);
     dsi_status st = dsii_read_options(opt, sizeof *opt, user, "dsi_model_options", err);
     if (st != DSI_OK) return st;
-    if (opt->flags != 0)
-        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_model_options.flags must be 0 (got 0x%x)", opt->flags);
+    if (opt->flags & ~(uint32_t)DSII_MODEL_FLAG_COALESCE)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
+                         "dsi_model_options.flags has unknown bits 0x%x", opt->flags);
     if (!reader && opt->access != DSI_ACCESS_MMAP && opt->access != DSI_ACCESS_PREAD)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
                          "dsi_model_options.access %d is not DSI_ACCESS_MMAP or DSI_ACCESS_PREAD", opt->access);
@@ -59,7 +61,9 @@ static dsi_status finish_load(dsi_context *ctx, const dsi_model_options *opt, ds
     const char *stage = "upload";
     if (opt->progress_fn && opt->progress_fn(DSI_LOAD_STAGE_UPLOAD, 0, 1, opt->progress_user_data) == 0)
         st = DSI_ERR_CANCELLED;
-    if (st == DSI_OK) st = dsii_arch_model_prepare(m, err);
+    if (st == DSI_OK) st = dsii_exec_create(m, err);
+    if (st == DSI_OK && (opt->flags & DSII_MODEL_FLAG_COALESCE) && m->exec)
+        st = dsii_sched_enable(m->exec, err);
     if (st == DSI_OK && opt->progress_fn &&
         opt->progress_fn(DSI_LOAD_STAGE_UPLOAD, 1, 1, opt->progress_user_data) == 0)
         st = DSI_ERR_CANCELLED;

@@ -4,18 +4,7 @@
 
 #include <string.h>
 
-DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt) {
-    if (!opt) return;
-    memset(opt, 0, sizeof *opt);
-    opt->struct_size = sizeof *opt;
-    opt->temperature = 1.0f;
-    opt->top_k = 0;
-    opt->top_p = 1.0f;
-    opt->min_p = 0.0f;
-    opt->repetition_penalty = 1.0f;
-    opt->penalty_last_n = 64;
-    opt->seed = 0;
-}
+DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt) { dsii_sampler_options_defaults(opt); }
 
 DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out) {
     if (out) *out = NULL;

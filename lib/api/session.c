@@ -54,7 +54,7 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
     dsi_session_options_init(&opt);
     if (dsii_read_options(&opt, sizeof opt, user_opt, "dsi_session_options", &e) != DSI_OK)
         return dsii_thread_fail(e.status, "%s", e.msg);
-    if (opt.flags & ~(uint32_t)DSI_SESSION_FLAG_NO_FAKE_QUANT)
+    if (opt.flags & ~(uint32_t)(DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_NO_CAPTURE))
         return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
                                 "dsi_session_options.flags has unknown bits 0x%x", opt.flags);
     const dsii_hparams *hp = &model->hp;
@@ -67,34 +67,49 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
                                 n_ctx, train);
     uint32_t n_batch = opt.n_batch ? opt.n_batch : DSII_SESSION_DEFAULT_BATCH;
     if (n_batch > n_ctx) n_batch = n_ctx;
-    const dsii_arch *arch = dsii_arch_for_model(model);
-    if (!arch)
+    if (!dsii_arch_for_model(model))
         return dsii_thread_fail(DSI_ERR_UNSUPPORTED,
                                 "dsi_session_create: no forward pass for this architecture in "
                                 "this build");
+    dsii_exec *ex = model->exec;
+    if (!ex || !ex->am)
+        return dsii_thread_fail(DSI_ERR_UNSUPPORTED,
+                                "dsi_session_create: backend '%s' cannot run this model "
+                                "(it lacks ops or weight types the model needs)",
+                                dsi_context_backend(model->ctx));
     const dsi_context *ctx = model->ctx;
     dsi_session *s = dsii_calloc(ctx, 1, sizeof *s);
     if (!s) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     s->model = model;
     s->ctx = ctx;
-    s->arch = arch;
+    s->ex = ex;
     s->params.n_ctx = n_ctx;
     s->params.n_batch = n_batch;
-    s->params.flags = opt.flags;
-    s->params.rewind_margin = 0;
+    s->params.flags = opt.flags & DSI_SESSION_FLAG_NO_FAKE_QUANT;
+    s->params.rewind_margin = DSII_DEFAULT_MARGIN;
+    s->margin = DSII_DEFAULT_MARGIN;
     s->n_vocab = (int32_t)hp->n_vocab;
     atomic_init(&s->cancel, 0);
     dsii_error_clear(&s->last_error);
     s->tokens = dsii_calloc(ctx, n_ctx, sizeof(dsi_token));
     s->logits = dsii_calloc(ctx, hp->n_vocab ? hp->n_vocab : 1, sizeof(float));
-    if (!s->tokens || !s->logits) {
-        dsii_free(ctx, s->tokens);
-        dsii_free(ctx, s->logits);
-        dsii_free(ctx, s);
-        return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    dsi_status st = DSI_OK;
+    if (!s->tokens || !s->logits) st = dsii_fail(&e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    s->seq.ex = ex;
+    s->seq.n_batch = n_batch;
+    s->seq.tokens = s->tokens;
+    s->seq.cancel = &s->cancel;
+    if (st == DSI_OK) st = dsii_exec_pool(ex, &s->params, &s->seq.pool, &e);
+    if (st == DSI_OK) st = dsii_kv_pool_acquire(s->seq.pool, &s->seq.slot, &e);
+    if (st != DSI_OK) s->seq.pool = NULL;
+    if (st == DSI_OK) {
+        uint32_t max_out = n_batch < DSII_SESSION_MAX_OUT ? n_batch : DSII_SESSION_MAX_OUT;
+        st = dsii_lane_create(ex, n_batch, max_out, n_ctx,
+                              (opt.flags & DSII_SESSION_FLAG_NO_CAPTURE) ? DSII_LANE_NO_CAPTURE : 0,
+                              &s->seq.lane, &e);
     }
-    dsi_status st = arch->state_create(model, &s->params, &s->st, &e);
     if (st != DSI_OK) {
+        if (s->seq.pool) dsii_kv_pool_release(s->seq.pool, s->seq.slot);
         dsii_free(ctx, s->tokens);
         dsii_free(ctx, s->logits);
         dsii_free(ctx, s);
@@ -108,7 +123,8 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
 DSI_API void dsi_session_free(dsi_session *s) {
     if (!s) return;
     const dsi_context *ctx = s->ctx;
-    s->arch->state_free(s->st);
+    dsii_lane_free(s->seq.lane);
+    dsii_kv_pool_release(s->seq.pool, s->seq.slot);
     dsii_model_session_release(s->model);
     dsii_free(ctx, s->tokens);
     dsii_free(ctx, s->logits);
@@ -148,15 +164,23 @@ static dsi_status check_tokens(dsi_session *s, const dsi_token *tokens, size_t n
     return DSI_OK;
 }
 
-/* Forgets the whole timeline (state included). */
+/* Forgets the whole timeline (the state needs no device work: it is position-addressed). */
 static void session_clear(dsi_session *s) {
-    s->arch->reset(s->st);
     s->n_tokens = 0;
     s->has_logits = 0;
 }
 
-/* Evaluates s->tokens[s->n_tokens .. end) in chunks of n_batch. `all` (may be NULL) receives
- * the logits of every evaluated token. Stops before a chunk when cancel is requested. */
+/* After a failed step that evaluated `n` rows from `pos`: the state before `pos` is intact
+ * when the step wrote at most `margin` rows (ring rows it overwrote belong to positions a
+ * re-evaluation never reads), so the timeline keeps that prefix; otherwise it is forgotten. */
+void dsii_session_step_failed(dsi_session *s, uint32_t pos, uint32_t n) {
+    s->n_tokens = n <= s->margin ? pos : 0;
+    s->has_logits = 0;
+}
+
+/* Evaluates s->tokens[s->n_tokens .. end) in chunks of n_batch (all-logits: chunks of at
+ * most the lane's output rows). `all` (may be NULL) receives the logits of every evaluated
+ * token. Stops before a chunk when cancel is requested. */
 static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
     dsii_error e;
     dsii_error_clear(&e);
@@ -167,15 +191,18 @@ static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
                                      "cancelled after %u of %u tokens (timeline holds %u)",
                                      s->n_tokens - start, end - start, s->n_tokens);
         uint32_t n = end - s->n_tokens;
-        if (n > s->params.n_batch) n = s->params.n_batch;
+        uint32_t cap = all ? s->seq.lane->max_out : s->params.n_batch;
+        if (n > cap) n = cap;
         int last = s->n_tokens + n == end;
         int32_t which = all ? DSII_LOGITS_ALL : last ? DSII_LOGITS_LAST : DSII_LOGITS_NONE;
         float *dst = all ? all + (size_t)(s->n_tokens - start) * (size_t)s->n_vocab : s->logits;
         s->has_logits = 0;
-        dsi_status st = s->arch->eval(s->st, s->tokens, s->n_tokens, n, which, dst, &e);
+        dsi_status st = dsii_sched_eval(&s->seq, s->n_tokens, n, which, dst, &e);
         if (st != DSI_OK) {
-            /* the state may be half-updated: forget everything rather than keep a lie */
-            session_clear(s);
+            if (st == DSI_ERR_CANCELLED)
+                return dsii_session_fail(s, st, "cancelled after %u of %u tokens (timeline holds %u)",
+                                         s->n_tokens - start, end - start, s->n_tokens);
+            dsii_session_step_failed(s, s->n_tokens, n);
             return session_fail_e(s, &e);
         }
         s->n_tokens += n;
@@ -187,19 +214,16 @@ static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
     return DSI_OK;
 }
 
-/* Truncates the timeline to `keep` tokens, exactly when the architecture can, else by
- * forgetting everything (the caller re-evaluates the prefix). Returns the kept length. */
+/* Truncates the timeline to `keep` tokens, exactly when the state can (within the rewind
+ * margin: no device work, the frontier moves), else by forgetting everything (the caller
+ * re-evaluates the prefix). Returns the kept length. */
 static uint32_t rewind_to(dsi_session *s, uint32_t keep) {
     if (keep >= s->n_tokens) return s->n_tokens;
     uint32_t back = s->n_tokens - keep;
-    if (keep > 0 && back <= s->arch->rewind_limit(s->st)) {
-        dsii_error e;
-        dsii_error_clear(&e);
-        if (s->arch->truncate(s->st, s->n_tokens, keep, &e) == DSI_OK) {
-            s->n_tokens = keep;
-            s->has_logits = 0;
-            return keep;
-        }
+    if (keep > 0 && back <= s->margin) {
+        s->n_tokens = keep;
+        s->has_logits = 0;
+        return keep;
     }
     session_clear(s);
     return 0;
@@ -229,15 +253,21 @@ dsi_status dsii_session_sync_nc(dsi_session *s, const dsi_token *tokens, size_t 
     return eval_to(s, (uint32_t)n, NULL);
 }
 
-static dsi_status append_impl(dsi_session *s, const dsi_token *tokens, size_t n, float *all,
-                              const char *fn) {
-    if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+dsi_status dsii_session_check_append(dsi_session *s, const dsi_token *tokens, size_t n,
+                                     const char *fn) {
     dsi_status st = check_tokens(s, tokens, n, fn);
     if (st != DSI_OK) return st;
     if (n > (size_t)(s->params.n_ctx - s->n_tokens))
-        return dsii_session_fail(s, DSI_ERR_CONTEXT_FULL,
-                                 "%s: %u + %zu tokens exceed n_ctx %u", fn, s->n_tokens, n,
-                                 s->params.n_ctx);
+        return dsii_session_fail(s, DSI_ERR_CONTEXT_FULL, "%s: %u + %zu tokens exceed n_ctx %u",
+                                 fn, s->n_tokens, n, s->params.n_ctx);
+    return DSI_OK;
+}
+
+static dsi_status append_impl(dsi_session *s, const dsi_token *tokens, size_t n, float *all,
+                              const char *fn) {
+    if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
+    dsi_status st = dsii_session_check_append(s, tokens, n, fn);
+    if (st != DSI_OK) return st;
     memcpy(s->tokens + s->n_tokens, tokens, sizeof(dsi_token) * n);
     return eval_to(s, s->n_tokens + (uint32_t)n, all);
 }

@@ -12,6 +12,7 @@
 
 #include "base/base.h"
 #include "arch/arch.h"
+#include "sched/sched.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -19,9 +20,11 @@
 struct dsi_session {
     dsi_model *model;
     const dsi_context *ctx;
-    const dsii_arch *arch;
-    dsii_arch_state *st;
+    dsii_exec *ex;               /* the model's execution side (lib/arch) */
+    dsii_seq seq;                /* its slot in a state pool + the lane of its own steps
+                                    (lib/sched); seq.tokens = tokens, seq.cancel = &cancel */
     dsii_arch_params params;     /* effective n_ctx, n_batch, flags, rewind margin */
+    uint32_t margin;             /* exact-rewind limit of its state (tokens) */
     int32_t n_vocab;
 
     dsi_token *tokens;           /* timeline, capacity params.n_ctx */
@@ -33,6 +36,23 @@ struct dsi_session {
     atomic_int cancel;           /* set by dsi_session_cancel */
     dsii_error last_error;
 };
+
+/* Rows of the session's own steps, and the rows whose logits one of its steps produces
+ * (all-logits evaluation goes in chunks of at most this many rows). */
+#define DSII_SESSION_MAX_OUT 16u
+
+/* Experimental session flag (dsinfer.h DSI_SESSION_FLAG_NO_CAPTURE): never capture / replay
+ * steps. Defined here too so the core builds without the experimental section. */
+#define DSII_SESSION_FLAG_NO_CAPTURE (1u << 16)
+
+/* After a failed step of `n` rows from `pos`: keeps the prefix when the state before `pos`
+ * is intact (n <= margin), else forgets the timeline. */
+void dsii_session_step_failed(dsi_session *s, uint32_t pos, uint32_t n);
+
+/* The checks of dsi_session_append (tokens in the vocabulary, n > 0, room in the context),
+ * recorded on the session; DSI_OK when the append may proceed. */
+dsi_status dsii_session_check_append(dsi_session *s, const dsi_token *tokens, size_t n,
+                                     const char *fn);
 
 /* Clears the cancel flag; called once at the start of every public call on the session. */
 void dsii_session_begin_call(dsi_session *s);

@@ -1,111 +1,225 @@
 /*
- * lib/arch/arch.h — the internal per-architecture interface the session layer calls.
+ * lib/arch/arch.h — the execution core between the session layer and the backends.
  *
- * One dsii_arch table per GGUF architecture (deepseek4: dsv4.c, deepseek41: dsv41.c). The
- * session layer (lib/api/session.c) owns the token timeline, chunking into prefill steps,
- * cancellation and logits; an architecture owns the per-session model state (window rings,
- * compressed rows, index keys, compressor state, Engram history, ...) which lives in
- * backend buffers, and evaluates tokens by calling backend ops only (backends/backend.h).
+ * Per model (created by dsi_model_load, shared by every session, freed with the model):
+ *   - dsii_exec: the compute device, the weight table (every tensor bound once on that
+ *     device, with a stable id), the architecture's per-model data (layer weight views,
+ *     state component ids), the state pools of the model's sessions and the scheduler.
+ * Per sequence (a session):
+ *   - a slot in a state pool (lib/kv) of the model; its timeline length is the frontier.
+ * Per execution context:
+ *   - dsii_lane: a stream on the compute device, the step scratch (activations for
+ *     max_rows rows), a host-visible io block (step rows, token ids, output-row indices,
+ *     Engram rows, logits) and a cache of captured steps. A session owns one lane for its
+ *     own steps; the scheduler owns one for the shared steps of a pool.
  *
- * Rewind rule (docs/internals.md "Rewinds"): all per-session state is either append-only
- * arrays indexed by position (compressed rows, index keys) or rings that keep the last
- * (span + margin) positions (window ring, compressor token rows). Truncating the timeline
- * from `cur` to `len` tokens is exact iff cur − len <= the state's rewind margin; otherwise
- * the session layer resets the state and re-evaluates the kept prefix ("rebuild").
+ * One step (dsii_exec_step) evaluates rows of one or several sequences of one pool:
+ * the host writes the inputs into the lane's io block (it depends only on tokens and
+ * positions), the architecture records its ops (position-independent: positions, slots,
+ * compressor group completion and ring rows come from the step rows), the stream is
+ * submitted and synced once, and the logits are read from the io block. A step whose shape
+ * (rows, output rows, pool generation) was seen before is captured once and replayed on
+ * backends that can (Vulkan: reusable command buffers; CUDA later: graphs).
+ *
+ * Determinism: every op computes each row independently of the other rows of the step
+ * (backends/backend.h), so a sequence's logits are bit-identical alone or in any batch,
+ * chunked or whole, in any order.
+ *
+ * Rewind rule (docs/internals.md "Rewinds"): all per-sequence state is position-addressed
+ * (lib/kv), so truncating a timeline from `cur` to `len` tokens is exact iff
+ * cur − len <= the pool's margin; otherwise the session layer re-evaluates the prefix.
  */
 #ifndef DSI_ARCH_H
 #define DSI_ARCH_H
 
+#include "backend/device.h"
+#include "backends/backend.h"
 #include "base/base.h"
+#include "kv/kv.h"
 
+#include <pthread.h>
 #include <stdint.h>
 
-typedef struct dsii_arch_state dsii_arch_state; /* per-session, defined by each arch */
+struct dsii_tensor; /* lib/model/model.h */
 
-/* Session-level parameters handed to state_create. */
+/* Session-level parameters that shape a sequence's state (a pool key). */
 typedef struct dsii_arch_params {
     uint32_t n_ctx;          /* maximum timeline length */
-    uint32_t n_batch;        /* maximum tokens per eval call */
+    uint32_t n_batch;        /* maximum tokens per step of the session's own lane */
     uint32_t flags;          /* DSI_SESSION_FLAG_* */
     uint32_t rewind_margin;  /* extra ring rows kept for exact rewinds (0 = default) */
 } dsii_arch_params;
 
-/* Logits requested from eval. */
+#define DSII_DEFAULT_MARGIN 256u /* exact-rewind margin (tokens), docs/internals.md */
+
+/* Logits requested for a sequence of a step. */
 enum {
     DSII_LOGITS_NONE = 0,    /* no readback (intermediate prefill chunks) */
-    DSII_LOGITS_LAST = 1,    /* the last token's row: n_vocab floats */
-    DSII_LOGITS_ALL = 2      /* every evaluated token: n × n_vocab floats */
+    DSII_LOGITS_LAST = 1,    /* the last row's logits: n_vocab floats */
+    DSII_LOGITS_ALL = 2      /* every row: n × n_vocab floats */
 };
+
+/* ---- weights ----------------------------------------------------------------------------- */
+
+/* The model's weight table on one device: tensor i (of dsi_model.tensors) bound as a
+ * dsib_weight with id i + 1. CPU: the host bytes wrapped in place; GPU: one device copy,
+ * uploaded at load. */
+typedef struct dsii_wtable {
+    dsii_device *dev;
+    const dsi_context *ctx;
+    dsi_model *model;
+    dsib_buffer **bufs;        /* [n_tensors], NULL = not bound */
+    uint64_t bytes;            /* bytes bound (uploaded on GPUs) */
+} dsii_wtable;
+
+/* Binds tensor `t` (NULL: *out zeroed, buf NULL — "absent"): ne = t->ne[0..2],
+ * nb1 = row_stride, nb2 = ne[1]·row_stride, id = index + 1. Binding twice reuses the
+ * buffer. */
+dsi_status dsii_wtable_bind(dsii_wtable *wt, const struct dsii_tensor *t, dsib_weight *out,
+                            dsii_error *e);
+
+/* ---- architectures ------------------------------------------------------------------------ */
+
+typedef struct dsii_arch_model dsii_arch_model; /* per model, defined by each arch */
+typedef struct dsii_lane dsii_lane;
+typedef struct dsii_exec dsii_exec;
+
+/* One sequence's part of a step: rows at positions pos .. pos+n−1 of the sequence whose
+ * state is `slot` of the step's pool. */
+typedef struct dsii_seq_step {
+    const dsi_token *tokens;   /* its timeline: tokens[0 .. pos+n) (history for Engram) */
+    uint32_t slot;
+    uint32_t pos, n;
+    int32_t which;             /* DSII_LOGITS_* */
+    float *logits;             /* host destination (LAST: n_vocab, ALL: n × n_vocab) */
+} dsii_seq_step;
+
+/* What the architecture's record() needs to know about a step beyond the io block. */
+typedef struct dsii_step_shape {
+    uint32_t n;                /* rows */
+    uint32_t n_out;            /* rows whose logits are produced (io out_idx) */
+    uint32_t fq_flags;         /* DSIB_FQ_NO_ROUND or 0 */
+} dsii_step_shape;
 
 typedef struct dsii_arch {
     const char *name;        /* "deepseek4" / "deepseek41" */
 
-    /* Allocates per-session state (all device buffers sized for p->n_ctx / p->n_batch). */
-    dsi_status (*state_create)(dsi_model *model, const dsii_arch_params *p,
-                               dsii_arch_state **out, dsii_error *e);
-    void (*state_free)(dsii_arch_state *st);
+    /* Per model: binds every weight the forward pass reads through `wt`, checks the
+     * device implements the ops it needs (UNSUPPORTED naming the op otherwise). */
+    dsi_status (*model_create)(dsi_model *m, dsii_wtable *wt, dsii_arch_model **out,
+                               dsii_error *e);
+    void (*model_free)(dsi_model *m, dsii_arch_model *am);
 
-    /* Evaluates tokens[pos .. pos+n) at positions pos .. pos+n-1; tokens[0 .. pos) is the
-     * timeline already evaluated (history for Engram hashing). 1 <= n <= n_batch,
-     * pos + n <= n_ctx, every token id < n_vocab (the session layer validated all of it).
-     * `which` DSII_LOGITS_*; `logits` is host memory of the matching size (NULL for NONE).
-     * On failure the state is undefined: the session layer resets it. */
-    dsi_status (*eval)(dsii_arch_state *st, const dsi_token *tokens, uint32_t pos,
-                       uint32_t n, int32_t which, float *logits, dsii_error *e);
+    /* The layout of one sequence's state for n_ctx and margin (fills an initialised
+     * layout; component ids are the same for every n_ctx). */
+    dsi_status (*state_layout)(const dsii_arch_model *am, uint32_t n_ctx,
+                               dsii_kv_layout *out, dsii_error *e);
 
-    /* Forgets everything (timeline length 0). Cheap: no device work needed. */
-    void (*reset)(dsii_arch_state *st);
+    /* Lanes: sets lane->scratch_bytes, lane->io_extra_bytes and the stream desc shapes the
+     * architecture needs (the exec allocates); lane->priv may hold offsets. */
+    dsi_status (*lane_init)(const dsii_arch_model *am, dsii_lane *lane, dsii_error *e);
+    void (*lane_fini)(dsii_lane *lane);
 
-    /* Largest exact rewind in tokens: truncating cur -> len is exact iff cur - len <= it
-     * (and len > 0). */
-    uint32_t (*rewind_limit)(const dsii_arch_state *st);
+    /* Host inputs of a step beyond rows / ids / output rows (Engram: hashes from the token
+     * ids and the row gather into the io block). May be NULL. */
+    dsi_status (*prepare)(const dsii_arch_model *am, dsii_lane *lane, const dsii_seq_step *seqs,
+                          uint32_t n_seqs, uint32_t n_rows, dsii_error *e);
 
-    /* Truncates the state from `cur` to `len` tokens (cur - len <= rewind_limit). */
-    dsi_status (*truncate)(dsii_arch_state *st, uint32_t cur, uint32_t len, dsii_error *e);
+    /* Records the step's ops on lane->stream (position-independent). */
+    dsi_status (*record)(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                         const dsii_step_shape *sh, dsii_error *e);
 } dsii_arch;
-
-/* ---- helpers shared by the architectures (arch.c) --------------------------------------- */
-
-struct dsii_tensor;          /* lib/model/model.h */
-struct dsib_backend;         /* backends/backend.h */
-struct dsib_instance;
-struct dsib_buffer;
-struct dsib_weight;
-
-/* The backend a model's sessions run on: the context's backend slot. */
-dsi_status dsii_arch_backend(const dsi_model *model, const struct dsib_backend **be,
-                             struct dsib_instance **inst, dsii_error *e);
-
-/* Device-side references to model weights. On the CPU backend a binding wraps the
- * (mmapped) host bytes in place — no copy — and belongs to the session's set. A backend
- * without buffer_wrap_host (GPU) gets a device copy owned by the model (`model`
- * dev_weights): uploaded once by the first session that binds the tensor, shared by all
- * later sessions, freed with the model. */
-typedef struct dsii_wset {
-    const struct dsib_backend *be;
-    struct dsib_instance *inst;
-    const dsi_context *ctx;
-    dsi_model *model;          /* the model whose tensors are bound (owns GPU copies) */
-    struct dsib_buffer **bufs;
-    uint32_t n, cap;
-} dsii_wset;
-
-/* Binds tensor `t` (NULL: *out is zeroed, buf NULL — "absent") as a dsib_weight with
- * ne = t->ne[0..2], nb1 = row_stride, nb2 = ne[1]·row_stride. */
-dsi_status dsii_wset_bind(dsii_wset *ws, const struct dsii_tensor *t, struct dsib_weight *out,
-                          dsii_error *e);
-void dsii_wset_free(dsii_wset *ws);
 
 extern const dsii_arch dsii_arch_dsv4;   /* lib/arch/dsv4.c */
 extern const dsii_arch dsii_arch_dsv41;  /* lib/arch/dsv41.c */
 
-/* Uploads, at model load, every weight the model's sessions will bind to a backend that
- * cannot use host memory in place (GPU backends): one device copy per model, shared by all
- * its sessions. A no-op on the CPU backend, for architectures without a forward pass and for
- * backends that do not implement the ops (their sessions are refused later). */
-dsi_status dsii_arch_model_prepare(dsi_model *model, dsii_error *e);
-
-/* The table for a loaded model's architecture (lib/arch/arch.c); NULL if unsupported. */
+/* The table for a loaded model's architecture; NULL if unsupported. */
 const dsii_arch *dsii_arch_for_model(const dsi_model *model);
+
+/* ---- lanes ----------------------------------------------------------------------------------- */
+
+#define DSII_LANE_GRAPHS 8
+
+enum {
+    DSII_LANE_NO_CAPTURE = 1u << 0   /* never capture / replay (tests, debugging) */
+};
+
+struct dsii_lane {
+    dsii_exec *ex;
+    dsii_device *dev;
+    dsib_stream *stream;
+    dsib_stream_desc desc;       /* shapes (arch fills heads … width; exec rows/positions) */
+    uint32_t max_rows, max_out;  /* rows of a step; rows whose logits one step produces */
+    uint32_t n_ctx;              /* positions of the pool it serves */
+    uint32_t flags;              /* DSII_LANE_* */
+    /* step scratch (device): the arch's activations */
+    dsib_buffer *scratch;
+    uint64_t scratch_bytes;
+    /* io block (host-visible): rows [max_rows][4], ids [max_rows], out_idx [max_out],
+     * extra (arch: Engram rows), logits [max_out][n_vocab] */
+    dsib_buffer *io;
+    uint8_t *io_host;
+    uint64_t io_rows, io_ids, io_out, io_extra, io_logits, io_bytes;
+    uint64_t io_extra_bytes;
+    void *priv;                  /* architecture data (scratch offsets) */
+    struct {
+        uint64_t key;
+        dsib_graph *g;
+        uint32_t seen;
+        uint64_t last_use;
+    } graphs[DSII_LANE_GRAPHS];
+    uint64_t steps, replays, captures; /* counters (tests, bench) */
+};
+
+/* Views of the lane's scratch and io block. */
+static inline dsib_view dsii_lane_sv(const dsii_lane *l, uint64_t off) {
+    dsib_view v = {l->scratch, off};
+    return v;
+}
+static inline dsib_view dsii_lane_io(const dsii_lane *l, uint64_t off) {
+    dsib_view v = {l->io, off};
+    return v;
+}
+
+/* A lane for steps of up to max_rows rows (and max_out output rows) over sequences of at
+ * most n_ctx positions. */
+dsi_status dsii_lane_create(dsii_exec *ex, uint32_t max_rows, uint32_t max_out, uint32_t n_ctx,
+                            uint32_t flags, dsii_lane **out, dsii_error *e);
+void dsii_lane_free(dsii_lane *l);
+
+/* ---- the model's execution side ------------------------------------------------------------- */
+
+struct dsii_exec {
+    dsi_model *model;
+    const dsi_context *ctx;
+    const dsii_arch *arch;
+    dsii_device *dev;            /* the compute device */
+    dsii_wtable wt;
+    dsii_arch_model *am;
+    pthread_mutex_t lock;        /* pools */
+    dsii_kv_pool **pools;
+    uint32_t n_pools, cap_pools;
+    struct dsii_sched *sched;    /* lib/sched, NULL unless coalescing is on */
+    int32_t n_vocab;
+};
+
+/* Creates the execution side of a loaded model (weights bound/uploaded now): installs
+ * model->exec. A no-op (DSI_OK, exec NULL) for architectures without a forward pass.
+ * Failures are reported (and the caller frees the model). */
+dsi_status dsii_exec_create(dsi_model *m, dsii_error *e);
+
+/* The pool for sequences of these parameters (created on first use; shared by every
+ * session with the same n_ctx, margin and flags). */
+dsi_status dsii_exec_pool(dsii_exec *ex, const dsii_arch_params *p, dsii_kv_pool **out,
+                          dsii_error *e);
+/* Parameters a pool was created for. */
+void dsii_exec_pool_params(const dsii_kv_pool *pool, dsii_arch_params *p);
+
+/* Runs one step over `n_seqs` sequences of `pool` on `lane`: 1 <= total rows <= max_rows,
+ * output rows <= max_out, positions + rows <= the pool's n_ctx, tokens < n_vocab (the
+ * callers validated all of it). On failure the states of the step's sequences are
+ * undefined from their `pos` on (their callers truncate their timelines to `pos`). */
+dsi_status dsii_exec_step(dsii_lane *lane, dsii_kv_pool *pool, const dsii_seq_step *seqs,
+                          uint32_t n_seqs, dsii_error *e);
 
 #endif /* DSI_ARCH_H */

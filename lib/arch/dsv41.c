@@ -1,16 +1,19 @@
 /*
  * lib/arch/dsv41.c — the DeepSeek V4.1 Flash forward pass ("deepseek41"), model-spec §4.
  *
- * Streaming form (§3.10): one eval call runs n tokens at positions pos .. pos+n-1 through
- * every layer with backend ops only; per-session state (window rings, shared compressed KV,
- * index keys, compressor partial groups) lives in backend buffers, the Engram n-gram history
- * is the session's own timeline (eval receives tokens[0 .. pos+n)). The structure:
+ * Streaming form (§3.10): one step runs n rows — of one or several sequences, each at its
+ * own positions — through every layer with backend ops only; per-sequence state (window
+ * rings, shared compressed KV, index keys, compressor partial groups) lives in a slot of a
+ * state pool (lib/kv); the Engram n-gram history is each sequence's own timeline (the step
+ * receives tokens[0 .. pos+n) per sequence). The structure:
  *
  *   X = hc_expand(embed(ids))                        §4.1
  *   for every layer i:
- *     if Engram layer: X += gate · value             §4.6 (rows gathered on the host)
+ *     if Engram layer: X += gate · value             §4.6 (rows hashed and gathered on the
+ *                                                    host into the io block before the step)
  *     lagged mHC around attention and MoE            §4.2
- *   logits = head · RMSNorm(Σ_h f_pre[h] X[h])       §4.1 (last layer's FFN pre mix)
+ *   logits = head · RMSNorm(Σ_h f_pre[h] X[h])       §4.1 (last layer's FFN pre mix), for the
+ *                                                    output rows, in one pass, into the io block
  *
  * Attention (§4.3, CSA2): window KV FP8-simulated over the whole head in blocks of 32;
  * KV sources compress (ratio 2 gated / ratio 1 plain) into a shared compressed cache (FP4,
@@ -18,11 +21,13 @@
  * score against their key source (§10.3: always the owner's own key cache, prefill and
  * decode alike); the candidate source publishes candidate blocks that later (non-KV) index
  * sources are masked to; every other compressed layer reuses the latest index source's
- * top-k. docs/v41-forward.md has the long form.
+ * top-k. docs/v41-forward.md has the long form. Nothing recorded depends on positions: the
+ * compressor processes every row (rows completing a group store the group's row), so one
+ * recorded step replays at every position.
  */
 #include "arch/arch.h"
 
-#include "api/backend_loader.h"
+#include "backend/device.h"
 #include "backends/backend.h"
 #include "base/context_impl.h"
 #include "engram/engram.h"
@@ -33,9 +38,6 @@
 #include <math.h>
 #include <string.h>
 
-#define V41_DEFAULT_MARGIN 256u /* exact-rewind margin (tokens), as dsv4.c */
-#define V41_LOGIT_ROWS 16u      /* output-head rows per slice (logits scratch) */
-
 typedef struct v41_lw {
     dsib_weight attn_norm, q_a, q_a_norm, q_b, kv, kv_norm, sinks, out_a, out_b;
     dsib_weight hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
@@ -43,53 +45,35 @@ typedef struct v41_lw {
     dsib_weight ffn_norm;
     dsii_moe_weights moe;              /* lib/moe (shared with V4): §4.4 settings */
     dsib_weight eng_wkv, eng_q, eng_k;
-    /* state offsets (bytes in st->state) */
-    uint64_t off_ring;                 /* window ring [ring_w][hd] */
-    uint64_t off_comp, off_keys;       /* KV source: compressed rows [n_comp][hd], keys [n_comp][ID] */
-    uint64_t off_ckv_ring, off_csc_ring; /* KV source, ratio > 1: token rows [ring_c][hd] */
-    uint64_t off_idx;                  /* index source: top-k [n_batch][topk] (scratch) */
+    dsib_rope rope;
+    /* state components (lib/kv; the same ids for every n_ctx) */
+    uint32_t c_ring;                   /* window ring [window + margin][hd] */
+    uint32_t c_comp, c_keys;           /* KV source: compressed rows [hd], keys [ID] */
+    uint32_t c_ckv, c_csc;             /* KV source, ratio > 1: token rows [ratio + margin][hd] */
 } v41_lw;
 
-struct dsii_arch_state {
-    dsi_model *model;
+struct dsii_arch_model {
+    dsi_model *m;
     const dsii_hparams *hp;
-    const dsi_context *ctx;
-    const dsib_backend *be;
-    dsib_instance *inst;
-    const dsib_ops *ops;
-    dsii_arch_params p;
-    uint32_t margin, ring_w, ring_c, n_comp_rows;
-    uint32_t fq_flags;
-
+    dsii_device *dev;
     dsib_weight tok_embd, out_norm, output;
     v41_lw *lw;                         /* [n_layer] */
-    dsii_wset ws;                       /* weight bindings (lib/arch/arch.c) */
-
+    uint32_t max_ratio, max_F;
     dsii_engram_layout elay[DSII_MAX_ENGRAM_LAYERS];
     dsii_engram_table etab[DSII_MAX_ENGRAM_LAYERS];
-    uint32_t *erows;                    /* host [n_batch][C] */
-    float *ehost;                       /* host [n_batch][C*K] */
-
-    dsib_buffer *state, *scratch;
-    /* scratch offsets (bytes) */
-    uint64_t o_ids, o_e, o_X, o_ca, o_cf, o_x, o_xn, o_qr, o_q, o_kv, o_att, o_low, o_aout;
-    uint64_t o_ckv, o_csc, o_pool, o_iq, o_iw, o_cand, o_lg, o_sel, o_wts, o_mout, o_shg,
-        o_shu, o_sh, o_logits, o_eE[DSII_MAX_ENGRAM_LAYERS], o_ekv;
-
-    uint32_t n_tokens;                  /* evaluated positions the state holds */
 };
 
-/* ---- helpers ------------------------------------------------------------------------------ */
+/* Lane data: scratch offsets (bytes) for max_rows rows, Engram host staging. */
+typedef struct v41_lane {
+    uint64_t o_e, o_X, o_ca, o_cf, o_x, o_xn, o_qr, o_q, o_kv, o_att, o_low, o_aout;
+    uint64_t o_ckv, o_csc, o_pool, o_keys, o_iq, o_iw, o_cand, o_lg, o_sel, o_wts, o_mout;
+    uint64_t o_shg, o_shu, o_sh, o_ekv, o_Xo, o_Co;
+    uint64_t o_idx[DSII_MAX_LAYERS];    /* index sources: top-k [rows][topk] */
+    uint64_t io_eng[DSII_MAX_ENGRAM_LAYERS]; /* io block: Engram rows [rows][C·K] */
+    uint32_t *erows;                    /* host [max_rows][C] */
+} v41_lane;
 
-static dsib_view SV(dsii_arch_state *st, uint64_t off) {
-    dsib_view v = {st->scratch, off};
-    return v;
-}
-static dsib_view STV(dsii_arch_state *st, uint64_t off) {
-    dsib_view v = {st->state, off};
-    return v;
-}
-static const dsib_view NOVIEW = {NULL, 0};
+/* ---- helpers ------------------------------------------------------------------------------ */
 
 static dsi_status be_fail(dsii_error *e, dsi_status s, const char *what, int layer) {
     if (s == DSI_OK) return DSI_OK;
@@ -101,11 +85,6 @@ static dsi_status be_fail(dsii_error *e, dsi_status s, const char *what, int lay
         dsi_status s_ = (expr);                                                             \
         if (s_ != DSI_OK) return be_fail(e, s_, what, layer);                               \
     } while (0)
-
-static dsi_status bind(dsii_arch_state *st, const dsii_tensor *t, dsib_weight *w,
-                       dsii_error *e) {
-    return dsii_wset_bind(&st->ws, t, w, e);
-}
 
 static dsib_rope layer_rope(const dsii_hparams *hp, const dsii_layer_hparams *L) {
     dsib_rope r;
@@ -119,37 +98,32 @@ static dsib_rope layer_rope(const dsii_hparams *hp, const dsii_layer_hparams *L)
     return r;
 }
 
-/* ---- state -------------------------------------------------------------------------------- */
+/* ---- per model ------------------------------------------------------------------------------ */
 
-static void v41_state_free(dsii_arch_state *st) {
-    if (!st) return;
-    if (st->be) {
-        if (st->state) st->be->buffer_free(st->inst, st->state);
-        if (st->scratch) st->be->buffer_free(st->inst, st->scratch);
-        dsii_wset_free(&st->ws);
-    }
-    dsii_free(st->ctx, st->lw);
-    dsii_free(st->ctx, st->erows);
-    dsii_free(st->ctx, st->ehost);
-    dsii_free(st->ctx, st);
+static void v41_model_free(dsi_model *m, dsii_arch_model *am) {
+    if (!am) return;
+    dsii_free(m->ctx, am->lw);
+    dsii_free(m->ctx, am);
 }
 
-/* Reserves `bytes` (rounded up to 256) at *cursor; returns the offset. */
-static uint64_t take(uint64_t *cursor, uint64_t bytes) {
-    uint64_t o = *cursor;
-    *cursor += (bytes + 255u) & ~(uint64_t)255u;
-    return o;
-}
+static const uint32_t k_v41_ops[] = {
+    DSIB_OP_MATMUL, DSIB_OP_MATMUL_GROUPED, DSIB_OP_GET_ROWS, DSIB_OP_RMS_NORM, DSIB_OP_ADD,
+    DSIB_OP_SCALE, DSIB_OP_COPY, DSIB_OP_COPY_ROWS, DSIB_OP_GATHER_ROWS, DSIB_OP_ROPE_TAIL,
+    DSIB_OP_STORE_ROWS, DSIB_OP_FAKE_QUANT, DSIB_OP_HC_EXPAND, DSIB_OP_HC_MIX,
+    DSIB_OP_HC_COLLAPSE, DSIB_OP_HC_POST, DSIB_OP_COMPRESS_POOL, DSIB_OP_ATTN_SINK,
+    DSIB_OP_MOE_ROUTE, DSIB_OP_MOE_EXPERTS, DSIB_OP_SWIGLU, DSIB_OP_INDEXER_TOPK_V41,
+    DSIB_OP_ENGRAM_GATE};
 
-static dsi_status bind_layer(dsii_arch_state *st, const dsii_layer_tensors *T,
+static dsi_status bind_layer(dsii_wtable *wt, const dsii_hparams *hp, const dsii_layer_tensors *T,
                              const dsii_layer_hparams *lh, v41_lw *w, dsii_error *e) {
     /* §4.4: MoE as V4 without hash routing; weights / (Σ + 1e-20) · route scale */
     w->moe.n_expert = lh->n_expert;
     w->moe.k = lh->n_expert_used;
     w->moe.limit = lh->swiglu_limit;
     w->moe.limit_shared = lh->swiglu_limit_shexp;
-    w->moe.route_scale = st->hp->route_scale;
+    w->moe.route_scale = hp->route_scale;
     w->moe.norm_add = 1e-20f;
+    w->rope = layer_rope(hp, lh);
     const dsii_tensor *const src[] = {
         T->attn_norm, T->attn_q_a, T->attn_q_a_norm, T->attn_q_b, T->attn_kv, T->attn_kv_norm,
         T->attn_sinks, T->attn_out_a, T->attn_out_b, T->hc_attn_fn, T->hc_attn_base,
@@ -166,74 +140,93 @@ static dsi_status bind_layer(dsii_arch_state *st, const dsii_layer_tensors *T,
         &w->moe.gate_inp, &w->moe.bias, &w->moe.w1, &w->moe.w3, &w->moe.w2, &w->moe.sh_gate,
         &w->moe.sh_up, &w->moe.sh_down, &w->eng_wkv, &w->eng_q, &w->eng_k};
     for (size_t i = 0; i < sizeof src / sizeof src[0]; i++) {
-        dsi_status s = bind(st, src[i], dst[i], e);
+        dsi_status s = dsii_wtable_bind(wt, src[i], dst[i], e);
         if (s != DSI_OK) return s;
     }
-    return DSI_OK;
+    return dsii_device_check_type(wt->dev, DSIB_OP_MOE_EXPERTS, w->moe.w1.type, "routed experts", e);
 }
 
-static dsi_status v41_state_create(dsi_model *model, const dsii_arch_params *p,
-                                   dsii_arch_state **out, dsii_error *e) {
+/* Adds one sequence's components in the fixed order (ids do not depend on n_ctx). */
+static void add_components(const dsii_arch_model *am, dsii_kv_layout *l, uint32_t n_ctx,
+                           v41_lw *set_ids, int check, int *mismatch) {
+    const dsii_hparams *hp = am->hp;
+    for (uint32_t i = 0; i < hp->n_layer; i++) {
+        const dsii_layer_hparams *lh = &hp->layer[i];
+        uint32_t ids[5] = {0, 0, 0, 0, 0};
+        ids[0] = dsii_kv_add(l, DSII_KV_RING, hp->window + l->margin, hp->head_dim);
+        if (lh->compress_ratio > 0 && lh->is_kv_source) {
+            uint32_t rows = (n_ctx + 1) / lh->compress_ratio + 1;
+            ids[1] = dsii_kv_add(l, DSII_KV_ROWS, rows, hp->head_dim);
+            ids[2] = dsii_kv_add(l, DSII_KV_ROWS, rows, hp->idx_head_dim);
+            if (lh->compress_ratio > 1) {
+                ids[3] = dsii_kv_add(l, DSII_KV_RING, am->max_ratio + l->margin, hp->head_dim);
+                ids[4] = dsii_kv_add(l, DSII_KV_RING, am->max_ratio + l->margin, hp->head_dim);
+            }
+        }
+        if (set_ids) {
+            v41_lw *w = &set_ids[i];
+            w->c_ring = ids[0], w->c_comp = ids[1], w->c_keys = ids[2], w->c_ckv = ids[3],
+            w->c_csc = ids[4];
+        }
+        if (check) {
+            const v41_lw *w = &am->lw[i];
+            if (w->c_ring != ids[0] || w->c_comp != ids[1] || w->c_keys != ids[2] ||
+                w->c_ckv != ids[3] || w->c_csc != ids[4])
+                *mismatch = 1;
+        }
+    }
+}
+
+static dsi_status v41_model_create(dsi_model *model, dsii_wtable *wt, dsii_arch_model **out,
+                                   dsii_error *e) {
     *out = NULL;
     const dsii_hparams *hp = &model->hp;
     if (hp->arch != DSI_ARCH_DEEPSEEK41)
         return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: model is not deepseek41");
-    const dsib_backend *be_ = NULL;
-    dsib_instance *inst_ = NULL;
-    dsi_status s0 = dsii_arch_backend(model, &be_, &inst_, e);
-    if (s0 != DSI_OK) return s0;
-    dsii_arch_state *st = (dsii_arch_state *)dsii_calloc(model->ctx, 1, sizeof *st);
-    if (!st) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: session state");
-    st->model = model;
-    st->hp = hp;
-    st->ctx = model->ctx;
-    st->be = be_;
-    st->inst = inst_;
-    st->ops = st->be->ops;
-    st->ws.be = be_;
-    st->ws.inst = inst_;
-    st->ws.ctx = model->ctx;
-    st->ws.model = model;
-    st->p = *p;
-    st->margin = p->rewind_margin ? p->rewind_margin : V41_DEFAULT_MARGIN;
-    st->fq_flags = (p->flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) ? DSIB_FQ_NO_ROUND : 0u;
-    dsi_status s = DSI_OK;
-    if (!st->ops || st->ops->struct_size < offsetof(dsib_ops, engram_gate) + sizeof(void *) ||
-        !st->ops->indexer_topk_v41 || !st->ops->engram_gate) {
-        s = dsii_fail(e, DSI_ERR_UNSUPPORTED, "deepseek41: backend '%s' lacks the V4.1 ops",
-                      st->be->name);
-        goto fail;
-    }
-
-    const uint32_t L = hp->n_layer, D = hp->n_embd, hc = hp->hc_mult, hd = hp->head_dim;
-    const uint32_t nb = p->n_batch, ID = hp->idx_head_dim, IH = hp->idx_n_head;
-    uint32_t max_ratio = 1;
+    dsi_status s = dsii_device_check_ops(wt->dev, k_v41_ops, sizeof k_v41_ops / sizeof k_v41_ops[0], e);
+    if (s != DSI_OK) return s;
+    if (hp->n_layer > DSII_MAX_LAYERS)
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "deepseek41: too many layers");
+    dsii_arch_model *am = dsii_calloc(model->ctx, 1, sizeof *am);
+    if (!am) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: model data");
+    am->m = model;
+    am->hp = hp;
+    am->dev = wt->dev;
+    const uint32_t L = hp->n_layer;
+    am->max_ratio = 1;
     for (uint32_t i = 0; i < L; i++)
-        if (hp->layer[i].compress_ratio > max_ratio) max_ratio = hp->layer[i].compress_ratio;
-    st->ring_w = hp->window + st->margin;
-    st->ring_c = max_ratio + st->margin;
-    st->n_comp_rows = p->n_ctx + 1; /* rows c < n_ctx / ratio (ratio >= 1) */
-
-    st->lw = (v41_lw *)dsii_calloc(st->ctx, L ? L : 1, sizeof *st->lw);
-    if (!st->lw) {
+        if (hp->layer[i].compress_ratio > am->max_ratio) am->max_ratio = hp->layer[i].compress_ratio;
+    am->lw = (v41_lw *)dsii_calloc(model->ctx, L ? L : 1, sizeof *am->lw);
+    if (!am->lw) {
         s = dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: layer table");
         goto fail;
     }
-    if ((s = bind(st, model->w.token_embd, &st->tok_embd, e)) != DSI_OK ||
-        (s = bind(st, model->w.output_norm, &st->out_norm, e)) != DSI_OK ||
-        (s = bind(st, model->w.output, &st->output, e)) != DSI_OK)
+    if ((s = dsii_wtable_bind(wt, model->w.token_embd, &am->tok_embd, e)) != DSI_OK ||
+        (s = dsii_wtable_bind(wt, model->w.output_norm, &am->out_norm, e)) != DSI_OK ||
+        (s = dsii_wtable_bind(wt, model->w.output, &am->output, e)) != DSI_OK)
         goto fail;
     for (uint32_t i = 0; i < L; i++) {
-        s = bind_layer(st, &model->w.layer[i], &hp->layer[i], &st->lw[i], e);
+        s = bind_layer(wt, hp, &model->w.layer[i], &hp->layer[i], &am->lw[i], e);
         if (s != DSI_OK) goto fail;
+        if (am->lw[i].moe.w1.buf && (uint32_t)am->lw[i].moe.w1.ne[1] > am->max_F)
+            am->max_F = (uint32_t)am->lw[i].moe.w1.ne[1];
+    }
+    /* component ids */
+    dsii_kv_layout ids;
+    dsii_kv_layout_init(&ids, model->ctx, DSII_DEFAULT_MARGIN);
+    add_components(am, &ids, 1, am->lw, 0, NULL);
+    s = ids.status;
+    dsii_kv_layout_free(&ids);
+    if (s != DSI_OK) {
+        dsii_fail(e, s, "deepseek41: out of host memory");
+        goto fail;
     }
 
     /* Engram layouts and tables (§4.6). */
     const dsii_engram_hparams *eh = &hp->engram;
-    uint32_t C = eh->n_cols, K = eh->key_length;
     if (hp->has_engram && eh->n_layer > 0) {
         for (uint32_t j = 0; j < eh->n_layer; j++) {
-            dsii_engram_layout *l = &st->elay[j];
+            dsii_engram_layout *l = &am->elay[j];
             l->n_heads = (int32_t)eh->n_head;
             l->max_ngram = (int32_t)eh->max_ngram;
             l->n_cols = (int32_t)eh->n_cols;
@@ -259,426 +252,408 @@ static dsi_status v41_state_create(dsi_model *model, const dsii_arch_params *p,
                 goto fail;
             }
             if (t->lazy || !t->data)
-                s = dsii_engram_table_file(&st->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
+                s = dsii_engram_table_file(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            dsii_gguf_file(model->gguf), t->file_offset, e);
             else
-                s = dsii_engram_table_host(&st->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
+                s = dsii_engram_table_host(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            t->data, e);
             if (s != DSI_OK) goto fail;
         }
-        st->erows = (uint32_t *)dsii_calloc(st->ctx, (size_t)nb * C, sizeof(uint32_t));
-        st->ehost = (float *)dsii_calloc(st->ctx, (size_t)nb * C * K, sizeof(float));
-        if (!st->erows || !st->ehost) {
-            s = dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: engram staging");
-            goto fail;
-        }
     }
+    *out = am;
+    return DSI_OK;
+fail:
+    v41_model_free(model, am);
+    return s;
+}
 
-    /* Persistent state layout. */
-    uint64_t cur = 0;
-    for (uint32_t i = 0; i < L; i++) {
-        const dsii_layer_hparams *lh = &hp->layer[i];
-        v41_lw *w = &st->lw[i];
-        w->off_ring = take(&cur, (uint64_t)st->ring_w * hd * 4);
-        if (lh->compress_ratio > 0 && lh->is_kv_source) {
-            uint64_t rows = (uint64_t)st->n_comp_rows / lh->compress_ratio + 1;
-            w->off_comp = take(&cur, rows * hd * 4);
-            w->off_keys = take(&cur, rows * ID * 4);
-            if (lh->compress_ratio > 1) {
-                w->off_ckv_ring = take(&cur, (uint64_t)st->ring_c * hd * 4);
-                w->off_csc_ring = take(&cur, (uint64_t)st->ring_c * hd * 4);
-            }
-        }
-    }
-    /* Scratch layout (n_batch rows of every activation). */
-    uint64_t sc = 0;
-    const uint64_t n = nb;
+static dsi_status v41_state_layout(const dsii_arch_model *am, uint32_t n_ctx, dsii_kv_layout *l,
+                                   dsii_error *e) {
+    int mismatch = 0;
+    add_components(am, l, n_ctx, NULL, 1, &mismatch);
+    if (l->status != DSI_OK) return dsii_fail(e, l->status, "deepseek41: state layout: out of host memory");
+    if (mismatch) return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: state layout mismatch");
+    return DSI_OK;
+}
+
+/* ---- lanes ------------------------------------------------------------------------------------- */
+
+/* Reserves `bytes` (rounded up to 256) at *cursor; returns the offset. */
+static uint64_t take(uint64_t *cursor, uint64_t bytes) {
+    uint64_t o = *cursor;
+    *cursor += (bytes + 255u) & ~(uint64_t)255u;
+    return o;
+}
+
+static dsi_status v41_lane_init(const dsii_arch_model *am, dsii_lane *lane, dsii_error *e) {
+    const dsii_hparams *hp = am->hp;
+    const dsi_context *ctx = am->m->ctx;
+    v41_lane *v = dsii_calloc(ctx, 1, sizeof *v);
+    if (!v) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: lane");
+    const uint32_t L = hp->n_layer, D = hp->n_embd, hc = hp->hc_mult, hd = hp->head_dim;
+    const uint32_t ID = hp->idx_head_dim, IH = hp->idx_n_head;
+    const uint64_t n = lane->max_rows, no = lane->max_out;
     const uint32_t H = hp->n_head, Q = hp->q_lora_rank, G = hp->o_groups, R = hp->o_lora_rank;
     const uint32_t E = hp->n_expert, kx = hp->n_expert_used;
     const uint32_t SF = hp->n_expert_shared * hp->expert_ff;
     const uint32_t M = DSIB_HC_COEF(hc);
-    st->o_ids = take(&sc, n * 4);
-    st->o_e = take(&sc, n * D * 4);
-    st->o_X = take(&sc, n * hc * D * 4);
-    st->o_ca = take(&sc, n * M * 4);
-    st->o_cf = take(&sc, n * M * 4);
-    st->o_x = take(&sc, n * D * 4);
-    st->o_xn = take(&sc, n * D * 4);
-    st->o_qr = take(&sc, n * Q * 4);
-    st->o_q = take(&sc, n * H * hd * 4);
-    st->o_kv = take(&sc, n * hd * 4);
-    st->o_att = take(&sc, n * H * hd * 4);
-    st->o_low = take(&sc, n * G * R * 4);
-    st->o_aout = take(&sc, n * D * 4);
-    st->o_ckv = take(&sc, n * hd * 4);
-    st->o_csc = take(&sc, n * hd * 4);
-    st->o_pool = take(&sc, n * hd * 4);
-    st->o_iq = take(&sc, n * IH * ID * 4);
-    st->o_iw = take(&sc, n * IH * 4);
+    const dsii_engram_hparams *eh = &hp->engram;
+    const uint32_t C = eh->n_cols, K = eh->key_length;
+    uint64_t sc = 0;
+    v->o_e = take(&sc, n * D * 4);
+    v->o_X = take(&sc, n * hc * D * 4);
+    v->o_ca = take(&sc, n * M * 4);
+    v->o_cf = take(&sc, n * M * 4);
+    v->o_x = take(&sc, n * D * 4);
+    v->o_xn = take(&sc, n * D * 4);
+    v->o_qr = take(&sc, n * Q * 4);
+    v->o_q = take(&sc, n * H * hd * 4);
+    v->o_kv = take(&sc, n * hd * 4);
+    v->o_att = take(&sc, n * H * hd * 4);
+    v->o_low = take(&sc, n * G * R * 4);
+    v->o_aout = take(&sc, n * D * 4);
+    v->o_ckv = take(&sc, n * hd * 4);
+    v->o_csc = take(&sc, n * hd * 4);
+    v->o_pool = take(&sc, n * hd * 4);
+    v->o_keys = take(&sc, n * ID * 4);
+    v->o_iq = take(&sc, n * IH * ID * 4);
+    v->o_iw = take(&sc, n * IH * 4);
     uint32_t ck = hp->candidate_topk_blocks ? hp->candidate_topk_blocks : 1;
-    st->o_cand = take(&sc, n * ck * 4);
+    v->o_cand = take(&sc, n * ck * 4);
     for (uint32_t i = 0; i < L; i++)
-        if (hp->layer[i].is_index_source) st->lw[i].off_idx = take(&sc, n * hp->idx_topk * 4);
-    st->o_lg = take(&sc, n * E * 4);
-    st->o_sel = take(&sc, n * kx * 4);
-    st->o_wts = take(&sc, n * kx * 4);
-    st->o_mout = take(&sc, n * D * 4);
-    st->o_shg = take(&sc, n * SF * 4);
-    st->o_shu = take(&sc, n * SF * 4);
-    st->o_sh = take(&sc, n * D * 4);
-    st->o_logits = take(&sc, (uint64_t)(nb < V41_LOGIT_ROWS ? nb : V41_LOGIT_ROWS) * hp->n_vocab * 4);
+        if (hp->layer[i].is_index_source) v->o_idx[i] = take(&sc, n * hp->idx_topk * 4);
+    v->o_lg = take(&sc, n * E * 4);
+    v->o_sel = take(&sc, n * kx * 4);
+    v->o_wts = take(&sc, n * kx * 4);
+    v->o_mout = take(&sc, n * D * 4);
+    v->o_shg = take(&sc, n * (SF ? SF : 1) * 4);
+    v->o_shu = take(&sc, n * (SF ? SF : 1) * 4);
+    v->o_sh = take(&sc, n * D * 4);
+    v->o_ekv = take(&sc, n * (hc + 1) * D * 4);
+    v->o_Xo = take(&sc, no * hc * D * 4);
+    v->o_Co = take(&sc, no * M * 4);
+    lane->scratch_bytes = sc;
+    /* io extra: Engram rows of every Engram layer */
+    uint64_t io = 0;
     if (hp->has_engram)
-        for (uint32_t j = 0; j < eh->n_layer; j++) st->o_eE[j] = take(&sc, n * C * K * 4);
-    st->o_ekv = take(&sc, n * (hc + 1) * D * 4);
-
-    dsib_error be = {{0}};
-    s = st->be->buffer_alloc(st->inst, cur ? cur : 256, DSIB_BUFFER_STATE, &st->state, &be);
-    if (s == DSI_OK)
-        s = st->be->buffer_alloc(st->inst, sc, DSIB_BUFFER_SCRATCH, &st->scratch, &be);
-    if (s != DSI_OK) {
-        s = dsii_fail(e, s, "deepseek41: session buffers (%llu + %llu bytes): %s",
-                      (unsigned long long)cur, (unsigned long long)sc, be.msg);
-        goto fail;
+        for (uint32_t j = 0; j < eh->n_layer; j++) v->io_eng[j] = take(&io, n * C * K * 4);
+    lane->io_extra_bytes = io;
+    if (hp->has_engram && eh->n_layer > 0) {
+        v->erows = (uint32_t *)dsii_calloc(ctx, (size_t)n * (C ? C : 1), sizeof(uint32_t));
+        if (!v->erows) {
+            dsii_free(ctx, v);
+            return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: engram staging");
+        }
     }
-    st->n_tokens = 0;
-    *out = st;
+    lane->priv = v;
+    dsib_stream_desc *d = &lane->desc;
+    d->max_heads = H > IH ? H : IH;
+    d->max_head_dim = hd > ID ? hd : ID;
+    d->max_topk = hp->idx_topk > ck ? hp->idx_topk : ck;
+    d->max_experts = E;
+    d->max_experts_used = kx;
+    uint32_t W = (hc + 1) * D;
+    if (am->max_F > W) W = am->max_F;
+    d->max_width = W;
     return DSI_OK;
-fail:
-    v41_state_free(st);
-    return s;
 }
 
-/* ---- the forward pass --------------------------------------------------------------------- */
+static void v41_lane_fini(dsii_lane *lane) {
+    v41_lane *v = lane->priv;
+    if (!v) return;
+    dsii_free(lane->ex->ctx, v->erows);
+    dsii_free(lane->ex->ctx, v);
+    lane->priv = NULL;
+}
 
-/* Compressor of a KV source (§4.3): pools completed groups, writes compressed rows and the
- * index keys it owns. x = the layer's attention input (normed). */
-static dsi_status compressor(dsii_arch_state *st, uint32_t il, int64_t pos0, uint32_t n,
-                             dsii_error *e) {
-    const dsii_hparams *hp = st->hp;
+/* Engram rows (§4.6): hashes from each sequence's own timeline (so the n-gram history is
+ * exact across chunks, decode, batches and rebuilds), rows gathered into the io block. */
+static dsi_status v41_prepare(const dsii_arch_model *am, dsii_lane *lane, const dsii_seq_step *seqs,
+                              uint32_t n_seqs, uint32_t n_rows, dsii_error *e) {
+    const dsii_hparams *hp = am->hp;
+    if (!hp->has_engram) return DSI_OK;
+    const dsii_engram_hparams *eh = &hp->engram;
+    const v41_lane *v = lane->priv;
+    const uint32_t C = eh->n_cols, K = eh->key_length, nh = eh->max_ngram - 1;
+    for (uint32_t j = 0; j < eh->n_layer; j++) {
+        uint32_t t = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+            const dsii_seq_step *q = &seqs[i];
+            const uint32_t h0 = q->pos > nh ? q->pos - nh : 0;
+            dsii_engram_hash(&am->elay[j], q->tokens + h0, (int32_t)(q->pos - h0),
+                             q->tokens + q->pos, (int32_t)q->n, v->erows + (size_t)t * C);
+            t += q->n;
+        }
+        float *dst = (float *)(void *)(lane->io_host + lane->io_extra + v->io_eng[j]);
+        dsi_status s = dsii_engram_gather(am->m->ctx, &am->etab[j], v->erows, (size_t)n_rows * C,
+                                          dst, e);
+        if (s != DSI_OK) return s;
+        (void)K;
+    }
+    return DSI_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+typedef struct v41_step {
+    const dsii_arch_model *am;
+    const dsii_hparams *hp;
+    const dsii_device *dev;
+    const dsib_ops *o;
+    dsib_stream *S;
+    const dsii_lane *lane;
+    const v41_lane *v;
+    dsii_kv_pool *pool;
+    dsib_view rows;
+    uint32_t n, fq;
+} v41_step;
+
+static inline dsib_view SV(const v41_step *P, uint64_t off) { return dsii_lane_sv(P->lane, off); }
+static dsib_state ST(const v41_step *P, uint32_t comp) {
+    dsib_state s;
+    dsii_kv_pool_state(P->pool, comp, &s);
+    return s;
+}
+static const dsib_view NOVIEW = {NULL, 0};
+
+/* Compressor of a KV source (§4.3), every row of the step: rows completing a group pool it
+ * (ratio > 1) or are it (ratio 1); the latent = RMSNorm(pooled) gives the index key
+ * (RMSNorm(wk · latent), RoPE at the group's first position, FP4 UE8M0 blocks of 32) and the
+ * compressed row (RoPE, FP4 with E4M3 scales in blocks of 16); both are stored for the
+ * rows that complete a group; the token rows go into the rings. */
+static dsi_status compressor(const v41_step *P, uint32_t il, dsii_error *e) {
+    const dsii_hparams *hp = P->hp;
     const dsii_layer_hparams *lh = &hp->layer[il];
-    v41_lw *w = &st->lw[il];
-    const dsib_ops *o = st->ops;
-    const uint32_t hd = hp->head_dim, ID = hp->idx_head_dim, r = lh->compress_ratio;
-    const dsib_rope rope = layer_rope(hp, lh);
-    dsib_instance *I = st->inst;
+    const v41_lw *w = &P->am->lw[il];
+    const dsib_ops *o = P->o;
+    dsib_stream *S = P->S;
+    const v41_lane *v = P->v;
+    const uint32_t hd = hp->head_dim, ID = hp->idx_head_dim, r = lh->compress_ratio, n = P->n;
     int il_ = (int)il;
 
-    CK(o->matmul(I, &w->comp_kv, 0, SV(st, st->o_xn), hp->n_embd, SV(st, st->o_ckv), hd, n),
+    CK(o->matmul(S, &w->comp_kv, 0, SV(P, v->o_xn), hp->n_embd, SV(P, v->o_ckv), hd, n),
        "matmul comp_kv", il_);
-    if (r > 1)
-        CK(o->matmul(I, &w->comp_gate, 0, SV(st, st->o_xn), hp->n_embd, SV(st, st->o_csc), hd,
-                     n),
+    dsib_view pooled = SV(P, v->o_ckv); /* ratio 1: one token per group, no gate */
+    dsib_state rk, rs, comp = ST(P, w->c_comp), keys = ST(P, w->c_keys);
+    if (r > 1) {
+        rk = ST(P, w->c_ckv);
+        rs = ST(P, w->c_csc);
+        CK(o->matmul(S, &w->comp_gate, 0, SV(P, v->o_xn), hp->n_embd, SV(P, v->o_csc), hd, n),
            "matmul comp_gate", il_);
-    /* groups whose last token (w+1)r-1 falls in [pos0, pos0+n) */
-    int64_t w0;
-    uint32_t ng;
-    dsii_kv_groups_in_step(pos0, n, r, &w0, &ng);
-    if (ng > 0) {
-        dsib_view pooled;
-        if (r > 1) {
-            CK(o->compress_pool(I, STV(st, w->off_ckv_ring), STV(st, w->off_csc_ring), hd,
-                                st->ring_c, SV(st, st->o_ckv), SV(st, st->o_csc), hd, pos0, n,
-                                r, 0, hd, w0, ng, SV(st, st->o_pool), hd),
-               "compress_pool", il_);
-            pooled = SV(st, st->o_pool);
-        } else {
-            pooled = SV(st, st->o_ckv); /* ratio 1: one token per group, no gate */
-        }
-        dsib_view comp = STV(st, w->off_comp + (uint64_t)w0 * hd * 4);
-        dsib_view keys = STV(st, w->off_keys + (uint64_t)w0 * ID * 4);
-        /* latent = RMSNorm(pooled, compressor.norm), written straight into the cache */
-        CK(o->rms_norm(I, pooled, hd, comp, hd, ng, hd, &w->comp_norm, hp->rms_eps),
-           "rms_norm comp", il_);
-        /* index keys from the pre-RoPE latent: RMSNorm(wk · latent, k_norm), RoPE at the
-         * group's first position, FP4 (UE8M0, blocks of 32) */
-        CK(o->matmul(I, &w->idx_k, 0, comp, hd, keys, ID, ng), "matmul idx_k", il_);
-        CK(o->rms_norm(I, keys, ID, keys, ID, ng, ID, &w->idx_k_norm, hp->rms_eps),
-           "rms_norm idx_k", il_);
-        CK(o->rope_tail(I, keys, ID, ng, 1, ID, w0 * (int64_t)r, r, &rope, 0), "rope keys", il_);
-        CK(o->fake_quant(I, keys, ID, ng, 0, ID, 32, DSIB_FQ_E2M1_UE8M0, st->fq_flags),
-           "fake_quant keys", il_);
-        /* compressed KV row: RoPE then FP4 with E4M3 scales in blocks of 16 (§10.1) */
-        CK(o->rope_tail(I, comp, hd, ng, 1, hd, w0 * (int64_t)r, r, &rope, 0), "rope comp", il_);
-        CK(o->fake_quant(I, comp, hd, ng, 0, hd, 16, DSIB_FQ_E2M1_E4M3, st->fq_flags),
-           "fake_quant comp", il_);
+        CK(o->compress_pool(S, &rk, &rs, SV(P, v->o_ckv), SV(P, v->o_csc), hd, P->rows, n, r, 0,
+                            hd, SV(P, v->o_pool), hd),
+           "compress_pool", il_);
+        pooled = SV(P, v->o_pool);
     }
-    if (r > 1) { /* keep the token rows: partial groups continue in the next call */
-        CK(o->ring_write(I, SV(st, st->o_ckv), hd, n, pos0, STV(st, w->off_ckv_ring), hd,
-                         st->ring_c, hd),
-           "ring_write ckv", il_);
-        CK(o->ring_write(I, SV(st, st->o_csc), hd, n, pos0, STV(st, w->off_csc_ring), hd,
-                         st->ring_c, hd),
-           "ring_write csc", il_);
+    dsib_view lat = SV(P, v->o_pool), ky = SV(P, v->o_keys);
+    CK(o->rms_norm(S, pooled, hd, lat, hd, n, hd, &w->comp_norm, hp->rms_eps), "rms_norm comp", il_);
+    /* index keys from the pre-RoPE latent */
+    CK(o->matmul(S, &w->idx_k, 0, lat, hd, ky, ID, n), "matmul idx_k", il_);
+    CK(o->rms_norm(S, ky, ID, ky, ID, n, ID, &w->idx_k_norm, hp->rms_eps), "rms_norm idx_k", il_);
+    CK(o->rope_tail(S, ky, ID, n, 1, ID, P->rows, 1 - (int32_t)r, &w->rope, 0), "rope keys", il_);
+    CK(o->fake_quant(S, ky, ID, n, 0, ID, 32, DSIB_FQ_E2M1_UE8M0, P->fq), "fake_quant keys", il_);
+    CK(o->store_rows(S, ky, ID, n, P->rows, &keys, ID, r, 0), "store keys", il_);
+    /* compressed KV row: RoPE then FP4 with E4M3 scales in blocks of 16 (§10.1) */
+    CK(o->rope_tail(S, lat, hd, n, 1, hd, P->rows, 1 - (int32_t)r, &w->rope, 0), "rope comp", il_);
+    CK(o->fake_quant(S, lat, hd, n, 0, hd, 16, DSIB_FQ_E2M1_E4M3, P->fq), "fake_quant comp", il_);
+    CK(o->store_rows(S, lat, hd, n, P->rows, &comp, hd, r, 0), "store comp", il_);
+    if (r > 1) { /* keep the token rows: partial groups continue in the next step */
+        CK(o->store_rows(S, SV(P, v->o_ckv), hd, n, P->rows, &rk, hd, 1, DSIB_STORE_RING),
+           "ring ckv", il_);
+        CK(o->store_rows(S, SV(P, v->o_csc), hd, n, P->rows, &rs, hd, 1, DSIB_STORE_RING),
+           "ring csc", il_);
     }
     return DSI_OK;
 }
 
 /* Indexer of an index source (§4.3): q from qr, head weights from x, top-k over the key
  * source's keys, candidate blocks (candidate source) or masking (masked sources). */
-static dsi_status indexer(dsii_arch_state *st, uint32_t il, int64_t pos0, uint32_t n,
-                          dsii_error *e) {
-    const dsii_hparams *hp = st->hp;
+static dsi_status indexer(const v41_step *P, uint32_t il, dsii_error *e) {
+    const dsii_hparams *hp = P->hp;
     const dsii_layer_hparams *lh = &hp->layer[il];
-    v41_lw *w = &st->lw[il];
-    const dsib_ops *o = st->ops;
-    dsib_instance *I = st->inst;
-    const uint32_t IH = hp->idx_n_head, ID = hp->idx_head_dim;
-    const dsib_rope rope = layer_rope(hp, lh);
+    const v41_lw *w = &P->am->lw[il];
+    const dsib_ops *o = P->o;
+    dsib_stream *S = P->S;
+    const v41_lane *v = P->v;
+    const uint32_t IH = hp->idx_n_head, ID = hp->idx_head_dim, n = P->n;
     int il_ = (int)il;
-    CK(o->matmul(I, &w->idx_q_b, 0, SV(st, st->o_qr), hp->q_lora_rank, SV(st, st->o_iq),
-                 IH * ID, n),
+    CK(o->matmul(S, &w->idx_q_b, 0, SV(P, v->o_qr), hp->q_lora_rank, SV(P, v->o_iq), IH * ID, n),
        "matmul idx_q_b", il_);
-    CK(o->rope_tail(I, SV(st, st->o_iq), IH * ID, n, IH, ID, pos0, 1, &rope, 0), "rope iq", il_);
-    CK(o->fake_quant(I, SV(st, st->o_iq), IH * ID, n, 0, IH * ID, 32, DSIB_FQ_E2M1_UE8M0,
-                     st->fq_flags),
+    CK(o->rope_tail(S, SV(P, v->o_iq), IH * ID, n, IH, ID, P->rows, 0, &w->rope, 0), "rope iq", il_);
+    CK(o->fake_quant(S, SV(P, v->o_iq), IH * ID, n, 0, IH * ID, 32, DSIB_FQ_E2M1_UE8M0, P->fq),
        "fake_quant iq", il_);
-    CK(o->matmul(I, &w->idx_proj, 0, SV(st, st->o_xn), hp->n_embd, SV(st, st->o_iw), IH, n),
+    CK(o->matmul(S, &w->idx_proj, 0, SV(P, v->o_xn), hp->n_embd, SV(P, v->o_iw), IH, n),
        "matmul idx_proj", il_);
     const float wscale = (float)(1.0 / sqrt((double)ID) / sqrt((double)IH));
-    CK(o->scale(I, SV(st, st->o_iw), IH, n, IH, wscale), "scale iw", il_);
+    CK(o->scale(S, SV(P, v->o_iw), IH, n, IH, wscale), "scale iw", il_);
     if (lh->key_src < 0 || (uint32_t)lh->key_src >= hp->n_layer ||
         !hp->layer[lh->key_src].is_kv_source)
         return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: layer %u has no index-key owner", il);
-    const v41_lw *ks = &st->lw[lh->key_src]; /* §10.3: always the owner's own keys */
+    /* §10.3: always the owner's own keys */
+    dsib_state keys = ST(P, P->am->lw[lh->key_src].c_keys);
     dsib_view cin = NOVIEW, cout = NOVIEW;
-    if (lh->is_candidate_source) cout = SV(st, st->o_cand);
-    else if (lh->cand_masked) cin = SV(st, st->o_cand);
-    CK(o->indexer_topk_v41(I, SV(st, st->o_iq), IH * ID, SV(st, st->o_iw), IH,
-                           STV(st, ks->off_keys), IH, ID, pos0, n, lh->compress_ratio,
-                           hp->idx_topk, SV(st, w->off_idx), cin, cout,
-                           hp->candidate_block_size, hp->candidate_topk_blocks),
+    if (lh->is_candidate_source) cout = SV(P, v->o_cand);
+    else if (lh->cand_masked) cin = SV(P, v->o_cand);
+    CK(o->indexer_topk_v41(S, SV(P, v->o_iq), IH * ID, SV(P, v->o_iw), IH, &keys, IH, ID,
+                           P->rows, n, lh->compress_ratio, hp->idx_topk, SV(P, v->o_idx[il]), cin,
+                           cout, hp->candidate_block_size, hp->candidate_topk_blocks),
        "indexer_topk_v41", il_);
     return DSI_OK;
 }
 
-static dsi_status attention(dsii_arch_state *st, uint32_t il, int64_t pos0, uint32_t n,
-                            dsii_error *e) {
-    const dsii_hparams *hp = st->hp;
+static dsi_status attention(const v41_step *P, uint32_t il, dsii_error *e) {
+    const dsii_hparams *hp = P->hp;
     const dsii_layer_hparams *lh = &hp->layer[il];
-    v41_lw *w = &st->lw[il];
-    const dsib_ops *o = st->ops;
-    dsib_instance *I = st->inst;
+    const v41_lw *w = &P->am->lw[il];
+    const dsib_ops *o = P->o;
+    dsib_stream *S = P->S;
+    const v41_lane *v = P->v;
     const uint32_t D = hp->n_embd, H = hp->n_head, hd = hp->head_dim, Q = hp->q_lora_rank;
-    const dsib_rope rope = layer_rope(hp, lh);
+    const uint32_t n = P->n;
     int il_ = (int)il;
 
     /* Q: RMSNorm(wq_a x, q_norm) → wq_b → RoPE; no per-head q norm in V4.1 */
-    CK(o->matmul(I, &w->q_a, 0, SV(st, st->o_xn), D, SV(st, st->o_qr), Q, n), "matmul q_a", il_);
-    CK(o->rms_norm(I, SV(st, st->o_qr), Q, SV(st, st->o_qr), Q, n, Q, &w->q_a_norm, hp->rms_eps),
+    CK(o->matmul(S, &w->q_a, 0, SV(P, v->o_xn), D, SV(P, v->o_qr), Q, n), "matmul q_a", il_);
+    CK(o->rms_norm(S, SV(P, v->o_qr), Q, SV(P, v->o_qr), Q, n, Q, &w->q_a_norm, hp->rms_eps),
        "rms_norm q", il_);
-    CK(o->matmul(I, &w->q_b, 0, SV(st, st->o_qr), Q, SV(st, st->o_q), H * hd, n), "matmul q_b",
-       il_);
-    CK(o->rope_tail(I, SV(st, st->o_q), H * hd, n, H, hd, pos0, 1, &rope, 0), "rope q", il_);
+    CK(o->matmul(S, &w->q_b, 0, SV(P, v->o_qr), Q, SV(P, v->o_q), H * hd, n), "matmul q_b", il_);
+    CK(o->rope_tail(S, SV(P, v->o_q), H * hd, n, H, hd, P->rows, 0, &w->rope, 0), "rope q", il_);
     /* window KV: RMSNorm(wkv x), RoPE, FP8 over the whole head in blocks of 32 */
-    CK(o->matmul(I, &w->kv, 0, SV(st, st->o_xn), D, SV(st, st->o_kv), hd, n), "matmul kv", il_);
-    CK(o->rms_norm(I, SV(st, st->o_kv), hd, SV(st, st->o_kv), hd, n, hd, &w->kv_norm,
-                   hp->rms_eps),
+    CK(o->matmul(S, &w->kv, 0, SV(P, v->o_xn), D, SV(P, v->o_kv), hd, n), "matmul kv", il_);
+    CK(o->rms_norm(S, SV(P, v->o_kv), hd, SV(P, v->o_kv), hd, n, hd, &w->kv_norm, hp->rms_eps),
        "rms_norm kv", il_);
-    CK(o->rope_tail(I, SV(st, st->o_kv), hd, n, 1, hd, pos0, 1, &rope, 0), "rope kv", il_);
-    CK(o->fake_quant(I, SV(st, st->o_kv), hd, n, 0, hd, 32, DSIB_FQ_E4M3_UE8M0, st->fq_flags),
+    CK(o->rope_tail(S, SV(P, v->o_kv), hd, n, 1, hd, P->rows, 0, &w->rope, 0), "rope kv", il_);
+    CK(o->fake_quant(S, SV(P, v->o_kv), hd, n, 0, hd, 32, DSIB_FQ_E4M3_UE8M0, P->fq),
        "fake_quant kv", il_);
 
     uint32_t ratio = lh->compress_ratio;
     if (ratio > 0 && lh->is_kv_source) {
-        dsi_status s = compressor(st, il, pos0, n, e);
+        dsi_status s = compressor(P, il, e);
         if (s != DSI_OK) return s;
     }
     if (ratio > 0 && lh->is_index_source) {
-        dsi_status s = indexer(st, il, pos0, n, e);
+        dsi_status s = indexer(P, il, e);
         if (s != DSI_OK) return s;
     }
-    dsib_view comp = NOVIEW, idx = NOVIEW;
+    dsib_state comp, ring = ST(P, w->c_ring);
+    memset(&comp, 0, sizeof comp);
+    dsib_view idx = NOVIEW;
     if (ratio > 0) {
         if (lh->kv_src < 0 || (uint32_t)lh->kv_src >= hp->n_layer)
             return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: layer %u has no KV source", il);
-        comp = STV(st, st->lw[lh->kv_src].off_comp);
+        comp = ST(P, P->am->lw[lh->kv_src].c_comp);
         /* no index source at or before the layer (no shipped config): every visible row */
         if (lh->topk_src >= 0 && (uint32_t)lh->topk_src < hp->n_layer)
-            idx = SV(st, st->lw[lh->topk_src].off_idx);
+            idx = SV(P, v->o_idx[lh->topk_src]);
     }
-    CK(o->attn_sink(I, SV(st, st->o_q), H * hd, H, hd, pos0, n, hp->window,
-                    STV(st, w->off_ring), st->ring_w, SV(st, st->o_kv), hd, ratio, comp, idx,
-                    hp->idx_topk, &w->sinks, 1.0f / sqrtf((float)hd), SV(st, st->o_att),
-                    H * hd),
+    CK(o->attn_sink(S, SV(P, v->o_q), H * hd, H, hd, P->rows, n, hp->window, &ring,
+                    SV(P, v->o_kv), hd, ratio, ratio > 0 ? &comp : NULL, idx, hp->idx_topk,
+                    &w->sinks, 1.0f / sqrtf((float)hd), SV(P, v->o_att), H * hd),
        "attn_sink", il_);
-    CK(o->ring_write(I, SV(st, st->o_kv), hd, n, pos0, STV(st, w->off_ring), hd, st->ring_w, hd),
-       "ring_write kv", il_);
+    CK(o->store_rows(S, SV(P, v->o_kv), hd, n, P->rows, &ring, hd, 1, DSIB_STORE_RING),
+       "ring kv", il_);
     /* V carried the key's rotation: un-rotate the output, then the grouped projection */
-    CK(o->rope_tail(I, SV(st, st->o_att), H * hd, n, H, hd, pos0, 1, &rope, 1), "rope out", il_);
-    CK(o->matmul_grouped(I, &w->out_a, hp->o_groups, SV(st, st->o_att), H * hd,
-                         SV(st, st->o_low), hp->o_groups * hp->o_lora_rank, n),
+    CK(o->rope_tail(S, SV(P, v->o_att), H * hd, n, H, hd, P->rows, 0, &w->rope, 1), "rope out", il_);
+    CK(dsii_op_matmul_grouped(P->dev, S, &w->out_a, hp->o_groups, SV(P, v->o_att), H * hd,
+                              SV(P, v->o_low), hp->o_groups * hp->o_lora_rank, n),
        "matmul out_a", il_);
-    CK(o->matmul(I, &w->out_b, 0, SV(st, st->o_low), hp->o_groups * hp->o_lora_rank,
-                 SV(st, st->o_aout), D, n),
+    CK(o->matmul(S, &w->out_b, 0, SV(P, v->o_low), hp->o_groups * hp->o_lora_rank,
+                 SV(P, v->o_aout), D, n),
        "matmul out_b", il_);
     return DSI_OK;
 }
 
-static dsi_status moe(dsii_arch_state *st, uint32_t il, uint32_t n, dsii_error *e) {
-    dsii_moe_scratch sc = {SV(st, st->o_lg), SV(st, st->o_sel), SV(st, st->o_wts),
-                           SV(st, st->o_mout), SV(st, st->o_shg), SV(st, st->o_shu),
-                           SV(st, st->o_sh)};
-    return dsii_moe_forward(st->ops, st->inst, &st->lw[il].moe, &sc, SV(st, st->o_xn),
-                            st->hp->n_embd, SV(st, st->o_ids), n, st->hp->n_embd,
-                            SV(st, st->o_aout), st->hp->n_embd, e);
-}
-
-static dsi_status run_step(dsii_arch_state *st, const dsi_token *tokens, uint32_t pos,
-                           uint32_t n, int32_t which, float *logits, dsii_error *e) {
-    const dsii_hparams *hp = st->hp;
-    const dsib_ops *o = st->ops;
-    dsib_instance *I = st->inst;
-    const uint32_t D = hp->n_embd, hc = hp->hc_mult, M = DSIB_HC_COEF(hc);
-    const int64_t pos0 = pos;
-    dsib_error be = {{0}};
+static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                             const dsii_step_shape *sh, dsii_error *e) {
+    const dsii_hparams *hp = am->hp;
+    const v41_lane *v = lane->priv;
+    v41_step P = {am, hp, am->dev, am->dev->be->ops, lane->stream, lane, v, pool,
+                  dsii_lane_io(lane, lane->io_rows), sh->n, sh->fq_flags};
+    const dsib_ops *o = P.o;
+    dsib_stream *S = P.S;
+    const uint32_t D = hp->n_embd, hc = hp->hc_mult, M = DSIB_HC_COEF(hc), n = sh->n;
+    const dsii_engram_hparams *eh = &hp->engram;
     dsi_status s;
 
-    /* Host side first (uploads precede recording): token ids, Engram rows (§4.6: hashes
-     * from the timeline itself, so the n-gram history is exact across chunks, decode and
-     * rebuilds). */
-    s = st->be->upload(I, st->scratch, st->o_ids, tokens + pos, (uint64_t)n * 4, &be);
-    if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: upload ids: %s", be.msg);
-    const dsii_engram_hparams *eh = &hp->engram;
-    if (hp->has_engram) {
-        const uint32_t C = eh->n_cols, K = eh->key_length;
-        const uint32_t nh = eh->max_ngram - 1;
-        const uint32_t h0 = pos > nh ? pos - nh : 0;
-        for (uint32_t j = 0; j < eh->n_layer; j++) {
-            dsii_engram_hash(&st->elay[j], tokens + h0, (int32_t)(pos - h0), tokens + pos, n,
-                             st->erows);
-            s = dsii_engram_gather(st->ctx, &st->etab[j], st->erows, (size_t)n * C, st->ehost, e);
-            if (s != DSI_OK) return s;
-            s = st->be->upload(I, st->scratch, st->o_eE[j], st->ehost, (uint64_t)n * C * K * 4,
-                               &be);
-            if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: upload engram: %s", be.msg);
-        }
-    }
-
-    s = st->be->begin(I, &be);
-    if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: begin: %s", be.msg);
-
-    CK(o->get_rows(I, &st->tok_embd, SV(st, st->o_ids), SV(st, st->o_e), D, n), "get_rows", -1);
-    CK(o->hc_expand(I, SV(st, st->o_e), D, SV(st, st->o_X), n, hc, D), "hc_expand", -1);
+    CK(o->get_rows(S, &am->tok_embd, dsii_lane_io(lane, lane->io_ids), SV(&P, v->o_e), D, n),
+       "get_rows", -1);
+    CK(o->hc_expand(S, SV(&P, v->o_e), D, SV(&P, v->o_X), n, hc, D), "hc_expand", -1);
 
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const dsii_layer_hparams *lh = &hp->layer[il];
-        v41_lw *w = &st->lw[il];
+        const v41_lw *w = &am->lw[il];
         int il_ = (int)il;
         if (lh->engram_index >= 0) { /* §4.6: before the block */
             const uint32_t j = (uint32_t)lh->engram_index, CK_ = eh->n_cols * eh->key_length;
-            CK(o->matmul(I, &w->eng_wkv, 0, SV(st, st->o_eE[j]), CK_, SV(st, st->o_ekv),
-                         (hc + 1) * D, n),
+            CK(o->matmul(S, &w->eng_wkv, 0, dsii_lane_io(lane, lane->io_extra + v->io_eng[j]), CK_,
+                         SV(&P, v->o_ekv), (hc + 1) * D, n),
                "matmul engram wkv", il_);
-            CK(o->engram_gate(I, SV(st, st->o_X), n, hc, D, SV(st, st->o_ekv), (hc + 1) * D,
+            CK(o->engram_gate(S, SV(&P, v->o_X), n, hc, D, SV(&P, v->o_ekv), (hc + 1) * D,
                               &w->eng_q, &w->eng_k, hp->rms_eps),
                "engram_gate", il_);
         }
         /* attention sublayer: mixes from X, input from the previous sublayer's pre (§4.2) */
-        CK(o->hc_mix(I, SV(st, st->o_X), n, hc, D, &w->hc_attn_fn, &w->hc_attn_scale,
+        CK(o->hc_mix(S, SV(&P, v->o_X), n, hc, D, &w->hc_attn_fn, &w->hc_attn_scale,
                      &w->hc_attn_base, hp->rms_eps, hp->hc_eps, hp->hc_sinkhorn_iters,
-                     DSIB_HC_BLOCK, SV(st, st->o_ca), M),
+                     DSIB_HC_BLOCK, SV(&P, v->o_ca), M),
            "hc_mix attn", il_);
         if (il == 0) /* make_identity_pre_mix: one-hot stream 0 */
-            CK(o->copy_rows(I, SV(st, st->o_X), hc * D, SV(st, st->o_x), D, n, D), "copy_rows",
-               il_);
+            CK(dsii_op_copy_rows(P.dev, S, SV(&P, v->o_X), hc * D, SV(&P, v->o_x), D, n, D),
+               "copy_rows", il_);
         else
-            CK(o->hc_collapse(I, SV(st, st->o_X), SV(st, st->o_cf), M, SV(st, st->o_x), D, n,
-                              hc, D),
+            CK(o->hc_collapse(S, SV(&P, v->o_X), SV(&P, v->o_cf), M, SV(&P, v->o_x), D, n, hc, D),
                "hc_collapse attn", il_);
-        CK(o->rms_norm(I, SV(st, st->o_x), D, SV(st, st->o_xn), D, n, D, &w->attn_norm,
-                       hp->rms_eps),
+        CK(o->rms_norm(S, SV(&P, v->o_x), D, SV(&P, v->o_xn), D, n, D, &w->attn_norm, hp->rms_eps),
            "attn_norm", il_);
-        s = attention(st, il, pos0, n, e);
+        s = attention(&P, il, e);
         if (s != DSI_OK) return s;
-        CK(o->hc_post(I, SV(st, st->o_aout), D, SV(st, st->o_X), SV(st, st->o_ca), M,
-                      SV(st, st->o_X), n, hc, D),
+        CK(o->hc_post(S, SV(&P, v->o_aout), D, SV(&P, v->o_X), SV(&P, v->o_ca), M, SV(&P, v->o_X),
+                      n, hc, D),
            "hc_post attn", il_);
         /* FFN sublayer: mixes from X, input from this block's attention pre */
-        CK(o->hc_mix(I, SV(st, st->o_X), n, hc, D, &w->hc_ffn_fn, &w->hc_ffn_scale,
+        CK(o->hc_mix(S, SV(&P, v->o_X), n, hc, D, &w->hc_ffn_fn, &w->hc_ffn_scale,
                      &w->hc_ffn_base, hp->rms_eps, hp->hc_eps, hp->hc_sinkhorn_iters,
-                     DSIB_HC_BLOCK, SV(st, st->o_cf), M),
+                     DSIB_HC_BLOCK, SV(&P, v->o_cf), M),
            "hc_mix ffn", il_);
-        CK(o->hc_collapse(I, SV(st, st->o_X), SV(st, st->o_ca), M, SV(st, st->o_x), D, n, hc, D),
+        CK(o->hc_collapse(S, SV(&P, v->o_X), SV(&P, v->o_ca), M, SV(&P, v->o_x), D, n, hc, D),
            "hc_collapse ffn", il_);
-        CK(o->rms_norm(I, SV(st, st->o_x), D, SV(st, st->o_xn), D, n, D, &w->ffn_norm,
-                       hp->rms_eps),
+        CK(o->rms_norm(S, SV(&P, v->o_x), D, SV(&P, v->o_xn), D, n, D, &w->ffn_norm, hp->rms_eps),
            "ffn_norm", il_);
-        s = moe(st, il, n, e);
+        dsii_moe_scratch ms = {SV(&P, v->o_lg), SV(&P, v->o_sel), SV(&P, v->o_wts),
+                               SV(&P, v->o_mout), SV(&P, v->o_shg), SV(&P, v->o_shu),
+                               SV(&P, v->o_sh)};
+        s = dsii_moe_forward(P.dev, S, &w->moe, &ms, SV(&P, v->o_xn), D,
+                             dsii_lane_io(lane, lane->io_ids), n, D, SV(&P, v->o_aout), D, e);
         if (s != DSI_OK) return s;
-        CK(o->hc_post(I, SV(st, st->o_aout), D, SV(st, st->o_X), SV(st, st->o_cf), M,
-                      SV(st, st->o_X), n, hc, D),
+        CK(o->hc_post(S, SV(&P, v->o_aout), D, SV(&P, v->o_X), SV(&P, v->o_cf), M, SV(&P, v->o_X),
+                      n, hc, D),
            "hc_post ffn", il_);
     }
-
-    s = st->be->submit(I, &be);
-    if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: submit: %s", be.msg);
-
-    uint32_t n_out = 0, first = 0;
-    if (which == DSII_LOGITS_LAST) {
-        n_out = 1;
-        first = n - 1;
-    } else if (which == DSII_LOGITS_ALL) {
-        n_out = n;
-    }
-    /* §4.1: collapse with the last layer's FFN pre mix (no HC head), norm, head (f32). In
-     * slices of V41_LOGIT_ROWS rows so the logits scratch stays small at real vocab sizes;
-     * the final logits are the step's only readback. */
-    for (uint32_t r0 = 0; r0 < n_out; r0 += V41_LOGIT_ROWS) {
-        const uint32_t nr = n_out - r0 < V41_LOGIT_ROWS ? n_out - r0 : V41_LOGIT_ROWS;
-        const uint64_t xo = st->o_X + (uint64_t)(first + r0) * hc * D * 4;
-        const uint64_t co = st->o_cf + (uint64_t)(first + r0) * M * 4;
-        s = st->be->begin(I, &be);
-        if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: begin: %s", be.msg);
-        CK(o->hc_collapse(I, SV(st, xo), SV(st, co), M, SV(st, st->o_x), D, nr, hc, D),
-           "hc_collapse out", -1);
-        CK(o->rms_norm(I, SV(st, st->o_x), D, SV(st, st->o_xn), D, nr, D, &st->out_norm,
-                       hp->rms_eps),
-           "output_norm", -1);
-        CK(o->matmul(I, &st->output, 0, SV(st, st->o_xn), D, SV(st, st->o_logits), hp->n_vocab,
-                     nr),
-           "matmul output", -1);
-        s = st->be->submit(I, &be);
-        if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: submit: %s", be.msg);
-        s = st->be->download(I, st->scratch, st->o_logits, logits + (size_t)r0 * hp->n_vocab,
-                             (uint64_t)nr * hp->n_vocab * 4, &be);
-        if (s != DSI_OK) return dsii_fail(e, s, "deepseek41: download logits: %s", be.msg);
-    }
-    return DSI_OK;
-}
-
-static dsi_status v41_eval(dsii_arch_state *st, const dsi_token *tokens, uint32_t pos,
-                           uint32_t n, int32_t which, float *logits, dsii_error *e) {
-    if (n == 0 || n > st->p.n_batch || pos + n > st->p.n_ctx || pos != st->n_tokens)
-        return dsii_fail(e, DSI_ERR_INTERNAL,
-                         "deepseek41: eval of %u tokens at %u (state holds %u, batch %u, ctx %u)",
-                         n, pos, st->n_tokens, st->p.n_batch, st->p.n_ctx);
-    dsi_status s = run_step(st, tokens, pos, n, which, logits, e);
-    if (s != DSI_OK) return s;
-    st->n_tokens = pos + n;
-    return DSI_OK;
-}
-
-static void v41_reset(dsii_arch_state *st) { st->n_tokens = 0; }
-
-static uint32_t v41_rewind_limit(const dsii_arch_state *st) { return st->margin; }
-
-/* All state is either append-only by position (compressed rows, index keys: rows past
- * len/ratio are rewritten when regenerated) or rings holding (span + margin) positions, so
- * truncation within the margin only moves the frontier. */
-static dsi_status v41_truncate(dsii_arch_state *st, uint32_t cur, uint32_t len, dsii_error *e) {
-    if (cur != st->n_tokens || len > cur || cur - len > st->margin)
-        return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: truncate %u -> %u (state %u, margin %u)",
-                         cur, len, st->n_tokens, st->margin);
-    st->n_tokens = len;
+    if (sh->n_out == 0) return DSI_OK;
+    /* §4.1: collapse with the last layer's FFN pre mix (no HC head), norm, head (f32), for
+     * the output rows in one pass, logits into the io block */
+    const uint32_t no = sh->n_out;
+    dsib_view oi = dsii_lane_io(lane, lane->io_out);
+    CK(o->gather_rows(S, SV(&P, v->o_X), hc * D, oi, SV(&P, v->o_Xo), hc * D, no, hc * D),
+       "head rows", -1);
+    CK(o->gather_rows(S, SV(&P, v->o_cf), M, oi, SV(&P, v->o_Co), M, no, M), "head coef", -1);
+    CK(o->hc_collapse(S, SV(&P, v->o_Xo), SV(&P, v->o_Co), M, SV(&P, v->o_x), D, no, hc, D),
+       "hc_collapse out", -1);
+    CK(o->rms_norm(S, SV(&P, v->o_x), D, SV(&P, v->o_xn), D, no, D, &am->out_norm, hp->rms_eps),
+       "output_norm", -1);
+    CK(o->matmul(S, &am->output, 0, SV(&P, v->o_xn), D, dsii_lane_io(lane, lane->io_logits),
+                 hp->n_vocab, no),
+       "matmul output", -1);
     return DSI_OK;
 }
 
 const dsii_arch dsii_arch_dsv41 = {
     .name = "deepseek41",
-    .state_create = v41_state_create,
-    .state_free = v41_state_free,
-    .eval = v41_eval,
-    .reset = v41_reset,
-    .rewind_limit = v41_rewind_limit,
-    .truncate = v41_truncate,
+    .model_create = v41_model_create,
+    .model_free = v41_model_free,
+    .state_layout = v41_state_layout,
+    .lane_init = v41_lane_init,
+    .lane_fini = v41_lane_fini,
+    .prepare = v41_prepare,
+    .record = v41_record,
 };

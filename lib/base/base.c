@@ -43,6 +43,28 @@ dsi_status dsii_thread_fail(dsi_status status, const char *fmt, ...) {
     return status;
 }
 
+/* Status strings live in lib/base so every module can use them without including lib/api. */
+DSI_API const char *dsi_status_string(dsi_status status) {
+    switch (status) {
+    case DSI_OK: return "ok";
+    case DSI_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case DSI_ERR_OUT_OF_HOST_MEMORY: return "out of host memory";
+    case DSI_ERR_OUT_OF_DEVICE_MEMORY: return "out of device memory";
+    case DSI_ERR_IO: return "input/output error";
+    case DSI_ERR_BAD_FORMAT: return "bad file format";
+    case DSI_ERR_UNSUPPORTED: return "unsupported";
+    case DSI_ERR_BACKEND: return "backend failure";
+    case DSI_ERR_CANCELLED: return "cancelled";
+    case DSI_ERR_CONTEXT_FULL: return "context full";
+    case DSI_ERR_STATE_MISMATCH: return "state mismatch";
+    case DSI_ERR_ABI_MISMATCH: return "ABI mismatch";
+    case DSI_ERR_BUSY: return "busy";
+    case DSI_ERR_NOT_FOUND: return "not found";
+    case DSI_ERR_INTERNAL: return "internal error";
+    default: return "unknown status";
+    }
+}
+
 DSI_API const char *dsi_last_error(void) { return g_thread_error; }
 
 /* ---- allocation ---------------------------------------------------------------------- */

@@ -11,19 +11,26 @@ struct dsi_context {
     char backend_name[16];      /* effective backend */
     int32_t n_threads;          /* effective */
     atomic_int n_models;        /* live models; dsi_context_free refuses while > 0 */
-    struct dsii_backend_slot *backend; /* the backend instance (backends/backend.h) */
+    /* Opened backend instances (lib/backend/device.h): dev[0] is always the CPU; the
+     * forward pass runs on dev[compute] (the first GPU opened, else the CPU). */
+    struct dsii_device *dev[8];
+    uint32_t n_dev;
+    uint32_t compute;
     char *backend_dir;          /* owned copy of opt.backend_dir */
+    char *devices;              /* owned copy of opt.devices */
     dsii_error last_error;
 };
 
 /* Records `e` as the context's last error (and the thread's). Returns e->status. */
 dsi_status dsii_context_fail(dsi_context *ctx, const dsii_error *e);
 
-/* Backend glue (lib/api/context_backend.c): opens the named backend ("cpu", "vulkan",
- * "cuda", "auto") for the context, closes it, and lists every device the context can see
- * (out may be NULL with cap 0 to count). */
+/* Backend glue (lib/backend/context_backend.c): opens the context's devices — the CPU
+ * always, plus the named backend ("cpu", "vulkan", "cuda", "auto") on `device_index`, or,
+ * when `devices` is non-NULL, every "backend[:index]" entry of that comma-separated list —
+ * closes them, and lists every device the context can see (out may be NULL with cap 0 to
+ * count). */
 dsi_status dsii_context_open_backend(dsi_context *ctx, const char *name, int32_t device_index,
-                                     dsii_error *err);
+                                     const char *devices, dsii_error *err);
 void dsii_context_close_backend(dsi_context *ctx);
 dsi_status dsii_context_list_devices(dsi_context *ctx, dsi_device_info *out, int32_t cap,
                                      int32_t *count, dsii_error *err);

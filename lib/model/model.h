@@ -310,13 +310,13 @@ struct dsi_model {
     uint64_t n_params;              /* elements of all bound tensors (views excluded) */
     uint64_t weight_bytes;          /* bytes of all bound tensors as stored */
     uint64_t type_bytes[DSII_TYPE_SLOTS]; /* weight_bytes split by tensor type */
-    /* Device copies of the weights, for backends that cannot use host memory in place
-     * (GPU backends): one buffer per entry of `tensors`, uploaded by the first session that
-     * binds it and shared by every later session, so weights are uploaded once per model
-     * (lib/arch/arch.c). Guarded by dev_lock; released by dev_release at destroy. */
-    void **dev_weights;
-    pthread_mutex_t dev_lock;
-    void (*dev_release)(dsi_model *m);
+    /* The execution side of the model (lib/arch/exec.c), created at load: the weight table
+     * bound on the context's compute device (one device copy per model on GPU backends, the
+     * mmapped bytes wrapped in place on the CPU), the state pools of its sessions and the
+     * step scheduler. Freed by exec_free at destroy. NULL for architectures without a
+     * forward pass. */
+    struct dsii_exec *exec;
+    void (*exec_free)(dsi_model *m);
 };
 
 /* ---- loading (lib/model/model_load.c) -------------------------------------------------- */

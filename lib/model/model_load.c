@@ -584,8 +584,7 @@ static dsi_status report(const progress *p, int32_t stage, uint64_t done, uint64
 void dsii_model_destroy(dsi_model *m) {
     if (!m) return;
     const dsi_context *ctx = m->ctx;
-    if (m->dev_release) m->dev_release(m);
-    pthread_mutex_destroy(&m->dev_lock);
+    if (m->exec_free) m->exec_free(m);
     if (m->tokenizer) dsii_tokenizer_free(m->tokenizer);
     dsii_free_aligned(ctx, m->weights_buf);
     dsii_free(ctx, m->hp_arrays);
@@ -760,7 +759,6 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
     if (m->access == DSII_FILE_MEMORY) m->access = DSI_ACCESS_MMAP;
     atomic_init(&m->n_sessions, 0);
     atomic_flag_clear(&m->error_lock);
-    pthread_mutex_init(&m->dev_lock, NULL);
     dsi_status st = dsii_gguf_open(file, &m->gguf, err); /* owns file from here */
     if (st == DSI_OK) st = load_body(m, opt, err);
     if (st != DSI_OK) {

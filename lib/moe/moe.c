@@ -7,24 +7,25 @@
         if (st_ != DSI_OK) return dsii_fail(e, st_, "moe: %s failed", what);                \
     } while (0)
 
-dsi_status dsii_moe_forward(const dsib_ops *ops, dsib_instance *inst, const dsii_moe_weights *w,
+dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsii_moe_weights *w,
                             const dsii_moe_scratch *s, dsib_view x, uint32_t ldx, dsib_view ids,
                             uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e) {
+    const dsib_ops *ops = dev->be->ops;
     uint32_t E = w->n_expert, k = w->k;
-    CK(ops->matmul(inst, &w->gate_inp, 0, x, ldx, s->logits, E, n), "router matmul");
-    CK(ops->moe_route(inst, s->logits, E, E, k, w->bias.buf ? &w->bias : NULL,
+    CK(ops->matmul(strm, &w->gate_inp, 0, x, ldx, s->logits, E, n), "router matmul");
+    CK(ops->moe_route(strm, s->logits, E, E, k, w->bias.buf ? &w->bias : NULL,
                       w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n,
                       s->sel, s->wts),
        "routing");
-    CK(ops->moe_experts(inst, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
+    CK(ops->moe_experts(strm, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
                         s->routed, D),
        "routed experts");
-    if (!w->sh_gate.buf) return ops->copy_rows(inst, s->routed, D, out, ldo, n, D);
+    if (!w->sh_gate.buf) return dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D);
     uint32_t F = (uint32_t)w->sh_gate.ne[1];
-    CK(ops->matmul(inst, &w->sh_gate, 0, x, ldx, s->sh_g, F, n), "shared gate");
-    CK(ops->matmul(inst, &w->sh_up, 0, x, ldx, s->sh_u, F, n), "shared up");
-    CK(ops->swiglu(inst, s->sh_g, F, s->sh_u, F, s->sh_g, F, n, F, w->limit_shared), "swiglu");
-    CK(ops->matmul(inst, &w->sh_down, 0, s->sh_g, F, s->sh_out, D, n), "shared down");
-    CK(ops->add(inst, s->routed, D, s->sh_out, D, out, ldo, n, D), "add");
+    CK(ops->matmul(strm, &w->sh_gate, 0, x, ldx, s->sh_g, F, n), "shared gate");
+    CK(ops->matmul(strm, &w->sh_up, 0, x, ldx, s->sh_u, F, n), "shared up");
+    CK(ops->swiglu(strm, s->sh_g, F, s->sh_u, F, s->sh_g, F, n, F, w->limit_shared), "swiglu");
+    CK(ops->matmul(strm, &w->sh_down, 0, s->sh_g, F, s->sh_out, D, n), "shared down");
+    CK(ops->add(strm, s->routed, D, s->sh_out, D, out, ldo, n, D), "add");
     return DSI_OK;
 }

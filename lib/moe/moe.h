@@ -8,6 +8,7 @@
 #ifndef DSI_MOE_H
 #define DSI_MOE_H
 
+#include "backend/device.h"
 #include "backends/backend.h"
 #include "base/base.h"
 
@@ -30,8 +31,9 @@ typedef struct dsii_moe_scratch {
 } dsii_moe_scratch;
 
 /* out[t] = routed(x[t]) + shared(x[t]); x is the ffn-normed input [n][D] (ldx); ids: the
- * step's token ids (int32 [n], for hash routing). out may not alias x. */
-dsi_status dsii_moe_forward(const dsib_ops *ops, dsib_instance *inst, const dsii_moe_weights *w,
+ * step's token ids (int32 [n], for hash routing). out may not alias x. Recorded on stream
+ * `strm` of device `dev`. */
+dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsii_moe_weights *w,
                             const dsii_moe_scratch *s, dsib_view x, uint32_t ldx, dsib_view ids,
                             uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e);
 

@@ -7,8 +7,10 @@
 #include "quant/quant.h"
 
 #include "quant/fp.h"
+#include "backends/types.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 static inline uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -382,52 +384,53 @@ static size_t q_fp8_32(const float *s, void *d, int64_t n) { return q_fp8(s, d, 
 
 /* ---- the table -------------------------------------------------------------------------- */
 
-#define T_PLAIN(ID, NAME, SZ, DEQ, DOT, Q) {ID, NAME, 1, SZ, 1, 0, 1, 0, DEQ, DOT, Q}
-#define T_QUANT(ID, NAME, B, SZ, RM, DEQ, DOT, Q) {ID, NAME, B, SZ, RM, 1, 1, 0, DEQ, DOT, Q}
-#define T_KNOWN(ID, NAME, B, SZ) {ID, NAME, B, SZ, 1, 1, 0, 0, NULL, NULL, NULL}
+/* Geometry comes from the shared table (backends/types.h); this file adds the reference
+ * kernels. A type without an entry here is known (sized, validated) but unsupported. */
+typedef struct type_impl {
+    int32_t type;
+    dsii_dequantize_row_fn deq;
+    dsii_dot_fn dot;
+    dsii_quantize_row_fn quant;
+} type_impl;
 
-static const dsii_type_traits k_types[] = {
-    T_PLAIN(DSI_TYPE_F32, "f32", 4, deq_f32, dot_f32, q_f32),
-    T_PLAIN(DSI_TYPE_F16, "f16", 2, deq_f16, dot_f16, q_f16),
-    T_KNOWN(2, "q4_0", 32, 18),
-    T_KNOWN(3, "q4_1", 32, 20),
-    T_KNOWN(6, "q5_0", 32, 22),
-    T_KNOWN(7, "q5_1", 32, 24),
-    T_QUANT(DSI_TYPE_Q8_0, "q8_0", 32, 34, 1, deq_q8_0, dot_q8_0, q_q8_0),
-    T_KNOWN(9, "q8_1", 32, 36),
-    T_QUANT(DSI_TYPE_Q2_K, "q2_k", 256, 84, 1, deq_q2_k, dot_q2_k, q_q2_k),
-    T_KNOWN(11, "q3_k", 256, 110),
-    T_QUANT(DSI_TYPE_Q4_K, "q4_k", 256, 144, 1, deq_q4_k, dot_q4_k, q_q4_k),
-    T_KNOWN(13, "q5_k", 256, 176),
-    T_KNOWN(14, "q6_k", 256, 210),
-    T_KNOWN(15, "q8_k", 256, 292),
-    T_KNOWN(DSI_TYPE_IQ2_XXS, "iq2_xxs", 256, 66),
-    T_KNOWN(17, "iq2_xs", 256, 74),
-    T_KNOWN(18, "iq3_xxs", 256, 98),
-    T_KNOWN(19, "iq1_s", 256, 50),
-    T_KNOWN(20, "iq4_nl", 32, 18),
-    T_KNOWN(21, "iq3_s", 256, 110),
-    T_KNOWN(22, "iq2_s", 256, 82),
-    T_KNOWN(23, "iq4_xs", 256, 136),
-    T_PLAIN(DSI_TYPE_I8, "i8", 1, deq_i8, dot_i8, NULL),
-    T_PLAIN(DSI_TYPE_I16, "i16", 2, deq_i16, dot_i16, NULL),
-    T_PLAIN(DSI_TYPE_I32, "i32", 4, deq_i32, dot_i32, NULL),
-    T_PLAIN(DSI_TYPE_I64, "i64", 8, deq_i64, dot_i64, NULL),
-    T_PLAIN(DSI_TYPE_F64, "f64", 8, deq_f64, dot_f64, NULL),
-    T_KNOWN(29, "iq1_m", 256, 56),
-    T_PLAIN(DSI_TYPE_BF16, "bf16", 2, deq_bf16, dot_bf16, q_bf16),
-    T_KNOWN(34, "tq1_0", 256, 54),
-    T_KNOWN(35, "tq2_0", 256, 66),
-    T_QUANT(DSI_TYPE_MXFP4, "mxfp4", 32, 17, 1, deq_mxfp4, dot_mxfp4, q_mxfp4),
-    T_QUANT(DSI_TYPE_FP8_E4M3_B128, "fp8_e4m3_b128", 128, 129, 0, deq_fp8_128, dot_fp8_128,
-            q_fp8_128),
-    T_QUANT(DSI_TYPE_FP8_E4M3_B32, "fp8_e4m3_b32", 32, 33, 0, deq_fp8_32, dot_fp8_32, q_fp8_32),
-    T_QUANT(DSI_TYPE_FP8_E4M3_R32, "fp8_e4m3_r32", 32, 33, 0, deq_fp8_32, dot_fp8_32, q_fp8_32),
+static const type_impl k_impl[] = {
+    {DSI_TYPE_F32, deq_f32, dot_f32, q_f32},
+    {DSI_TYPE_F16, deq_f16, dot_f16, q_f16},
+    {DSI_TYPE_Q8_0, deq_q8_0, dot_q8_0, q_q8_0},
+    {DSI_TYPE_Q2_K, deq_q2_k, dot_q2_k, q_q2_k},
+    {DSI_TYPE_Q4_K, deq_q4_k, dot_q4_k, q_q4_k},
+    {DSI_TYPE_I8, deq_i8, dot_i8, NULL},
+    {DSI_TYPE_I16, deq_i16, dot_i16, NULL},
+    {DSI_TYPE_I32, deq_i32, dot_i32, NULL},
+    {DSI_TYPE_I64, deq_i64, dot_i64, NULL},
+    {DSI_TYPE_F64, deq_f64, dot_f64, NULL},
+    {DSI_TYPE_BF16, deq_bf16, dot_bf16, q_bf16},
+    {DSI_TYPE_MXFP4, deq_mxfp4, dot_mxfp4, q_mxfp4},
+    {DSI_TYPE_FP8_E4M3_B128, deq_fp8_128, dot_fp8_128, q_fp8_128},
+    {DSI_TYPE_FP8_E4M3_B32, deq_fp8_32, dot_fp8_32, q_fp8_32},
+    {DSI_TYPE_FP8_E4M3_R32, deq_fp8_32, dot_fp8_32, q_fp8_32},
 };
 
+#define TRAITS_GEOM_(id, nm, b, sz, rm, q) {id, nm, b, sz, rm, q, 0, 0, NULL, NULL, NULL},
+static dsii_type_traits g_traits[] = {DSIB_TYPE_TABLE(TRAITS_GEOM_)};
+#undef TRAITS_GEOM_
+static pthread_once_t g_traits_once = PTHREAD_ONCE_INIT;
+
+static void traits_init(void) {
+    for (size_t i = 0; i < sizeof g_traits / sizeof g_traits[0]; i++)
+        for (size_t k = 0; k < sizeof k_impl / sizeof k_impl[0]; k++)
+            if (k_impl[k].type == g_traits[i].type) {
+                g_traits[i].supported = 1;
+                g_traits[i].dequantize_row = k_impl[k].deq;
+                g_traits[i].dot = k_impl[k].dot;
+                g_traits[i].quantize_row = k_impl[k].quant;
+            }
+}
+
 const dsii_type_traits *dsii_type_get(int32_t type) {
-    for (size_t i = 0; i < sizeof k_types / sizeof k_types[0]; i++)
-        if (k_types[i].type == type) return &k_types[i];
+    pthread_once(&g_traits_once, traits_init);
+    for (size_t i = 0; i < sizeof g_traits / sizeof g_traits[0]; i++)
+        if (g_traits[i].type == type) return &g_traits[i];
     return NULL;
 }
 

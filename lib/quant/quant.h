@@ -60,7 +60,9 @@ typedef struct dsii_type_traits {
     dsii_quantize_row_fn quantize_row;     /* NULL when the writer cannot produce the type */
 } dsii_type_traits;
 
-/* Traits of a type id, or NULL for an id the table does not know. The table knows every
+/* Traits of a type id, or NULL for an id the table does not know. The geometry (name,
+ * block, bytes, row rule) is the shared table of backends/types.h — one table for the core
+ * and every backend; this module adds the reference kernels. It knows every
  * ggml type id up to MXFP4 (39) with its block geometry — so that any well-formed GGUF can
  * be validated and its tensors sized — plus the libdsinfer FP8 ids. Types known but not
  * implemented (IQ2_XXS, Q4_0, Q6_K, …) have supported = 0: a model using them should fail

@@ -71,9 +71,22 @@ double dsii_exp(double x) {
 
 static int bad_float(float f) { return isnan(f) || isinf(f); }
 
+void dsii_sampler_options_defaults(dsi_sampler_options *opt) {
+    if (!opt) return;
+    memset(opt, 0, sizeof *opt);
+    opt->struct_size = sizeof *opt;
+    opt->temperature = 1.0f;
+    opt->top_k = 0;
+    opt->top_p = 1.0f;
+    opt->min_p = 0.0f;
+    opt->repetition_penalty = 1.0f;
+    opt->penalty_last_n = 64;
+    opt->seed = 0;
+}
+
 dsi_status dsii_sampler_check_options(const dsi_sampler_options *opt, dsi_sampler_options *o,
                                       dsii_error *err) {
-    dsi_sampler_options_init(o);
+    dsii_sampler_options_defaults(o);
     dsi_status st = dsii_read_options(o, sizeof *o, opt, "dsi_sampler_options", err);
     if (st != DSI_OK) return st;
     if (isnan(o->temperature) || o->temperature < 0 || isinf(o->temperature))

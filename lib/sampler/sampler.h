@@ -25,6 +25,9 @@ struct dsi_sampler {
 
 /* Validates `opt` (NULL: defaults) into `out` (full layout; logit_bias still the caller's
  * pointer). INVALID_ARGUMENT naming the field. */
+/* The defaults of dsi_sampler_options (dsi_sampler_options_init calls this). NULL: no-op. */
+void dsii_sampler_options_defaults(dsi_sampler_options *opt);
+
 dsi_status dsii_sampler_check_options(const dsi_sampler_options *opt, dsi_sampler_options *out,
                                       dsii_error *err);
 

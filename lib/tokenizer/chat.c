@@ -22,6 +22,13 @@
 #include <stdio.h>
 #include <string.h>
 
+void dsii_chat_message_defaults(dsi_chat_message *msg) {
+    if (!msg) return;
+    memset(msg, 0, sizeof *msg);
+    msg->struct_size = sizeof *msg;
+    msg->role = DSI_ROLE_USER;
+}
+
 #define S_BOS "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 #define S_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 #define S_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
@@ -79,7 +86,7 @@ dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *cons
     if (!m || !tv) { st = dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_chat_render: out of memory"); goto done; }
     for (size_t i = 0; i < n; i++) {
         if (!messages[i]) { st = dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: messages[%zu] is NULL", i); goto done; }
-        dsi_chat_message_init(&m[i]);
+        dsii_chat_message_defaults(&m[i]);
         char what[64];
         snprintf(what, sizeof what, "dsi_chat_message (messages[%zu])", i);
         st = dsii_read_options(&m[i], sizeof m[i], messages[i], what, err);

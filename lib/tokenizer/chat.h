@@ -11,6 +11,9 @@
  * identical to REASONING_EFFORT_MAX of the official encoding_dsv4.py). */
 extern const char dsii_chat_think_max_prefix[];
 
+/* The defaults of dsi_chat_message (dsi_chat_message_init calls this). NULL: no-op. */
+void dsii_chat_message_defaults(dsi_chat_message *msg);
+
 /* Renders `n` messages (each read honouring its struct_size) with options `opt` (already
  * validated, full layout). On success *out is a NUL-terminated string from dsii_malloc(ctx)
  * and *len its length. INVALID_ARGUMENT (message names the index and field) for a NULL

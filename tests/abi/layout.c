@@ -69,5 +69,7 @@ int main(void) {
     F(dsi_generate_result, n_prompt); F(dsi_generate_result, n_reused);
     F(dsi_generate_result, n_generated); F(dsi_generate_result, prefill_ms);
     F(dsi_generate_result, decode_ms);
+    /* appended fields (ABI 2) */
+    F(dsi_context_options, devices);
     return 0;
 }

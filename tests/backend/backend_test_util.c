@@ -1,7 +1,7 @@
 #define _GNU_SOURCE
 #include "backend_test_util.h"
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -34,6 +34,19 @@ static int require_gpu(void) {
     return v && v[0] == '1';
 }
 
+void bt_stream_desc(dsib_stream_desc *d) {
+    memset(d, 0, sizeof *d);
+    d->struct_size = sizeof *d;
+    d->max_rows = 64;
+    d->max_positions = 8192;
+    d->max_heads = 8;
+    d->max_head_dim = 512;
+    d->max_topk = 512;
+    d->max_experts = 16;
+    d->max_experts_used = 6;
+    d->max_width = 1280;
+}
+
 static int create_side(bt_side *s, const char *what) {
     dsib_error e;
     memset(&e, 0, sizeof e);
@@ -44,7 +57,37 @@ static int create_side(bt_side *s, const char *what) {
         printf("%s: create failed: %s (%s)\n", what, e.msg, dsi_status_string(st));
         return 0;
     }
+    dsib_stream_desc d;
+    bt_stream_desc(&d);
+    st = s->be->stream_create(s->inst, &d, &s->strm, &e);
+    if (st != DSI_OK) {
+        printf("%s: stream_create failed: %s (%s)\n", what, e.msg, dsi_status_string(st));
+        s->be->destroy(s->inst);
+        s->inst = NULL;
+        return 0;
+    }
     return 1;
+}
+
+int bt_rows_new(bt_side sides[2], bt_buf *pb, uint32_t nseq, const int32_t *slots,
+                const int32_t *pos0, const int32_t *count) {
+    int32_t n = 0;
+    for (uint32_t i = 0; i < nseq; i++) n += count[i];
+    int32_t *r = calloc((size_t)(n ? n : 1) * DSIB_ROW_WORDS, 4);
+    if (!r) return -1;
+    int32_t t = 0;
+    for (uint32_t i = 0; i < nseq; i++) {
+        int32_t first = t;
+        for (int32_t j = 0; j < count[i]; j++, t++) {
+            r[t * DSIB_ROW_WORDS + DSIB_ROW_POS] = pos0[i] + j;
+            r[t * DSIB_ROW_WORDS + DSIB_ROW_SLOT] = slots[i];
+            r[t * DSIB_ROW_WORDS + DSIB_ROW_FIRST] = first;
+            r[t * DSIB_ROW_WORDS + DSIB_ROW_COUNT] = count[i];
+        }
+    }
+    int ok = bt_buf_new(sides, pb, r, (uint64_t)(n ? n : 1) * DSIB_ROW_WORDS * 4);
+    free(r);
+    return ok ? n : -1;
 }
 
 int bt_open(bt_side sides[2], const char *name) {
@@ -80,6 +123,8 @@ int bt_open(bt_side sides[2], const char *name) {
 }
 
 int bt_reopen_gpu(bt_side *s) {
+    if (s->strm) s->be->stream_destroy(s->strm);
+    s->strm = NULL;
     if (s->inst) s->be->destroy(s->inst);
     s->inst = NULL;
     return create_side(s, s->be->name);
@@ -87,6 +132,8 @@ int bt_reopen_gpu(bt_side *s) {
 
 void bt_close(bt_side sides[2]) {
     for (int i = 0; i < 2; i++) {
+        if (sides[i].strm) sides[i].be->stream_destroy(sides[i].strm);
+        sides[i].strm = NULL;
         if (sides[i].inst) sides[i].be->destroy(sides[i].inst);
         sides[i].inst = NULL;
     }

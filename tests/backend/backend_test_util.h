@@ -17,9 +17,13 @@
 typedef struct bt_side {
     const dsib_backend *be;
     dsib_instance *inst;
+    dsib_stream *strm;   /* ops run here (sized by bt_stream_desc) */
     void *dl;
     dsib_host host;
 } bt_side;
+
+/* The shapes the test streams are created for (generous for every op test). */
+void bt_stream_desc(dsib_stream_desc *d);
 
 /* Loads the CPU backend (side 0) and module `name` (side 1). Returns 0 on success; 77 when the
  * module or its device is missing (reason printed) unless DSI_REQUIRE_VULKAN=1, then 1. */
@@ -41,6 +45,16 @@ static inline dsib_view bt_view(const bt_buf *pb, int side, uint64_t byte_off) {
     dsib_view v = {pb->b[side], BT_GUARD + byte_off};
     return v;
 }
+/* A state view over a buffer: `slots` slots of `rows` rows of `ld` floats. */
+static inline dsib_state bt_state(const bt_buf *pb, int side, uint32_t slots, uint32_t rows,
+                                  uint32_t ld) {
+    dsib_state s = {pb->b[side], BT_GUARD, slots, rows, ld, DSIB_STATE_F32};
+    return s;
+}
+/* Step rows: `nseq` sequences, sequence i in slot slots[i] at positions pos0[i] ..
+ * pos0[i]+count[i]-1, rows in order. Returns the total row count. */
+int bt_rows_new(bt_side sides[2], bt_buf *pb, uint32_t nseq, const int32_t *slots,
+                const int32_t *pos0, const int32_t *count);
 /* Downloads the payload of side `side` into `out` (bytes) and checks the guards; returns
  * the number of guard bytes that changed. */
 uint64_t bt_buf_read(bt_side sides[2], const bt_buf *pb, int side, void *out);

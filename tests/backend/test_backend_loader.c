@@ -1,5 +1,5 @@
 /*
- * The backend loader (lib/api/backend_loader.c): module checks (entry symbol, api_version,
+ * The backend loader (lib/backend/registry.c): module checks (entry symbol, api_version,
  * struct_size), the search path (backend_dir → DSINFER_BACKEND_DIR → build tree → $libdir),
  * device enumeration across backends, "auto" selection with its log line. Needs no Vulkan
  * device: where the Vulkan module or its device is missing those cases are skipped.
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "dsinfer.h"
 
 static void test_bad_modules(void **state) {
@@ -48,7 +48,7 @@ static void test_bad_modules(void **state) {
 
 static void test_names(void **state) {
     (void)state;
-    dsii_backend_slot *s = NULL;
+    dsii_device *s = NULL;
     dsii_error e;
     dsii_error_clear(&e);
     assert_int_equal(dsii_backend_open(NULL, "metal", -1, &s, &e), DSI_ERR_INVALID_ARGUMENT);

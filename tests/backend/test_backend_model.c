@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "api/session_impl.h"
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "backend_test_util.h"
 #include "dsinfer.h"
 

@@ -1,8 +1,10 @@
 /* The CUDA backend module: loads, declines politely without a device, and on a GPU moves
- * data exactly, accounts memory and survives an impossible allocation. Skips (exit 77)
+ * data exactly, accounts memory, survives an impossible allocation, runs streams, events,
+ * pinned host-visible buffers and capture / replay (backend.h v2), and — with no ops yet —
+ * makes sessions fail with DSI_ERR_UNSUPPORTED instead of computing anything. Skips (exit 77)
  * with the reason when the module was not built or no CUDA device is present. */
 #define _POSIX_C_SOURCE 200809L
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "base/context_impl.h"
 
 #include <stdio.h>
@@ -93,6 +95,38 @@ int main(void) {
         CHECK(memcmp(src, dst, size) == 0);
         be->buffer_free(inst, buf);
         CHECK(be->memory_used(inst) == before);
+        /* backend.h v2: streams, events, host-visible (pinned) buffers, capture / replay */
+        dsib_stream_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.struct_size = sizeof sd;
+        dsib_stream *s = NULL;
+        CHECK(be->stream_create(inst, &sd, &s, &berr) == DSI_OK);
+        dsib_event *ev = NULL;
+        CHECK(be->event_create(inst, &ev, &berr) == DSI_OK);
+        if (s && ev) {
+            CHECK(be->event_record(s, ev, &berr) == DSI_OK);
+            CHECK(be->event_sync(inst, ev, &berr) == DSI_OK);
+            CHECK(be->event_query(inst, ev) == DSI_OK);
+            CHECK(be->stream_wait(s, ev, &berr) == DSI_OK);
+            CHECK(be->sync(s, &berr) == DSI_OK);
+            dsib_buffer *hv = NULL;
+            CHECK(be->buffer_alloc(inst, 4096, DSIB_BUFFER_HOST_VISIBLE, &hv, &berr) == DSI_OK);
+            unsigned char *hp = hv ? be->buffer_host_ptr(inst, hv) : NULL;
+            CHECK(hp != NULL);
+            if (hp) CHECK(hp[0] == 0 && hp[4095] == 0); /* starts zeroed */
+            if (hv) be->buffer_free(inst, hv);
+            dsib_graph *g = NULL;
+            CHECK(be->capture_begin(s, &berr) == DSI_OK);
+            CHECK(be->sync(s, &berr) == DSI_ERR_INVALID_ARGUMENT); /* refused while capturing */
+            CHECK(be->capture_end(s, &g, &berr) == DSI_OK);
+            if (g) {
+                CHECK(be->graph_launch(s, g, &berr) == DSI_OK);
+                CHECK(be->sync(s, &berr) == DSI_OK);
+                be->graph_destroy(inst, g);
+            }
+        }
+        if (ev) be->event_destroy(inst, ev);
+        be->stream_destroy(s);
         be->destroy(inst);
         free(src);
         free(dst);
@@ -107,6 +141,18 @@ int main(void) {
     CHECK(dsi_context_create(&o, &gctx) == DSI_OK);
     if (gctx) {
         CHECK(strcmp(dsi_context_backend(gctx), "cuda") == 0);
+        /* no ops yet: a model loads, its sessions are declined naming the first missing op */
+        const char *dir = getenv("DSI_MODELS_DIR");
+        char mp[1024];
+        snprintf(mp, sizeof mp, "%s/tiny-v4.gguf", dir ? dir : "models");
+        dsi_model *m = NULL;
+        if (dsi_model_load(gctx, mp, NULL, &m) == DSI_OK) {
+            dsi_session *ss = NULL;
+            CHECK(dsi_session_create(m, NULL, &ss) == DSI_ERR_UNSUPPORTED);
+            CHECK(ss == NULL);
+            printf("session on cuda: %s\n", dsi_last_error());
+            dsi_model_free(m);
+        }
         dsi_context_free(gctx);
     }
     dsi_context_free(ctx);

@@ -16,6 +16,7 @@
 
 static const dsib_backend *be;
 static dsib_instance *inst;
+static dsib_stream *strm;
 
 static int setup(void **state) {
     (void)state;
@@ -26,10 +27,21 @@ static int setup(void **state) {
     host.n_threads = 2;
     host.device_index = -1;
     dsib_error err;
-    return be->create(&host, &inst, &err) == DSI_OK ? 0 : -1;
+    if (be->create(&host, &inst, &err) != DSI_OK) return -1;
+    dsib_stream_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.max_rows = 64;
+    d.max_positions = 256;
+    d.max_heads = 4;
+    d.max_head_dim = 16;
+    d.max_topk = 16;
+    d.max_width = 256;
+    return be->stream_create(inst, &d, &strm, &err) == DSI_OK ? 0 : -1;
 }
 static int teardown(void **state) {
     (void)state;
+    be->stream_destroy(strm);
     be->destroy(inst);
     return 0;
 }
@@ -142,23 +154,34 @@ static void run_indexer_case(uint32_t ratio, uint32_t topk, uint32_t cb, uint32_
     dsib_buffer *bm = wrap(midx, sizeof midx);
     const dsib_ops *o = be->ops;
     const dsib_view none = {NULL, 0};
-    const int64_t pos0 = 3;
+    const int32_t pos0 = 3;
+    /* step rows: one sequence (slot 0) at positions pos0 .. pos0+N-1, and single rows */
+    static int32_t rows[N][DSIB_ROW_WORDS], row1[N][DSIB_ROW_WORDS];
+    for (int t = 0; t < N; t++) {
+        rows[t][DSIB_ROW_POS] = pos0 + t, rows[t][DSIB_ROW_SLOT] = 0;
+        rows[t][DSIB_ROW_FIRST] = 0, rows[t][DSIB_ROW_COUNT] = N;
+        row1[t][DSIB_ROW_POS] = pos0 + t, row1[t][DSIB_ROW_SLOT] = 0;
+        row1[t][DSIB_ROW_FIRST] = 0, row1[t][DSIB_ROW_COUNT] = 1;
+    }
+    dsib_buffer *br = wrap(rows, sizeof rows), *br1 = wrap(row1, sizeof row1);
+    dsib_state sk = {bk, 0, 1, ROWS, HD, DSIB_STATE_F32};
     /* candidate source: whole step at once … */
-    dsib_view vq = {bq, 0}, vw = {bw, 0}, vk = {bk, 0}, vi = {bi, 0}, vc = {bc, 0};
-    assert_int_equal(o->indexer_topk_v41(inst, vq, H * HD, vw, H, vk, H, HD, pos0, N, ratio,
+    dsib_view vq = {bq, 0}, vw = {bw, 0}, vi = {bi, 0}, vc = {bc, 0}, vr = {br, 0};
+    assert_int_equal(o->indexer_topk_v41(strm, vq, H * HD, vw, H, &sk, H, HD, vr, N, ratio,
                                          topk, vi, none, vc, cb, ck),
                      DSI_OK);
     /* … and token by token: identical */
     for (int t = 0; t < N; t++) {
         dsib_view q1 = {bq, (uint64_t)t * sizeof q[0]}, w1 = {bw, (uint64_t)t * sizeof w[0]};
         dsib_view i1 = {bi1, (uint64_t)t * topk * 4}, c1 = {bc1, (uint64_t)t * ck * 4};
-        assert_int_equal(o->indexer_topk_v41(inst, q1, H * HD, w1, H, vk, H, HD, pos0 + t, 1,
+        dsib_view r1 = {br1, (uint64_t)t * sizeof row1[0]};
+        assert_int_equal(o->indexer_topk_v41(strm, q1, H * HD, w1, H, &sk, H, HD, r1, 1,
                                              ratio, topk, i1, none, c1, cb, ck),
                          DSI_OK);
     }
     /* masked source reading those candidates */
     dsib_view vm = {bm, 0};
-    assert_int_equal(o->indexer_topk_v41(inst, vq, H * HD, vw, H, vk, H, HD, pos0, N, ratio,
+    assert_int_equal(o->indexer_topk_v41(strm, vq, H * HD, vw, H, &sk, H, HD, vr, N, ratio,
                                          topk, vm, vc, none, cb, ck),
                      DSI_OK);
     const int32_t *I = &idx[0][0], *I1 = &idx1[0][0], *Cc = &cand[0][0], *C1 = &cand1[0][0];
@@ -178,7 +201,7 @@ static void run_indexer_case(uint32_t ratio, uint32_t topk, uint32_t cb, uint32_
                     ck, ref_idx);
         for (uint32_t i = 0; i < topk; i++) assert_int_equal(Mi[t * topk + i], ref_idx[i]);
     }
-    dsib_buffer *all[] = {bq, bw, bk, bi, bc, bi1, bc1, bm};
+    dsib_buffer *all[] = {bq, bw, bk, bi, bc, bi1, bc1, bm, br, br1};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->buffer_free(inst, all[i]);
 }
 
@@ -225,7 +248,7 @@ static void test_engram_gate(void **state) {
     dsib_weight wk = {bk, 0, DSI_TYPE_F32, 0, {D, HC, 1}, D * 4, (uint64_t)D * HC * 4};
     dsib_view vx = {bx, 0}, vkv = {bkv, 0};
     const float eps = 1e-20f;
-    assert_int_equal(be->ops->engram_gate(inst, vx, N, HC, D, vkv, (HC + 1) * D, &wq, &wk, eps),
+    assert_int_equal(be->ops->engram_gate(strm, vx, N, HC, D, vkv, (HC + 1) * D, &wq, &wk, eps),
                      DSI_OK);
     for (int t = 0; t < N; t++)
         for (int h = 0; h < HC; h++) {
@@ -250,7 +273,7 @@ static void test_engram_gate(void **state) {
     dsib_buffer *by = wrap(Y, sizeof Y);
     for (int t = 0; t < N; t++) {
         dsib_view vy = {by, (uint64_t)t * sizeof Y[0]}, vk1 = {bkv, (uint64_t)t * sizeof kv[0]};
-        assert_int_equal(be->ops->engram_gate(inst, vy, 1, HC, D, vk1, (HC + 1) * D, &wq, &wk, eps),
+        assert_int_equal(be->ops->engram_gate(strm, vy, 1, HC, D, vk1, (HC + 1) * D, &wq, &wk, eps),
                          DSI_OK);
     }
     assert_memory_equal(X, Y, sizeof X);

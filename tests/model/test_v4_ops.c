@@ -3,7 +3,8 @@
  * definitions in model-spec (not from the op code): top-k ties (§10.2), the three §10.1
  * fake-quant recipes incl. ties and the no-round switch, Hadamard, RoPE inverse, Sinkhorn
  * (§3.3), MoE routing ties / hash routing / weights (§3.5), the compressor's overlapping
- * lanes (§3.4), and the ring-vs-step split of sink attention (§10.4).
+ * lanes (§3.4), and the ring-vs-step split of sink attention (§10.4). Ops run on a CPU stream;
+ * positions and state slots come from step rows (backends/backend.h, DSIB_ROW_*).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +20,10 @@
 
 static const dsib_backend *be;
 static dsib_instance *inst;
+static dsib_stream *strm;
 static const dsib_ops *ops;
+static int32_t g_rows[64 * DSIB_ROW_WORDS]; /* step rows (rows_at) */
+static dsib_buffer *g_rows_buf;
 
 static int setup(void **state) {
     (void)state;
@@ -31,10 +35,24 @@ static int setup(void **state) {
     host.n_threads = 2;
     host.device_index = -1;
     dsib_error err;
-    return be->create(&host, &inst, &err) == DSI_OK ? 0 : -1;
+    if (be->create(&host, &inst, &err) != DSI_OK) return -1;
+    dsib_stream_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.max_rows = 64;
+    d.max_positions = 1024;
+    d.max_heads = 8;
+    d.max_head_dim = 128;
+    d.max_topk = 16;
+    d.max_experts = 16;
+    d.max_experts_used = 4;
+    d.max_width = 1024;
+    return be->stream_create(inst, &d, &strm, &err) == DSI_OK ? 0 : -1;
 }
 static int teardown(void **state) {
     (void)state;
+    if (g_rows_buf) be->buffer_free(inst, g_rows_buf);
+    be->stream_destroy(strm);
     be->destroy(inst);
     return 0;
 }
@@ -48,6 +66,27 @@ static dsib_view wrap(void *p, size_t bytes) {
     return v;
 }
 static void unwrap(dsib_view v) { be->buffer_free(inst, v.buf); }
+
+/* Step rows of one sequence (slot 0) at positions pos0 .. pos0+n-1, in `store` (n <= 64). */
+
+static dsib_view rows_at(int32_t pos0, uint32_t n) {
+    for (uint32_t t = 0; t < n; t++) {
+        int32_t *r = g_rows + t * DSIB_ROW_WORDS;
+        r[DSIB_ROW_POS] = pos0 + (int32_t)t;
+        r[DSIB_ROW_SLOT] = 0;
+        r[DSIB_ROW_FIRST] = 0;
+        r[DSIB_ROW_COUNT] = (int32_t)n;
+    }
+    if (!g_rows_buf) g_rows_buf = wrap(g_rows, sizeof g_rows).buf;
+    dsib_view v = {g_rows_buf, 0};
+    return v;
+}
+
+/* One slot of state over a wrapped array: `rows` rows of `ld` floats. */
+static dsib_state state_of(dsib_view v, uint32_t rows, uint32_t ld) {
+    dsib_state s = {v.buf, v.offset, 1, rows, ld, DSIB_STATE_F32};
+    return s;
+}
 
 static dsib_weight wf32(dsib_view v, int64_t ne0, int64_t ne1) {
     dsib_weight w;
@@ -86,16 +125,17 @@ static void test_indexer_ties(void **state) {
     int32_t idx[3 * TOPK];
     dsib_view vq = wrap(q, sizeof q), vw = wrap(w, sizeof w), vk = wrap(keys, sizeof keys),
               vi = wrap(idx, sizeof idx);
+    dsib_state sk = state_of(vk, ROWS, HD);
     /* tokens at p = 7 (nvis 2 with ratio 4 -> all rows, padded), p = 79 (nvis 20), and
      * p = 35 (nvis 9) */
-    assert_int_equal(ops->indexer_topk(inst, vq, 0, vw, 0, vk, H, HD, 7, 1, 4, TOPK, vi), DSI_OK);
+    assert_int_equal(ops->indexer_topk(strm, vq, 0, vw, 0, &sk, H, HD, rows_at(7, 1), 1, 4, TOPK, vi), DSI_OK);
     const int32_t want0[TOPK] = {0, 1, -1, -1, -1};
     assert_memory_equal(idx, want0, sizeof want0);
-    assert_int_equal(ops->indexer_topk(inst, vq, 0, vw, 0, vk, H, HD, 79, 1, 4, TOPK, vi), DSI_OK);
+    assert_int_equal(ops->indexer_topk(strm, vq, 0, vw, 0, &sk, H, HD, rows_at(79, 1), 1, 4, TOPK, vi), DSI_OK);
     /* ranking: 9 (3), then 2, 4, 7, 12 (2; lowest positions first) -> {2,4,7,9,12} */
     const int32_t want1[TOPK] = {2, 4, 7, 9, 12};
     assert_memory_equal(idx, want1, sizeof want1);
-    assert_int_equal(ops->indexer_topk(inst, vq, 0, vw, 0, vk, H, HD, 35, 1, 4, TOPK, vi), DSI_OK);
+    assert_int_equal(ops->indexer_topk(strm, vq, 0, vw, 0, &sk, H, HD, rows_at(35, 1), 1, 4, TOPK, vi), DSI_OK);
     /* rows 0..8: 2 (2), 4 (2), 7 (2), 6 (1), then the 0-score rows 0, 3, 5, 8 and row 1
      * (relu(-1) = 0): the lowest, row 0 */
     const int32_t want2[TOPK] = {0, 2, 4, 6, 7};
@@ -110,7 +150,7 @@ static void test_indexer_ties(void **state) {
 
 static void fq(float *x, uint32_t n, uint32_t block, int32_t recipe, uint32_t flags) {
     dsib_view v = wrap(x, sizeof(float) * n);
-    assert_int_equal(ops->fake_quant(inst, v, n, 1, 0, n, block, recipe, flags), DSI_OK);
+    assert_int_equal(ops->fake_quant(strm, v, n, 1, 0, n, block, recipe, flags), DSI_OK);
     unwrap(v);
 }
 
@@ -168,20 +208,20 @@ static void test_hadamard_rope(void **state) {
     memcpy(y, x, sizeof x);
     dsib_view v = wrap(y, sizeof y);
     /* H/√n is symmetric and orthogonal: applying it twice is the identity */
-    assert_int_equal(ops->hadamard(inst, v, N, 2, 1, N), DSI_OK);
-    assert_int_equal(ops->hadamard(inst, v, N, 2, 1, N), DSI_OK);
+    assert_int_equal(ops->hadamard(strm, v, N, 2, 1, N), DSI_OK);
+    assert_int_equal(ops->hadamard(strm, v, N, 2, 1, N), DSI_OK);
     for (int i = 0; i < 2 * N; i++) assert_true(fabsf(y[i] - x[i]) < 1e-5f);
     /* e_0 -> every entry 1/√128 */
     memset(y, 0, sizeof y);
     y[0] = 1.0f;
-    assert_int_equal(ops->hadamard(inst, v, N, 1, 1, N), DSI_OK);
+    assert_int_equal(ops->hadamard(strm, v, N, 1, 1, N), DSI_OK);
     for (int i = 0; i < N; i++) assert_true(fabsf(y[i] - 1.0f / sqrtf(128.0f)) < 1e-7f);
 
     /* RoPE: only the last 64 dims of each head move; inverse undoes it; pair 0 rotates by
      * p·1 (freq 1 for pair 0 with or without YaRN, as 0 < low) */
     dsib_rope r = {160000.0f, 16.0f, 64.0f, 32.0f, 1.0f, 64};
     memcpy(y, x, sizeof x);
-    assert_int_equal(ops->rope_tail(inst, v, N, 2, 1, N, 37, 1, &r, 0), DSI_OK);
+    assert_int_equal(ops->rope_tail(strm, v, N, 2, 1, N, rows_at(37, 2), 0, &r, 0), DSI_OK);
     for (int i = 0; i < 64; i++) assert_true(y[i] == x[i]);
     double c = cos(37.0), s = sin(37.0);
     assert_true(fabs(y[64] - (x[64] * c - x[65] * s)) < 1e-5);
@@ -189,12 +229,13 @@ static void test_hadamard_rope(void **state) {
     /* row 1 is at position 38 */
     c = cos(38.0), s = sin(38.0);
     assert_true(fabs(y[N + 64] - (x[N + 64] * c - x[N + 65] * s)) < 1e-5);
-    assert_int_equal(ops->rope_tail(inst, v, N, 2, 1, N, 37, 1, &r, 1), DSI_OK);
+    assert_int_equal(ops->rope_tail(strm, v, N, 2, 1, N, rows_at(37, 2), 0, &r, 1), DSI_OK);
     for (int i = 0; i < 2 * N; i++) assert_true(fabsf(y[i] - x[i]) < 1e-5f);
-    /* YaRN: the last pair (i = 31 > high) uses freq/16; base 160000 */
+    /* YaRN: the last pair (i = 31 > high) uses freq/16; base 160000 (row at 1001, delta −1:
+     * position 1000) */
     double f31 = pow(160000.0, -62.0 / 64.0) / 16.0;
     memcpy(y, x, sizeof x);
-    assert_int_equal(ops->rope_tail(inst, v, N, 1, 1, N, 1000, 1, &r, 0), DSI_OK);
+    assert_int_equal(ops->rope_tail(strm, v, N, 1, 1, N, rows_at(1001, 1), -1, &r, 0), DSI_OK);
     c = cos(1000.0 * f31), s = sin(1000.0 * f31);
     assert_true(fabs(y[126] - (x[126] * c - x[127] * s)) < 1e-5);
     unwrap(v);
@@ -212,7 +253,7 @@ static void test_hc_mix(void **state) {
     dsib_view vX = wrap(X, sizeof X), vfn = wrap(fn, sizeof fn), vs = wrap(scale, sizeof scale),
               vb = wrap(base, sizeof base), vc = wrap(coef, sizeof coef);
     dsib_weight wfn = wf32(vfn, HC * D, M), ws = wf32(vs, 3, 1), wb = wf32(vb, M, 1);
-    assert_int_equal(ops->hc_mix(inst, vX, 1, HC, D, &wfn, &ws, &wb, 1e-6f, 1e-6f, 20,
+    assert_int_equal(ops->hc_mix(strm, vX, 1, HC, D, &wfn, &ws, &wb, 1e-6f, 1e-6f, 20,
                                  DSIB_HC_BLOCK, vc, M),
                      DSI_OK);
     /* independent double-precision computation of the spec */
@@ -277,7 +318,7 @@ static void test_moe_route(void **state) {
               vs = wrap(sel, sizeof sel), vw = wrap(wts, sizeof wts);
     dsib_weight wb = wf32(vb, E, 1);
     bias[5] = 10.0f; /* token 1: expert 5 first (biased), then expert 4 */
-    assert_int_equal(ops->moe_route(inst, vl, E, E, K, &wb, NULL, vi, 0.0f, 1.5f, 2, vs, vw),
+    assert_int_equal(ops->moe_route(strm, vl, E, E, K, &wb, NULL, vi, 0.0f, 1.5f, 2, vs, vw),
                      DSI_OK);
     assert_int_equal(sel[0], 5); /* the bias applies to token 0 too: 5 beats the ties */
     assert_int_equal(sel[1], 1);
@@ -288,7 +329,7 @@ static void test_moe_route(void **state) {
     assert_true(fabs(wts[0] - s[5] / (s[5] + s[1]) * 1.5) < 1e-6);
     assert_true(fabs(wts[3] - s[E + 4] / (s[E + 5] + s[E + 4]) * 1.5) < 1e-6);
     /* without bias: ties at 2.0 between 1, 3, 4 -> 1, 3 */
-    assert_int_equal(ops->moe_route(inst, vl, E, E, K, NULL, NULL, vi, 0.0f, 1.5f, 1, vs, vw),
+    assert_int_equal(ops->moe_route(strm, vl, E, E, K, NULL, NULL, vi, 0.0f, 1.5f, 1, vs, vw),
                      DSI_OK);
     assert_int_equal(sel[0], 1);
     assert_int_equal(sel[1], 3);
@@ -306,7 +347,7 @@ static void test_moe_route(void **state) {
     wt.ne[2] = 1;
     wt.nb1 = K * 4;
     wt.nb2 = 3 * K * 4;
-    assert_int_equal(ops->moe_route(inst, vl, E, E, K, NULL, &wt, vi2, 0.0f, 1.5f, 2, vs, vw),
+    assert_int_equal(ops->moe_route(strm, vl, E, E, K, NULL, &wt, vi2, 0.0f, 1.5f, 2, vs, vw),
                      DSI_OK);
     assert_true(sel[0] == 1 && sel[1] == 3 && sel[2] == 4 && sel[3] == 0);
     assert_true(fabs(wts[2] - s[E + 4] / (s[E + 4] + s[E + 0]) * 1.5) < 1e-6);
@@ -345,32 +386,36 @@ static void test_compress_pool_overlap(void **state) {
         for (int c = 0; c < 8; c++) a += exp(s8[c] - m) / z * v8[c];
         want[j] = (float)a;
     }
-    /* (a) all rows in the step; (b) tokens < 10 from the ring, 10..11 in the step: equal */
-    float out_a[HD], out_b[HD], rkv[RING * W], rsc[RING * W];
+    /* (a) all 12 rows in one step: rows 3, 7, 11 complete groups 0, 1, 2, the others get
+     * zeros; (b) tokens < 10 from the ring, rows 10..11 in the step: row 11 equal */
+    float out_a[NTOK * HD], out_b[2 * HD], rkv[RING * W], rsc[RING * W];
     dsib_view vk = wrap(kv, sizeof kv), vs = wrap(sc, sizeof sc), vo = wrap(out_a, sizeof out_a),
               vob = wrap(out_b, sizeof out_b), vrk = wrap(rkv, sizeof rkv),
               vrs = wrap(rsc, sizeof rsc);
-    assert_int_equal(ops->compress_pool(inst, vrk, vrs, W, RING, vk, vs, W, 0, NTOK, R, 1, HD, 2,
-                                        1, vo, HD),
+    dsib_state srk = state_of(vrk, RING, W), srs = state_of(vrs, RING, W);
+    assert_int_equal(ops->compress_pool(strm, &srk, &srs, vk, vs, W, rows_at(0, NTOK), NTOK, R, 1,
+                                        HD, vo, HD),
                      DSI_OK);
-    for (int j = 0; j < HD; j++) assert_true(fabsf(out_a[j] - want[j]) < 1e-5f);
-    assert_int_equal(ops->ring_write(inst, vk, W, 10, 0, vrk, W, RING, W), DSI_OK);
-    assert_int_equal(ops->ring_write(inst, vs, W, 10, 0, vrs, W, RING, W), DSI_OK);
+    for (int j = 0; j < HD; j++) assert_true(fabsf(out_a[11 * HD + j] - want[j]) < 1e-5f);
+    for (int t = 0; t < NTOK; t++)
+        if (t % 4 != 3)
+            for (int j = 0; j < HD; j++) assert_true(out_a[t * HD + j] == 0.0f);
+    assert_int_equal(ops->store_rows(strm, vk, W, 10, rows_at(0, 10), &srk, W, 1, DSIB_STORE_RING),
+                     DSI_OK);
+    assert_int_equal(ops->store_rows(strm, vs, W, 10, rows_at(0, 10), &srs, W, 1, DSIB_STORE_RING),
+                     DSI_OK);
     dsib_view vk10 = {vk.buf, 10 * W * 4}, vs10 = {vs.buf, 10 * W * 4};
-    assert_int_equal(ops->compress_pool(inst, vrk, vrs, W, RING, vk10, vs10, W, 10, 2, R, 1, HD,
-                                        2, 1, vob, HD),
+    assert_int_equal(ops->compress_pool(strm, &srk, &srs, vk10, vs10, W, rows_at(10, 2), 2, R, 1,
+                                        HD, vob, HD),
                      DSI_OK);
-    assert_memory_equal(out_a, out_b, sizeof out_a);
-    /* group 0 has no lane A: only tokens 0..3 lane B */
-    assert_int_equal(ops->compress_pool(inst, vrk, vrs, W, RING, vk, vs, W, 0, NTOK, R, 1, HD, 0,
-                                        1, vo, HD),
-                     DSI_OK);
+    assert_memory_equal(out_a + 11 * HD, out_b + HD, sizeof(float) * HD);
+    /* group 0 has no lane A: only tokens 0..3 lane B (row 3 of step (a)) */
     for (int j = 0; j < HD; j++) {
         double m = -1e300, z = 0, a = 0;
         for (int t = 0; t < 4; t++) m = sc[t * W + HD + j] > m ? sc[t * W + HD + j] : m;
         for (int t = 0; t < 4; t++) z += exp(sc[t * W + HD + j] - m);
         for (int t = 0; t < 4; t++) a += exp(sc[t * W + HD + j] - m) / z * kv[t * W + HD + j];
-        assert_true(fabs(out_a[j] - a) < 1e-5);
+        assert_true(fabs(out_a[3 * HD + j] - a) < 1e-5);
     }
     unwrap(vk);
     unwrap(vs);
@@ -401,9 +446,10 @@ static void test_attn_sink(void **state) {
               vb = wrap(out_b, sizeof out_b), vr = wrap(ring, sizeof ring), vsk = wrap(sinks, 8);
     dsib_weight wsk = wf32(vsk, H, 1);
     float sc = 1.0f / 4.0f;
+    dsib_state sr = state_of(vr, RING, HD), scomp = state_of(vc, NC, HD);
     /* (a) positions 0..5 in one step */
-    assert_int_equal(ops->attn_sink(inst, vq, H * HD, H, HD, 0, N, WIN, vr, RING, vkv, HD, 4, vc,
-                                    vi, 2, &wsk, sc, va, H * HD),
+    assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(0, N), N, WIN, &sr, vkv, HD,
+                                    4, &scomp, vi, 2, &wsk, sc, va, H * HD),
                      DSI_OK);
     /* expected, double precision, straight from the formula */
     for (int t = 0; t < N; t++)
@@ -431,14 +477,15 @@ static void test_attn_sink(void **state) {
                 assert_true(fabs(out_a[(t * H + h) * HD + i] - o[i] / den) < 1e-5);
         }
     /* (b) positions 0..2, ring write, then 3..5 reading 0..2 from the ring: bit-equal */
-    assert_int_equal(ops->attn_sink(inst, vq, H * HD, H, HD, 0, 3, WIN, vr, RING, vkv, HD, 4, vc,
-                                    vi, 2, &wsk, sc, vb, H * HD),
+    assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(0, 3), 3, WIN, &sr, vkv, HD,
+                                    4, &scomp, vi, 2, &wsk, sc, vb, H * HD),
                      DSI_OK);
-    assert_int_equal(ops->ring_write(inst, vkv, HD, 3, 0, vr, HD, RING, HD), DSI_OK);
+    assert_int_equal(ops->store_rows(strm, vkv, HD, 3, rows_at(0, 3), &sr, HD, 1, DSIB_STORE_RING),
+                     DSI_OK);
     dsib_view vq3 = {vq.buf, 3 * H * HD * 4}, vkv3 = {vkv.buf, 3 * HD * 4},
               vi3 = {vi.buf, 3 * 2 * 4}, vb3 = {vb.buf, 3 * H * HD * 4};
-    assert_int_equal(ops->attn_sink(inst, vq3, H * HD, H, HD, 3, 3, WIN, vr, RING, vkv3, HD, 4,
-                                    vc, vi3, 2, &wsk, sc, vb3, H * HD),
+    assert_int_equal(ops->attn_sink(strm, vq3, H * HD, H, HD, rows_at(3, 3), 3, WIN, &sr, vkv3, HD,
+                                    4, &scomp, vi3, 2, &wsk, sc, vb3, H * HD),
                      DSI_OK);
     assert_memory_equal(out_a, out_b, sizeof out_a);
     unwrap(vq);

@@ -3,69 +3,45 @@
  * rows, and the portable scalar path. See kernels.h for the contract.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
+#include "backends/types.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
 
 /* ---- type geometry --------------------------------------------------------------------- */
 
-typedef struct kern_type {
-    int32_t type;
-    int64_t blck;      /* elements per block */
-    size_t bytes;      /* bytes per block */
-    int row_multiple;  /* ggml rule: n_in % blck == 0 */
-} kern_type;
-
-static const kern_type kern_types[] = {
-    {DSI_TYPE_F32, 1, 4, 1},
-    {DSI_TYPE_F16, 1, 2, 1},
-    {DSI_TYPE_BF16, 1, 2, 1},
-    {DSI_TYPE_Q8_0, 32, 34, 1},
-    {DSI_TYPE_Q4_K, 256, 144, 1},
-    {DSI_TYPE_Q2_K, 256, 84, 1},
-    {DSI_TYPE_MXFP4, 32, 17, 1},
-    {DSI_TYPE_FP8_E4M3_B128, 128, 129, 0},
-    {DSI_TYPE_FP8_E4M3_B32, 32, 33, 0},
+/* Geometry from the shared table (backends/types.h); this list says which types have kernels. */
+static const int32_t kern_types[] = {
+    DSI_TYPE_F32,  DSI_TYPE_F16,   DSI_TYPE_BF16,          DSI_TYPE_Q8_0,        DSI_TYPE_Q4_K,
+    DSI_TYPE_Q2_K, DSI_TYPE_MXFP4, DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32,
 };
 
-static const kern_type *kern_type_get(int32_t type) {
+static const dsib_type_info *kern_type_get(int32_t type) {
     for (size_t i = 0; i < sizeof kern_types / sizeof kern_types[0]; i++)
-        if (kern_types[i].type == type) return &kern_types[i];
+        if (kern_types[i] == type) return dsib_type_info_get(type);
     return NULL;
 }
 
 int dsib_kern_type_supported(int32_t type) { return kern_type_get(type) != NULL; }
 
 int64_t dsib_kern_block_elems(int32_t type) {
-    const kern_type *t = kern_type_get(type);
-    return t ? t->blck : 0;
+    const dsib_type_info *t = kern_type_get(type);
+    return t ? (int64_t)t->blck : 0;
 }
 
 size_t dsib_kern_row_bytes(int32_t type, int64_t n_in) {
-    const kern_type *t = kern_type_get(type);
-    if (!t || n_in < 0 || n_in > ((int64_t)1 << 40)) return 0;
-    if (t->row_multiple && n_in % t->blck) return 0;
-    return (size_t)((n_in + t->blck - 1) / t->blck) * t->bytes;
+    if (!kern_type_get(type) || n_in > ((int64_t)1 << 40)) return 0;
+    return (size_t)dsib_type_row_bytes(type, n_in);
 }
 
 static const char *type_name(int32_t type) {
-    switch (type) {
-    case DSI_TYPE_F32: return "f32";
-    case DSI_TYPE_F16: return "f16";
-    case DSI_TYPE_BF16: return "bf16";
-    case DSI_TYPE_Q8_0: return "q8_0";
-    case DSI_TYPE_Q4_K: return "q4_k";
-    case DSI_TYPE_Q2_K: return "q2_k";
-    case DSI_TYPE_MXFP4: return "mxfp4";
-    case DSI_TYPE_FP8_E4M3_B128: return "fp8_e4m3_b128";
-    case DSI_TYPE_FP8_E4M3_B32: return "fp8_e4m3_b32";
-    default: return "unknown";
-    }
+    const dsib_type_info *t = kern_type_get(type);
+    return t ? t->name : "unknown";
 }
 
 dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_row_bytes,
                            int64_t x_stride, int64_t y_stride, char *msg, size_t msg_size) {
-    const kern_type *t = kern_type_get(type);
+    const dsib_type_info *t = kern_type_get(type);
     if (!t) {
         if (msg && msg_size)
             snprintf(msg, msg_size, "cpu matmul: tensor type %d has no CPU kernel", (int)type);

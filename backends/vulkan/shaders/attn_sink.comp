@@ -1,10 +1,12 @@
 #version 450
-// Sink attention (§3.4) for one (token, head) per work group: visible rows in the fixed order
+// Sink attention (§3.4) for one (row, head) per work group: visible rows in the fixed order
 // compressed (top-k list or all) then window; online softmax with the sink logit in the
-// denominator only; K = V = the row. hd <= 1024.
-// push: 0 q_off, 1 ldq, 2 H, 3 hd, 4 pos0, 5 window, 6 ring_off, 7 ring_len, 8 kv_off, 9 ldkv,
-//       10 comp_ratio, 11 comp_off, 12 idx_off (or ~0u: all rows), 13 topk, 14 sink type,
-//       15 sink skew, 16 scale, 17 out_off, 18 ldo, 19 row_base
+// denominator only; K = V = the row. hd <= 1024. Position, slot and the sequence's first
+// row come from the step rows; state rows of the slot (ring / compressed rows, ld = hd).
+// push: 0 q_off, 1 ldq, 2 H, 3 hd, 4 rows_off, 5 window, 6 ring_off, 7 ring rows per slot,
+//       8 kv_off, 9 ldkv, 10 comp_ratio, 11 comp_off, 12 idx_off (or ~0u: all rows), 13 topk,
+//       14 sink type, 15 sink skew, 16 scale, 17 out_off, 18 ldo, 19 row_base,
+//       20 comp rows per slot
 #extension GL_EXT_control_flow_attributes : enable
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer QB { uint d[]; } qb;
@@ -14,6 +16,7 @@ layout(std430, binding = 3) readonly buffer CB { uint d[]; } cb;
 layout(std430, binding = 4) readonly buffer IB { int d[]; } ib;
 layout(std430, binding = 5) readonly buffer PB { uint d[]; } pb;
 layout(std430, binding = 6) buffer OB { uint d[]; } ob;
+layout(std430, binding = 7) readonly buffer RW { int d[]; } rw;
 #include "common.glsl"
 #include "pload.glsl"
 shared float red[64];
@@ -56,7 +59,12 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint H = pc.p[2], hd = pc.p[3];
     uint t = gl_WorkGroupID.y + pc.p[19], h = gl_WorkGroupID.x;
-    int p = int(pc.p[4]) + int(t);
+    uint ro = pc.p[4] + t * 4u;
+    int p = rw.d[ro];
+    uint slot = uint(rw.d[ro + 1u]);
+    int first = rw.d[ro + 2u];
+    int pos0 = rw.d[pc.p[4] + uint(first) * 4u];
+    uint cbase = pc.p[11] + slot * pc.p[20] * hd;
     uint qo = pc.p[0] + t * pc.p[1] + h * hd;
     [[unroll]] for (uint k = 0u; k < 16u; k++) {
         uint i = tid + 64u * k;
@@ -72,18 +80,17 @@ void main() {
             uint io = pc.p[12] + t * pc.p[13];
             for (uint k = 0u; k < pc.p[13]; k++) {
                 int c = ib.d[io + k];
-                if (c >= 0) row(0u, pc.p[11] + uint(c) * hd);
+                if (c >= 0) row(0u, cbase + uint(c) * hd);
             }
         } else {
             int nv = (p + 1) / int(ratio);
-            for (int c = 0; c < nv; c++) row(0u, pc.p[11] + uint(c) * hd);
+            for (int c = 0; c < nv; c++) row(0u, cbase + uint(c) * hd);
         }
     }
     int w0 = max(0, p - int(pc.p[5]) + 1);
-    int pos0 = int(pc.p[4]);
     for (int q = w0; q <= p; q++) {
-        if (q < pos0) row(1u, pc.p[6] + uint(q % int(pc.p[7])) * hd);
-        else row(2u, pc.p[8] + uint(q - pos0) * pc.p[9]);
+        if (q < pos0) row(1u, pc.p[6] + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * hd);
+        else row(2u, pc.p[8] + uint(first + q - pos0) * pc.p[9]);
     }
     uint oo = pc.p[17] + t * pc.p[18] + h * hd;
     [[unroll]] for (uint k = 0u; k < 16u; k++) {

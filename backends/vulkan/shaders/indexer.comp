@@ -5,10 +5,11 @@
 // cand_k blocks) and candidate masking (V4.1 masked index sources); then rank selection
 // (higher score first, ties: lower position first) written in ascending position order,
 // the rest −1.
-// push: 0 q_off, 1 ldq, 2 w_off, 3 ldw, 4 k_off, 5 heads, 6 hd, 7 pos0, 8 ratio, 9 topk,
+// push: 0 q_off, 1 ldq, 2 w_off, 3 ldw, 4 k_off, 5 heads, 6 hd, 7 rows_off, 8 ratio, 9 topk,
 //       10 idx_off, 11 scratch stride (words per token), 12 row_base, 13 has cand_in,
 //       14 has cand_out, 15 cand_block, 16 cand_k, 17 cand_in off, 18 cand_out off,
-//       19 v41 (no "all rows" shortcut needed, but harmless)
+//       19 key rows per slot, 20 scratch off (words)
+// The row's position and slot come from the step rows; keys of the slot (ld = hd).
 // scratch row: [0,nvis) scores, [nvis,2nvis) flags, [2nvis, 2nvis+nb) block scores,
 //              [2nvis+nb, 2nvis+2nb) block flags
 layout(local_size_x = 64) in;
@@ -19,6 +20,7 @@ layout(std430, binding = 3) buffer IB { int d[]; } ib;
 layout(std430, binding = 4) buffer SB { uint d[]; } sb;
 layout(std430, binding = 5) readonly buffer CI { int d[]; } ci;
 layout(std430, binding = 6) buffer CO { int d[]; } co;
+layout(std430, binding = 7) readonly buffer RW { int d[]; } rw;
 #include "common.glsl"
 
 void sync_() {
@@ -86,7 +88,8 @@ void take(uint so, uint fo, bool flags, uint N, uint k, uint T, bool to_co, uint
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint t = gl_WorkGroupID.x + pc.p[12];
-    int p = int(pc.p[7]) + int(t);
+    int p = rw.d[pc.p[7] + t * 4u];
+    uint kslot = uint(rw.d[pc.p[7] + t * 4u + 1u]) * pc.p[19] * pc.p[6];
     uint nvis = uint((p + 1) / int(pc.p[8]));
     uint topk = pc.p[9];
     uint io = pc.p[10] + t * topk;
@@ -98,9 +101,9 @@ void main() {
     }
     uint heads = pc.p[5], hd = pc.p[6];
     uint qo = pc.p[0] + t * pc.p[1], wo = pc.p[2] + t * pc.p[3];
-    uint so = t * pc.p[11];
+    uint so = pc.p[20] + t * pc.p[11];
     for (uint c = tid; c < nvis; c += 64u) {
-        uint ko = pc.p[4] + c * hd;
+        uint ko = pc.p[4] + kslot + c * hd;
         float s = 0.0;
         for (uint h = 0u; h < heads; h++) {
             float d = 0.0;

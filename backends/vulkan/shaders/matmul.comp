@@ -6,7 +6,8 @@
 // storage binding (docs/vulkan.md).
 // push: 0 mode, 1 w_skew, 2 nb1, 3 nb2, 4 K, 5 r_base, 6 r_count, 7 e_base, 8 e_count,
 //       9 x_off, 10 ldx, 11 y_off, 12 ldy, 13 n, 14 R (rows per group), 15 Kg (x columns
-//       per group), 16 ids_off, 17 xdiv, 18 row chunk base
+//       per group), 16 ids_off (mode 3: step rows offset), 17 xdiv (mode 3: period), 18 row
+//       chunk base
 #extension GL_EXT_control_flow_attributes : enable
 #ifdef SUBGROUP
 // Variant for devices with subgroup arithmetic in compute (DSIB_VK_NEED_SUBGROUP_ARITH):
@@ -29,9 +30,9 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint mode = pc.p[0], K = pc.p[4];
     if (mode >= 2u) {
-        // 2: y[t] = row ids[t]; 3: y[t] += row (p16 + t) mod p17 (add_rows_periodic)
+        // 2: y[t] = row ids[t]; 3: y[t] += row (pos of step row t) mod p17 (add_rows_periodic)
         uint t = gl_WorkGroupID.y;
-        int id = mode == 2u ? ib.d[pc.p[16] + t] : int((pc.p[16] + t) % pc.p[17]);
+        int id = mode == 2u ? ib.d[pc.p[16] + t] : int(uint(ib.d[pc.p[16] + t * 4u]) % pc.p[17]);
         if (id < int(pc.p[5]) || id >= int(pc.p[5] + pc.p[6])) return;
         uint i = (gl_WorkGroupID.x + pc.p[18]) * 64u + tid;
         if (i >= K) return;

@@ -1,11 +1,11 @@
 /*
- * Backend registry (see backend_loader.h): the built-in CPU backend and run-time loaded
+ * Backend registry (see registry.h): the built-in CPU backend and run-time loaded
  * modules. The only environment variable read here is DSINFER_BACKEND_DIR (documented in
  * docs/backends.md).
  */
 #define _GNU_SOURCE /* dladdr, RTLD_NODELETE */
 
-#include "api/backend_loader.h"
+#include "backend/registry.h"
 #include "base/context_impl.h"
 
 #include <dlfcn.h>
@@ -102,8 +102,10 @@ static dsi_status try_module_file(const char *file, const char *name, const dsib
                          (unsigned)s, (unsigned)DSII_FIELD_END(dsib_backend, ops));
     }
     if (!t->name || strcmp(t->name, name) != 0 || !t->enumerate || !t->create || !t->destroy ||
-        !t->device || !t->buffer_alloc || !t->buffer_free || !t->upload || !t->download ||
-        !t->begin || !t->submit) {
+        !t->device || !t->buffer_alloc || !t->buffer_free || !t->buffer_host_ptr ||
+        !t->upload || !t->download || !t->stream_create || !t->stream_destroy || !t->submit ||
+        !t->sync || !t->event_create || !t->event_destroy || !t->event_record ||
+        !t->stream_wait || !t->event_query || !t->event_sync) {
         dlclose(h);
         return dsii_fail(err, DSI_ERR_UNSUPPORTED,
                          "backend module %s is not a complete '%s' backend", file, name);
@@ -291,14 +293,15 @@ dsi_status dsii_backend_list_devices(dsi_context *ctx, dsi_device_info *out, int
 /* ---- open / close ------------------------------------------------------------------------ */
 
 static dsi_status create_on(dsi_context *ctx, const dsib_backend *t, void *h, const char *path,
-                            int32_t device_index, dsii_backend_slot **out, dsii_error *err) {
-    dsii_backend_slot *s = dsii_calloc(ctx, 1, sizeof *s);
+                            int32_t device_index, dsii_device **out, dsii_error *err) {
+    dsii_device *s = dsii_calloc(ctx, 1, sizeof *s);
     if (!s) {
         dsii_backend_module_unload(h);
-        return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory (backend slot)");
+        return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory (backend device)");
     }
-    s->backend = t;
+    s->be = t;
     s->dl_handle = h;
+    s->can_capture = t->capture_begin && t->capture_end && t->graph_launch && t->graph_destroy;
     snprintf(s->name, sizeof s->name, "%s", t->name);
     snprintf(s->module_path, sizeof s->module_path, "%s", path ? path : "");
     dsii_backend_host_init(ctx, &s->host, device_index);
@@ -313,11 +316,11 @@ static dsi_status create_on(dsi_context *ctx, const dsib_backend *t, void *h, co
         dsii_free(ctx, s);
         return st;
     }
-    memset(&s->device, 0, sizeof s->device);
-    s->device.struct_size = (uint32_t)sizeof s->device;
-    if (t->device(s->inst, &s->device) != DSI_OK) {
-        memset(&s->device, 0, sizeof s->device);
-        s->device.struct_size = (uint32_t)sizeof s->device;
+    memset(&s->desc, 0, sizeof s->desc);
+    s->desc.struct_size = (uint32_t)sizeof s->desc;
+    if (t->device(s->inst, &s->desc) != DSI_OK) {
+        memset(&s->desc, 0, sizeof s->desc);
+        s->desc.struct_size = (uint32_t)sizeof s->desc;
     }
     s->device_index = device_index < 0 ? 0 : device_index;
     *out = s;
@@ -332,7 +335,7 @@ static int type_rank(int32_t type) {
     }
 }
 
-static dsi_status open_auto(dsi_context *ctx, int32_t device_index, dsii_backend_slot **out,
+static dsi_status open_auto(dsi_context *ctx, int32_t device_index, dsii_device **out,
                             dsii_error *err) {
     /* Best GPU across the modules: discrete > integrated; within a rank, module order
      * (vulkan before cuda — unless device_index names a device explicitly). */
@@ -394,7 +397,7 @@ static dsi_status open_auto(dsi_context *ctx, int32_t device_index, dsii_backend
             dsi_status st = create_on(ctx, t, h, path, best_i, out, &e);
             if (st == DSI_OK) {
                 dsii_log(ctx, DSI_LOG_INFO, "backend auto: using %s device %d (%s)",
-                         k_modules[best_m], (int)best_i, (*out)->device.name);
+                         k_modules[best_m], (int)best_i, (*out)->desc.name);
                 return DSI_OK;
             }
         }
@@ -410,7 +413,7 @@ static dsi_status open_auto(dsi_context *ctx, int32_t device_index, dsii_backend
 }
 
 dsi_status dsii_backend_open(dsi_context *ctx, const char *name, int32_t device_index,
-                             dsii_backend_slot **out, dsii_error *err) {
+                             dsii_device **out, dsii_error *err) {
     if (!out) return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     if (!name) name = "cpu";
@@ -457,13 +460,13 @@ dsi_status dsii_backend_open(dsi_context *ctx, const char *name, int32_t device_
     }
     st = create_on(ctx, t, h, path, device_index, out, err);
     if (st == DSI_OK)
-        dsii_log(ctx, DSI_LOG_INFO, "backend %s: device %s (%s)", name, (*out)->device.name, path);
+        dsii_log(ctx, DSI_LOG_INFO, "backend %s: device %s (%s)", name, (*out)->desc.name, path);
     return st;
 }
 
-void dsii_backend_close(dsi_context *ctx, dsii_backend_slot *slot) {
+void dsii_backend_close(dsi_context *ctx, dsii_device *slot) {
     if (!slot) return;
-    if (slot->backend && slot->inst) slot->backend->destroy(slot->inst);
+    if (slot->be && slot->inst) slot->be->destroy(slot->inst);
     void *h = slot->dl_handle;
     dsii_free(ctx, slot);
     dsii_backend_module_unload(h);

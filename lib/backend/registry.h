@@ -1,7 +1,9 @@
 /*
- * Backend registry: the built-in CPU backend plus backend modules (libdsinfer-<name>.so)
- * loaded at run time with dlopen. Used by lib/api/context.c to bind a context to a backend
- * and to enumerate devices for dsi_context_device_count / dsi_context_device_info.
+ * lib/backend/registry.h — the backend registry: the built-in CPU backend plus backend
+ * modules (libdsinfer-<name>.so) loaded at run time with dlopen. Used by the context glue
+ * (context_backend.c) to open a context's devices and to enumerate devices for
+ * dsi_context_device_count / dsi_context_device_info. Lives in lib/backend so the forward
+ * passes (lib/arch) never include lib/api.
  *
  * Module search order (first directory holding libdsinfer-<name>.so wins; docs/backends.md):
  *   1. the context's `backend_dir` option,
@@ -16,37 +18,26 @@
  * DSIB_API_VERSION and its struct_size covers every field of struct dsib_backend this core
  * knows. Anything else is declined with a message naming the file and the mismatch.
  */
-#ifndef DSI_API_BACKEND_LOADER_H
-#define DSI_API_BACKEND_LOADER_H
+#ifndef DSI_BACKEND_REGISTRY_H
+#define DSI_BACKEND_REGISTRY_H
 
+#include "backend/device.h"
 #include "backends/backend.h"
 #include "base/base.h"
-
-/* A context's binding to one backend instance. Owned by the context; created by
- * dsii_backend_open, freed by dsii_backend_close. */
-typedef struct dsii_backend_slot {
-    const dsib_backend *backend;  /* the backend's function table (static storage) */
-    dsib_instance *inst;          /* the instance bound to one device */
-    void *dl_handle;              /* dlopen handle of the module; NULL for the built-in CPU */
-    dsib_host host;               /* host services handed to the backend (must outlive inst) */
-    dsib_device_desc device;      /* the instance's device, as backend->device reported */
-    int32_t device_index;         /* index of that device within its backend */
-    char name[16];                /* "cpu", "vulkan", "cuda" */
-    char module_path[512];        /* file the module came from; "" for the built-in CPU */
-} dsii_backend_slot;
 
 /* Opens backend `name` ("cpu", "vulkan", "cuda" or "auto"; NULL = "cpu") on device
  * `device_index` of that backend (-1 = best). "auto" prefers a discrete GPU, then an
  * integrated one, else the CPU; the choice (and the reason for falling back to the CPU) is
- * logged through the context at INFO level. Status: INVALID_ARGUMENT (unknown name, bad
+ * logged through the context at INFO level. The device's `can_capture` says whether its
+ * backend implements capture / replay. Status: INVALID_ARGUMENT (unknown name, bad
  * device index), UNSUPPORTED (module not found, declines, no device), ABI_MISMATCH (module
  * built against another backend.h), BACKEND / OUT_OF_DEVICE_MEMORY / OUT_OF_HOST_MEMORY
  * from instance creation. On failure *out is NULL and `err` says why. */
 dsi_status dsii_backend_open(dsi_context *ctx, const char *name, int32_t device_index,
-                             dsii_backend_slot **out, dsii_error *err);
+                             dsii_device **out, dsii_error *err);
 
 /* Destroys the instance, unloads the module and frees the slot. NULL accepted. */
-void dsii_backend_close(dsi_context *ctx, dsii_backend_slot *slot);
+void dsii_backend_close(dsi_context *ctx, dsii_device *slot);
 
 /* Enumerates devices across all backends that can be loaded: the CPU is always entry 0,
  * then each module's devices in the order vulkan, cuda. Modules that cannot be loaded or
@@ -75,4 +66,4 @@ dsi_status dsii_backend_module_load_file(const char *path, const char *name,
 /* Fills `host` for a backend created from `ctx` (allocator + log routed to the context). */
 void dsii_backend_host_init(dsi_context *ctx, dsib_host *host, int32_t device_index);
 
-#endif /* DSI_API_BACKEND_LOADER_H */
+#endif /* DSI_BACKEND_REGISTRY_H */
