@@ -13,7 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "imatrix.h"
 
-#include "api/backend_loader.h"
+#include "backend/device.h"
 #include "backends/backend.h"
 #include "backends/cpu/cpu_impl.h"
 #include "base/context_impl.h"
@@ -61,7 +61,7 @@ static uint32_t expert_of(const stat_t *s, const uint8_t *p) {
     return (uint32_t)((uint64_t)(p - (const uint8_t *)s->t->data) / per);
 }
 
-static dsi_status w_matmul(dsib_instance *inst, const dsib_weight *w, int32_t expert, dsib_view x, uint32_t ldx,
+static dsi_status w_matmul(dsib_stream *st, const dsib_weight *w, int32_t expert, dsib_view x, uint32_t ldx,
                            dsib_view y, uint32_t ldy, uint32_t n) {
     const uint8_t *p = dsib_cpu_wptr(w) + (uint64_t)expert * w->nb2;
     stat_t *s = find(p);
@@ -69,10 +69,10 @@ static dsi_status w_matmul(dsib_instance *inst, const dsib_weight *w, int32_t ex
         const float *xs = dsib_cpu_f32(x);
         for (uint32_t t = 0; t < n; t++) acc(s, expert_of(s, p), xs + (uint64_t)t * ldx, (uint64_t)w->ne[0]);
     }
-    return g.orig->matmul(inst, w, expert, x, ldx, y, ldy, n);
+    return g.orig->matmul(st, w, expert, x, ldx, y, ldy, n);
 }
 
-static dsi_status w_grouped(dsib_instance *inst, const dsib_weight *w, uint32_t groups, dsib_view x, uint32_t ldx,
+static dsi_status w_grouped(dsib_stream *st, const dsib_weight *w, uint32_t groups, dsib_view x, uint32_t ldx,
                             dsib_view y, uint32_t ldy, uint32_t n) {
     stat_t *s = find(dsib_cpu_wptr(w));
     if (s) {
@@ -81,12 +81,12 @@ static dsi_status w_grouped(dsib_instance *inst, const dsib_weight *w, uint32_t 
             for (uint32_t gi = 0; gi < groups; gi++)
                 acc(s, 0, xs + (uint64_t)t * ldx + (uint64_t)gi * (uint64_t)w->ne[0], (uint64_t)w->ne[0]);
     }
-    return g.orig->matmul_grouped(inst, w, groups, x, ldx, y, ldy, n);
+    return g.orig->matmul_grouped(st, w, groups, x, ldx, y, ldy, n);
 }
 
 static float silu(float v) { return v / (1.0f + expf(-v)); }
 
-static dsi_status w_experts(dsib_instance *inst, dsib_view x, uint32_t ldx, dsib_view sel, dsib_view wts, uint32_t k,
+static dsi_status w_experts(dsib_stream *st, dsib_view x, uint32_t ldx, dsib_view sel, dsib_view wts, uint32_t k,
                             const dsib_weight *w1, const dsib_weight *w3, const dsib_weight *w2, float limit,
                             uint32_t n, dsib_view y, uint32_t ldy) {
     stat_t *s1 = find(dsib_cpu_wptr(w1)), *s3 = find(dsib_cpu_wptr(w3)), *s2 = find(dsib_cpu_wptr(w2));
@@ -117,13 +117,14 @@ static dsi_status w_experts(dsib_instance *inst, dsib_view x, uint32_t ldx, dsib
             acc(s2, e, h, F);
         }
     free(h);
-    return g.orig->moe_experts(inst, x, ldx, sel, wts, k, w1, w3, w2, limit, n, y, ldy);
+    return g.orig->moe_experts(st, x, ldx, sel, wts, k, w1, w3, w2, limit, n, y, ldy);
 }
 
 int dsii_imatrix_collect(dsi_context *ctx, dsi_model *m, const char *text_path, uint32_t n_ctx, uint32_t max_chunks,
                          dsii_imatrix *out, char *err, size_t errcap) {
     memset(out, 0, sizeof *out);
-    if (!ctx->backend || strcmp(ctx->backend->name, "cpu") != 0) {
+    dsii_device *slot = dsii_context_compute(ctx);
+    if (!slot || strcmp(slot->name, "cpu") != 0) {
         snprintf(err, errcap, "the importance pass runs on the CPU backend");
         return -1;
     }
@@ -173,17 +174,16 @@ int dsii_imatrix_collect(dsi_context *ctx, dsi_model *m, const char *text_path, 
         rc = -1;
     }
     /* wrap the backend's ops for the pass */
-    dsii_backend_slot *slot = ctx->backend;
-    const dsib_backend *orig_be = slot->backend;
+    const dsib_backend *orig_be = slot->be;
     if (!rc) {
         g.orig = orig_be->ops;
         g.ops = *g.orig;
         g.ops.matmul = w_matmul;
-        g.ops.matmul_grouped = w_grouped;
+        if (g.orig->matmul_grouped) g.ops.matmul_grouped = w_grouped;
         g.ops.moe_experts = w_experts;
         g.be = *orig_be;
         g.be.ops = &g.ops;
-        slot->backend = &g.be;
+        slot->be = &g.be;
     }
     uint64_t used = 0;
     uint32_t chunks = 0;
@@ -201,7 +201,7 @@ int dsii_imatrix_collect(dsi_context *ctx, dsi_model *m, const char *text_path, 
         dsi_session_free(s);
         used += cn;
     }
-    slot->backend = orig_be;
+    slot->be = orig_be;
     free(tok);
     if (!rc && g.failed) {
         snprintf(err, errcap, "importance pass: a weight row could not be decoded");
