@@ -7,6 +7,7 @@
 #include "quant/quant.h"
 
 #include "quant/fp.h"
+#include "quant/quant_ggml.h"
 
 #include <math.h>
 #include <string.h>
@@ -198,9 +199,8 @@ static uint8_t clamp_u(float v, int hi) {
 /* Asymmetric round-to-nearest for k-quant sub-blocks: x ≈ d_eff * q - m_eff with q in
  * [0, qmax]. Sub-block scale (max-min)/qmax and min -min(0,x) are themselves quantized to
  * `sbits` bits against the super-block d / dmin (f16). */
-static void kquant_block(const float *x, int nsub, int sublen, int qmax, int smax,
-                         uint8_t *ls, uint8_t *lm, uint16_t *dh, uint16_t *dminh,
-                         uint8_t *q) {
+void dsii_kquant_block(const float *x, int nsub, int sublen, int qmax, int smax, uint8_t *ls,
+                       uint8_t *lm, uint16_t *dh, uint16_t *dminh, uint8_t *q) {
     float scale[16], minv[16];
     float maxs = 0.0f, maxm = 0.0f;
     for (int s = 0; s < nsub; s++) {
@@ -231,26 +231,29 @@ static void kquant_block(const float *x, int nsub, int sublen, int qmax, int sma
     }
 }
 
+void dsii_k4_pack_scales(const uint8_t *ls, const uint8_t *lm, uint8_t *sc) {
+    memset(sc, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] |= ls[j] & 63;
+            sc[j + 4] |= lm[j] & 63;
+        } else {
+            sc[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+}
+
 static size_t q_q4_k(const float *src, void *dst, int64_t n) {
     uint8_t *p = dst;
     for (int64_t i = 0; i < n; i += 256, p += 144) {
         uint8_t ls[16], lm[16], q[256];
         uint16_t dh, dminh;
-        kquant_block(src + i, 8, 32, 15, 63, ls, lm, &dh, &dminh, q);
+        dsii_kquant_block(src + i, 8, 32, 15, 63, ls, lm, &dh, &dminh, q);
         st16(p, dh);
         st16(p + 2, dminh);
-        uint8_t *sc = p + 4;
-        memset(sc, 0, 12);
-        for (int j = 0; j < 8; j++) {
-            if (j < 4) {
-                sc[j] |= ls[j] & 63;
-                sc[j + 4] |= lm[j] & 63;
-            } else {
-                sc[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-                sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-                sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
-            }
-        }
+        dsii_k4_pack_scales(ls, lm, p + 4);
         uint8_t *qs = p + 16;
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
@@ -284,7 +287,7 @@ static size_t q_q2_k(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i += 256, p += 84) {
         uint8_t ls[16], lm[16], q[256];
         uint16_t dh, dminh;
-        kquant_block(src + i, 16, 16, 3, 15, ls, lm, &dh, &dminh, q);
+        dsii_kquant_block(src + i, 16, 16, 3, 15, ls, lm, &dh, &dminh, q);
         for (int s = 0; s < 16; s++) p[s] = (uint8_t)(ls[s] | (lm[s] << 4));
         uint8_t *qs = p + 16;
         memset(qs, 0, 64);
@@ -382,39 +385,70 @@ static size_t q_fp8_32(const float *s, void *d, int64_t n) { return q_fp8(s, d, 
 
 /* ---- the table -------------------------------------------------------------------------- */
 
-#define T_PLAIN(ID, NAME, SZ, DEQ, DOT, Q) {ID, NAME, 1, SZ, 1, 0, 1, 0, DEQ, DOT, Q}
-#define T_QUANT(ID, NAME, B, SZ, RM, DEQ, DOT, Q) {ID, NAME, B, SZ, RM, 1, 1, 0, DEQ, DOT, Q}
-#define T_KNOWN(ID, NAME, B, SZ) {ID, NAME, B, SZ, 1, 1, 0, 0, NULL, NULL, NULL}
+/* ggml types whose decoders / quantizers live in quant_ggml.c. */
+#define GGML_TYPE(NAME, B, S)                                                                  \
+    static void deq_##NAME(const void *s, float *d, int64_t n) {                               \
+        deq_blocks(s, d, n, B, S, dsii_blk_##NAME);                                            \
+    }                                                                                          \
+    static float dot_##NAME(const void *s, const float *y, int64_t n) {                        \
+        return dot_blocks(s, y, n, B, S, dsii_blk_##NAME);                                     \
+    }                                                                                          \
+    static size_t q_##NAME(const float *src, void *dst, int64_t n) {                           \
+        return dsii_q_##NAME(src, dst, n, NULL);                                               \
+    }
+GGML_TYPE(q4_0, 32, 18)
+GGML_TYPE(q4_1, 32, 20)
+GGML_TYPE(q5_0, 32, 22)
+GGML_TYPE(q5_1, 32, 24)
+GGML_TYPE(q3_k, 256, 110)
+GGML_TYPE(q5_k, 256, 176)
+GGML_TYPE(q6_k, 256, 210)
+GGML_TYPE(iq2_xxs, 256, 66)
+GGML_TYPE(iq2_xs, 256, 74)
+GGML_TYPE(iq3_xxs, 256, 98)
+GGML_TYPE(iq1_s, 256, 50)
+GGML_TYPE(iq4_nl, 32, 18)
+GGML_TYPE(iq3_s, 256, 110)
+GGML_TYPE(iq2_s, 256, 82)
+GGML_TYPE(iq4_xs, 256, 136)
+GGML_TYPE(iq1_m, 256, 56)
+
+#define T_PLAIN(ID, NAME, SZ, DEQ, DOT, Q) {ID, NAME, 1, SZ, 1, 0, 1, 0, DEQ, DOT, Q, NULL}
+#define T_QUANT(ID, NAME, B, SZ, RM, DEQ, DOT, Q) {ID, NAME, B, SZ, RM, 1, 1, 0, DEQ, DOT, Q, NULL}
+#define T_KNOWN(ID, NAME, B, SZ) {ID, NAME, B, SZ, 1, 1, 0, 0, NULL, NULL, NULL, NULL}
+/* A ggml type of quant_ggml.c; W: 1 when its quantizer uses importance weights. */
+#define T_GGML(ID, NAME, B, SZ, W)                                                             \
+    {ID, #NAME, B, SZ, 1, 1, 1, 0, deq_##NAME, dot_##NAME, q_##NAME, (W) ? dsii_q_##NAME : NULL}
 
 static const dsii_type_traits k_types[] = {
     T_PLAIN(DSI_TYPE_F32, "f32", 4, deq_f32, dot_f32, q_f32),
     T_PLAIN(DSI_TYPE_F16, "f16", 2, deq_f16, dot_f16, q_f16),
-    T_KNOWN(2, "q4_0", 32, 18),
-    T_KNOWN(3, "q4_1", 32, 20),
-    T_KNOWN(6, "q5_0", 32, 22),
-    T_KNOWN(7, "q5_1", 32, 24),
+    T_GGML(2, q4_0, 32, 18, 1),
+    T_GGML(3, q4_1, 32, 20, 0),
+    T_GGML(6, q5_0, 32, 22, 1),
+    T_GGML(7, q5_1, 32, 24, 0),
     T_QUANT(DSI_TYPE_Q8_0, "q8_0", 32, 34, 1, deq_q8_0, dot_q8_0, q_q8_0),
     T_KNOWN(9, "q8_1", 32, 36),
     T_QUANT(DSI_TYPE_Q2_K, "q2_k", 256, 84, 1, deq_q2_k, dot_q2_k, q_q2_k),
-    T_KNOWN(11, "q3_k", 256, 110),
+    T_GGML(11, q3_k, 256, 110, 1),
     T_QUANT(DSI_TYPE_Q4_K, "q4_k", 256, 144, 1, deq_q4_k, dot_q4_k, q_q4_k),
-    T_KNOWN(13, "q5_k", 256, 176),
-    T_KNOWN(14, "q6_k", 256, 210),
+    T_GGML(13, q5_k, 256, 176, 0),
+    T_GGML(14, q6_k, 256, 210, 1),
     T_KNOWN(15, "q8_k", 256, 292),
-    T_KNOWN(DSI_TYPE_IQ2_XXS, "iq2_xxs", 256, 66),
-    T_KNOWN(17, "iq2_xs", 256, 74),
-    T_KNOWN(18, "iq3_xxs", 256, 98),
-    T_KNOWN(19, "iq1_s", 256, 50),
-    T_KNOWN(20, "iq4_nl", 32, 18),
-    T_KNOWN(21, "iq3_s", 256, 110),
-    T_KNOWN(22, "iq2_s", 256, 82),
-    T_KNOWN(23, "iq4_xs", 256, 136),
+    T_GGML(DSI_TYPE_IQ2_XXS, iq2_xxs, 256, 66, 1),
+    T_GGML(17, iq2_xs, 256, 74, 1),
+    T_GGML(18, iq3_xxs, 256, 98, 1),
+    T_GGML(19, iq1_s, 256, 50, 1),
+    T_GGML(20, iq4_nl, 32, 18, 1),
+    T_GGML(21, iq3_s, 256, 110, 1),
+    T_GGML(22, iq2_s, 256, 82, 1),
+    T_GGML(23, iq4_xs, 256, 136, 1),
     T_PLAIN(DSI_TYPE_I8, "i8", 1, deq_i8, dot_i8, NULL),
     T_PLAIN(DSI_TYPE_I16, "i16", 2, deq_i16, dot_i16, NULL),
     T_PLAIN(DSI_TYPE_I32, "i32", 4, deq_i32, dot_i32, NULL),
     T_PLAIN(DSI_TYPE_I64, "i64", 8, deq_i64, dot_i64, NULL),
     T_PLAIN(DSI_TYPE_F64, "f64", 8, deq_f64, dot_f64, NULL),
-    T_KNOWN(29, "iq1_m", 256, 56),
+    T_GGML(29, iq1_m, 256, 56, 1),
     T_PLAIN(DSI_TYPE_BF16, "bf16", 2, deq_bf16, dot_bf16, q_bf16),
     T_KNOWN(34, "tq1_0", 256, 54),
     T_KNOWN(35, "tq2_0", 256, 66),
@@ -498,6 +532,18 @@ dsi_status dsii_quantize_row(int32_t type, const float *src, void *dst, int64_t 
     dsi_status st = check_type(type, n, 1, &t, err);
     if (st != DSI_OK) return st;
     if (n > 0) t->quantize_row(src, dst, n);
+    return DSI_OK;
+}
+
+dsi_status dsii_quantize_row_imat(int32_t type, const float *src, void *dst, int64_t n,
+                                  const float *imat, dsii_error *err) {
+    const dsii_type_traits *t;
+    dsi_status st = check_type(type, n, 1, &t, err);
+    if (st != DSI_OK) return st;
+    if (n > 0) {
+        if (t->quantize_row_w) t->quantize_row_w(src, dst, n, imat);
+        else t->quantize_row(src, dst, n);
+    }
     return DSI_OK;
 }
 
