@@ -640,13 +640,17 @@ size_t dsii_q_iq4_xs(const float *src, void *dst, int64_t n, const float *imat) 
  * every unit is assigned again with its quantized scale. Exhaustive, so slow for very large
  * models (docs/tensor-types.md gives the cost); deterministic. */
 
+#define IQ_MAX_PAT 81
 typedef struct iqgrid {
     int G, n, nlev;
     int has_delta;      /* iq1: every value is level + delta, delta = ±IQ1_DELTA */
     float lv[8];        /* level values in grid units (ascending) */
     float gmax;         /* largest |level| (+ delta for iq1) */
-    uint16_t lo[2048];  /* G = 8: base-3 id of the levels of bytes 0..3; G = 4: 3 bits per byte */
-    uint16_t hi[2048];  /* G = 8: base-3 id of bytes 4..7 */
+    int npat;           /* patterns of one half-entry (nlev^(G/2)) */
+    uint16_t lo[2048];  /* pattern id of the first G/2 values of each entry */
+    uint16_t hi[2048];  /* pattern id of the last G/2 values */
+    uint16_t ord[2048]; /* entries ordered by lo id (stable) ... */
+    uint16_t lstart[IQ_MAX_PAT + 1]; /* ... entries with lo id p: ord[lstart[p] .. lstart[p + 1]) */
 } iqgrid;
 
 static void iqgrid_init(iqgrid *g, int G, int n, const uint64_t *g64, const uint32_t *g32,
@@ -663,22 +667,27 @@ static void iqgrid_init(iqgrid *g, int G, int n, const uint64_t *g64, const uint
         rev[levels[l] & 0xFF] = l;
         g->gmax = fmaxf(g->gmax, fabsf(g->lv[l]));
     }
+    /* each entry = two halves of G/2 values; a half's id is its level indices in base nlev
+     * (81 patterns for 8-wide 3-level grids, 64 for 4-wide 8-level grids) */
+    const int h = G / 2;
+    g->npat = 1;
+    for (int j = 0; j < h; j++) g->npat *= nlev;
     for (int e = 0; e < n; e++) {
-        if (G == 8) {
-            int a = 0, b = 0;
-            for (int j = 3; j >= 0; j--) {
-                a = a * 3 + rev[gb64(g64[e], j)];
-                b = b * 3 + rev[gb64(g64[e], j + 4)];
-            }
-            g->lo[e] = (uint16_t)a;
-            g->hi[e] = (uint16_t)b;
-        } else {
-            int a = 0;
-            for (int j = 0; j < 4; j++) a |= rev[gb32(g32[e], j)] << (3 * j);
-            g->lo[e] = (uint16_t)a;
-            g->hi[e] = 0;
+        int a = 0, b = 0;
+        for (int j = h - 1; j >= 0; j--) {
+            const int bl = G == 8 ? gb64(g64[e], j) : gb32(g32[e], j);
+            const int bh = G == 8 ? gb64(g64[e], j + h) : gb32(g32[e], j + h);
+            a = a * nlev + rev[bl];
+            b = b * nlev + rev[bh];
         }
+        g->lo[e] = (uint16_t)a;
+        g->hi[e] = (uint16_t)b;
     }
+    int cnt[IQ_MAX_PAT + 1] = {0}; /* counting sort of the entries by lo id */
+    for (int e = 0; e < n; e++) cnt[g->lo[e] + 1]++;
+    for (int p = 0; p < g->npat; p++) cnt[p + 1] += cnt[p];
+    for (int p = 0; p <= g->npat; p++) g->lstart[p] = (uint16_t)cnt[p];
+    for (int e = 0; e < n; e++) g->ord[cnt[g->lo[e]]++] = (uint16_t)e;
 }
 
 /* Best grid entry for targets a[0..G) and weights w: minimizes sum w (a - S (level + delta))^2.
@@ -691,24 +700,44 @@ static int iqgrid_best(const iqgrid *g, const float *a, const float *w, float S,
             const float e = a[j] - S * (g->lv[l] + delta);
             c[j][l] = w[j] * e * e;
         }
+    /* cost of every half pattern (lo: values 0 .. G/2-1, hi: G/2 .. G-1); pattern id =
+     * level of the half's first value + nlev * (level of its second) + … */
+    float clo[IQ_MAX_PAT], chi[IQ_MAX_PAT];
+    if (g->G == 8) { /* 3 levels: id = (v0 + 3 v1) + 9 (v2 + 3 v3) */
+        float a01[9], a23[9], b01[9], b23[9];
+        for (int q = 0; q < 9; q++) {
+            a01[q] = c[0][q % 3] + c[1][q / 3];
+            a23[q] = c[2][q % 3] + c[3][q / 3];
+            b01[q] = c[4][q % 3] + c[5][q / 3];
+            b23[q] = c[6][q % 3] + c[7][q / 3];
+        }
+        for (int p = 0; p < 81; p++) {
+            clo[p] = a01[p % 9] + a23[p / 9];
+            chi[p] = b01[p % 9] + b23[p / 9];
+        }
+    } else { /* 8 levels: id = v0 + 8 v1 */
+        for (int p = 0; p < 64; p++) {
+            clo[p] = c[0][p & 7] + c[1][p >> 3];
+            chi[p] = c[2][p & 7] + c[3][p >> 3];
+        }
+    }
+    /* exhaustive over the entries, with pruning: a lo pattern whose cost plus the cheapest
+     * hi half cannot beat the best so far is skipped (exact); the cheapest lo goes first */
+    float mhi = chi[0];
+    int p0 = 0;
+    for (int p = 1; p < g->npat; p++) {
+        if (chi[p] < mhi) mhi = chi[p];
+        if (clo[p] < clo[p0]) p0 = p;
+    }
     int best = 0;
     float be = INFINITY;
-    if (g->G == 8) {
-        float clo[81], chi[81];
-        for (int p = 0; p < 81; p++) {
-            const int l0 = p % 3, l1 = (p / 3) % 3, l2 = (p / 9) % 3, l3 = p / 27;
-            clo[p] = c[0][l0] + c[1][l1] + c[2][l2] + c[3][l3];
-            chi[p] = c[4][l0] + c[5][l1] + c[6][l2] + c[7][l3];
-        }
-        for (int e = 0; e < g->n; e++) {
-            const float v = clo[g->lo[e]] + chi[g->hi[e]];
-            if (v < be) be = v, best = e;
-        }
-    } else {
-        for (int e = 0; e < g->n; e++) {
-            const int l = g->lo[e];
-            const float v = c[0][l & 7] + c[1][(l >> 3) & 7] + c[2][(l >> 6) & 7] + c[3][(l >> 9) & 7];
-            if (v < be) be = v, best = e;
+    for (int k = -1; k < g->npat; k++) {
+        const int p = k < 0 ? p0 : k;
+        if (k == p0 || clo[p] + mhi > be) continue;
+        for (int r = g->lstart[p]; r < g->lstart[p + 1]; r++) {
+            const int e = g->ord[r];
+            const float v = clo[p] + chi[g->hi[e]];
+            if (v < be || (v == be && e < best)) be = v, best = e;
         }
     }
     *err_out = be;
@@ -717,12 +746,10 @@ static int iqgrid_best(const iqgrid *g, const float *a, const float *w, float S,
 
 /* Level value of element j of entry e. */
 static float iqgrid_val(const iqgrid *g, int e, int j) {
-    if (g->G == 8) {
-        int id = j < 4 ? g->lo[e] : g->hi[e];
-        for (int k = 0; k < (j & 3); k++) id /= 3;
-        return g->lv[id % 3];
-    }
-    return g->lv[(g->lo[e] >> (3 * j)) & 7];
+    const int h = g->G / 2;
+    int id = j < h ? g->lo[e] : g->hi[e];
+    for (int k = 0; k < j % h; k++) id /= g->nlev;
+    return g->lv[id % g->nlev];
 }
 
 /* Delta modes (iq1 only): none, one delta for the whole unit, or one per group. */
