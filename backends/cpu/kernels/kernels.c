@@ -3,6 +3,7 @@
  * rows, and the portable scalar path. See kernels.h for the contract.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
+#include "backends/cpu/kernels/kernels_ggml.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -26,6 +27,11 @@ static const kern_type kern_types[] = {
     {DSI_TYPE_MXFP4, 32, 17, 1},
     {DSI_TYPE_FP8_E4M3_B128, 128, 129, 0},
     {DSI_TYPE_FP8_E4M3_B32, 32, 33, 0},
+    /* ggml types of kernels_ggml*.c (ids and block geometry as ggml's) */
+    {2, 32, 18, 1},    {3, 32, 20, 1},    {6, 32, 22, 1},    {7, 32, 24, 1},
+    {11, 256, 110, 1}, {13, 256, 176, 1}, {14, 256, 210, 1}, {20, 32, 18, 1},
+    {23, 256, 136, 1}, {18, 256, 98, 1},  {21, 256, 110, 1}, {16, 256, 66, 1},
+    {17, 256, 74, 1},  {22, 256, 82, 1},  {19, 256, 50, 1},  {29, 256, 56, 1},
 };
 
 static const kern_type *kern_type_get(int32_t type) {
@@ -59,7 +65,7 @@ static const char *type_name(int32_t type) {
     case DSI_TYPE_MXFP4: return "mxfp4";
     case DSI_TYPE_FP8_E4M3_B128: return "fp8_e4m3_b128";
     case DSI_TYPE_FP8_E4M3_B32: return "fp8_e4m3_b32";
-    default: return "unknown";
+    default: return dsi_type_name(type) ? dsi_type_name(type) : "unknown";
     }
 }
 
@@ -202,6 +208,7 @@ static void scalar_decode(int32_t type, const uint8_t *row, int64_t i0, int64_t 
         return;
     }
     default:
+        dsib_kern_decode_ggml(type, row, i0, n, dst);
         return;
     }
 }
