@@ -643,7 +643,9 @@ static void usage(FILE *f) {
             "usage: dsinfer-mkmodel --config NAME [--seed N] [--type T] -o FILE.gguf [--also FILE2]\n"
             "       dsinfer-mkmodel --list\n"
             "T: f32 f16 bf16 q8_0 q4_k q2_k mxfp4 fp8 (type of the large matrices; fp8 =\n"
-            "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41)\n");
+            "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41), or any other type\n"
+            "   the library can write: q4_0 q4_1 q5_0 q5_1 q3_k q5_k q6_k iq4_nl iq4_xs\n"
+            "   iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m (docs/tensor-types.md)\n");
 }
 
 static uint64_t plan_bytes(const plan *p, uint64_t *params) {
@@ -692,6 +694,11 @@ int main(int argc, char **argv) {
             have_type = 0;
             for (size_t k = 0; k < sizeof k_types / sizeof k_types[0]; k++)
                 if (!strcmp(t, k_types[k].name)) type = k_types[k].type, have_type = 1;
+            for (int32_t id = 0; id < 64 && !have_type; id++) { /* further ggml types */
+                const dsii_type_traits *tr = dsii_type_get(id);
+                if (tr && tr->quantize_row && tr->is_quantized && !strcmp(t, tr->name))
+                    type = id, have_type = 1;
+            }
             if (!have_type) {
                 fprintf(stderr, "dsinfer-mkmodel: unknown type '%s'\n", t);
                 usage(stderr);
