@@ -82,12 +82,15 @@ static int q3k_scale(const uint8_t *sc, int s) {
 void dsii_blk_q3_k(const uint8_t *b, float *y) {
     const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
     const float d = h2f(b + 108);
-    for (int e = 0; e < 256; e++) {
-        int h = e >> 7, j = (e >> 5) & 3, l = e & 31;
-        int q = (qs[32 * h + l] >> (2 * j)) & 3;
-        if (!(hm[l] & (1u << (4 * h + j)))) q -= 4;
-        float dl = d * (float)q3k_scale(sc, e >> 4);
-        y[e] = dl * (float)q;
+    for (int e0 = 0; e0 < 256; e0 += 16) { /* one sub-block of 16 */
+        const float dl = d * (float)q3k_scale(sc, e0 >> 4);
+        const int h = e0 >> 7, j = (e0 >> 5) & 3;
+        for (int e = e0; e < e0 + 16; e++) {
+            const int l = e & 31;
+            int q = (qs[32 * h + l] >> (2 * j)) & 3;
+            if (!(hm[l] & (1u << (4 * h + j)))) q -= 4;
+            y[e] = dl * (float)q;
+        }
     }
 }
 
@@ -128,12 +131,16 @@ void dsii_blk_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = h2f(b + 208);
-    for (int e = 0; e < 256; e++) {
-        int h = e >> 7, k = (e >> 5) & 3, l = e & 31;
-        int lo = ql[64 * h + 32 * (k & 1) + l];
-        lo = (k >> 1) ? lo >> 4 : lo & 0xF;
-        int q = (lo | (((qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-        y[e] = d * (float)sc[e >> 4] * (float)q;
+    for (int e0 = 0; e0 < 256; e0 += 16) {
+        const float ds = d * (float)sc[e0 >> 4];
+        const int h = e0 >> 7, k = (e0 >> 5) & 3;
+        for (int e = e0; e < e0 + 16; e++) {
+            const int l = e & 31;
+            int lo = ql[64 * h + 32 * (k & 1) + l];
+            lo = (k >> 1) ? lo >> 4 : lo & 0xF;
+            const int q = (lo | (((qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
+            y[e] = ds * (float)q;
+        }
     }
 }
 
