@@ -13,6 +13,9 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+# npm fetches the real llama.cpp for the interop tests (scripts/setup-llama-cpp.sh); any
+# node/npm on PATH will do (Debian's packages when there is none).
+command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup-deps: all ${#pkgs[@]} packages present"
   exit 0

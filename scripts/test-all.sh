@@ -56,6 +56,12 @@ stage "setup"
 bash scripts/setup-deps.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
 # lavapipe is installed by setup: Vulkan tests must run, not skip.
 export DSI_REQUIRE_VULKAN=1
+# The real llama.cpp for the interop tests (npm's node-llama-cpp, no scripts, no GPU variants).
+if DSI_LLAMA_CPP_LIBDIR=$(bash scripts/setup-llama-cpp.sh "$out/llama-cpp"); then
+  export DSI_LLAMA_CPP_LIBDIR DSI_REQUIRE_LLAMA_CPP=1
+else
+  echo "setup: llama.cpp (npm node-llama-cpp) could not be installed"; record setup-llama-cpp 1
+fi
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 t0=$(date +%s)
 

@@ -669,7 +669,9 @@ static void usage(FILE *f) {
             "                       -o FILE.gguf [--mtp-out FILE] [--also FILE2]\n"
             "       dsinfer-mkmodel --list\n"
             "T: f32 f16 bf16 q8_0 q4_k q2_k mxfp4 fp8 (type of the large matrices; fp8 =\n"
-            "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41; native layout only)\n"
+            "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41; native layout only),\n"
+            "   or any other type the library can write: q4_0 q4_1 q5_0 q5_1 q3_k q5_k q6_k\n"
+            "   iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m (docs/tensor-types.md)\n"
             "L: llama.cpp (default), ds4, native (docs/model-files.md 7). llama.cpp and ds4 keep\n"
             "   the V4 MTP block in a second file: --mtp-out, default FILE-mtp.gguf.\n");
 }
@@ -721,6 +723,11 @@ int main(int argc, char **argv) {
             have_type = 0;
             for (size_t k = 0; k < sizeof k_types / sizeof k_types[0]; k++)
                 if (!strcmp(t, k_types[k].name)) type = k_types[k].type, have_type = 1;
+            for (int32_t id = 0; id < 64 && !have_type; id++) { /* further ggml types */
+                const dsii_type_traits *tr = dsii_type_get(id);
+                if (tr && tr->quantize_row && tr->is_quantized && !strcmp(t, tr->name))
+                    type = id, have_type = 1;
+            }
             if (!have_type) {
                 fprintf(stderr, "dsinfer-mkmodel: unknown type '%s'\n", t);
                 usage(stderr);

@@ -35,12 +35,19 @@ static const char *class_types(int cls) {
     case C_VEC: return "f32";
     case C_FVEC:
     case C_SMALL:
-    case C_MAT: return "f32, f16, bf16, q8_0, q2_k, q4_k, iq2_xxs, mxfp4, fp8_e4m3_b128, fp8_e4m3_b32";
-    case C_EMBD: return "f32, f16, bf16, q8_0, q2_k, q4_k, mxfp4";
+    case C_MAT:
+    case C_EMBD: return "f32, f16, bf16 or a quantized weight type of docs/tensor-types.md";
     case C_I32: return "i32";
     case C_TABLE: return "fp8_e4m3_r32, f32, f16, bf16";
     }
     return "?";
+}
+
+/* Quantized weight types with CPU and Vulkan kernels (matmul, get_rows, MoE): every type
+ * lib/quant decodes except the Engram-table row type (docs/tensor-types.md). */
+static int weight_type(int32_t t) {
+    const dsii_type_traits *tr = dsii_type_get(t);
+    return tr && tr->supported && tr->is_quantized && t != DSI_TYPE_FP8_E4M3_R32;
 }
 
 static int class_allows(int cls, int32_t t) {
@@ -52,11 +59,9 @@ static int class_allows(int cls, int32_t t) {
     case C_FVEC:
     case C_SMALL:
     case C_MAT:
-        return fl || t == DSI_TYPE_Q8_0 || t == DSI_TYPE_Q2_K || t == DSI_TYPE_Q4_K ||
-               t == DSI_TYPE_IQ2_XXS || t == DSI_TYPE_MXFP4 || t == DSI_TYPE_FP8_E4M3_B128 ||
-               t == DSI_TYPE_FP8_E4M3_B32;
-    /* rows are gathered and dequantized (llama.cpp's quantizer quantizes token_embd too) */
-    case C_EMBD: return fl || t == DSI_TYPE_Q8_0 || t == DSI_TYPE_Q2_K || t == DSI_TYPE_Q4_K || t == DSI_TYPE_MXFP4;
+        return fl || weight_type(t);
+    case C_EMBD: return fl || weight_type(t); /* rows are gathered and dequantized (llama.cpp's
+                                                 quantizer quantizes token_embd too) */
     case C_I32: return t == DSI_TYPE_I32;
     case C_TABLE: return fl || t == DSI_TYPE_FP8_E4M3_R32;
     }

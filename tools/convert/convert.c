@@ -85,6 +85,12 @@ static int parse_type(const char *s, int32_t *t) {
             *t = k_types[i].type;
             return 0;
         }
+    /* any further type lib/quant can write (q4_0 ... iq1_m) */
+    const dsii_type_traits *tr = dsii_type_get(dsii_type_by_name(s));
+    if (tr && tr->is_quantized && tr->quantize_row && tr->type < 1024) {
+        *t = tr->type;
+        return 0;
+    }
     return -1;
 }
 
@@ -1024,7 +1030,8 @@ static void usage(FILE *f) {
             "usage: dsinfer-convert HF_DIR -o OUT.gguf [--layout llama.cpp|ds4|native] [--type T]\n"
             "                       [--type-CLASS T ...] [--no-mtp] [--mtp-out FILE] [--name NAME] [--quiet]\n"
             "T: auto (default: the checkpoint's FP8 / FP4 / BF16 / F32 where the layout has the type,\n"
-            "   else q8_0 for FP8 matrices) f32 f16 bf16 q8_0 q4_k q2_k iq2_xxs mxfp4\n"
+            "   else q8_0 for FP8 matrices) f32 f16 bf16 q8_0 q4_k q2_k iq2_xxs mxfp4, or\n"
+            "   q4_0 q4_1 q5_0 q5_1 q3_k q5_k q6_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s iq1_s iq1_m\n"
             "--type sets the matrices (attn shexp experts head engram draft); CLASS is one of\n"
             "   attn shexp experts head engram draft embd small ape, or all (every class)\n"
             "Layout default llama.cpp (docs/model-files.md 7); V4 MTP goes to --mtp-out (OUT-mtp.gguf)\n"

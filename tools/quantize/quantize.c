@@ -322,6 +322,11 @@ static int fill(void *user, uint64_t r0, uint64_t n, void *dst) {
         if (imp && dsii_weighted_supported(it->type)) {
             rc = dsii_quantize_row_weighted(it->type, f, imp, o, n0) ? fail("tensor '%s': weighted quantization", t->name) : 0;
             fc->q->weighted_rows++;
+        } else if (imp && dsii_type_get(it->type)->quantize_row_w) {
+            /* the ggml types whose quantizer searches with importance weights (lib/quant) */
+            dsii_error e;
+            rc = dsii_quantize_row_imat(it->type, f, o, n0, imp, &e) != DSI_OK ? fail("tensor '%s': %s", t->name, e.msg) : 0;
+            fc->q->weighted_rows++;
         } else {
             dsii_error e;
             rc = dsii_quantize_row(it->type, f, o, n0, &e) != DSI_OK ? fail("tensor '%s': %s", t->name, e.msg) : 0;
@@ -404,7 +409,8 @@ static void usage(FILE *f) {
                "                        [--type T] [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-energy |\n"
                "                         --imatrix-text FILE.txt [--imatrix-ctx 512] [--imatrix-chunks N] [--imatrix-out F]]\n"
                "                        [--no-mtp] [--mtp-out FILE] [--quiet]\n"
-               "T: keep (default) f32 f16 bf16 q8_0 q4_k q2_k iq2_xxs mxfp4 fp8 (native layout only)\n"
+               "T: keep (default) f32 f16 bf16 q8_0 q4_k q2_k iq2_xxs mxfp4 fp8 (native layout only), or\n"
+               "   q4_0 q4_1 q5_0 q5_1 q3_k q5_k q6_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s iq1_s iq1_m\n"
                "--type sets the matrices (attn shexp experts head engram draft); CLASS: attn shexp experts head\n"
                "engram draft embd small ape, or all. docs/converting.md \"Requantizing\".\n");
 }
@@ -438,6 +444,10 @@ static int run(int argc, char **argv) {
             int ok = 0;
             for (size_t k = 0; k < sizeof k_types / sizeof k_types[0]; k++)
                 if (!strcmp(argv[i + 1], k_types[k].name)) t = k_types[k].type, ok = 1;
+            if (!ok) { /* any further type lib/quant can write (q4_0 ... iq1_m) */
+                const dsii_type_traits *tr = dsii_type_get(dsii_type_by_name(argv[i + 1]));
+                if (tr && tr->is_quantized && tr->quantize_row && tr->type < 1024) t = tr->type, ok = 1;
+            }
             if (!ok) return fail("unknown type '%s'", argv[i + 1]);
             i++;
             if (!strcmp(a, "--type")) {
@@ -513,7 +523,7 @@ static int run(int argc, char **argv) {
         if (!rc && fp8 && q.layout != DSII_LAYOUT_NATIVE)
             rc = fail("tensor '%s' would be %s, a type of the native layout only (choose a ggml type, e.g. --type-%s q8_0, "
                       "or --layout native)", it->name, tr ? tr->name : "?", k_cls[it->cls]);
-        if (!rc && q.energy && it->type != it->t->type && dsii_weighted_supported(it->type)) {
+        if (!rc && q.energy && it->type != it->t->type && (dsii_weighted_supported(it->type) || (tr && tr->quantize_row_w))) {
             it->imp = energy(it->t, &it->n_imp);
             if (!it->imp) rc = fail("out of memory");
         }

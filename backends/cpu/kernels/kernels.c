@@ -3,6 +3,7 @@
  * rows, and the portable scalar path. See kernels.h for the contract.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
+#include "backends/cpu/kernels/kernels_ggml.h"
 #include "backends/types.h"
 
 #include <stdatomic.h>
@@ -14,6 +15,8 @@
 static const int32_t kern_types[] = {
     DSI_TYPE_F32,  DSI_TYPE_F16,   DSI_TYPE_BF16,          DSI_TYPE_Q8_0,        DSI_TYPE_Q4_K,
     DSI_TYPE_Q2_K, DSI_TYPE_MXFP4, DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32,
+    /* ggml types of kernels_ggml*.c (ids as ggml's) */
+    2, 3, 6, 7, 11, 13, 14, 20, 23, 18, 21, 16, 17, 22, 19, 29,
 };
 
 static const dsib_type_info *kern_type_get(int32_t type) {
@@ -178,6 +181,7 @@ static void scalar_decode(int32_t type, const uint8_t *row, int64_t i0, int64_t 
         return;
     }
     default:
+        dsib_kern_decode_ggml(type, row, i0, n, dst);
         return;
     }
 }

@@ -674,7 +674,7 @@ static void test_writer_rejects(void **state) {
     assert_int_equal(dsii_gguf_writer_add_tensor(w, "z", 77, 2, ne, x, 0, &e), DSI_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsii_gguf_writer_set_alignment(w, 64, &e), DSI_ERR_INVALID_ARGUMENT);
     int32_t iv[33] = {0};
-    assert_int_equal(dsii_gguf_writer_add_tensor_f32(w, "iq", DSI_TYPE_IQ2_XXS, 1, ne, (float *)iv, &e),
+    assert_int_equal(dsii_gguf_writer_add_tensor_f32(w, "iq", 34 /* tq1_0 */, 1, ne, (float *)iv, &e),
                      DSI_ERR_UNSUPPORTED);
     /* many keys and tensors: the name sets rehash correctly */
     char name[32];
@@ -997,9 +997,9 @@ static void test_bad_tensors(void **state) {
     expect_bad(b.p, b.n, DSI_ERR_BAD_FORMAT, "offset 128 is not a multiple of the alignment 256");
     free(b.p);
     memset(&b, 0, sizeof b);
-    /* an IQ2_XXS tensor loads (type known); the type table says it is not supported */
+    /* a TQ2_0 tensor loads (type known); the type table says it is not supported */
     uint64_t ne256[2] = {256, 2};
-    one_tensor(&b, 2, ne256, DSI_TYPE_IQ2_XXS, 0, 132);
+    one_tensor(&b, 2, ne256, 35 /* tq2_0 */, 0, 132);
     {
         dsii_gguf *g;
         dsii_error e;
@@ -1008,7 +1008,7 @@ static void test_bad_tensors(void **state) {
         assert_int_equal(t->nbytes, 132);
         const dsii_type_traits *tt = dsii_type_get(t->type);
         assert_false(tt->supported);
-        assert_string_equal(tt->name, "iq2_xxs");
+        assert_string_equal(tt->name, "tq2_0");
         dsii_gguf_close(g);
     }
     free(b.p);

@@ -801,7 +801,7 @@ static const bad_case k_bad[] = {
     {"wrong shape", 0, {.shape_tensor = "blk.1.attn_kv.weight", .shape = {256, 64}}, DSI_ERR_BAD_FORMAT, "blk.1.attn_kv.weight", "[256, 128]"},
     {"wrong shape v41", 1, {.shape_tensor = "blk.5.indexer.attn_k.weight", .shape = {128, 64}}, DSI_ERR_BAD_FORMAT, "blk.5.indexer.attn_k.weight", NULL},
     {"norm stored as f16", 0, {.type_tensor = "blk.0.attn_norm.weight", .new_type = DSI_TYPE_F16}, DSI_ERR_UNSUPPORTED, "blk.0.attn_norm.weight", "f16"},
-    {"unimplemented type", 0, {.type_tensor = "output.weight", .new_type = 14 /* q6_k */}, DSI_ERR_UNSUPPORTED, "output.weight", "q6_k"},
+    {"unimplemented type", 0, {.type_tensor = "output.weight", .new_type = 35 /* tq2_0 */}, DSI_ERR_UNSUPPORTED, "output.weight", "tq2_0"},
     {"key of the wrong type", 0, {.key = "deepseek4.expert_count", .kind = 1, .sval = "8"}, DSI_ERR_BAD_FORMAT, "deepseek4.expert_count", NULL},
     {"missing key", 0, {.key = "deepseek4.attention.q_lora_rank", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.attention.q_lora_rank", NULL},
     /* keys whose default differs between engines (docs/model-files.md §2.7): refused by name */
