@@ -120,7 +120,7 @@ static int group_setup(void **state) {
     if (mk && file_exists(mk)) {
         char q[1024], cmd[4096];
         snprintf(q, sizeof q, "%s/tiny-v41-q8_0.gguf", g_tmpdir);
-        snprintf(cmd, sizeof cmd, "'%s' --config tiny-v41 --type q8_0 -o '%s' > /dev/null 2>&1", mk, q);
+        snprintf(cmd, sizeof cmd, "'%s' --config tiny-v41 --type q8_0 --layout native -o '%s' > /dev/null 2>&1", mk, q);
         if (system(cmd) == 0 && file_exists(q) && open_model(&g_q8, q) != 0) close_model(&g_q8);
     }
     return 0;
