@@ -8,7 +8,9 @@ For tiny-v4 and tiny-v41 (dsinfer-mkmodel --layout native as the reference):
   * libdsinfer's logits (fake-quant on: the model as specified) on the ds4 fixtures equal those
     on the native file exactly, for deepseek4 (a ds4 file without rope.scaling.type: loaded as
     YaRN, the documented default) and deepseek41 (Engram tables as ds4's I8 row264 extent at
-    the end of a 16 KiB-aligned file), mmap and pread (the extent read row by row).
+    the end of a 16 KiB-aligned file), mmap and pread (the extent read row by row);
+  * the same for ds4 fixtures whose matrices (experts included) are IQ2_XXS, the type of ds4's
+    low-bit files.
 Exit 77 when the helpers or numpy are missing.
 """
 import os
@@ -58,30 +60,33 @@ with tempfile.TemporaryDirectory(prefix="dsi_layouts_") as d:
     P = lambda n: os.path.join(d, n)  # noqa: E731
     toks = P("tokens.bin")
     np.array((np.arange(96) * 37 + 5) % 1000, dtype="<i4").tofile(toks)
-    for cfg in ("tiny-v4", "tiny-v41"):
+    # f32 in every layout; IQ2_XXS matrices (experts included, as ds4's low-bit files) as an
+    # independent ds4 fixture
+    for cfg, ty in (("tiny-v4", "f32"), ("tiny-v41", "f32"), ("tiny-v4", "iq2_xxs"), ("tiny-v41", "iq2_xxs")):
         v41 = cfg == "tiny-v41"
-        nat = P(cfg + "-native.gguf")
-        run(MK, "--config", cfg, "--type", "f32", "--layout", "native", "-o", nat)
+        cfg_ = cfg if ty == "f32" else "%s %s" % (cfg, ty)
+        nat = P("%s-%s-native.gguf" % (cfg, ty))
+        run(MK, "--config", cfg, "--type", ty, "--layout", "native", "-o", nat)
         ref = logits(nat, toks, P(cfg + "-native.f32"))
         files = []
-        for lay in ("llama.cpp", "ds4"):
+        for lay in ("llama.cpp", "ds4") if ty == "f32" else ():
             f, m = P("%s-%s.gguf" % (cfg, lay)), P("%s-%s-mtp.gguf" % (cfg, lay))
-            run(MK, "--config", cfg, "--type", "f32", "--layout", lay, "-o", f, "--mtp-out", m)
+            run(MK, "--config", cfg, "--type", ty, "--layout", lay, "-o", f, "--mtp-out", m)
             files.append(("libdsinfer's %s writer" % lay, f, m if os.path.exists(m) else None,
                           v41 and lay == "ds4"))
-        fx, fm = P(cfg + "-ds4fixture.gguf"), P(cfg + "-ds4fixture-mtp.gguf")
+        fx, fm = P("%s-%s-ds4fixture.gguf" % (cfg, ty)), P("%s-%s-ds4fixture-mtp.gguf" % (cfg, ty))
         run("/usr/bin/python3", os.path.join(HERE, "make_ds4_gguf.py"), nat, fx, "--mtp-out", fm)
         files.append(("independent ds4 fixture", fx, None if v41 else fm, v41))
         for what, f, m, no_draft in files:
             args = [CMP, nat, f] + (["--draft", m] if m else []) + (["--no-draft"] if no_draft else [])
             out = run(*args)
-            check(out.startswith("identical"), "%s, %s: %s" % (cfg, what, out.split(" between")[0]))
+            check(out.startswith("identical"), "%s, %s: %s" % (cfg_, what, out.split(" between")[0]))
             modes = [[]] + ([["--pread"]] if v41 else [])
             for mode in modes:
                 x = logits(f, toks, P("x.f32"), *(mode + (["--draft", m] if m else [])))
                 check(x.shape == ref.shape and np.array_equal(x, ref),
                       "%s, %s%s: logits of %d positions equal the native file's (max |d| %.3g)"
-                      % (cfg, what, " (pread)" if mode else "", 96,
+                      % (cfg_, what, " (pread)" if mode else "", 96,
                          float(np.abs(x - ref).max()) if x.shape == ref.shape else float("inf")))
 
 print("%d failed" % failed if failed else "all layout checks passed")
