@@ -8,7 +8,7 @@
 3. Lossless re-layout: --type keep into the ds4 layout (V4.1: the Engram tables become row264,
    no DSpark; V4: MTP in a second file) and back to native binds exactly the same tensors.
 4. An importance matrix (llama.cpp's imatrix .dat) lowers the importance-weighted error of a
-   q4_k / q2_k tensor against its f32 source, compared with no imatrix (the search is what
+   q4_k / q2_k / q6_k / iq4_xs / iq2_xxs tensor against its f32 source, compared with no imatrix (the search is what
    the file buys); --imatrix-energy runs too; --imatrix-text computes one with libdsinfer's
    forward pass over a text: every matrix product is observed, row counts add up (tokens for
    attention, tokens x k for the routed experts, one row per chunk for the head — a prefill
@@ -81,11 +81,19 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
         f.write(struct.pack("<i", 1))
         nb = name.encode()
         f.write(struct.pack("<i", len(nb)) + nb + struct.pack("<ii", 1, len(imp)) + imp.tobytes())
-    for ty in ("q4_k", "q2_k"):
-        plain, wtd = P("plain.gguf"), P("wtd.gguf")
-        run(QZ, src4, "-o", plain, "--layout", "native", "--type", ty, "--quiet")
-        run(QZ, src4, "-o", wtd, "--layout", "native", "--type", ty, "--imatrix", imat, "--quiet")
-        e = lambda f: float((((deq(gr.GGUFFile(f), name).astype(np.float64) - w) ** 2) * imp[None, :]).sum())  # noqa: E731
+    def back_f32(f):
+        """The tensor as libdsinfer decodes it (requantized to f32: the reader here knows only
+        the older types; lib/quant's decoders are checked against llama.cpp's elsewhere)."""
+        if gr.GGUFFile(f).tensors[name].type in (12, 10):
+            return deq(gr.GGUFFile(f), name)
+        run(QZ, f, "-o", P("back.gguf"), "--layout", "native", "--type", "f32", "--quiet")
+        return deq(gr.GGUFFile(P("back.gguf")), name)
+
+    for ty in ("q4_k", "q2_k", "q6_k", "iq4_xs", "iq2_xxs"):
+        plain, wtd = P("plain.gguf"), P("wtd.gguf")  # the attention class only: the IQ searches take time
+        run(QZ, src4, "-o", plain, "--layout", "native", "--type-attn", ty, "--quiet")
+        run(QZ, src4, "-o", wtd, "--layout", "native", "--type-attn", ty, "--imatrix", imat, "--quiet")
+        e = lambda f: float((((back_f32(f).astype(np.float64) - w) ** 2) * imp[None, :]).sum())  # noqa: E731
         ep, ew = e(plain), e(wtd)
         check(ew < ep * 0.9, "%s: importance-weighted error of %s with the imatrix %.4g vs %.4g without" % (ty, name, ew, ep))
     r = run(QZ, src4, "-o", P("e.gguf"), "--layout", "native", "--type", "q4_k", "--imatrix-energy", ok=False)
