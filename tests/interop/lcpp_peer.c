@@ -16,6 +16,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "llama.h"
+#include "gguf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,7 +188,41 @@ int main(int argc, char **argv) {
         qp.nthread = argc > 5 ? atoi(argv[5]) : 2;
         qp.pure = argc > 6 && !strcmp(argv[6], "pure");
         qp.allow_requantize = 1; /* FTYPE 0 (all f32) from a quantized file: ggml's dequantizer */
+        /* "imatrix": a uniform importance matrix (all ones) for every matrix of the input —
+         * llama.cpp refuses the lowest-bit IQ types without one */
+        struct llama_model_imatrix_data *im = NULL;
+        float *ones = NULL;
+        struct gguf_context *g = NULL;
+        struct ggml_context *gctx = NULL;
+        if (argc > 7 && !strcmp(argv[7], "imatrix")) {
+            struct gguf_init_params gp = {1, &gctx};
+            g = gguf_init_from_file(argv[2], gp);
+            if (!g) {
+                fprintf(stderr, "lcpp_peer: cannot read %s\n", argv[2]);
+                return 1;
+            }
+            const int64_t nt = gguf_get_n_tensors(g);
+            im = calloc((size_t)nt + 1, sizeof *im);
+            size_t maxn = 0, k = 0;
+            for (int64_t i = 0; i < nt; i++) {
+                const struct ggml_tensor *t = ggml_get_tensor(gctx, gguf_get_tensor_name(g, i));
+                if (!t || ggml_n_dims(t) < 2) continue;
+                const size_t n = (size_t)t->ne[0] * (size_t)t->ne[2];
+                if (n > maxn) maxn = n;
+                im[k].name = gguf_get_tensor_name(g, i);
+                im[k].size = n;
+                k++;
+            }
+            ones = malloc(sizeof(float) * (maxn ? maxn : 1));
+            for (size_t i = 0; i < maxn; i++) ones[i] = 1.0f;
+            for (size_t i = 0; i < k; i++) im[i].data = ones;
+            qp.imatrix = im;
+        }
         uint32_t r = llama_model_quantize(argv[2], argv[3], &qp);
+        free(im);
+        free(ones);
+        if (g) gguf_free(g);
+        if (gctx) ggml_free(gctx);
         if (r != 0) fprintf(stderr, "lcpp_peer: llama_model_quantize failed (%u)\n", r);
         rc = r != 0;
     } else if (!strcmp(cmd, "bench") && argc >= 5) {

@@ -3,9 +3,11 @@
 #
 #   bash tests/interop/run.sh BUILD_DIR [WORK_DIR]
 #
-# 1. installs npm's node-llama-cpp and @node-llama-cpp/linux-x64 (pinned, --ignore-scripts,
-#    no optional packages: no GPU variants) into WORK_DIR/npm — or uses DSI_LCPP_NPM_DIR, a
-#    folder that already holds that node_modules;
+# 1. finds npm's node-llama-cpp and @node-llama-cpp/linux-x64 (pinned 3.22.1), installed
+#    beforehand by scripts/setup-llama-cpp.sh DIR (CI: test-all.sh's setup stage): DIR is
+#    DSI_LCPP_NPM_DIR, or derived from DSI_LLAMA_CPP_LIBDIR (the bins folder that script
+#    prints). Nothing is downloaded here; without the package the stage skips (fails when
+#    DSI_REQUIRE_LLAMA_CPP=1);
 # 2. takes llama.h / ggml*.h from the package's own source bundle (same build as the
 #    binaries) and compiles lcpp_peer.c against the bundled libllama.so;
 # 3. picks a CPU variant of ggml that works on this machine (ggml's own choice unless it
@@ -31,18 +33,17 @@ done
 "$py" -c 'import numpy' 2>/dev/null || skip "python3-numpy not installed"
 
 # ---- 1. the package -----------------------------------------------------------------------
-npm_dir=${DSI_LCPP_NPM_DIR:-$work/npm}
+if [ -n "${DSI_LCPP_NPM_DIR:-}" ]; then npm_dir=$DSI_LCPP_NPM_DIR
+elif [ -n "${DSI_LLAMA_CPP_LIBDIR:-}" ]; then npm_dir=${DSI_LLAMA_CPP_LIBDIR%/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64}
+else npm_dir=""
+fi
 pkg=$npm_dir/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64
 bundle=$npm_dir/node_modules/node-llama-cpp/llama/gitRelease.bundle
 find_libllama() { ls "$pkg"/libllama.v*.so "$pkg"/libllama.so 2>/dev/null | head -1; }
-if [ -z "$(find_libllama)" ]; then
-  command -v npm >/dev/null || skip "npm is not installed (scripts/setup-deps.sh installs it)"
-  [ "$(uname -m)" = x86_64 ] || skip "the bundled llama.cpp is linux-x64 only (this is $(uname -m))"
-  echo "interop: npm install node-llama-cpp@$LCPP_NPM_VERSION @node-llama-cpp/linux-x64@$LCPP_NPM_VERSION"
-  mkdir -p "$npm_dir"
-  (cd "$npm_dir" && npm install --ignore-scripts --no-audit --no-fund --omit=optional \
-     "node-llama-cpp@$LCPP_NPM_VERSION" "@node-llama-cpp/linux-x64@$LCPP_NPM_VERSION") \
-     >"$work/npm-install.log" 2>&1 || { tail -5 "$work/npm-install.log"; skip "npm install failed (registry unreachable?)"; }
+if [ -z "$npm_dir" ] || [ -z "$(find_libllama)" ]; then
+  msg="llama.cpp (npm node-llama-cpp@$LCPP_NPM_VERSION) is not installed: run scripts/setup-llama-cpp.sh DIR and set DSI_LCPP_NPM_DIR=DIR (DSI_LCPP_NPM_DIR='${DSI_LCPP_NPM_DIR:-}', DSI_LLAMA_CPP_LIBDIR='${DSI_LLAMA_CPP_LIBDIR:-}')"
+  [ "${DSI_REQUIRE_LLAMA_CPP:-0}" = 1 ] && { echo "FAIL: $msg"; exit 1; }
+  skip "$msg"
 fi
 libllama=$(find_libllama)
 [ -n "$libllama" ] || { echo "FAIL: no libllama in $pkg"; exit 1; }
