@@ -5,14 +5,20 @@
 #   3. pkg-config consumers against both install trees
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
-#   6. bounded libFuzzer run of the GGUF reader (clang)
-#   7. ThreadSanitizer build of the concurrency tests (label concurrency)
-#   8. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
-# Ends with a summary line "N passed, N failed, N skipped"; exits non-zero on any failure.
+#   6. mutation checks: deliberate defects the suite must catch (tests/mutation/run.py)
+#   7. bounded libFuzzer run of the GGUF reader (clang)
+#   8. ThreadSanitizer build of the concurrency tests (label concurrency)
+#   9. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
+# Ends with a summary line "N passed, N failed, N skipped [who: why; ...]"; exits non-zero on
+# any failure. A skip means only "absent here" (tests/common/skip.h): every program logs its
+# skips (whole program, or one test inside it) to $DSI_SKIP_LOG, and since setup-deps.sh
+# installed the Debian packages, their absence is a failure here (DSI_REQUIRE_*). Stages
+# disabled by the environment count as skipped.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
-#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_TSAN=1 /
-#              DSI_SKIP_INTEROP=1 to shorten local runs; DSI_LCPP_NPM_DIR reuses an installed
-#              node-llama-cpp.
+#              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_MUTATION=1 /
+#              DSI_SKIP_TSAN=1 / DSI_SKIP_INTEROP=1 to shorten local runs (reported as skipped);
+#              DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup could not install
+#              (DSI_REQUIRE_LLAMA_CPP=0: the npm package of the interop tests).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -20,16 +26,36 @@ jobs=${DSI_JOBS:-$(nproc)}
 out=${DSI_TEST_OUT:-$root/build-ci}
 mkdir -p "$out"
 passed=0 failed=0 skipped=0
-failures=()
+failures=() skips=()
 
 stage() { printf '\n=== %s ===\n' "$*"; }
+skip_stage() { # name reason
+  skipped=$((skipped + 1)); skips+=("$1: $2"); echo "[$1] skipped: $2"
+}
+# Skips a harness reported: $1 label, $2 skip log of the stage (lines "kind<TAB>program<TAB>
+# reason", tests/common/skip.h), then the names of the tests the harness reported skipped
+# (already counted). Each gets its logged reason; skips of single tests inside programs that
+# went on ("test" lines) are counted here.
+count_skips() {
+  local label=$1 log=$2 name why kind prog reason
+  shift 2
+  for name in "$@"; do
+    why=$(awk -F'\t' -v n="$name" '$1 == "program" && index(n, $2) == 1 { print $3; exit }' "$log" 2>/dev/null)
+    skips+=("$label: $name: ${why:-(no reason logged)}")
+  done
+  [ -f "$log" ] || return 0
+  while IFS=$'\t' read -r kind prog reason; do
+    [ "$kind" = test ] || continue
+    skipped=$((skipped + 1)); skips+=("$label: $prog: $reason")
+  done < <(sort -u "$log")
+}
 record() { # name status(0 ok, 77 skip, else fail)
   if [ "$2" -eq 0 ]; then passed=$((passed + 1));
   elif [ "$2" -eq 77 ]; then skipped=$((skipped + 1));
   else failed=$((failed + 1)); failures+=("$1"); fi
 }
 # Adds the counts of a ctest log.
-count_ctest() { # label logfile rc
+count_ctest() { # label logfile rc skiplog
   local p f s
   p=$(grep -cE 'Test +#[0-9]+: .* Passed' "$2")
   s=$(grep -cE 'Test +#[0-9]+: .*\*\*\*Skipped' "$2")
@@ -37,9 +63,11 @@ count_ctest() { # label logfile rc
   if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
   [ "$f" -eq 0 ] || failures+=("$1: $(grep -E 'Test +#[0-9]+: .*(Failed|Timeout|Exception|Not Run)' "$2" | sed 's/.*: \([^ ]*\) .*/\1/' | tr '\n' ' ')")
-  echo "[$1] $p passed, $f failed, $s skipped"
+  # shellcheck disable=SC2046
+  count_skips "$1" "$4" $(grep -E 'Test +#[0-9]+: .*\*\*\*Skipped' "$2" | sed 's/.*Test *#[0-9]*: \([^ ]*\) .*/\1/')
+  echo "[$1] $p passed, $f failed, $s skipped (+ single tests skipped inside programs, if any)"
 }
-count_meson() { # label logfile rc
+count_meson() { # label logfile rc skiplog
   local p f s t
   p=$(sed -n 's/^Ok: *\([0-9]*\).*/\1/p' "$2" | tail -n1)
   f=$(sed -n 's/^Fail: *\([0-9]*\).*/\1/p' "$2" | tail -n1)
@@ -47,33 +75,52 @@ count_meson() { # label logfile rc
   s=$(sed -n 's/^Skipped: *\([0-9]*\).*/\1/p' "$2" | tail -n1)
   p=${p:-0}; f=$(( ${f:-0} + ${t:-0} )); s=${s:-0}
   if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  # the --no-tests=error of meson: a suite that ran nothing is a failure
+  if [ $((p + f + s)) -eq 0 ]; then f=1; failures+=("$1: meson ran no tests"); fi
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
   [ "$f" -eq 0 ] || failures+=("$1: see $2")
-  echo "[$1] $p passed, $f failed, $s skipped"
+  # shellcheck disable=SC2046
+  count_skips "$1" "$4" $(grep -E '^ *[0-9]+/[0-9]+ .* SKIP ' "$2" | sed 's|.* / \([^ ]*\) .*|\1|')
+  echo "[$1] $p passed, $f failed, $s skipped (+ single tests skipped inside programs, if any)"
 }
 
 stage "setup"
 bash scripts/setup-deps.sh || { echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
-# lavapipe is installed by setup: Vulkan tests must run, not skip.
-export DSI_REQUIRE_VULKAN=1
-# The real llama.cpp for the interop tests (npm's node-llama-cpp, no scripts, no GPU variants).
-if DSI_LLAMA_CPP_LIBDIR=$(bash scripts/setup-llama-cpp.sh "$out/llama-cpp"); then
-  export DSI_LLAMA_CPP_LIBDIR DSI_REQUIRE_LLAMA_CPP=1
-else
-  echo "setup: llama.cpp (npm node-llama-cpp) could not be installed"; record setup-llama-cpp 1
+# setup installed lavapipe, Python with NumPy + regex and unicode-data, and the build writes
+# the example programs and tiny models: tests needing them must run, not skip
+# (tests/common/skip.h). Where nvcc is found the CUDA module must build (DSI_CUDA=on) and
+# load; only the CUDA device stays optional (no GPU in CI).
+export DSI_REQUIRE_VULKAN=${DSI_REQUIRE_VULKAN:-1} DSI_REQUIRE_PYTHON=${DSI_REQUIRE_PYTHON:-1}
+export DSI_REQUIRE_UNICODE_DATA=${DSI_REQUIRE_UNICODE_DATA:-1} DSI_REQUIRE_MODELS=${DSI_REQUIRE_MODELS:-1}
+cuda_cmake=() cuda_meson=()
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export DSI_REQUIRE_CUDA_TOOLKIT=${DSI_REQUIRE_CUDA_TOOLKIT:-1}
+  if [ "$DSI_REQUIRE_CUDA_TOOLKIT" = 1 ]; then cuda_cmake=(-DDSI_CUDA=on); cuda_meson=(-Dcuda=enabled); fi
 fi
+# The real llama.cpp for the interop tests (npm's node-llama-cpp, no scripts, no GPU variants),
+# installed here once; no test downloads anything (tests/interop/README.md).
+export DSI_REQUIRE_LLAMA_CPP=${DSI_REQUIRE_LLAMA_CPP:-1}
+if DSI_LLAMA_CPP_LIBDIR=$(bash scripts/setup-llama-cpp.sh "$out/llama-cpp"); then
+  export DSI_LLAMA_CPP_LIBDIR
+elif [ "$DSI_REQUIRE_LLAMA_CPP" = 1 ]; then
+  echo "setup: llama.cpp (npm node-llama-cpp) could not be installed"; record setup-llama-cpp 1
+else
+  skip_stage setup-llama-cpp "npm node-llama-cpp could not be installed (DSI_REQUIRE_LLAMA_CPP=0)"
+fi
+skiplog() { rm -f "$out/skips-$1.log"; echo "$out/skips-$1.log"; } # a fresh skip log per stage
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
 t0=$(date +%s)
 
 stage "CMake build (Release, -Werror)"
-rm -rf "$out/cmake" "$out/cmake-prefix"
+rm -rf "$out/cmake" "$out/cmake-prefix" "$out/ctest.log"
 if cmake -S . -B "$out/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSI_WERROR=ON \
-     -DDSI_VULKAN=auto -DCMAKE_INSTALL_PREFIX="$out/cmake-prefix" >"$out/cmake-configure.log" 2>&1 &&
+     -DDSI_VULKAN=auto "${cuda_cmake[@]}" -DCMAKE_INSTALL_PREFIX="$out/cmake-prefix" >"$out/cmake-configure.log" 2>&1 &&
    cmake --build "$out/cmake" -j"$jobs" >"$out/cmake-build.log" 2>&1; then
   record cmake-build 0
   stage "CMake tests (ctest)"
-  (cd "$out/cmake" && ctest -j"$jobs" --output-on-failure --timeout 1200) 2>&1 | tee "$out/ctest.log"
-  count_ctest ctest "$out/ctest.log" "${PIPESTATUS[0]}"
+  sl=$(skiplog ctest)
+  (cd "$out/cmake" && DSI_SKIP_LOG=$sl ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1200) 2>&1 | tee "$out/ctest.log"
+  count_ctest ctest "$out/ctest.log" "${PIPESTATUS[0]}" "$sl"
   cmake --install "$out/cmake" >"$out/cmake-install.log" 2>&1; record cmake-install $?
 else
   cat "$out/cmake-configure.log" "$out/cmake-build.log" 2>/dev/null | tail -60
@@ -83,23 +130,30 @@ fi
 if [ "${DSI_SKIP_MESON:-0}" != 1 ]; then
   stage "Meson build (--werror)"
   rm -rf "$out/meson" "$out/meson-prefix"
-  if meson setup "$out/meson" --werror --buildtype=release --prefix="$out/meson-prefix" \
+  if meson setup "$out/meson" --werror --buildtype=release --prefix="$out/meson-prefix" "${cuda_meson[@]}" \
        >"$out/meson-configure.log" 2>&1 &&
      meson compile -C "$out/meson" -j "$jobs" >"$out/meson-build.log" 2>&1; then
     record meson-build 0
     stage "Meson tests"
-    meson test -C "$out/meson" --num-processes "$jobs" --print-errorlogs -t 2 2>&1 | tee "$out/meson-test.log"
-    count_meson meson "$out/meson-test.log" "${PIPESTATUS[0]}"
+    sl=$(skiplog meson)
+    DSI_SKIP_LOG=$sl meson test -C "$out/meson" --num-processes "$jobs" --print-errorlogs -t 2 2>&1 | tee "$out/meson-test.log"
+    count_meson meson "$out/meson-test.log" "${PIPESTATUS[0]}" "$sl"
     meson install -C "$out/meson" >"$out/meson-install.log" 2>&1; record meson-install $?
   else
     cat "$out/meson-configure.log" "$out/meson-build.log" 2>/dev/null | tail -60
     record meson-build 1
   fi
+else
+  skip_stage meson "disabled by DSI_SKIP_MESON=1"
 fi
 
 stage "pkg-config consumers"
 model=""
 [ -f "$out/cmake/models/tiny-v41.gguf" ] && model="$out/cmake/models/tiny-v41.gguf"
+if [ -z "$model" ]; then # the consumers then only link, without generating text
+  if [ "$DSI_REQUIRE_MODELS" = 1 ]; then record consumer-model 1
+  else skip_stage consumer-generation "no tiny-v41.gguf from the CMake build"; fi
+fi
 for tree in cmake-prefix meson-prefix; do
   if [ -d "$out/$tree" ]; then
     bash tests/abi/consumer-test.sh "$out/$tree" $model; record "consumer-$tree" $?
@@ -113,18 +167,49 @@ if [ "${DSI_SKIP_SANITIZE:-0}" != 1 ]; then
        -DDSI_SANITIZE=ON -DDSI_VULKAN=off >"$out/asan-configure.log" 2>&1 &&
      cmake --build "$out/asan" -j"$jobs" >"$out/asan-build.log" 2>&1; then
     record asan-build 0
-    (cd "$out/asan" && ctest -j"$jobs" --output-on-failure --timeout 1800 -L 'unit|abi|model') 2>&1 | tee "$out/ctest-asan.log"
-    count_ctest asan "$out/ctest-asan.log" "${PIPESTATUS[0]}"
+    sl=$(skiplog asan)
+    (cd "$out/asan" && DSI_SKIP_LOG=$sl ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1800 -L 'unit|abi|model') 2>&1 | tee "$out/ctest-asan.log"
+    count_ctest asan "$out/ctest-asan.log" "${PIPESTATUS[0]}" "$sl"
   else
     tail -60 "$out/asan-build.log" 2>/dev/null
     record asan-build 1
   fi
+else
+  skip_stage asan "disabled by DSI_SKIP_SANITIZE=1"
 fi
 
-if [ -d "$out/cmake" ] && [ "$(cd "$out/cmake" && ctest -N -L backend | grep -c 'Test *#')" -gt 0 ]; then
+if [ -f "$out/cmake/CTestTestfile.cmake" ]; then
+  # every test of the label reads the layer's error count (tests/common/vk_validation.h)
   stage "Vulkan tests under the Khronos validation layer"
-  (cd "$out/cmake" && DSINFER_VULKAN_VALIDATION=1 ctest -j1 --output-on-failure --timeout 1800 -L backend) 2>&1 | tee "$out/ctest-vkval.log"
-  count_ctest vulkan-validation "$out/ctest-vkval.log" "${PIPESTATUS[0]}"
+  sl=$(skiplog vkval)
+  (cd "$out/cmake" && DSI_SKIP_LOG=$sl DSINFER_VULKAN_VALIDATION=1 ctest -j1 --no-tests=error --output-on-failure --timeout 1800 -L backend) 2>&1 | tee "$out/ctest-vkval.log"
+  count_ctest vulkan-validation "$out/ctest-vkval.log" "${PIPESTATUS[0]}" "$sl"
+fi
+
+if [ "${DSI_SKIP_MUTATION:-0}" != 1 ]; then
+  # deliberate defects the suite must catch (tests/mutation/, docs/CONTRIBUTING.md)
+  stage "Mutation checks"
+  if [ -x /usr/bin/python3 ]; then
+    # the unmutated tests already ran in this tree's ctest stage: those that passed there
+    # need no second baseline run (the rest get one)
+    base=()
+    [ -f "$out/ctest.log" ] && base=(--baselines-from "$out/ctest.log")
+    /usr/bin/python3 tests/mutation/run.py --out "$out/mutation" --jobs "$jobs" "${base[@]}" 2>&1 | tee "$out/mutation-run.log"
+    rc=${PIPESTATUS[0]}
+    k=$(sed -n 's/^mutation: \([0-9]*\) of \([0-9]*\) mutants killed.*/\1 \2/p' "$out/mutation-run.log")
+    if [ -n "$k" ]; then # each mutant counts: killed = passed
+      read -r killed total <<<"$k"
+      passed=$((passed + killed)); failed=$((failed + total - killed))
+      [ "$killed" -eq "$total" ] || failures+=("mutation: $((total - killed)) of $total mutants not killed (see $out/mutation-run.log)")
+    fi
+    [ "$rc" -eq 0 ] || [ -n "$k" ] || record mutation-stage 1
+  elif [ "${DSI_REQUIRE_PYTHON:-0}" = 1 ]; then
+    record mutation-python 1
+  else
+    skip_stage mutation "/usr/bin/python3 absent"
+  fi
+else
+  skip_stage mutation "disabled by DSI_SKIP_MUTATION=1"
 fi
 
 if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
@@ -142,6 +227,10 @@ if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
     cat "$out/fuzz-configure.log" "$out/fuzz-build.log" | tail -40
     record fuzz-build 1
   fi
+elif [ "${DSI_SKIP_FUZZ:-0}" = 1 ]; then
+  skip_stage fuzz "disabled by DSI_SKIP_FUZZ=1"
+else
+  record fuzz-missing 1 # tests/fuzz/run.sh is part of the tree
 fi
 
 if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
@@ -151,22 +240,33 @@ if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
        -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
      cmake --build "$out/tsan" -j"$jobs" >"$out/tsan-build.log" 2>&1; then
     record tsan-build 0
-    (cd "$out/tsan" && ctest -j"$jobs" --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
-    count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}"
+    sl=$(skiplog tsan)
+    (cd "$out/tsan" && DSI_SKIP_LOG=$sl ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
+    count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}" "$sl"
   else
     tail -60 "$out/tsan-build.log" 2>/dev/null
     record tsan-build 1
   fi
+else
+  skip_stage tsan "disabled by DSI_SKIP_TSAN=1"
 fi
 
-if [ "${DSI_SKIP_INTEROP:-0}" != 1 ] && [ -f tests/interop/run.sh ] && [ -x "$out/cmake/tests/dsi_logits" ]; then
+if [ "${DSI_SKIP_INTEROP:-0}" = 1 ]; then
+  skip_stage interop "disabled by DSI_SKIP_INTEROP=1"
+elif [ ! -x "$out/cmake/tests/dsi_logits" ]; then
+  record interop 1; echo "[interop] the CMake build did not produce tests/dsi_logits"
+else
   stage "llama.cpp interop (npm node-llama-cpp, CPU)"
   bash tests/interop/run.sh "$out/cmake" "$out/interop" 2>&1 | tee "$out/interop.log"
-  record interop "${PIPESTATUS[0]}"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 77 ]; then skip_stage interop "$(grep -m1 '^SKIP' "$out/interop.log")"; else record interop "$rc"; fi
 fi
 
 t1=$(date +%s)
 stage "summary ($((t1 - t0)) s)"
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
-echo "$passed passed, $failed failed, $skipped skipped"
+for f in "${skips[@]}"; do echo "SKIPPED: $f"; done
+why=""
+for f in "${skips[@]}"; do why+="${why:+; }$f"; done
+echo "$passed passed, $failed failed, $skipped skipped${why:+ [$why]}"
 [ "$failed" -eq 0 ]

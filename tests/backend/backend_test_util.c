@@ -2,6 +2,8 @@
 #include "backend_test_util.h"
 
 #include "backend/registry.h"
+#include "tests/common/skip.h"
+#include "tests/common/vk_validation.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -27,11 +29,6 @@ float bt_uniform(float lo, float hi) {
 
 void bt_fill(float *x, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) x[i] = bt_uniform(lo, hi);
-}
-
-static int require_gpu(void) {
-    const char *v = getenv("DSI_REQUIRE_VULKAN");
-    return v && v[0] == '1';
 }
 
 void bt_stream_desc(dsib_stream_desc *d) {
@@ -99,25 +96,23 @@ int bt_open(bt_side sides[2], const char *name) {
     char path[512];
     if (dsii_backend_module_load(NULL, name, &sides[1].be, &sides[1].dl, path, sizeof path, &err) !=
         DSI_OK) {
-        printf("SKIP: %s backend module not available: %s\n", name, err.msg);
         bt_close(sides);
-        return require_gpu() ? 1 : 77;
+        return dsit_absent("VULKAN", "%s backend module not available: %s", name, err.msg);
     }
     dsib_device_desc d[8];
     int32_t n = 0;
     dsib_error e;
     memset(&e, 0, sizeof e);
     if (sides[1].be->enumerate(&sides[0].host, d, 8, &n, &e) != DSI_OK || n < 1) {
-        printf("SKIP: no %s device: %s\n", name, e.msg);
         bt_close(sides);
-        return require_gpu() ? 1 : 77;
+        return dsit_absent("VULKAN", "no %s device: %s", name, e.msg);
     }
     printf("%s module %s: device 0 = %s (type %d, features 0x%x, subgroup %u, max binding %llu)\n",
            name, path, d[0].name, (int)d[0].type, d[0].features, d[0].subgroup_size,
            (unsigned long long)d[0].max_buffer_size);
-    if (!create_side(&sides[1], name)) {
+    if (!create_side(&sides[1], name)) { /* a device was listed: failing to use it is a failure */
         bt_close(sides);
-        return require_gpu() ? 1 : 77;
+        return 1;
     }
     return 0;
 }
@@ -211,24 +206,10 @@ double bt_nmse(const float *a, const float *ref, size_t n, size_t *bad) {
     return num / den;
 }
 
-typedef struct bt_dbg {
-    uint32_t struct_size;
-    uint32_t validation_enabled;
-    uint64_t validation_errors;
-    uint64_t validation_warnings;
-    char last_error[512];
-} bt_dbg;
-
 long long bt_validation_errors(const bt_side *gpu, char *last, size_t cap, int *enabled) {
     if (enabled) *enabled = 0;
-    if (!gpu->dl) return -1;
-    void *sym = dlsym(gpu->dl, "dsib_vulkan_debug_stats");
-    if (!sym) return -1;
-    void (*fn)(bt_dbg *);
-    memcpy(&fn, &sym, sizeof fn);
-    bt_dbg d;
-    memset(&d, 0, sizeof d);
-    fn(&d);
+    dsit_vk_stats d;
+    if (dsit_vk_stats_of(gpu->dl, &d) != 0) return -1;
     if (enabled) *enabled = (int)d.validation_enabled;
     if (last && cap) snprintf(last, cap, "%s", d.last_error);
     return (long long)d.validation_errors;

@@ -26,7 +26,8 @@ typedef struct bt_side {
 void bt_stream_desc(dsib_stream_desc *d);
 
 /* Loads the CPU backend (side 0) and module `name` (side 1). Returns 0 on success; 77 when the
- * module or its device is missing (reason printed) unless DSI_REQUIRE_VULKAN=1, then 1. */
+ * module or its device is missing (tests/common/skip.h: reason printed and logged) unless
+ * DSI_REQUIRE_VULKAN=1, then 1; 1 when a listed device cannot be used. */
 int bt_open(bt_side sides[2], const char *name);
 void bt_close(bt_side sides[2]);
 /* Creates another instance of side 1's backend (e.g. after changing env knobs). */

@@ -3,9 +3,14 @@
  * the piece size still
  * runs on Vulkan — every weight row stays inside one piece (buffer_alloc_rows) — and gives
  * the CPU backend's logits. This is the real-model case of V4.1 expert stacks above 2 GiB.
- * Skips (77) without a Vulkan device unless DSI_REQUIRE_VULKAN=1, or without dsinfer-mkmodel. */
+ * Skips (77, tests/common/skip.h) without a Vulkan device unless DSI_REQUIRE_VULKAN=1, or
+ * without dsinfer-mkmodel unless DSI_REQUIRE_MODELS=1. With DSINFER_VULKAN_VALIDATION=1 the
+ * validation layer must have counted no error (this is the binding-window path where
+ * descriptor errors would show). */
 #define _POSIX_C_SOURCE 200809L
 #include "dsinfer.h"
+#include "tests/common/skip.h"
+#include "tests/common/vk_validation.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -44,11 +49,8 @@ static int run(dsi_context *ctx, const char *path, const dsi_token *toks, size_t
 
 int main(void) {
     const char *mk = getenv("DSI_MKMODEL");
-    const char *req = getenv("DSI_REQUIRE_VULKAN");
-    if (!mk || access(mk, X_OK) != 0) {
-        printf("SKIP: dsinfer-mkmodel not available (DSI_MKMODEL)\n");
-        return 77;
-    }
+    if (!mk || access(mk, X_OK) != 0)
+        return dsit_absent("MODELS", "dsinfer-mkmodel not available (DSI_MKMODEL)");
     char path[256];
     snprintf(path, sizeof path, "/tmp/dsi-chunked-%d.gguf", (int)getpid());
     char cmd[1024];
@@ -64,10 +66,8 @@ int main(void) {
     o.n_threads = 2;
     dsi_context *vk = NULL;
     if (dsi_context_create(&o, &vk) != DSI_OK) {
-        int must = req && *req == '1';
-        printf("%s: no Vulkan device: %s\n", must ? "FAIL" : "SKIP", dsi_last_error());
         unlink(path);
-        return must ? 1 : 77;
+        return dsit_absent("VULKAN", "no Vulkan device: %s", dsi_last_error());
     }
     o.backend = "cpu";
     dsi_context *cpu = NULL;
@@ -99,6 +99,7 @@ int main(void) {
             if (!(maxd <= 2e-3f) || am != bm) rc = 1;
         }
     }
+    if (dsit_vk_validation_check("test_backend_chunked_weights") != 0) rc = 1;
     dsi_context_free(cpu);
     dsi_context_free(vk);
     unlink(path);

@@ -6,9 +6,13 @@
  *  1. fake-quant rounding off (DSI_SESSION_FLAG_NO_FAKE_QUANT, model-spec §10.4): logits of
  *     every position from Vulkan and CPU prefill; argmax identical at every position and
  *     max |Δlogit| <= 2e-3 (f32 weights; the two backends sum in different orders);
- *  2. rounding on: the same comparison is reported (a value on an e4m3 / e2m1 midpoint may
- *     round differently under another summation order and legitimately flip later results,
- *     §10.4); argmax must agree up to the first position where |Δlogit| exceeds 1e-2;
+ *  2. rounding on (§10.4): a value on an e4m3 / e2m1 midpoint may round differently under
+ *     another summation order and legitimately move everything downstream. Both backends'
+ *     quantiser calls are recorded (a wrapped op table, tests/common/fq_trace.h): each
+ *     rounds its own inputs as §10.1 says, the inputs of call i agree within FQT_INPUT_ULPS
+ *     float32 ulps, and where the decisions differ (a flip: both correct, inputs within that
+ *     bound) the CPU — the reference — is re-run with Vulkan's decision there; at most
+ *     MAX_FLIPS flips, then the same bounds as 1. at every position;
  *  3. invariances on Vulkan: whole-prompt prefill, chunked prefill (chunks of 7, all 320
  *     positions) and token-by-token decode (first 128 positions) give bit-identical logits
  *     (each row is computed by the same operations whatever the number of rows in a call);
@@ -19,7 +23,9 @@
  *     positions, with a per-type floor; for 7 of the types also 32 positions on Vulkan, which
  *     must match the CPU on the same file as tightly as in 1.
  *
- * Skips (77) without a Vulkan device or without the models, unless DSI_REQUIRE_VULKAN=1.
+ * Skips (77, tests/common/skip.h) only without a Vulkan device (unless DSI_REQUIRE_VULKAN=1)
+ * or without the tiny models (unless DSI_REQUIRE_MODELS=1). A model that does not load or
+ * run on either backend is a failure.
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -28,6 +34,8 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+
+#include "tests/common/filter.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -38,17 +46,21 @@
 #include "backend/registry.h"
 #include "backend_test_util.h"
 #include "dsinfer.h"
+#include "tests/common/fq_trace.h"
+#include "tests/common/skip.h"
+#include "tests/common/vk_validation.h"
 
 /* 320 tokens (128 decoded one by one); under the validation layer (DSINFER_VULKAN_VALIDATION=1,
  * many times slower on lavapipe) 64 and 32: that run is about validation errors, the full
  * comparison runs without the layer. */
 #define N_MAX 320
 static size_t N_TOK = 320, N_DECODE = 128;
-
-static int require_gpu(void) {
-    const char *v = getenv("DSI_REQUIRE_VULKAN");
-    return v && v[0] == '1';
-}
+/* max |Δlogit| between the backends, rounding off or with every flip aligned (f32 weights;
+ * the two backends sum in different orders) */
+#define TOL_ABS 2e-3
+/* Midpoint flips allowed over N_TOK positions (measured with lavapipe: 10 for tiny-v41, 1
+ * for tiny-v4; each costs one CPU re-run). */
+#define MAX_FLIPS 24
 
 static const char *model_path(const char *file) {
     static char buf[4096];
@@ -82,6 +94,7 @@ static void tokens(dsi_token *out, size_t n, int32_t V, uint32_t seed) {
     }
 }
 
+/* Appends in calls of n_batch tokens, telling fq_trace each call's first position. */
 static float *all_logits(dsi_model *m, const dsi_token *tok, size_t n, uint32_t n_batch,
                          uint32_t flags, int32_t V) {
     dsi_session_options so;
@@ -96,7 +109,12 @@ static float *all_logits(dsi_model *m, const dsi_token *tok, size_t n, uint32_t 
     }
     float *all = malloc(sizeof(float) * n * (size_t)V);
     dsii_session_begin_call(s);
-    dsi_status st = all ? dsii_session_append_all_logits(s, tok, n, all) : DSI_ERR_OUT_OF_HOST_MEMORY;
+    dsi_status st = all ? DSI_OK : DSI_ERR_OUT_OF_HOST_MEMORY;
+    for (size_t p = 0; p < n && st == DSI_OK; p += n_batch) {
+        size_t k = n - p < n_batch ? n - p : n_batch;
+        fqt_set_pos((int64_t)p);
+        st = dsii_session_append_all_logits(s, tok + p, k, all + p * (size_t)V);
+    }
     if (st != DSI_OK) {
         printf("# append (n_batch %u): %s\n", n_batch, dsi_session_last_error(s));
         free(all);
@@ -141,13 +159,15 @@ static cmp compare(const float *a, const float *ref, size_t n, int32_t V, double
 
 typedef struct mstate {
     const char *file;
+    char failed[600]; /* why the model could not be opened on both backends ("" if it was) */
     dsi_context *cpu, *vk;
     dsi_model *mc, *mv;
     int32_t V;
     dsi_token tok[N_MAX];
 } mstate;
 
-static mstate g_m[2] = {{"tiny-v4.gguf", 0, 0, 0, 0, 0, {0}}, {"tiny-v41.gguf", 0, 0, 0, 0, 0, {0}}};
+static mstate g_m[2] = {{"tiny-v4.gguf", "", 0, 0, 0, 0, 0, {0}},
+                        {"tiny-v41.gguf", "", 0, 0, 0, 0, 0, {0}}};
 
 static int setup_model(void **state, mstate *ms) {
     *state = ms;
@@ -156,11 +176,24 @@ static int setup_model(void **state, mstate *ms) {
         printf("# %s not found in $DSI_MODELS_DIR\n", ms->file);
         return 0;
     }
-    if (!open_ctx("cpu", &ms->cpu) || !open_ctx("vulkan", &ms->vk)) return 0;
-    if (dsi_model_load(ms->cpu, path, NULL, &ms->mc) != DSI_OK ||
-        dsi_model_load(ms->vk, path, NULL, &ms->mv) != DSI_OK) {
-        printf("# load %s: cpu '%s', vulkan '%s'\n", path, dsi_context_last_error(ms->cpu),
-               dsi_context_last_error(ms->vk));
+    /* main() saw a Vulkan device: from here on, everything that goes wrong is a failure */
+    if (!open_ctx("cpu", &ms->cpu) || !open_ctx("vulkan", &ms->vk)) {
+        snprintf(ms->failed, sizeof ms->failed, "context creation failed (see above)");
+        return 0;
+    }
+    /* quantiser calls recorded through wrapped op tables (passive until fqt_record) */
+    if (fqt_wrap_context(ms->cpu) != 0 || fqt_wrap_context(ms->vk) != 0) {
+        snprintf(ms->failed, sizeof ms->failed, "cannot wrap the backends' op tables");
+        return 0;
+    }
+    if (dsi_model_load(ms->cpu, path, NULL, &ms->mc) != DSI_OK)
+        snprintf(ms->failed, sizeof ms->failed, "load %.400s on cpu: %s", path,
+                 dsi_context_last_error(ms->cpu));
+    else if (dsi_model_load(ms->vk, path, NULL, &ms->mv) != DSI_OK)
+        snprintf(ms->failed, sizeof ms->failed, "load %.400s on vulkan: %s", path,
+                 dsi_context_last_error(ms->vk));
+    if (ms->failed[0]) {
+        printf("# %s\n", ms->failed);
         return 0;
     }
     dsi_model_info info;
@@ -177,6 +210,8 @@ static int teardown(void **state) {
     mstate *ms = *state;
     dsi_model_free(ms->mc);
     dsi_model_free(ms->mv);
+    if (ms->cpu) fqt_unwrap_context(ms->cpu);
+    if (ms->vk) fqt_unwrap_context(ms->vk);
     dsi_context_free(ms->cpu);
     dsi_context_free(ms->vk);
     ms->mc = ms->mv = NULL;
@@ -185,11 +220,8 @@ static int teardown(void **state) {
 }
 
 static void need(mstate *ms) {
-    if (!ms->mc || !ms->mv) {
-        printf("SKIP %s: model or Vulkan context not available\n", ms->file);
-        if (require_gpu() && ms->cpu && !ms->vk) fail_msg("DSI_REQUIRE_VULKAN=1 but no Vulkan context");
-        skip();
-    }
+    if (ms->failed[0]) fail_msg("%s: %s", ms->file, ms->failed);
+    if (!ms->mc || !ms->mv) DSIT_SKIP_TEST("MODELS", "%s not found in $DSI_MODELS_DIR", ms->file);
 }
 
 static void test_vs_cpu_no_round(void **state) {
@@ -197,46 +229,64 @@ static void test_vs_cpu_no_round(void **state) {
     need(ms);
     float *c = all_logits(ms->mc, ms->tok, N_TOK, 256, DSI_SESSION_FLAG_NO_FAKE_QUANT, ms->V);
     float *v = all_logits(ms->mv, ms->tok, N_TOK, 256, DSI_SESSION_FLAG_NO_FAKE_QUANT, ms->V);
-    if (!c) {
-        printf("SKIP %s: no CPU reference (the forward pass does not run on the CPU)\n", ms->file);
-        free(v);
-        skip();
-    }
-    if (!v) {
+    if (!c || !v) {
         free(c);
-        fail_msg("%s: the forward pass failed on Vulkan (see the message above)", ms->file);
+        free(v);
+        fail_msg("%s: the forward pass failed on %s (see the message above)", ms->file,
+                 c ? "vulkan" : "cpu");
     }
-    assert_non_null(v);
-    cmp r = compare(v, c, N_TOK, ms->V, 2e-3);
+    cmp r = compare(v, c, N_TOK, ms->V, TOL_ABS);
     printf("  %s, rounding off: max |dlogit| %.3e at %ld, argmax differs at %zu positions (first %ld)\n",
            ms->file, r.max_abs, r.worst, r.argmax_diff, r.first_argmax_diff);
     assert_int_equal(r.argmax_diff, 0);
-    assert_true(r.max_abs <= 2e-3);
+    assert_true(r.max_abs <= TOL_ABS);
     free(c);
     free(v);
+}
+
+typedef struct cpu_run {
+    mstate *ms;
+} cpu_run;
+
+static int run_cpu(void *user, float *lg) {
+    mstate *ms = ((cpu_run *)user)->ms;
+    float *c = all_logits(ms->mc, ms->tok, N_TOK, 256, 0, ms->V);
+    if (!c) return -1;
+    memcpy(lg, c, sizeof(float) * N_TOK * (size_t)ms->V);
+    free(c);
+    return 0;
 }
 
 static void test_vs_cpu_rounding(void **state) {
     mstate *ms = *state;
     need(ms);
-    float *c = all_logits(ms->mc, ms->tok, N_TOK, 256, 0, ms->V);
+    fqt_trace vt;
+    memset(&vt, 0, sizeof vt);
+    fqt_record(&vt);
     float *v = all_logits(ms->mv, ms->tok, N_TOK, 256, 0, ms->V);
-    if (!c) {
-        printf("SKIP %s: no CPU reference (the forward pass does not run on the CPU)\n", ms->file);
-        free(v);
-        skip();
-    }
-    if (!v) {
-        free(c);
-        fail_msg("%s: the forward pass failed on Vulkan (see the message above)", ms->file);
-    }
-    assert_non_null(v);
-    cmp r = compare(v, c, N_TOK, ms->V, 1e-2);
-    printf("  %s, rounding on: max |dlogit| %.3e at %ld, first |dlogit| > 1e-2 at %ld, argmax "
-           "differs at %zu positions (first %ld)\n",
-           ms->file, r.max_abs, r.worst, r.first_over, r.argmax_diff, r.first_argmax_diff);
-    /* before the first midpoint flip shows up, the argmax must agree */
-    if (r.first_argmax_diff >= 0) assert_true(r.first_over >= 0 && r.first_argmax_diff >= r.first_over);
+    fqt_record(NULL);
+    if (!v) fail_msg("%s: the forward pass failed on vulkan (see the message above)", ms->file);
+    assert_false(fqt_capture_failed());
+    assert_true(vt.n > 0);
+    /* Vulkan rounds its own inputs as §10.1 says (within 2 ulps of a midpoint either way:
+     * GLSL division need not be correctly rounded) */
+    assert_int_equal(fqt_check_self(&vt, "vulkan", 2.0, NULL, 0), 0);
+    float *c = malloc(sizeof(float) * N_TOK * (size_t)ms->V);
+    assert_non_null(c);
+    cpu_run cr = {ms};
+    fqt_result q = fqt_converge(run_cpu, &cr, c, &vt, FQT_PAIR_ORDER, MAX_FLIPS, "cpu", "vulkan");
+    printf("  %s, rounding on: %zu quantiser calls; inputs within %.3g float32 ulps of their "
+           "block (bound %g); %zu midpoint flips in %zu calls (limit %d), %zu CPU runs\n",
+           ms->file, vt.n, q.worst_ulps, FQT_INPUT_ULPS, q.n_flips, q.n_flip_calls, MAX_FLIPS,
+           q.runs);
+    assert_true(q.ok);
+    cmp r = compare(v, c, N_TOK, ms->V, TOL_ABS);
+    printf("  %s, rounding on, every flip aligned: max |dlogit| %.3e at %ld, argmax differs at "
+           "%zu positions (first %ld)\n",
+           ms->file, r.max_abs, r.worst, r.argmax_diff, r.first_argmax_diff);
+    assert_int_equal(r.argmax_diff, 0);
+    assert_true(r.max_abs <= TOL_ABS);
+    fqt_free(&vt);
     free(c);
     free(v);
 }
@@ -266,27 +316,11 @@ static void test_vulkan_invariance(void **state) {
     for (int i = 0; i < 3; i++) free(res[i]);
 }
 
-/* With DSINFER_VULKAN_VALIDATION=1 the module's messenger must have counted no error over
- * everything above (both models). */
+/* With DSINFER_VULKAN_VALIDATION=1 only: the module's messenger must have counted no error
+ * over everything above (both models; the probe context keeps the module loaded). */
 static void test_validation(void **state) {
     (void)state;
-    const char *v = getenv("DSINFER_VULKAN_VALIDATION");
-    if (!v || strcmp(v, "1") != 0) {
-        printf("SKIP validation: DSINFER_VULKAN_VALIDATION is not 1\n");
-        skip();
-    }
-    bt_side s;
-    memset(&s, 0, sizeof s);
-    dsii_error e;
-    dsii_error_clear(&e);
-    assert_int_equal(dsii_backend_module_load(NULL, "vulkan", &s.be, &s.dl, NULL, 0, &e), DSI_OK);
-    char last[512] = "";
-    int enabled = 0;
-    long long n = bt_validation_errors(&s, last, sizeof last, &enabled);
-    printf("  validation: enabled %d, errors %lld%s%s\n", enabled, n, last[0] ? ", last: " : "", last);
-    dsii_backend_module_unload(s.dl);
-    assert_true(enabled);
-    assert_int_equal(n, 0);
+    assert_int_equal(dsit_vk_validation_check("test_backend_model"), 0);
 }
 
 
@@ -340,19 +374,13 @@ static size_t agree(const float *a, const float *b, size_t n, int32_t V) {
 static void test_types(void **state) {
     (void)state;
     const char *src = model_path("tiny-v4.gguf");
-    if (!src) {
-        printf("SKIP types: tiny-v4.gguf not in $DSI_MODELS_DIR\n");
-        skip();
-    }
-    const char *vv = getenv("DSINFER_VULKAN_VALIDATION");
-    const int validating = vv && strcmp(vv, "1") == 0; /* then: iq2_xxs only, 16 positions */
+    if (!src) DSIT_SKIP_TEST("MODELS", "tiny-v4.gguf not in $DSI_MODELS_DIR");
+    const int validating = dsit_vk_validation_requested(); /* then: iq2_xxs only, 16 positions */
     const size_t nc = validating ? 16 : N_TYPES_CPU, nv = validating ? 16 : N_TYPES_VK;
     dsi_context *cpu = NULL, *vk = NULL;
     assert_true(open_ctx("cpu", &cpu));
-    if (!open_ctx("vulkan", &vk)) {
-        if (require_gpu()) fail_msg("DSI_REQUIRE_VULKAN=1 but no Vulkan context");
-        printf("# no Vulkan: CPU figures only\n");
-    }
+    /* main() saw a Vulkan device: a context that cannot be made is a failure */
+    if (!open_ctx("vulkan", &vk)) fail_msg("no Vulkan context (a device was found at start)");
     dsi_model *mf = NULL;
     assert_int_equal(dsi_model_load(cpu, src, NULL, &mf), DSI_OK);
     dsi_model_info info;
@@ -408,19 +436,17 @@ static void test_types(void **state) {
 }
 
 int main(void) {
+    dsit_filter();
     setvbuf(stdout, NULL, _IONBF, 0);
     const char *vv = getenv("DSINFER_VULKAN_VALIDATION");
     if (vv && strcmp(vv, "1") == 0) N_TOK = 64, N_DECODE = 32;
     printf("%zu tokens, %zu decoded one by one\n", N_TOK, N_DECODE);
     dsi_context *probe = NULL;
-    if (!open_ctx("vulkan", &probe)) {
-        printf("SKIP: no Vulkan backend/device\n");
-        return require_gpu() ? 1 : 77;
-    }
-    dsi_context_free(probe);
+    if (!open_ctx("vulkan", &probe))
+        return dsit_absent("VULKAN", "no Vulkan backend/device: %s", dsi_last_error());
     if (!model_path("tiny-v4.gguf") && !model_path("tiny-v41.gguf")) {
-        printf("SKIP: no tiny models in $DSI_MODELS_DIR\n");
-        return 77;
+        dsi_context_free(probe);
+        return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
     }
     const struct CMUnitTest v4[] = {
         cmocka_unit_test(test_vs_cpu_no_round),
@@ -431,7 +457,10 @@ int main(void) {
     rc += cmocka_run_group_tests_name("tiny-v41", v4, setup_v41, teardown);
     const struct CMUnitTest ty[] = {cmocka_unit_test(test_types)};
     rc += cmocka_run_group_tests_name("types", ty, NULL, NULL);
-    const struct CMUnitTest val[] = {cmocka_unit_test(test_validation)};
-    rc += cmocka_run_group_tests_name("validation", val, NULL, NULL);
+    if (dsit_vk_validation_requested()) {
+        const struct CMUnitTest val[] = {cmocka_unit_test(test_validation)};
+        rc += cmocka_run_group_tests_name("validation", val, NULL, NULL);
+    }
+    dsi_context_free(probe);
     return rc;
 }

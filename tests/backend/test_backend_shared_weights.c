@@ -1,17 +1,23 @@
 /* GPU backends hold one device copy of each weight per model: dsi_model_load uploads the
  * weights, sessions allocate only their state slots and step buffers, the copies outlive
- * sessions and go with the model (as does the state pool, whose slots later sessions reuse). Runs on the Vulkan module (lavapipe in CI); skips (77) without a
- * Vulkan device unless DSI_REQUIRE_VULKAN=1. */
+ * sessions and go with the model (as does the state pool, whose slots later sessions reuse).
+ * Runs on the Vulkan module (lavapipe in CI); skips (77, tests/common/skip.h) without a
+ * Vulkan device unless DSI_REQUIRE_VULKAN=1, without the tiny model unless
+ * DSI_REQUIRE_MODELS=1. A model that does not load is a failure. With
+ * DSINFER_VULKAN_VALIDATION=1 the validation layer must have counted no error. */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/registry.h"
 #include "base/context_impl.h"
 #include "model/model.h"
 #include "backend/device.h"
+#include "tests/common/skip.h"
+#include "tests/common/vk_validation.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int failures = 0;
 #define CHECK(c)                                                                      \
@@ -29,7 +35,6 @@ static uint64_t used(dsi_context *ctx) {
 
 int main(void) {
     const char *dir = getenv("DSI_MODELS_DIR");
-    const char *req = getenv("DSI_REQUIRE_VULKAN");
     char path[1024];
     snprintf(path, sizeof path, "%s/tiny-v41.gguf", dir ? dir : "models");
     dsi_context_options o;
@@ -37,15 +42,17 @@ int main(void) {
     o.backend = "vulkan";
     o.n_threads = 2;
     dsi_context *ctx = NULL;
-    if (dsi_context_create(&o, &ctx) != DSI_OK) {
-        printf("%s: no Vulkan device: %s\n", req && *req == '1' ? "FAIL" : "SKIP", dsi_last_error());
-        return req && *req == '1' ? 1 : 77;
+    if (dsi_context_create(&o, &ctx) != DSI_OK)
+        return dsit_absent("VULKAN", "no Vulkan device: %s", dsi_last_error());
+    if (access(path, R_OK) != 0) {
+        dsi_context_free(ctx);
+        return dsit_absent("MODELS", "%s not built ($DSI_MODELS_DIR)", path);
     }
     dsi_model *m = NULL;
     if (dsi_model_load(ctx, path, NULL, &m) != DSI_OK) {
-        printf("SKIP: cannot load %s: %s\n", path, dsi_last_error());
+        printf("FAIL: cannot load %s on vulkan: %s\n", path, dsi_last_error());
         dsi_context_free(ctx);
-        return 77;
+        return 1;
     }
     dsi_session_options so;
     dsi_session_options_init(&so);
@@ -103,6 +110,7 @@ int main(void) {
     CHECK(u4 == u2);           /* slots reused: no growth, same step buffers */
     dsi_model_free(m);
     CHECK(used(ctx) == u_before);
+    CHECK(dsit_vk_validation_check("test_backend_shared_weights") == 0);
     dsi_context_free(ctx);
     printf("%s\n", failures ? "FAILED" : "ok");
     return failures ? 1 : 0;

@@ -1,11 +1,14 @@
 /* The CUDA backend module: loads, declines politely without a device, and on a GPU moves
  * data exactly, accounts memory, survives an impossible allocation, runs streams, events,
  * pinned host-visible buffers and capture / replay (backend.h v2), and — with no ops yet —
- * makes sessions fail with DSI_ERR_UNSUPPORTED instead of computing anything. Skips (exit 77)
- * with the reason when the module was not built or no CUDA device is present. */
+ * makes sessions fail with DSI_ERR_UNSUPPORTED instead of computing anything. Skips (exit 77,
+ * tests/common/skip.h) with the reason when the module was not built (a failure with
+ * DSI_REQUIRE_CUDA_TOOLKIT=1: nvcc was found, so the module must exist) or no CUDA device
+ * is present (a failure with DSI_REQUIRE_CUDA_DEVICE=1, tests/gpu/run-gpu-checks.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/registry.h"
 #include "base/context_impl.h"
+#include "tests/common/skip.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,9 +35,8 @@ int main(void) {
     dsii_error err;
     dsi_status st = dsii_backend_module_load(ctx, "cuda", &be, &dl, path, sizeof path, &err);
     if (st != DSI_OK) {
-        printf("SKIP: CUDA backend module not available: %s\n", err.msg);
         dsi_context_free(ctx);
-        return 77;
+        return dsit_absent("CUDA_TOOLKIT", "CUDA backend module not available: %s", err.msg);
     }
     printf("module: %s\n", path);
     CHECK(be->api_version == DSIB_API_VERSION);
@@ -60,8 +62,7 @@ int main(void) {
         dsii_backend_module_unload(dl);
         dsi_context_free(ctx);
         if (failures) return 1;
-        printf("SKIP: no CUDA device: %s\n", berr.msg);
-        return 77;
+        return dsit_absent("CUDA_DEVICE", "no CUDA device: %s", berr.msg);
     }
     CHECK(n >= 1);
     for (int32_t i = 0; i < n && i < 16; i++)

@@ -3,6 +3,8 @@
 #include "model_test_util.h"
 
 #include "api/session_impl.h"
+#include "tests/common/fq_trace.h"
+#include "tests/common/skip.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,11 +44,14 @@ static int run_cmd(char *const argv[]) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-const char *mt_mkmodel(const char *config, const char *type, const char *out_name) {
+const char *mt_mkmodel(const char *config, const char *type, const char *out_name,
+                       int *absent) {
     static char out[4096];
     const char *mk = getenv("DSI_MKMODEL"), *bd = getenv("DSI_BUILD_DIR");
+    *absent = 0;
     if (!mk || !file_exists(mk)) {
         printf("# dsinfer-mkmodel not found (DSI_MKMODEL=%s)\n", mk ? mk : "(unset)");
+        *absent = 1;
         return NULL;
     }
     /* $DSI_BUILD_DIR/tests/model/<name> (created if needed), else /tmp */
@@ -74,13 +79,18 @@ static const char *ref_script(void) {
     return buf;
 }
 
-int mt_have_reference(void) {
+const char *mt_python(void) {
     const char *py = getenv("DSI_PYTHON");
-    return py && file_exists(py) && file_exists(ref_script());
+    return py && *py ? py : "/usr/bin/python3";
+}
+
+int mt_reference_status(void) {
+    if (!file_exists(ref_script())) return -1;
+    return dsit_python_has(mt_python(), "numpy") ? 0 : 1;
 }
 
 float *mt_reference(const char *model, const dsi_token *tokens, size_t n, int32_t V,
-                    int no_fake_quant, const char *trace_file) {
+                    int no_fake_quant, const char *qtrace) {
     char tokf[] = "/tmp/dsi_mt_tokXXXXXX";
     int fd = mkstemp(tokf);
     if (fd < 0) return NULL;
@@ -94,7 +104,7 @@ float *mt_reference(const char *model, const dsi_token *tokens, size_t n, int32_
         return NULL;
     }
     close(fd);
-    const char *py = getenv("DSI_PYTHON");
+    const char *py = mt_python();
     char *argv[16];
     int a = 0;
     argv[a++] = (char *)py;
@@ -108,9 +118,9 @@ float *mt_reference(const char *model, const dsi_token *tokens, size_t n, int32_
     argv[a++] = "--positions";
     argv[a++] = "all";
     if (no_fake_quant) argv[a++] = "--no-fake-quant";
-    if (trace_file) {
-        argv[a++] = "--trace-midpoints";
-        argv[a++] = (char *)trace_file;
+    if (qtrace) {
+        argv[a++] = "--trace-quant";
+        argv[a++] = (char *)qtrace;
     }
     argv[a] = NULL;
     int rc = run_cmd(argv);
@@ -142,7 +152,8 @@ void mt_tokens(dsi_token *out, size_t n, int32_t V, uint32_t seed) {
     }
 }
 
-int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model) {
+static int open_model(const char *path, int32_t n_threads, int traced, dsi_context **ctx,
+                      dsi_model **model) {
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = n_threads;
@@ -150,16 +161,31 @@ int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **
         printf("# context: %s\n", dsi_last_error());
         return -1;
     }
+    if (traced && fqt_wrap_context(*ctx) != 0) {
+        printf("# cannot wrap the CPU backend's op table\n");
+        dsi_context_free(*ctx);
+        return -1;
+    }
     if (dsi_model_load(*ctx, path, NULL, model) != DSI_OK) {
         printf("# load %s: %s\n", path, dsi_context_last_error(*ctx));
+        fqt_unwrap_context(*ctx);
         dsi_context_free(*ctx);
         return -1;
     }
     return 0;
 }
 
+int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model) {
+    return open_model(path, n_threads, 0, ctx, model);
+}
+
+int mt_open_traced(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model) {
+    return open_model(path, n_threads, 1, ctx, model);
+}
+
 void mt_close(dsi_context *ctx, dsi_model *model) {
     dsi_model_free(model);
+    fqt_unwrap_context(ctx);
     dsi_context_free(ctx);
 }
 

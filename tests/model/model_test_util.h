@@ -11,30 +11,34 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Skip code understood by ctest / meson. */
-#define MT_SKIP 77
 
 /* Path of a model in $DSI_MODELS_DIR (or the override env var `override`, for local runs);
  * NULL if the file does not exist. Static buffer. */
 const char *mt_model_path(const char *file, const char *override);
 
 /* Generates a model with $DSI_MKMODEL --config <config> --type <type> -o <out> (out in
- * $DSI_BUILD_DIR/tests/model/). Returns the path (static buffer) or NULL (reason printed). */
-const char *mt_mkmodel(const char *config, const char *type, const char *out_name);
+ * $DSI_BUILD_DIR/tests/model/). Returns the path (static buffer) or NULL (reason printed;
+ * *absent set to 1 when there is no dsinfer-mkmodel in this build, 0 when it failed). */
+const char *mt_mkmodel(const char *config, const char *type, const char *out_name,
+                       int *absent);
 
-/* 1 if the reference CLI can run ($DSI_PYTHON and $DSI_SOURCE_DIR/tests/reference/dsref.py). */
-int mt_have_reference(void);
+/* The reference CLI: 0 if it can run; -1 if dsref.py is missing from the source tree
+ * ($DSI_SOURCE_DIR, a failure); 1 if $DSI_PYTHON with NumPy is absent (a skip). */
+int mt_reference_status(void);
+const char *mt_python(void);
 
 /* Runs the reference on `tokens` and returns its logits [n][n_vocab] (caller frees), or
- * NULL (message printed). */
+ * NULL (message printed). qtrace: file for --trace-quant (tests/common/fq_trace.h), or NULL. */
 float *mt_reference(const char *model, const dsi_token *tokens, size_t n, int32_t n_vocab,
-                    int no_fake_quant, const char *trace_file);
+                    int no_fake_quant, const char *qtrace);
 
 /* Deterministic pseudo-random tokens in [0, n_vocab). */
 void mt_tokens(dsi_token *out, size_t n, int32_t n_vocab, uint32_t seed);
 
-/* Opens a CPU context (n_threads) and loads the model; returns 0 on success. */
+/* Opens a CPU context (n_threads) and loads the model; returns 0 on success. mt_open_traced
+ * wraps the context's op table first (fqt_wrap_context; mt_close unwraps). */
 int mt_open(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model);
+int mt_open_traced(const char *path, int32_t n_threads, dsi_context **ctx, dsi_model **model);
 void mt_close(dsi_context *ctx, dsi_model *model);
 
 /* New session; n_ctx, n_batch, flags. NULL on failure (message printed). */

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/filter.h"
+
 #include "backends/backend.h"
 
 #include <math.h>
@@ -282,6 +284,7 @@ static void test_engram_gate(void **state) {
 }
 
 int main(void) {
+    dsit_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_indexer_ratio2), cmocka_unit_test(test_indexer_ratio1),
         cmocka_unit_test(test_indexer_ties),   cmocka_unit_test(test_indexer_wide),

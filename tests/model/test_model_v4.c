@@ -6,9 +6,13 @@
  *     ratios (4, 16) ± 1 and the indexer top-k saturation (8 rows = position 32):
  *       f32 weights, rounding off on both sides (DSI_SESSION_FLAG_NO_FAKE_QUANT /
  *       --no-fake-quant): argmax equal everywhere, max |Δ| <= 1e-3 × logit range;
- *       f32 weights, rounding on (§10.4): within 1e-5 × range and argmax equal up to the
- *       first isolated midpoint flip, which the test locates with the reference's
- *       --trace-midpoints output (two sequences; the second one flips);
+ *       f32 weights, rounding on (§10.4), two sequences: every quantiser call of libdsinfer
+ *       (recorded through a wrapped op table, tests/common/fq_trace.h) rounds its own inputs
+ *       as §10.1 says and its inputs agree with the reference's (--trace-quant) within
+ *       FQT_INPUT_ULPS float32 ulps; where the two round a value to different sides of a
+ *       midpoint (both correct, inputs within that bound) the library is re-run with the
+ *       reference's decision there; at most MAX_FLIPS flips, then within 1e-5 × range and
+ *       argmax equal at every position;
  *       q8_0 weights (generated with dsinfer-mkmodel at test time), rounding off;
  *   - invariances (bit-exact, rounding on): chunk sizes 1 / 7 / 64 / whole prompt;
  *     prefill-then-decode == decode all the way; sync with a shared prefix (exact rewind and
@@ -16,8 +20,10 @@
  *   - errors: out-of-vocabulary and context-full leave the session unchanged; cancellation
  *     leaves a valid prefix that continues correctly.
  *
- * Skips (exit 77) when the tiny model is absent; reference checks skip when dsref.py is.
- * Local runs may point DSI_TEST_TINY_V4 / DSI_TEST_TINY_V4_Q8 at model files.
+ * Skips (exit 77, tests/common/skip.h) only when the tiny model / dsinfer-mkmodel is absent
+ * from this build, or Python with NumPy for the reference; dsinfer-mkmodel or the reference
+ * failing is a failure. Local runs may point DSI_TEST_TINY_V4 / DSI_TEST_TINY_V4_Q8 at model
+ * files.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -26,8 +32,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/filter.h"
+
 #include "api/session_impl.h"
 #include "model_test_util.h"
+#include "tests/common/fq_trace.h"
+#include "tests/common/skip.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -55,7 +65,7 @@ static int group_setup(void **state) {
     (void)state;
     g_path = mt_model_path("tiny-v4.gguf", "DSI_TEST_TINY_V4");
     if (!g_path) return 0;
-    if (mt_open(g_path, 2, &g_ctx, &g_model) != 0) return -1;
+    if (mt_open_traced(g_path, 2, &g_ctx, &g_model) != 0) return -1;
     dsi_model_info info;
     dsi_model_info_init(&info);
     dsi_model_get_info(g_model, &info);
@@ -77,18 +87,16 @@ static int group_teardown(void **state) {
 
 #define NEED_MODEL()                                                                        \
     do {                                                                                    \
-        if (!g_model) {                                                                     \
-            printf("# skipped: tiny-v4.gguf not found in $DSI_MODELS_DIR\n");               \
-            skip();                                                                         \
-        }                                                                                   \
+        if (!g_model) DSIT_SKIP_TEST("MODELS", "tiny-v4.gguf not found in $DSI_MODELS_DIR"); \
     } while (0)
 
 #define NEED_REF()                                                                          \
     do {                                                                                    \
-        if (!mt_have_reference()) {                                                         \
-            printf("# skipped: tests/reference/dsref.py (or $DSI_PYTHON) not available\n"); \
-            skip();                                                                         \
-        }                                                                                   \
+        int rs_ = mt_reference_status();                                                    \
+        if (rs_ < 0) fail_msg("tests/reference/dsref.py not found ($DSI_SOURCE_DIR)");      \
+        if (rs_ > 0)                                                                        \
+            DSIT_SKIP_TEST("PYTHON", "%s with NumPy is needed by the NumPy reference",      \
+                           mt_python());                                                    \
     } while (0)
 
 static void report(const char *what, mt_cmp c) {
@@ -111,82 +119,78 @@ static void test_ref_f32_no_fake_quant(void **state) {
     free(ref);
 }
 
-/* Rounding on (§10.4): agreement is expected up to isolated midpoint flips. The test finds
- * the first position where the logits leave the tight no-rounding agreement (FQ_TIGHT × range)
- * or the argmax differs, and requires that the reference's midpoint trace shows a quantizer
- * input within MIDPOINT_STEPS grid steps of a rounding midpoint at or before that position:
- * the flip is located and named, never hidden by a looser bound. Before it, everything must
- * agree tightly. */
+/* Rounding on (§10.4): the library, token by token (one position per quantiser call), with
+ * its quantiser calls recorded, against the reference's own record of every call
+ * (tests/common/fq_trace.h): each midpoint flip is explained (both round correctly, inputs
+ * agree within FQT_INPUT_ULPS) and aligned by a re-run with the reference's decision, then
+ * every position must agree within FQ_TIGHT × range with the same argmax. */
 #define FQ_TIGHT 1e-5
-/* Two correct f32 implementations differ by ~1e-6 relative, i.e. well under 1e-4 grid steps
- * of e4m3 / e2m1: only quantiser inputs that close to a midpoint can round differently. */
-#define MIDPOINT_STEPS 1e-4
+/* Flips allowed over N_TOK positions (measured: 3 on each sequence; each costs a re-run of
+ * the library, ~0.2 s). */
+#define MAX_FLIPS 24
 
-static void fq_check(const dsi_token *tok, const float *ours, const char *what) {
-    char trace[] = "/tmp/dsi_mt_traceXXXXXX";
-    int fd = mkstemp(trace);
+typedef struct traced_run {
+    const dsi_token *tok;
+} traced_run;
+
+static int run_traced(void *user, float *lg) {
+    const traced_run *tr = user;
+    dsi_session *s = mt_session(g_model, N_CTX, 1, 0);
+    if (!s) return -1;
+    dsii_session_begin_call(s);
+    for (size_t p = 0; p < N_TOK; p++) {
+        fqt_set_pos((int64_t)p);
+        if (dsii_session_append_all_logits(s, tr->tok + p, 1, lg + p * (size_t)g_V) != DSI_OK) {
+            printf("# append at %zu: %s\n", p, dsi_session_last_error(s));
+            dsi_session_free(s);
+            return -1;
+        }
+    }
+    dsi_session_free(s);
+    return 0;
+}
+
+static void fq_check(const dsi_token *tok, const char *what) {
+    char qf[] = "/tmp/dsi_mt_quantXXXXXX";
+    int fd = mkstemp(qf);
     assert_true(fd >= 0);
     close(fd);
-    float *ref = mt_reference(g_path, tok, N_TOK, g_V, 0, trace);
-    assert_non_null(ref);
+    float *ref = mt_reference(g_path, tok, N_TOK, g_V, 0, qf);
+    if (!ref) fail_msg("the reference failed (see above)");
+    fqt_trace rt;
+    assert_int_equal(fqt_read_reference(qf, &rt), 0);
+    unlink(qf);
+    assert_true(rt.n > 0);
+    assert_int_equal(fqt_check_self(&rt, "reference", 0.0, NULL, 0), 0);
+    float *ours = malloc(sizeof(float) * N_TOK * (size_t)g_V);
+    assert_non_null(ours);
+    traced_run tr = {tok};
+    fqt_result r = fqt_converge(run_traced, &tr, ours, &rt, FQT_PAIR_POSITION, MAX_FLIPS,
+                                "libdsinfer", "reference");
+    printf("# %s: %zu quantiser calls of the reference paired (%zu more in the library); "
+           "inputs within %.3g float32 ulps of their block (bound %g, at %s); %zu midpoint "
+           "flips in %zu calls (first at position %lld, limit %d), %zu runs\n",
+           what, rt.n, r.n_unpaired, r.worst_ulps, FQT_INPUT_ULPS, r.worst_at, r.n_flips,
+           r.n_flip_calls, (long long)r.first_flip_pos, MAX_FLIPS, r.runs);
+    assert_true(r.ok);
     mt_cmp c = mt_compare(ours, ref, N_TOK, g_V, FQ_TIGHT);
-    report(what, c);
-    long P = c.first_over;
-    if (c.first_argmax_diff >= 0 && (P < 0 || c.first_argmax_diff < P)) P = c.first_argmax_diff;
-    if (P < 0) {
-        printf("# no midpoint flip: every position within %g x range, argmax equal\n", FQ_TIGHT);
-    } else {
-        mt_cmp pre = mt_compare(ours, ref, (size_t)P, g_V, FQ_TIGHT);
-        printf("# first divergence at position %ld (before it: max rel %.3g, argmax diffs %zu)\n",
-               P, pre.max_rel, pre.n_argmax_diff);
-        assert_int_equal(pre.n_argmax_diff, 0);
-        assert_true(pre.max_rel <= FQ_TIGHT);
-        FILE *f = fopen(trace, "r");
-        assert_non_null(f);
-        /* the latest quantiser call at or before P whose input sat within MIDPOINT_STEPS
-         * of a midpoint (the trace is sorted by margin, so scan it all) */
-        char line[512];
-        long latest = -1;
-        double latest_m = 0.0;
-        char latest_line[512] = "none\n";
-        size_t n_close = 0;
-        while (fgets(line, sizeof line, f)) {
-            double m;
-            long pos;
-            if (line[0] == '#') continue;
-            if (sscanf(line, "%lf pos %ld", &m, &pos) == 2 && pos <= P && m <= MIDPOINT_STEPS) {
-                n_close++;
-                if (pos > latest || (pos == latest && m < latest_m)) {
-                    latest = pos;
-                    latest_m = m;
-                    snprintf(latest_line, sizeof latest_line, "%s", line);
-                }
-            }
-        }
-        fclose(f);
-        printf("# %zu quantiser calls at or before %ld within %g grid steps of a midpoint; "
-               "latest: %s", n_close, P, MIDPOINT_STEPS, latest_line);
-        assert_true(latest >= 0);
-    }
-    unlink(trace);
+    report("  every flip aligned", c);
+    assert_int_equal(c.n_argmax_diff, 0);
+    assert_true(c.max_rel <= FQ_TIGHT);
+    fqt_free(&rt);
+    free(ours);
     free(ref);
 }
 
-/* Two sequences: the main one, and one (seed 2) on which, with the reference and
- * libdsinfer as of this writing, a window-KV / indexer-q midpoint flip changes the argmax
- * at two later positions — so the locating path runs in CI too. Neither outcome is
- * required: the check is that every divergence is explained by a midpoint. */
+/* Two sequences: the main one, and one (seed 2) with flips of its own. */
 static void test_ref_f32_fake_quant(void **state) {
     (void)state;
     NEED_MODEL();
     NEED_REF();
-    fq_check(g_tok, g_whole_fq, "f32, rounding on, vs reference");
+    fq_check(g_tok, "f32, rounding on, vs reference");
     dsi_token t2[N_TOK];
     mt_tokens(t2, N_TOK, g_V, 2);
-    float *ours = mt_all_logits(g_model, t2, N_TOK, N_TOK, 0, N_CTX);
-    assert_non_null(ours);
-    fq_check(t2, ours, "f32, rounding on, second sequence, vs reference");
-    free(ours);
+    fq_check(t2, "f32, rounding on, second sequence, vs reference");
 }
 
 static void test_ref_q8_0(void **state) {
@@ -194,12 +198,11 @@ static void test_ref_q8_0(void **state) {
     NEED_MODEL();
     NEED_REF();
     const char *q8 = mt_model_path("", "DSI_TEST_TINY_V4_Q8");
+    int absent = 0;
     if (!q8 || !getenv("DSI_TEST_TINY_V4_Q8"))
-        q8 = mt_mkmodel("tiny-v4", "q8_0", "tiny-v4-q8_0.gguf");
-    if (!q8) {
-        printf("# skipped: cannot generate the q8_0 model\n");
-        skip();
-    }
+        q8 = mt_mkmodel("tiny-v4", "q8_0", "tiny-v4-q8_0.gguf", &absent);
+    if (!q8 && absent) DSIT_SKIP_TEST("MODELS", "no dsinfer-mkmodel to write the q8_0 model");
+    if (!q8) fail_msg("dsinfer-mkmodel failed to write the q8_0 model (see above)");
     char path[4096];
     snprintf(path, sizeof path, "%s", q8);
     dsi_context *ctx;
@@ -500,6 +503,7 @@ static void test_session_args(void **state) {
 }
 
 int main(void) {
+    dsit_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ref_f32_no_fake_quant),
         cmocka_unit_test(test_ref_f32_fake_quant),
@@ -512,10 +516,9 @@ int main(void) {
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_session_args),
     };
-    if (!mt_model_path("tiny-v4.gguf", "DSI_TEST_TINY_V4")) {
-        printf("# skipped: tiny-v4.gguf not found in $DSI_MODELS_DIR (%s)\n",
-               getenv("DSI_MODELS_DIR") ? getenv("DSI_MODELS_DIR") : "unset");
-        return MT_SKIP;
-    }
+    setvbuf(stdout, NULL, _IONBF, 0);
+    if (!mt_model_path("tiny-v4.gguf", "DSI_TEST_TINY_V4"))
+        return dsit_absent("MODELS", "tiny-v4.gguf not found in $DSI_MODELS_DIR (%s)",
+                           getenv("DSI_MODELS_DIR") ? getenv("DSI_MODELS_DIR") : "unset");
     return cmocka_run_group_tests_name("model_v4", tests, group_setup, group_teardown);
 }

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/common/filter.h"
+
 #include "backends/backend.h"
 
 #include <math.h>
@@ -192,6 +194,12 @@ static void test_fake_quant_e2m1(void **state) {
     fq(y, 4, 4, DSIB_FQ_E2M1_E4M3, 0);
     /* -0.3/0.5 = -0.6 -> -0.5 -> -0.25 */
     assert_true(y[0] == 3.0f && y[1] == 1.0f && y[2] == -0.25f && y[3] == 0.0f);
+    /* amax/6 off the e4m3 grid, so the scale's own rounding shows: amax 5 -> 5/6 = 0.833 ->
+     * s = e4m3 = 13/16 = 0.8125; 5/s = 6.15 -> clamped 6 -> 4.875; 2/s = 2.46 -> 2 -> 1.625;
+     * -1/s = -1.23 -> -1 -> -0.8125 (an unrounded scale would give 5, 1.667, -0.833) */
+    float u[4] = {5.0f, 2.0f, 0.0f, -1.0f};
+    fq(u, 4, 4, DSIB_FQ_E2M1_E4M3, 0);
+    assert_true(u[0] == 4.875f && u[1] == 1.625f && u[2] == 0.0f && u[3] == -0.8125f);
     /* no-round keeps the values (nothing beyond ±6·s) */
     float z[4] = {3.0f, 1.25f, -0.3f, 0.1f};
     fq(z, 4, 4, DSIB_FQ_E2M1_E4M3, DSIB_FQ_NO_ROUND);
@@ -499,6 +507,7 @@ static void test_attn_sink(void **state) {
 }
 
 int main(void) {
+    dsit_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_indexer_ties),
         cmocka_unit_test(test_fake_quant_e4m3),

@@ -95,6 +95,27 @@ def _trace(y, kind):
     TRACE.append((TRACE_TAG + "/" + kind, float(np.min(np.abs(frac - 0.5)))))
 
 
+# Quantiser dump (--trace-quant): when QDUMP is an open binary file, every fake-quant call
+# writes its position, layer, site, recipe, block, element count, then its float32 input x
+# (before the block scale) and float32 output.  The model tests compare these, call by call,
+# with libdsinfer's own quantiser inputs and decisions (tests/common/fq_trace.c).
+QDUMP = None
+QDUMP_AT = (-1, -1, -1)          # (position, layer, site) of the current call
+QSITES = {"window-kv": 0, "compressed-kv": 1, "index-key": 2, "index-q": 3}
+R_E4M3_UE8M0, R_E2M1_UE8M0, R_E2M1_E4M3 = 0, 1, 2   # numbering of backends/backend.h
+
+
+def _qdump(recipe, block, x32, out):
+    if QDUMP is None:
+        return
+    x32 = np.ascontiguousarray(x32, dtype="<f4").reshape(-1)
+    out = np.ascontiguousarray(out, dtype="<f4").reshape(-1)
+    pos, il, site = QDUMP_AT
+    np.array([pos, il, site, recipe, block, x32.size], dtype="<i4").tofile(QDUMP)
+    x32.tofile(QDUMP)
+    out.tofile(QDUMP)
+
+
 def fq_fp8_ue8m0(x, block, fake=True):
     """§10.1 e4m3 with UE8M0 (power-of-two) block scale.  x: 1-D, len % block == 0."""
     x32 = np.asarray(x, dtype=F32).reshape(-1, block)
@@ -104,7 +125,9 @@ def fq_fp8_ue8m0(x, block, fake=True):
     _trace(y, "e4m3")
     if fake:
         y = e4m3_rne(y)
-    return (y * s).astype(F32).reshape(np.shape(x))
+    out = (y * s).astype(F32)
+    _qdump(R_E4M3_UE8M0, block, x32, out)
+    return out.reshape(np.shape(x))
 
 
 def fq_fp4_ue8m0(x, block, fake=True):
@@ -116,7 +139,9 @@ def fq_fp4_ue8m0(x, block, fake=True):
     _trace(y, "e2m1")
     if fake:
         y = e2m1_rne(y)
-    return (y * s).astype(F32).reshape(np.shape(x))
+    out = (y * s).astype(F32)
+    _qdump(R_E2M1_UE8M0, block, x32, out)
+    return out.reshape(np.shape(x))
 
 
 def fq_fp4_e4m3(x, block, fake=True):
@@ -132,7 +157,9 @@ def fq_fp4_e4m3(x, block, fake=True):
     _trace(y, "e2m1")
     if fake:
         y = e2m1_rne(y)
-    return (y * s).astype(F32).reshape(np.shape(x))
+    out = (y * s).astype(F32)
+    _qdump(R_E2M1_E4M3, block, x32, out)
+    return out.reshape(np.shape(x))
 
 
 # ============================================================================
@@ -533,9 +560,10 @@ class Model:
 
     @staticmethod
     def _tag(pos, il, what):
-        global TRACE_TAG
+        global TRACE_TAG, QDUMP_AT
         if TRACE is not None:
             TRACE_TAG = "pos %d layer %d %s" % (pos, il, what)
+        QDUMP_AT = (pos, il, QSITES[what])
 
     def _kv_window(self, il, x, pos):
         self._tag(pos, il, "window-kv")
@@ -955,10 +983,14 @@ def main(argv=None):
     ap.add_argument("--trace-midpoints", metavar="FILE",
                     help="write, per fake-quant call, how close its nearest element sat to a "
                          "rounding midpoint (grid steps), smallest first (§10.4)")
+    ap.add_argument("--trace-quant", metavar="FILE",
+                    help="write every fake-quant call (position, layer, site, recipe, block, "
+                         "float32 inputs and outputs) to FILE, binary (see QDUMP)")
     args = ap.parse_args(argv)
-    global TRACE
+    global TRACE, QDUMP
     TRACE = [] if args.trace_midpoints else None
     try:
+        QDUMP = open(args.trace_quant, "wb") if args.trace_quant else None
         toks = _parse_tokens(args)
         if not toks:
             raise ModelError("no tokens given")
@@ -980,6 +1012,9 @@ def main(argv=None):
         return 1
     finally:
         TRACE = None
+        if QDUMP is not None:
+            QDUMP.close()
+            QDUMP = None
     return 0
 
 

@@ -2,7 +2,9 @@
 """Self-checks of the NumPy reference's building blocks against hand-computed values.
 
 Run: /usr/bin/python3 tests/reference/test_reference_self.py [-v]
-Exit status 0 when every check passes, 1 otherwise.
+Exit status 0 when every check passes, 1 otherwise; 77 (skipped) when NumPy is absent.
+Skips follow tests/common/skip.h: the reason is printed and appended to $DSI_SKIP_LOG, and
+with DSI_REQUIRE_<WHAT>=1 (PYTHON: NumPy; MODELS: dsinfer-mkmodel) the absence fails.
 """
 
 import math
@@ -12,7 +14,26 @@ import sys
 import tempfile
 import traceback
 
-import numpy as np
+
+def absent(what, reason, check=None):
+    """Reports that `what` is absent (of the whole program, or of one check): 77 (skip,
+    logged as tests/common/skip.h does) or 1 where DSI_REQUIRE_<what>=1."""
+    if os.environ.get("DSI_REQUIRE_" + what) == "1":
+        print("FAIL: %s - but DSI_REQUIRE_%s=1 says it is present here" % (reason, what))
+        return 1
+    print("SKIP: %s" % reason)
+    log = os.environ.get("DSI_SKIP_LOG")
+    if log:
+        with open(log, "a") as fh:
+            fh.write("%s\ttest_reference_self.py%s\t%s\n"
+                     % ("test" if check else "program", "/" + check if check else "", reason))
+    return 77
+
+
+try:
+    import numpy as np
+except ImportError:
+    sys.exit(absent("PYTHON", "%s has no NumPy (Debian python3-numpy)" % sys.executable))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -477,7 +498,7 @@ def end_to_end_generated_models():
 
 
 class Skip(Exception):
-    pass
+    """A check that needs something absent here: args = (WHAT, reason)."""
 
 
 def _mkmodel():
@@ -486,7 +507,7 @@ def _mkmodel():
         b = os.environ.get("DSI_BUILD_DIR")
         m = os.path.join(b, "bin", "dsinfer-mkmodel") if b else ""
     if not m or not os.access(m, os.X_OK):
-        raise Skip("dsinfer-mkmodel not available (set DSI_MKMODEL)")
+        raise Skip("MODELS", "dsinfer-mkmodel not available (set DSI_MKMODEL)")
     return m
 
 
@@ -539,8 +560,10 @@ def main():
             fn()
             print("PASS", fn.__name__)
         except Skip as ex:
-            skips += 1
-            print("SKIP", fn.__name__, "-", ex)
+            if absent(ex.args[0], ex.args[1], fn.__name__) == 77:
+                skips += 1
+            else:
+                fails += 1
         except Exception as ex:  # noqa: BLE001
             fails += 1
             print("FAIL", fn.__name__, "-", ex)

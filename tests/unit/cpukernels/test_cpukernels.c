@@ -19,6 +19,7 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
 #include "quant/quant.h"
+#include "tests/common/skip.h"
 
 /* ---- random numbers -------------------------------------------------------------------- */
 
@@ -389,10 +390,7 @@ static double tolerance(const problem *p, int64_t idx) {
 
 static void run_types(int32_t isa) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
-    if (!kt) {
-        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
-        skip();
-    }
+    if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     static const int64_t n_outs[] = {1, 5, 37};
     static const int64_t n_toks[] = {1, 3, 17};
     int checked = 0;
@@ -445,10 +443,7 @@ static void test_types_avx512(void **state) { (void)state; run_types(DSIB_ISA_AV
 
 static void run_invariance(int32_t isa) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
-    if (!kt) {
-        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
-        skip();
-    }
+    if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     for (size_t si = 0; si < N_SHAPES; si++) {
         problem p;
         problem_make(&p, shapes[si].type, shapes[si].n_in[2], 37, 17);
@@ -722,10 +717,7 @@ static void test_cross_isa(void **state) {
     const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
     int others = 0;
     for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
-    if (!others) {
-        print_message("no SIMD path on this CPU/build\n");
-        skip();
-    }
+    if (!others) DSIT_SKIP_TEST("ISA", "no SIMD path on this CPU/build");
     for (size_t si = 0; si < N_SHAPES; si++) {
         problem p;
         problem_make(&p, shapes[si].type, shapes[si].n_in[2], 16, 2);
@@ -755,10 +747,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "unknown ISA %s\n", argv[2]);
             return 2;
         }
-        if (!dsib_kern_table_for(isa)) {
-            printf("SKIP: the %s kernels cannot run on this CPU / build\n", argv[2]);
-            return 77;
-        }
+        if (!dsib_kern_table_for(isa))
+            return dsit_absent("ISA", "the %s kernels cannot run on this CPU / build", argv[2]);
         const struct CMUnitTest scalar_tests[] = {cmocka_unit_test(test_types_scalar),
                                                   cmocka_unit_test(test_invariance_scalar)};
         const struct CMUnitTest avx2_tests[] = {cmocka_unit_test(test_types_avx2),

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "tests/common/skip.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,10 +138,7 @@ static void test_one_hot(void **state) {
 
 static void run_types(int32_t isa) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
-    if (!kt) {
-        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
-        skip();
-    }
+    if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     static const int64_t n_outs[] = {1, 7};
     static const int64_t n_toks[] = {1, 3, 19};
     int checked = 0;
@@ -186,10 +185,7 @@ static void test_types_avx512(void **state) { (void)state; run_types(DSIB_ISA_AV
 
 static void run_invariance(int32_t isa) {
     const dsib_kern_table *kt = dsib_kern_table_for(isa);
-    if (!kt) {
-        print_message("ISA path %d not available on this CPU/build\n", (int)isa);
-        skip();
-    }
+    if (!kt) DSIT_SKIP_TEST("ISA", "ISA path %d not available on this CPU/build", (int)isa);
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         int64_t ns[3];
         sizes(k_types[ti], ns);
@@ -325,10 +321,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "unknown ISA %s\n", argv[2]);
             return 2;
         }
-        if (!dsib_kern_table_for(isa)) {
-            printf("SKIP: the %s kernels cannot run on this CPU / build\n", argv[2]);
-            return 77;
-        }
+        if (!dsib_kern_table_for(isa))
+            return dsit_absent("ISA", "the %s kernels cannot run on this CPU / build", argv[2]);
         const struct CMUnitTest t_scalar[] = {cmocka_unit_test(test_types_scalar), cmocka_unit_test(test_invariance_scalar)};
         const struct CMUnitTest t_avx2[] = {cmocka_unit_test(test_types_avx2), cmocka_unit_test(test_invariance_avx2)};
         const struct CMUnitTest t_avx512[] = {cmocka_unit_test(test_types_avx512), cmocka_unit_test(test_invariance_avx512)};

@@ -17,6 +17,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "tests/common/skip.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,10 +92,8 @@ static int teardown(void **state) {
 
 #define NEED_MODELS()                                                                      \
     do {                                                                                   \
-        if (!g_v4[0] || !g_v41[0]) {                                                       \
-            print_message("skip: tiny models unavailable (DSI_MODELS_DIR / DSI_MKMODEL)\n"); \
-            skip();                                                                        \
-        }                                                                                  \
+        if (!g_v4[0] || !g_v41[0])                                                         \
+            DSIT_SKIP_TEST("MODELS", "tiny models unavailable (DSI_MODELS_DIR / DSI_MKMODEL)"); \
     } while (0)
 
 static uint8_t *read_all(const char *path, size_t *n) {
@@ -332,10 +331,7 @@ static void test_tiny_v41_config(void **state) {
 static void test_mkmodel_deterministic(void **state) {
     (void)state;
     const char *mk = getenv("DSI_MKMODEL");
-    if (!mk || access(mk, X_OK) != 0) {
-        print_message("skip: DSI_MKMODEL not set\n");
-        skip();
-    }
+    if (!mk || access(mk, X_OK) != 0) DSIT_SKIP_TEST("MODELS", "no dsinfer-mkmodel (DSI_MKMODEL)");
     char a[400], b[400], c[400];
     snprintf(a, sizeof a, "%s/a.gguf", g_tmpdir);
     snprintf(b, sizeof b, "%s/b.gguf", g_tmpdir);
@@ -1002,10 +998,7 @@ static void test_nextn_mtp(void **state) {
 static void test_mkmodel_types(void **state) {
     (void)state;
     const char *mk = getenv("DSI_MKMODEL");
-    if (!mk || access(mk, X_OK) != 0) {
-        print_message("skip: DSI_MKMODEL not set\n");
-        skip();
-    }
+    if (!mk || access(mk, X_OK) != 0) DSIT_SKIP_TEST("MODELS", "no dsinfer-mkmodel (DSI_MKMODEL)");
     static const struct {
         const char *name;
         int32_t v4, v41;

@@ -22,6 +22,8 @@
 
 #include <cmocka.h>
 
+#include "tests/common/skip.h"
+
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -275,20 +277,13 @@ static void test_quantizers(void **state) {
 
 int main(void) {
     const char *dir = getenv("DSI_LLAMA_CPP_LIBDIR");
-    const char *req = getenv("DSI_REQUIRE_LLAMA_CPP");
-    const int required = req && !strcmp(req, "1");
     char path[4096];
     snprintf(path, sizeof path, "%s/libggml-base.so", dir ? dir : "");
-    if (!dir || !*dir) {
-        printf("%s: DSI_LLAMA_CPP_LIBDIR is not set (scripts/setup-llama-cpp.sh installs "
-               "llama.cpp and prints it)\n", required ? "FAIL" : "SKIP");
-        return required ? 1 : 77;
-    }
+    if (!dir || !*dir)
+        return dsit_absent("LLAMA_CPP", "DSI_LLAMA_CPP_LIBDIR is not set (scripts/setup-llama-cpp.sh "
+                                        "installs llama.cpp and prints it)");
     g_lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!g_lib) {
-        printf("%s: cannot load %s: %s\n", required ? "FAIL" : "SKIP", path, dlerror());
-        return required ? 1 : 77;
-    }
+    if (!g_lib) return dsit_absent("LLAMA_CPP", "cannot load %s: %s", path, dlerror());
     g_quantize = (ggml_quantize_chunk_fn)dlsym(g_lib, "ggml_quantize_chunk");
     g_requires_imatrix = (ggml_requires_imatrix_fn)dlsym(g_lib, "ggml_quantize_requires_imatrix");
     if (!g_quantize || !g_requires_imatrix) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "dsinfer.h"
+#include "tests/common/skip.h"
 
 static char cli[4096], model[4096], tmp[4096];
 static char out[1 << 16], err[1 << 16];
@@ -137,12 +138,12 @@ static void test_chat_reuse(void **state) {
 
 int main(void) {
     const char *bld = getenv("DSI_BUILD_DIR"), *dir = getenv("DSI_MODELS_DIR");
-    if (!bld) { printf("skip: DSI_BUILD_DIR not set\n"); return 77; }
+    if (!bld) { printf("FAIL: DSI_BUILD_DIR not set (run through ctest / meson test)\n"); return 1; }
     snprintf(cli, sizeof cli, "%s/bin/dsinfer-cli", bld);
     if (access(cli, X_OK) != 0) snprintf(cli, sizeof cli, "%s/examples/cli/dsinfer-cli", bld);
-    if (access(cli, X_OK) != 0) { printf("skip: dsinfer-cli not built\n"); return 77; }
+    if (access(cli, X_OK) != 0) return dsit_absent("MODELS", "dsinfer-cli not built");
     snprintf(model, sizeof model, "%s/tiny-v41.gguf", dir ? dir : "models");
-    if (access(model, R_OK) != 0) { printf("skip: %s not built\n", model); return 77; }
+    if (access(model, R_OK) != 0) return dsit_absent("MODELS", "%s not built", model);
     snprintf(tmp, sizeof tmp, "%s/tests/cli_test_%d", bld, (int)getpid());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_and_help),

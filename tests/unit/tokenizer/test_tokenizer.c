@@ -19,6 +19,7 @@
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
+#include "tests/common/skip.h"
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -162,10 +163,11 @@ static void test_unicode_tables_fresh(void **state) {
     (void)state;
     if (access("/usr/share/unicode/UnicodeData.txt", R_OK) != 0 ||
         access("/usr/share/unicode/PropList.txt", R_OK) != 0)
-        skip(); /* Debian package unicode-data absent: nothing to compare with */
+        DSIT_SKIP_TEST("UNICODE_DATA", "Debian unicode-data absent (/usr/share/unicode): "
+                                       "nothing to compare the tables with");
     const char *src = getenv("DSI_SOURCE_DIR"), *bld = getenv("DSI_BUILD_DIR"),
                *py = getenv("DSI_PYTHON");
-    if (!src || !bld) skip();
+    if (!src || !bld) fail_msg("DSI_SOURCE_DIR / DSI_BUILD_DIR not set (run through ctest / meson test)");
     char out[4096], cmd[8192], committed[4096];
     snprintf(out, sizeof out, "%s/tests/unicode_tables.fresh.c", bld);
     snprintf(cmd, sizeof cmd, "%s %s/tools/gen_unicode_tables.py --output %s",

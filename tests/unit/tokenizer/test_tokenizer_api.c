@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "dsinfer.h"
+#include "tests/common/skip.h"
 
 #define S_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
 #define S_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
@@ -228,10 +229,8 @@ static void test_chat_render_api(void **state) {
 int main(void) {
     const char *dir = getenv("DSI_MODELS_DIR");
     snprintf(model_path, sizeof model_path, "%s/tiny-v41.gguf", dir ? dir : "models");
-    if (access(model_path, R_OK) != 0) {
-        printf("skip: %s not built (dsinfer-mkmodel writes it)\n", model_path);
-        return 77;
-    }
+    if (access(model_path, R_OK) != 0)
+        return dsit_absent("MODELS", "%s not built (dsinfer-mkmodel writes it)", model_path);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokenize_roundtrip),
         cmocka_unit_test(test_special_api),

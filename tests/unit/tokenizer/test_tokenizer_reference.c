@@ -25,6 +25,7 @@
 
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "tests/common/skip.h"
 
 typedef struct { const char *s; size_t n; } str;
 #define L(x) {x, sizeof(x) - 1}
@@ -200,11 +201,10 @@ static const char *py(void) {
 }
 
 /* Runs the reference on `gguf` for every corpus string × {plain, special}; returns 0 when
- * all ids agree, 77 if the reference is unavailable. */
+ * all ids agree (main() checked that the reference can run). */
 static int compare_with_reference(const char *gguf, const char *tag) {
     const char *src = getenv("DSI_SOURCE_DIR"), *bld = getenv("DSI_BUILD_DIR");
-    if (!src || !bld) return 77;
-    if (access(py(), X_OK) != 0) return 77;
+    if (!src || !bld) fail_msg("DSI_SOURCE_DIR / DSI_BUILD_DIR not set (run through ctest / meson test)");
     char cases[4096], outp[4096], cmd[16384];
     snprintf(cases, sizeof cases, "%s/tests/tokref_%s_cases.txt", bld, tag);
     snprintf(outp, sizeof outp, "%s/tests/tokref_%s_out.txt", bld, tag);
@@ -220,8 +220,7 @@ static int compare_with_reference(const char *gguf, const char *tag) {
     snprintf(cmd, sizeof cmd, "%s %s/tests/reference/tokenizer.py --gguf %s --cases %s > %s",
              py(), src, gguf, cases, outp);
     int rc = system(cmd);
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) return 77;
-    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 0);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) fail_msg("the tokenizer reference failed: %s", cmd);
 
     dsii_gguf *g = NULL;
     dsii_tokenizer *t = NULL;
@@ -285,7 +284,7 @@ static int compare_with_reference(const char *gguf, const char *tag) {
 static void test_reference_trained_vocab(void **state) {
     (void)state;
     const char *bld = getenv("DSI_BUILD_DIR");
-    if (!bld) skip();
+    if (!bld) fail_msg("DSI_BUILD_DIR not set (run through ctest / meson test)");
     static vocab v;
     build_vocab(&v);
     char path[4096];
@@ -294,7 +293,7 @@ static void test_reference_trained_vocab(void **state) {
     int rc = compare_with_reference(path, "trained");
     vocab_free(&v);
     remove(path);
-    if (rc == 77) skip();
+    assert_int_equal(rc, 0);
 }
 
 static void test_reference_tiny_model(void **state) {
@@ -302,21 +301,18 @@ static void test_reference_tiny_model(void **state) {
     const char *dir = getenv("DSI_MODELS_DIR");
     char path[4096];
     snprintf(path, sizeof path, "%s/tiny-v41.gguf", dir ? dir : ".");
-    if (!dir || access(path, R_OK) != 0) {
-        fprintf(stderr, "skip: %s not built (dsinfer-mkmodel)\n", path);
-        skip();
-    }
-    if (compare_with_reference(path, "tiny") == 77) skip();
+    if (!dir || access(path, R_OK) != 0)
+        DSIT_SKIP_TEST("MODELS", "%s not built (dsinfer-mkmodel)", path);
+    assert_int_equal(compare_with_reference(path, "tiny"), 0);
 }
 
 int main(void) {
     /* The whole program is a skip when the reference cannot run at all. */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s -c 'import regex' 2>/dev/null", py());
-    if (access(py(), X_OK) != 0 || system(cmd) != 0) {
-        printf("skip: %s with the regex module (Debian python3-regex) is needed\n", py());
-        return 77;
-    }
+    if (access(py(), X_OK) != 0 || system(cmd) != 0)
+        return dsit_absent("PYTHON", "%s with the regex module (Debian python3-regex) is needed",
+                           py());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_trained_vocab),
         cmocka_unit_test(test_reference_tiny_model),
