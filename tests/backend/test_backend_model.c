@@ -357,7 +357,7 @@ static const char *quantized_model(const char *type) {
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", out);
     if (system(cmd) != 0) return NULL;
     snprintf(out, sizeof out, "%s/tests/types/tiny-v4-%s.gguf", bd, type);
-    snprintf(cmd, sizeof cmd, "'%s' --config tiny-v4 --seed 1 --type %s -o '%s' > /dev/null 2>&1", mk, type, out);
+    snprintf(cmd, sizeof cmd, "'%s' --config tiny-v4 --seed 1 --type %s --layout native -o '%s' > /dev/null 2>&1", mk, type, out);
     if (system(cmd) != 0) {
         printf("# %s failed\n", cmd);
         return NULL;
