@@ -58,7 +58,9 @@ extern "C" {
 
 /* The ABI this header describes. Bumped when a function or struct field is appended
  * (compatible) — the SONAME major (libdsinfer.so.0) changes only on an incompatible break. */
-#define DSI_ABI_VERSION 2
+#define DSI_ABI_VERSION 2   /* 2: dsi_session_cancel_clear, dsi_sampler_create_with_context,
+                                  dsi_chat_tokenize, dsi_model_options.flags
+                                  (DSI_MODEL_FLAG_*), the experimental batched API */
 
 /* [thread-safe] Library version "MAJOR.MINOR.PATCH"; static storage. */
 DSI_API const char *dsi_version_string(void);
@@ -94,9 +96,11 @@ enum {
 /* [thread-safe] A short static description of a status code ("unknown status" otherwise). */
 DSI_API const char *dsi_status_string(dsi_status status);
 
-/* [thread-safe] The message of the last failed call on this thread that had no handle to
- * keep it on (constructors: dsi_context_create, dsi_model_load, dsi_session_create,
- * dsi_sampler_create, …). Valid until the next failing call on this thread; "" if none. */
+/* [thread-safe] The message of the last failed call made by this thread; "" if none. Every
+ * failing call records its message here (also those that keep it on a handle), so this is
+ * the way to read the failure of one's own call on a handle that several threads share, and
+ * the only one for calls without a handle (constructors, NULL handles). Thread-local: other
+ * threads never change it; valid until this thread's next failing call. */
 DSI_API const char *dsi_last_error(void);
 
 /* ------------------------------------------------------------------------------------ */
@@ -165,12 +169,14 @@ DSI_API void dsi_context_options_init(dsi_context_options *opt, uint32_t abi_ver
  * UNSUPPORTED / BACKEND (requested backend unavailable), OUT_OF_HOST_MEMORY. */
 DSI_API dsi_status dsi_context_create(const dsi_context_options *opt, dsi_context **out);
 
-/* [per-handle] Frees a context. NULL is accepted. All models created from it must have been
- * freed first (otherwise DSI_ERR_BUSY is returned and nothing is freed). */
+/* [per-handle] Frees a context. NULL is accepted. All models and samplers created from it must
+ * have been freed first (otherwise DSI_ERR_BUSY is returned and nothing is freed). */
 DSI_API dsi_status dsi_context_free(dsi_context *ctx);
 
-/* [thread-safe] The last error message recorded on this context; "" if none. The pointer
- * stays valid until the next failing call on this context from the same thread. */
+/* [thread-safe] The last error recorded on this context, by a call from any thread; "" if
+ * none. The message is copied under the context's lock into storage owned by the calling
+ * thread: the pointer and its text stay valid until this thread calls
+ * dsi_context_last_error again (other threads' failures do not touch it). */
 DSI_API const char *dsi_context_last_error(const dsi_context *ctx);
 
 /* [thread-safe] Name of the backend the context runs on ("cpu", "vulkan", "cuda"). */
@@ -227,11 +233,39 @@ DSI_API dsi_status dsi_context_device_info(dsi_context *ctx, int32_t i, dsi_devi
 /* Model                                                                                 */
 /* ------------------------------------------------------------------------------------ */
 
+/* Access modes and the file-stability contract (docs/api.md "Model files"). A model file
+ * must not be modified or truncated while a model loaded from it is alive: replace files
+ * atomically (write a new file, then rename it over the old one — a loaded model keeps
+ * reading the old one).
+ *   DSI_ACCESS_MMAP   the file is mapped and the weights are used in place: truncating it
+ *                     kills the process with SIGBUS at the next access, rewriting it in
+ *                     place changes the results (DSI_MODEL_FLAG_VERIFY_FILE turns both,
+ *                     when they happen between calls, into DSI_ERR_IO).
+ *   DSI_ACCESS_PREAD  everything is copied into library-owned memory during the load except
+ *                     the Engram tables (model-spec §4.6; up to ~100 GB), whose rows are read
+ *                     from the open file on demand during inference, by the threads running
+ *                     sessions; a truncation then gives DSI_ERR_IO. With
+ *                     DSI_MODEL_FLAG_RESIDENT the tables are copied too and the file is
+ *                     closed before the load returns: nothing is read later.
+ *   DSI_ACCESS_READER as PREAD, through the application's dsi_reader. */
 enum {
     DSI_ACCESS_MMAP = 0,   /* default: weights used in place from the mapping */
-    DSI_ACCESS_PREAD = 1,  /* buffered reads into library-owned memory */
+    DSI_ACCESS_PREAD = 1,  /* buffered reads into library-owned memory (Engram rows lazily) */
     DSI_ACCESS_READER = 2  /* set implicitly by dsi_model_load_from_reader */
 };
+
+/* dsi_model_options.flags (since ABI 2; older libraries refuse them with INVALID_ARGUMENT).
+ * VERIFY_FILE (dsi_model_load only): the file's size and modification time are recorded at
+ *   load and compared before every evaluation step and every lazy read; a difference fails
+ *   the call with DSI_ERR_IO and leaves the session as it was. It cannot see a change made
+ *   during a step (in MMAP mode that may still be SIGBUS): it is a safety net, not a
+ *   licence to modify files. Keeps one descriptor open per model.
+ * RESIDENT (DSI_ACCESS_PREAD or a reader): read every tensor, Engram tables included, into
+ *   library-owned memory during the load, then close the file — or call the reader's
+ *   close_fn — before the load returns; the model never touches its source again. The way
+ *   to load without mmap into owned memory. */
+#define DSI_MODEL_FLAG_VERIFY_FILE (1u << 1)   /* bit 0 is the experimental COALESCE */
+#define DSI_MODEL_FLAG_RESIDENT    (1u << 2)
 
 enum {
     DSI_LOAD_STAGE_HEADER = 0,
@@ -251,7 +285,7 @@ typedef struct dsi_model_options {
     int32_t access;               /* DSI_ACCESS_MMAP (default) or DSI_ACCESS_PREAD */
     dsi_progress_fn progress_fn;  /* may be NULL */
     void *progress_user_data;
-    uint32_t flags;               /* DSI_MODEL_FLAG_* (experimental section); other bits 0 */
+    uint32_t flags;               /* DSI_MODEL_FLAG_* (COALESCE: experimental section); default 0 */
     uint32_t reserved;
     /* since 0.2: a second GGUF holding the draft blocks (V4 MTP / V4.1 DSpark) when the
      * model file has none — llama.cpp's converter and ds4 ship the V4 MTP as a separate
@@ -263,10 +297,16 @@ typedef struct dsi_model_options {
 /* [thread-safe] Fills `opt` with defaults. */
 DSI_API void dsi_model_options_init(dsi_model_options *opt);
 
-/* Reader callbacks for models stored in an application's own containers. `pread_fn` reads
- * exactly `size` bytes at `offset` into `buf` and returns 0, or nonzero on failure.
- * `close_fn` (may be NULL) is called once when the model no longer needs the reader —
- * also when loading fails. */
+/* Reader callbacks for models stored in an application's own containers (docs/api.md
+ * "Reader callbacks"). `pread_fn` reads exactly `size` bytes at `offset` into `buf` and
+ * returns 0, or nonzero on failure (the library's call then fails with DSI_ERR_IO). It must
+ * be reentrant and thread-safe: it runs during the load and — unless the model was loaded
+ * with DSI_MODEL_FLAG_RESIDENT — after it, for Engram rows read on demand during inference,
+ * from any thread that runs a session of the model, several calls at once. Reads always lie
+ * inside [0, dsi_reader.size). The struct is copied at load; the functions and `user_data` must stay
+ * valid until `close_fn` (may be NULL) is called, exactly once: when the model is freed,
+ * when loading fails, or (RESIDENT) before the load returns. `pread_fn` is never called
+ * after `close_fn`. */
 typedef struct dsi_reader {
     uint32_t struct_size;
     uint32_t reserved;
@@ -281,7 +321,9 @@ DSI_API void dsi_reader_init(dsi_reader *reader);
 
 /* [thread-safe] Loads a GGUF model. Status: INVALID_ARGUMENT, IO, BAD_FORMAT (message names
  * the key or tensor and the offending value), UNSUPPORTED (unknown arch or tensor type),
- * OUT_OF_HOST_MEMORY, OUT_OF_DEVICE_MEMORY, CANCELLED. On failure *out is NULL. */
+ * OUT_OF_HOST_MEMORY, OUT_OF_DEVICE_MEMORY, CANCELLED. On failure *out is NULL. `path` must
+ * name a regular file (or a block device): a FIFO, socket, character device or directory
+ * gives DSI_ERR_IO at once — no path makes the call block. */
 DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path,
                                   const dsi_model_options *opt, dsi_model **out);
 
@@ -290,10 +332,12 @@ DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader
                                               const dsi_model_options *opt, dsi_model **out);
 
 /* [per-handle] Frees a model. NULL accepted. Returns DSI_ERR_BUSY (and frees nothing) while
- * sessions created from it are alive. */
+ * sessions or detokenizers created from it are alive (docs/api.md "Lifetimes"). */
 DSI_API dsi_status dsi_model_free(dsi_model *model);
 
-/* [thread-safe] Last error recorded on this model; "". */
+/* [thread-safe] Last error recorded on this model (by any thread; "" if none), copied under
+ * the model's lock into storage owned by the calling thread: valid until this thread calls
+ * dsi_model_last_error again. For the failure of one's own call use dsi_last_error(). */
 DSI_API const char *dsi_model_last_error(const dsi_model *model);
 
 enum {
@@ -411,7 +455,8 @@ DSI_API dsi_status dsi_model_special_token(const dsi_model *model, int32_t which
 
 /* [thread-safe] Incremental decoder: turns a stream of tokens into complete UTF-8 pieces,
  * holding back the bytes of an unfinished character. Invalid sequences are passed through
- * as U+FFFD. */
+ * as U+FFFD. The detokenizer points at the model: dsi_model_free returns DSI_ERR_BUSY until
+ * it is freed. */
 DSI_API dsi_status dsi_detokenizer_create(const dsi_model *model, dsi_detokenizer **out);
 /* [per-handle] Feeds one token; writes the text that became complete. Two-call pattern: if
  * `cap` is too small nothing is consumed and INVALID_ARGUMENT is returned with *n_needed. */
@@ -462,8 +507,12 @@ DSI_API void dsi_chat_message_init(dsi_chat_message *msg);
 DSI_API void dsi_chat_options_init(dsi_chat_options *opt);
 
 /* [thread-safe] Renders a conversation (array of `n` pointers) as text; the text contains
- * special tokens literally, so tokenize it with DSI_TOKENIZE_PARSE_SPECIAL (docs/tokenizer.md
- * "Chat rendering" has the exact format). Consecutive user / tool messages form one user
+ * special tokens literally (docs/tokenizer.md "Chat rendering" has the exact format).
+ * Prompt-injection risk: tokenizing this text with DSI_TOKENIZE_PARSE_SPECIAL turns special-
+ * token text inside a message (e.g. a user typing the assistant-turn marker) into real
+ * special tokens, letting message content forge turns. To run a conversation, use
+ * dsi_chat_tokenize, which cannot be forged that way; this text form is for display,
+ * logging and other tools. Consecutive user / tool messages form one user
  * turn (parts joined by "\n\n"). Two-call pattern: `*n_needed` receives the length without
  * the NUL; when cap >= that length the text is written (NUL-terminated if cap > length) and
  * DSI_OK returned, otherwise INVALID_ARGUMENT and nothing is written. `model` is required
@@ -473,6 +522,18 @@ DSI_API dsi_status dsi_chat_render(const dsi_model *model,
                                    const dsi_chat_message *const *messages, size_t n,
                                    const dsi_chat_options *opt,
                                    char *buf, size_t cap, size_t *n_needed);
+
+/* [thread-safe] The token ids of the conversation dsi_chat_render renders (since ABI 2): the
+ * template's structure (BOS, turn markers, think tags) becomes special tokens, and every
+ * message's content and reasoning is tokenized as plain text — special-token text inside a
+ * message stays text. For ordinary messages the ids equal dsi_tokenize(rendered text,
+ * DSI_TOKENIZE_PARSE_SPECIAL). Two-call pattern as dsi_tokenize: `*n_needed` receives the
+ * count; ids are written only when they all fit (INVALID_ARGUMENT otherwise). Errors as
+ * dsi_chat_render (recorded on the model); UNSUPPORTED if the model has no tokenizer. */
+DSI_API dsi_status dsi_chat_tokenize(const dsi_model *model,
+                                     const dsi_chat_message *const *messages, size_t n,
+                                     const dsi_chat_options *opt,
+                                     dsi_token *tokens, size_t cap, size_t *n_needed);
 
 /* ------------------------------------------------------------------------------------ */
 /* Session                                                                               */
@@ -498,7 +559,7 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
                                       dsi_session **out);
 /* [per-handle] NULL accepted. */
 DSI_API void dsi_session_free(dsi_session *session);
-/* [per-handle] Last error recorded on this session; "". */
+/* [per-handle] Last error recorded on this session; "". Valid until the next call on it. */
 DSI_API const char *dsi_session_last_error(const dsi_session *session);
 
 /* [per-handle] Makes the timeline equal to tokens[0..n): keeps the longest common prefix
@@ -529,10 +590,22 @@ DSI_API dsi_status dsi_session_tokens(const dsi_session *session, dsi_token *tok
 /* [per-handle] Empties the timeline. */
 DSI_API dsi_status dsi_session_reset(dsi_session *session);
 
-/* [any-thread] Asks the running call on this session to stop at the next token or prefill
- * chunk; it then returns DSI_ERR_CANCELLED. Only sets an atomic flag (async-signal-safe).
- * The flag is cleared when the next call on the session starts. */
+/* [any-thread] Asks the running dsi_session_sync / append / generate on this session to stop
+ * at the next token or prefill chunk; it then returns DSI_ERR_CANCELLED. The request is
+ * sticky: made while no such call runs, it stays pending and the next one returns
+ * DSI_ERR_CANCELLED as soon as its arguments are checked, before it changes the session — a
+ * "stop" pressed just before a call starts is never lost. One request cancels one call: the
+ * call that returns DSI_ERR_CANCELLED absorbs every request made until it returns; other
+ * calls (reset, logits, …) leave a pending request alone. Only atomic stores
+ * (async-signal-safe). The session must stay alive while this runs: never call it
+ * concurrently with or after dsi_session_free (docs/api.md "Cancellation"). */
 DSI_API void dsi_session_cancel(dsi_session *session);
+
+/* [any-thread] Drops a pending cancel request (since ABI 2). For a request that arrived after
+ * the call it was meant for had already finished: call it when starting a new piece of work
+ * (e.g. when the user sends the next message), before the call that does it. Only an atomic
+ * store (async-signal-safe); NULL accepted. */
+DSI_API void dsi_session_cancel_clear(dsi_session *session);
 
 /* ------------------------------------------------------------------------------------ */
 /* Sampler                                                                               */
@@ -561,11 +634,19 @@ typedef struct dsi_sampler_options {
 
 /* [thread-safe] */
 DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt);
-/* [thread-safe] INVALID_ARGUMENT (with a message naming the field) for bad options. */
+/* [thread-safe] INVALID_ARGUMENT (with a message naming the field) for bad options. The
+ * sampler allocates with the C library's malloc; see dsi_sampler_create_with_context. */
 DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out);
+/* [thread-safe] Like dsi_sampler_create, but every allocation the sampler makes (now and in
+ * dsi_sampler_sample) goes through the allocator hooks of `ctx` (since ABI 2). The sampler
+ * points at the context: dsi_context_free returns DSI_ERR_BUSY until it is freed. A NULL
+ * `ctx` behaves as dsi_sampler_create. */
+DSI_API dsi_status dsi_sampler_create_with_context(dsi_context *ctx,
+                                                   const dsi_sampler_options *opt,
+                                                   dsi_sampler **out);
 /* [per-handle] NULL accepted. */
 DSI_API void dsi_sampler_free(dsi_sampler *sampler);
-/* [per-handle] */
+/* [per-handle] Last error recorded on this sampler; "". Valid until the next call on it. */
 DSI_API const char *dsi_sampler_last_error(const dsi_sampler *sampler);
 /* [per-handle] Samples a token from `logits` (n_vocab floats; not modified) and records it
  * in the penalty history. Order: penalties over the last penalty_last_n tokens (repetition:
@@ -641,11 +722,13 @@ DSI_API void dsi_generate_options_init(dsi_generate_options *opt);
 /* [thread-safe] */
 DSI_API void dsi_generate_result_init(dsi_generate_result *result);
 
-/* [per-handle: session and sampler] Generates up to max_tokens tokens. Returns DSI_OK for
- * every normal finish (see result->finish_reason), DSI_ERR_CANCELLED when cancelled (the
- * session keeps the prompt and every delivered token; a later call without a prompt
- * continues from it), or an error (recorded on the session). Without a prompt the session
- * must already hold logits. EOS / stop tokens end the call without being appended; they
+/* [per-handle: session and sampler] Generates up to max_tokens tokens. `opt` may be NULL for
+ * all defaults (dsi_generate_options_init: no prompt, 256 tokens, no callback). Returns
+ * DSI_OK for every normal finish (see result->finish_reason), DSI_ERR_CANCELLED when
+ * cancelled (the session keeps the prompt and every delivered token, and a later call
+ * without a prompt continues from it; a call cancelled before it started — a request was
+ * pending, see dsi_session_cancel — leaves the session unchanged), or an error (recorded on
+ * the session). Without a prompt the session must already hold logits. EOS / stop tokens end the call without being appended; they
  * count in n_generated. A stop string is never delivered; the token that completed it stays
  * in the session. The prompt is not added to the sampler's penalty history (use
  * dsi_sampler_accept). `result` may be NULL; only the fields its struct_size covers are
@@ -682,7 +765,9 @@ DSI_API dsi_status dsi_session_generate(dsi_session *session, dsi_sampler *sampl
  * dsi_session_append on it alone.
  * Per session, exactly as dsi_session_append: INVALID_ARGUMENT (token outside the
  * vocabulary, n_tokens 0) and CONTEXT_FULL leave that session unchanged; CANCELLED when
- * dsi_session_cancel was called on it (it keeps a valid prefix). One session's failure
+ * dsi_session_cancel was called on it (it keeps a valid prefix; a request pending before
+ * the call — sticky, see dsi_session_cancel — cancels it before it changes), IO when the
+ * file of a DSI_MODEL_FLAG_VERIFY_FILE model changed. One session's failure
  * does not change any other session's result. `status` (may be NULL) receives each
  * session's status. Returns DSI_OK when every session succeeded, otherwise the first
  * failing session's status. INVALID_ARGUMENT for the whole call (nothing changes) when an

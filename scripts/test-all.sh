@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Sets up and runs every test of libdsinfer, the way CI does:
-#   1. CMake build (warnings are errors) + ctest, install to a scratch prefix
-#   2. Meson build (warnings are errors) + meson test, install to a scratch prefix
-#   3. pkg-config consumers against both install trees
+#   1. CMake build (warnings are errors) + ctest
+#   2. Meson build (warnings are errors) + meson test
+#   3. installs (both builds configured with default install settings): `cmake --install
+#      --prefix <scratch>`, DESTDIR / `meson install --destdir` staging of both (same tree),
+#      C and C++ pkg-config consumers and the installed dsinfer-cli in a clean environment
 #   4. ASan + UBSan build of the unit, abi and model tiers
 #   5. Vulkan tests with the Khronos validation layer on lavapipe
 #   6. mutation checks: deliberate defects the suite must catch (tests/mutation/run.py)
 #   7. bounded libFuzzer run of the GGUF reader (clang)
-#   8. ThreadSanitizer build of the concurrency tests (label concurrency)
-#   9. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
+#   8. ThreadSanitizer build of the concurrency, cancellation and error-path tests (label
+#      concurrency; only those tests and the tiny models are built)
+#   9. Python, Rust and Go bindings; dsinfer-server (curl, OpenAI Node SDK, load test,
+#      malformed input), also under ASan
+#  10. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
 # Ends with a summary line "N passed, N failed, N skipped [who: why; ...]"; exits non-zero on
 # any failure. A skip means only "absent here" (tests/common/skip.h): every program logs its
 # skips (whole program, or one test inside it) to $DSI_SKIP_LOG, and since setup-deps.sh
@@ -16,9 +21,9 @@
 # disabled by the environment count as skipped.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
 #              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_MUTATION=1 /
-#              DSI_SKIP_TSAN=1 / DSI_SKIP_INTEROP=1 to shorten local runs (reported as skipped);
-#              DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup could not install
-#              (DSI_REQUIRE_LLAMA_CPP=0: the npm package of the interop tests).
+#              DSI_SKIP_TSAN=1 / DSI_SKIP_BINDINGS=1 / DSI_SKIP_INTEROP=1 to shorten local runs
+#              (reported as skipped); DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup
+#              could not install (DSI_REQUIRE_LLAMA_CPP=0: the npm package of the interop tests).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -113,15 +118,16 @@ t0=$(date +%s)
 
 stage "CMake build (Release, -Werror)"
 rm -rf "$out/cmake" "$out/cmake-prefix" "$out/ctest.log"
+# No install prefix here (default settings): the install stage below installs with
+# --prefix / DESTDIR.
 if cmake -S . -B "$out/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSI_WERROR=ON \
-     -DDSI_VULKAN=auto "${cuda_cmake[@]}" -DCMAKE_INSTALL_PREFIX="$out/cmake-prefix" >"$out/cmake-configure.log" 2>&1 &&
+     -DDSI_VULKAN=auto "${cuda_cmake[@]}" >"$out/cmake-configure.log" 2>&1 &&
    cmake --build "$out/cmake" -j"$jobs" >"$out/cmake-build.log" 2>&1; then
   record cmake-build 0
   stage "CMake tests (ctest)"
   sl=$(skiplog ctest)
   (cd "$out/cmake" && DSI_SKIP_LOG=$sl ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1200) 2>&1 | tee "$out/ctest.log"
   count_ctest ctest "$out/ctest.log" "${PIPESTATUS[0]}" "$sl"
-  cmake --install "$out/cmake" >"$out/cmake-install.log" 2>&1; record cmake-install $?
 else
   cat "$out/cmake-configure.log" "$out/cmake-build.log" 2>/dev/null | tail -60
   record cmake-build 1
@@ -130,7 +136,7 @@ fi
 if [ "${DSI_SKIP_MESON:-0}" != 1 ]; then
   stage "Meson build (--werror)"
   rm -rf "$out/meson" "$out/meson-prefix"
-  if meson setup "$out/meson" --werror --buildtype=release --prefix="$out/meson-prefix" "${cuda_meson[@]}" \
+  if meson setup "$out/meson" --werror --buildtype=release "${cuda_meson[@]}" \
        >"$out/meson-configure.log" 2>&1 &&
      meson compile -C "$out/meson" -j "$jobs" >"$out/meson-build.log" 2>&1; then
     record meson-build 0
@@ -138,7 +144,6 @@ if [ "${DSI_SKIP_MESON:-0}" != 1 ]; then
     sl=$(skiplog meson)
     DSI_SKIP_LOG=$sl meson test -C "$out/meson" --num-processes "$jobs" --print-errorlogs -t 2 2>&1 | tee "$out/meson-test.log"
     count_meson meson "$out/meson-test.log" "${PIPESTATUS[0]}" "$sl"
-    meson install -C "$out/meson" >"$out/meson-install.log" 2>&1; record meson-install $?
   else
     cat "$out/meson-configure.log" "$out/meson-build.log" 2>/dev/null | tail -60
     record meson-build 1
@@ -147,18 +152,17 @@ else
   skip_stage meson "disabled by DSI_SKIP_MESON=1"
 fi
 
-stage "pkg-config consumers"
-model=""
-[ -f "$out/cmake/models/tiny-v41.gguf" ] && model="$out/cmake/models/tiny-v41.gguf"
-if [ -z "$model" ]; then # the consumers then only link, without generating text
-  if [ "$DSI_REQUIRE_MODELS" = 1 ]; then record consumer-model 1
-  else skip_stage consumer-generation "no tiny-v41.gguf from the CMake build"; fi
+if [ -d "$out/cmake" ]; then
+  # The tiny model the installed CLI and consumers run on is part of the default build: its
+  # absence fails the stage (check-install.sh), as DSI_REQUIRE_MODELS asks.
+  stage "installs: --prefix, DESTDIR and --destdir trees, pkg-config consumers, installed CLI"
+  meson_dir=-
+  [ "${DSI_SKIP_MESON:-0}" != 1 ] && [ -f "$out/meson/build.ninja" ] && meson_dir=$out/meson
+  bash tests/install/check-install.sh "$out/cmake" "$meson_dir" "$out/install" 2>&1 | tee "$out/install.log"
+  record installs "${PIPESTATUS[0]}"
+else
+  skip_stage installs "no CMake build"
 fi
-for tree in cmake-prefix meson-prefix; do
-  if [ -d "$out/$tree" ]; then
-    bash tests/abi/consumer-test.sh "$out/$tree" $model; record "consumer-$tree" $?
-  fi
-done
 
 if [ "${DSI_SKIP_SANITIZE:-0}" != 1 ]; then
   stage "ASan + UBSan build (unit, abi, model tiers)"
@@ -234,22 +238,79 @@ else
 fi
 
 if [ "${DSI_SKIP_TSAN:-0}" != 1 ]; then
-  stage "ThreadSanitizer build (concurrency tests)"
+  # Only the programs of the tests labelled concurrency and the tiny models they load are
+  # built (target dsinfer-concurrency-tests), not the whole tree.
+  stage "ThreadSanitizer (concurrency, cancellation and error-path tests: label concurrency)"
   rm -rf "$out/tsan"
   if cmake -S . -B "$out/tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSI_WERROR=ON \
        -DDSI_TSAN=ON -DDSI_VULKAN=off -DDSI_CUDA=off >"$out/tsan-configure.log" 2>&1 &&
-     cmake --build "$out/tsan" -j"$jobs" >"$out/tsan-build.log" 2>&1; then
+     cmake --build "$out/tsan" -j"$jobs" --target dsinfer-concurrency-tests \
+       >"$out/tsan-build.log" 2>&1; then
     record tsan-build 0
     sl=$(skiplog tsan)
     (cd "$out/tsan" && DSI_SKIP_LOG=$sl ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1800 -L concurrency) 2>&1 | tee "$out/ctest-tsan.log"
     count_ctest tsan "$out/ctest-tsan.log" "${PIPESTATUS[0]}" "$sl"
   else
+    tail -20 "$out/tsan-configure.log" 2>/dev/null
     tail -60 "$out/tsan-build.log" 2>/dev/null
     record tsan-build 1
   fi
 else
   skip_stage tsan "disabled by DSI_SKIP_TSAN=1"
 fi
+
+# Bindings and the server (docs/bindings.md, docs/server.md): each prints a last line
+# "RESULT: N passed, N failed, N skipped".
+count_result() { # label logfile rc
+  local line p f s
+  line=$(grep -E '^RESULT: ' "$2" | tail -n1)
+  p=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) passed.*/\1/p')
+  f=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+  s=$(printf '%s' "$line" | sed -n 's/.* \([0-9]*\) skipped.*/\1/p')
+  p=${p:-0}; f=${f:-1}; s=${s:-0}
+  if [ "$3" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  [ "$f" -eq 0 ] || failures+=("$1: see $2")
+  [ "$s" -eq 0 ] || skips+=("$1: $s skipped (reasons in $2)")
+  echo "[$1] $p passed, $f failed, $s skipped ($(( $(date +%s) - ts )) s)"
+}
+if [ "${DSI_SKIP_BINDINGS:-0}" != 1 ] && [ -x "$out/cmake/bin/dsinfer-cli" ]; then
+  # an install of the CMake build: Python is pip-installed and Go builds against it through
+  # pkg-config (the installed dsinfer.pc relocates with the tree)
+  rm -rf "$out/bindings-prefix"
+  cmake --install "$out/cmake" --prefix "$out/bindings-prefix" >"$out/bindings-install.log" 2>&1
+  record bindings-install $?
+  for b in python rust go; do
+    stage "$b binding"
+    ts=$(date +%s)
+    bash scripts/test-bindings.sh $b "$out/cmake" "$out/bindings-prefix" >"$out/bindings-$b.log" 2>&1
+    rc=$?
+    tail -5 "$out/bindings-$b.log"
+    count_result "$b-binding" "$out/bindings-$b.log" $rc
+  done
+  stage "dsinfer-server: curl, OpenAI Node SDK, 16-client load, malformed input"
+  ts=$(date +%s)
+  bash tests/server/run.sh "$out/cmake" >"$out/server.log" 2>&1
+  rc=$?
+  grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server.log" | tail -12
+  count_result server "$out/server.log" $rc
+  if [ -x "$out/asan/bin/dsinfer-server" ]; then
+    stage "dsinfer-server under ASan + UBSan (no leaks at shutdown)"
+    ts=$(date +%s)
+    DSI_CLI="$out/cmake/bin/dsinfer-cli" DSI_LOAD_PER_CLIENT=2 bash tests/server/run.sh "$out/asan" asan \
+      >"$out/server-asan.log" 2>&1
+    rc=$?
+    grep -E '^(FAIL|skip|server|RESULT)|passed|failed' "$out/server-asan.log" | tail -12
+    count_result server-asan "$out/server-asan.log" $rc
+  else
+    skip_stage server-asan "no ASan build"
+  fi
+elif [ "${DSI_SKIP_BINDINGS:-0}" = 1 ]; then
+  skip_stage bindings "disabled by DSI_SKIP_BINDINGS=1"
+else
+  record bindings-cli 1 # the CMake build gave no dsinfer-cli to compare against
+fi
+
 
 if [ "${DSI_SKIP_INTEROP:-0}" = 1 ]; then
   skip_stage interop "disabled by DSI_SKIP_INTEROP=1"

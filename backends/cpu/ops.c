@@ -618,7 +618,8 @@ static void heap_down(int32_t *h, uint32_t k, const float *sc, uint32_t i) {
         i = m;
     }
 }
-static int cmp_i32(const void *a, const void *b) {
+static int cmp_i32(const void *a, const void *b, void *user) {
+    (void)user;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
 }
@@ -631,7 +632,7 @@ static void topk_select(const float *sc, int64_t m, uint32_t k, int32_t *heap) {
             heap_down(heap, k, sc, 0);
         }
     }
-    qsort(heap, k, sizeof(int32_t), cmp_i32);
+    dsii_sort(heap, k, sizeof(int32_t), cmp_i32, NULL); /* qsort may malloc outside the hooks */
 }
 
 static void idx_task(void *arg, int64_t t, int32_t slot) {

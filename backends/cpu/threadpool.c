@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,13 +213,25 @@ dsi_status dsib_threadpool_create(int32_t n_threads, const dsib_pool_alloc *allo
             set_msg(msg, msg_size, "threadpool: out of host memory");
             return DSI_ERR_OUT_OF_HOST_MEMORY;
         }
-        for (int32_t i = 0; i < n_threads - 1; i++) {
-            if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) {
-                dsib_threadpool_free(p);
-                set_msg(msg, msg_size, "threadpool: pthread_create failed");
-                return DSI_ERR_INTERNAL;
-            }
-            p->n_workers++;
+        /* Workers block every asynchronous signal (they inherit the creator's mask): the
+         * host's handlers (e.g. one calling dsi_session_cancel) then run on the host's own
+         * threads, never on a library thread. Faults (SIGSEGV, SIGBUS, …) stay deliverable. */
+        sigset_t block, old;
+        sigfillset(&block);
+        static const int sync_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+        for (size_t k = 0; k < sizeof sync_signals / sizeof sync_signals[0]; k++)
+            sigdelset(&block, sync_signals[k]);
+        int masked = pthread_sigmask(SIG_SETMASK, &block, &old) == 0;
+        int created = 1;
+        for (int32_t i = 0; i < n_threads - 1 && created; i++) {
+            created = pthread_create(&p->threads[i], NULL, worker_main, p) == 0;
+            if (created) p->n_workers++;
+        }
+        if (masked) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!created) {
+            dsib_threadpool_free(p);
+            set_msg(msg, msg_size, "threadpool: pthread_create failed");
+            return DSI_ERR_INTERNAL;
         }
     }
     *out = p;

@@ -4,8 +4,10 @@
  *   one-shot:  dsinfer-cli [-m FILE] -p "text" [-n N] …   streams the completion to stdout
  *   chat:      dsinfer-cli [-m FILE] --chat [--think]      interactive, multi-turn
  *
- * Without -m the build's tiny-v41.gguf (path baked in at build time) or the installed
- * $datadir/dsinfer/models/tiny-v41.gguf is used, and stderr says so.
+ * Without -m the default model is used, and stderr says which file: the installed one next
+ * to this executable (<bindir>/<DSI_CLI_EXE_MODEL>, i.e. $prefix/share/dsinfer/models/…,
+ * wherever the tree was installed), else the build's own (path baked in at build time), else
+ * the configured install location.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "dsinfer.h"
@@ -23,6 +25,9 @@
 #endif
 #ifndef DSI_CLI_INSTALL_MODEL
 #define DSI_CLI_INSTALL_MODEL "/usr/local/share/dsinfer/models/tiny-v41.gguf"
+#endif
+#ifndef DSI_CLI_EXE_MODEL
+#define DSI_CLI_EXE_MODEL "../share/dsinfer/models/tiny-v41.gguf"
 #endif
 
 static const char *prog = "dsinfer-cli";
@@ -314,6 +319,26 @@ static int list_devices(dsi_context *ctx) {
     return 0;
 }
 
+/* The default model's path (static storage): relative to this executable first, so that an
+ * install tree moved or installed with `cmake --install --prefix` finds its own model. */
+static const char *default_model(void) {
+    static char path[PATH_MAX + 256];
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            if (snprintf(path, sizeof path, "%s/%s", exe, DSI_CLI_EXE_MODEL) < (int)sizeof path &&
+                access(path, R_OK) == 0)
+                return path;
+        }
+    }
+    if (DSI_CLI_BUILD_MODEL[0] && access(DSI_CLI_BUILD_MODEL, R_OK) == 0) return DSI_CLI_BUILD_MODEL;
+    return DSI_CLI_INSTALL_MODEL;
+}
+
 /* ---- chat ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -396,21 +421,20 @@ static int run_chat(dsi_model *m, dsi_session *s, dsi_sampler *smp, const cli_op
         const dsi_chat_message **ptrs = malloc(c.n * sizeof *ptrs);
         if (!ptrs) { rc = 1; break; }
         for (size_t i = 0; i < c.n; i++) ptrs[i] = &c.m[i];
-        size_t need = 0;
-        dsi_chat_render(m, ptrs, c.n, &co, NULL, 0, &need);
-        char *text = malloc(need + 1);
-        if (!text || dsi_chat_render(m, ptrs, c.n, &co, text, need + 1, &need) != DSI_OK) {
-            fprintf(stderr, "%s: chat render: %s\n", prog, dsi_model_last_error(m));
-            free(text);
+        /* token ids straight from the template: what the user typed stays plain text even if
+         * it spells a special token (rendering to text and parsing special tokens would let
+         * a message forge turns) */
+        size_t nt = 0;
+        dsi_chat_tokenize(m, ptrs, c.n, &co, NULL, 0, &nt);
+        dsi_token *toks = malloc((nt ? nt : 1) * sizeof *toks);
+        if (!toks || dsi_chat_tokenize(m, ptrs, c.n, &co, toks, nt, &nt) != DSI_OK) {
+            fprintf(stderr, "%s: chat: %s\n", prog, toks ? dsi_last_error() : "out of memory");
+            free(toks);
             free(ptrs);
             rc = 1;
             break;
         }
         free(ptrs);
-        size_t nt = 0;
-        dsi_token *toks = tokenize(m, text, need, DSI_TOKENIZE_PARSE_SPECIAL, &nt);
-        free(text);
-        if (!toks) { rc = 1; break; }
 
         answer_buf answer = {m, {0}};
         dsi_generate_options go;
@@ -424,6 +448,9 @@ static int run_chat(dsi_model *m, dsi_session *s, dsi_sampler *smp, const cli_op
         go.user_data = &answer;
         dsi_generate_result r;
         dsi_generate_result_init(&r);
+        /* a new answer: forget a Ctrl+C that came after the previous one had finished, then
+         * accept new ones (a press from here on stops this answer, even before it starts) */
+        dsi_session_cancel_clear(s);
         g_generating = 1;
         dsi_status st = dsi_session_generate(s, smp, &go, &r);
         g_generating = 0;
@@ -497,8 +524,7 @@ int main(int argc, char **argv) {
 
     const char *path = o.model;
     if (!path) {
-        if (DSI_CLI_BUILD_MODEL[0] && access(DSI_CLI_BUILD_MODEL, R_OK) == 0) path = DSI_CLI_BUILD_MODEL;
-        else path = DSI_CLI_INSTALL_MODEL;
+        path = default_model();
         fprintf(stderr, "%s: no -m given; using the built-in default model %s\n", prog, path);
     }
     if (!o.prompt && !o.prompt_file && !o.chat) {
@@ -584,6 +610,10 @@ int main(int argc, char **argv) {
     if (st == DSI_ERR_CANCELLED) rc = 130; /* like a shell's Ctrl+C status */
 
 done:
+    /* the signal handler may cancel g_session: unpublish it before the free (docs/api.md
+     * "Cancellation"); the library's threads block SIGINT, so the handler runs on this one */
+    g_generating = 0;
+    g_session = NULL;
     free(toks);
     free(file_text);
     dsi_sampler_free(smp);

@@ -65,10 +65,16 @@ DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessio
     /* per-session validation, exactly as dsi_session_append; nothing changes on failure */
     for (size_t i = 0; i < n; i++) {
         dsi_session *s = sessions[i];
-        dsii_session_begin_call(s);
         P[i].s = s;
         P[i].st = dsii_session_check_append(s, tokens[i], n_tokens[i], "dsi_session_append_batch");
         if (P[i].st != DSI_OK) continue;
+        /* sticky cancellation (docs/api.md "Cancellation"): a request made before the call
+         * cancels this session's part before it changes the session */
+        if (dsii_session_take_cancel(s)) {
+            P[i].st = dsii_session_fail(s, DSI_ERR_CANCELLED, "dsi_session_append_batch: "
+                                        "cancelled before it started (the session is unchanged)");
+            continue;
+        }
         memcpy(s->tokens + s->n_tokens, tokens[i], sizeof(dsi_token) * n_tokens[i]);
         P[i].start = s->n_tokens;
         P[i].end = s->n_tokens + (uint32_t)n_tokens[i];
@@ -76,13 +82,28 @@ DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessio
         s->has_logits = 0;
     }
     for (;;) {
+        /* DSI_MODEL_FLAG_VERIFY_FILE: a truncated / rewritten model file fails the remaining
+         * sessions with DSI_ERR_IO before the next round (each keeps a valid prefix) */
+        dsii_error fe;
+        dsii_error_clear(&fe);
+        if (dsii_model_check_file(sessions[0]->model, &fe) != DSI_OK) {
+            for (size_t i = 0; i < n; i++) {
+                if (!P[i].active) continue;
+                P[i].s->has_logits = 0;
+                P[i].s->last_error = fe;
+                P[i].st = fe.status;
+                P[i].active = 0;
+            }
+            dsii_set_thread_error(fe.msg);
+            break;
+        }
         /* one round: the next chunk of every active session */
         uint32_t nq = 0;
         for (size_t i = 0; i < n; i++) {
             part *p = &P[i];
             if (!p->active) continue;
             dsi_session *s = p->s;
-            if (dsii_session_cancel_requested(s)) {
+            if (dsii_session_take_cancel(s)) {
                 p->st = dsii_session_fail(s, DSI_ERR_CANCELLED,
                                           "dsi_session_append_batch: cancelled after %u of %u "
                                           "tokens (timeline holds %u)",
@@ -138,6 +159,7 @@ DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessio
     }
     dsi_status ret = DSI_OK;
     for (size_t i = 0; i < n; i++) {
+        dsii_session_end_call(P[i].s, P[i].st);
         if (status) status[i] = P[i].st;
         if (ret == DSI_OK && P[i].st != DSI_OK) ret = P[i].st;
     }

@@ -32,7 +32,9 @@ static const char *const k_backends[] = {"cpu", "vulkan", "cuda", "auto"};
 
 dsi_status dsii_context_fail(dsi_context *ctx, const dsii_error *e) {
     if (ctx) {
+        pthread_mutex_lock(&ctx->error_lock);
         ctx->last_error = *e;
+        pthread_mutex_unlock(&ctx->error_lock);
     }
     dsii_set_thread_error(e->msg);
     return e->status;
@@ -108,14 +110,17 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     dsi_context *ctx = dsii_calloc(&tmp, 1, sizeof *ctx);
     if (!ctx) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
     ctx->opt = opt;
+    pthread_mutex_init(&ctx->error_lock, NULL);
     ctx->opt.backend = NULL;
     ctx->opt.backend_dir = NULL;
     ctx->opt.devices = NULL;
     atomic_init(&ctx->n_models, 0);
+    atomic_init(&ctx->n_samplers, 0);
     ctx->n_threads = opt.n_threads > 0 ? opt.n_threads : dsii_cpu_count();
     if (opt.backend_dir) {
         ctx->backend_dir = dsii_strdup(ctx, opt.backend_dir);
         if (!ctx->backend_dir) {
+            pthread_mutex_destroy(&ctx->error_lock);
             dsii_free(ctx, ctx);
             return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
         }
@@ -126,6 +131,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
         ctx->devices = dsii_strdup(ctx, opt.devices);
         if (!ctx->devices) {
             dsii_free(ctx, ctx->backend_dir);
+            pthread_mutex_destroy(&ctx->error_lock);
             dsii_free(ctx, ctx);
             return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_context_create: out of memory");
         }
@@ -135,6 +141,7 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
     if (st != DSI_OK) {
         dsii_free(ctx, ctx->devices);
         dsii_free(ctx, ctx->backend_dir);
+        pthread_mutex_destroy(&ctx->error_lock);
         dsii_free(ctx, ctx);
         dsii_set_thread_error(err.msg);
         return st;
@@ -147,23 +154,32 @@ DSI_API dsi_status dsi_context_create(const dsi_context_options *user_opt, dsi_c
 
 DSI_API dsi_status dsi_context_free(dsi_context *ctx) {
     if (!ctx) return DSI_OK;
-    int n = atomic_load(&ctx->n_models);
-    if (n > 0) {
+    int n = atomic_load(&ctx->n_models), n_smp = atomic_load(&ctx->n_samplers);
+    if (n > 0 || n_smp > 0) {
         dsii_error e;
-        dsii_fail(&e, DSI_ERR_BUSY, "dsi_context_free: %d model(s) created from this context "
-                  "are still alive; free them first", n);
+        dsii_fail(&e, DSI_ERR_BUSY, "dsi_context_free: %d model(s) and %d sampler(s) created "
+                  "from this context are still alive; free them first", n, n_smp);
         return dsii_context_fail(ctx, &e);
     }
     dsii_context_close_backend(ctx);
     dsii_free(ctx, ctx->devices);
     dsii_free(ctx, ctx->backend_dir);
+    pthread_mutex_destroy(&ctx->error_lock);
     dsii_free(ctx, ctx);
     return DSI_OK;
 }
 
 DSI_API const char *dsi_context_last_error(const dsi_context *ctx) {
+    /* Another thread may be recording a failure on this context right now: copy the message
+     * under the lock into storage this thread owns (valid until its next call here). */
+    static _Thread_local char copy[DSII_ERROR_MSG_MAX];
     if (!ctx) return "";
-    return ctx->last_error.msg;
+    dsi_context *c = (dsi_context *)(uintptr_t)ctx;
+    pthread_mutex_lock(&c->error_lock);
+    memcpy(copy, c->last_error.msg, sizeof copy);
+    pthread_mutex_unlock(&c->error_lock);
+    copy[sizeof copy - 1] = '\0';
+    return copy;
 }
 
 DSI_API const char *dsi_context_backend(const dsi_context *ctx) {

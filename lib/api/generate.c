@@ -3,9 +3,10 @@
  * stop conditions → stream text → append, one token at a time.
  *
  * Rules (docs/tokenizer.md "Generation"):
- * - dsii_session_begin_call() once at the start clears the cancel flag; the internal sync /
- *   append calls are the non-clearing *_nc variants, so a dsi_session_cancel() that arrives
- *   at any point of the call is seen at the next prefill chunk or token.
+ * - Cancellation is sticky (session_impl.h): a request pending when the call starts (after
+ *   the argument checks) cancels it before anything changes; one that arrives later is seen
+ *   at the next prefill chunk or token. The internal sync / append calls are the *_nc
+ *   variants, which check but never clear on their own.
  * - EOS and stop tokens end the call without being appended to the session or passed to
  *   on_token (they count in n_generated). Every other sampled token is first appended
  *   (evaluated), then passed to on_token: a token is delivered iff it is in the session, so
@@ -59,6 +60,7 @@ static int gbuf_add(gbuf *b, const void *src, size_t n) {
 }
 
 static void gbuf_drop_front(gbuf *b, size_t n) {
+    if (n == 0) return; /* b->p may still be NULL: memmove(NULL, NULL, 0) is undefined */
     memmove(b->p, b->p + n, b->n - n);
     b->n -= n;
 }
@@ -92,7 +94,6 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
                                         const dsi_generate_options *opt,
                                         dsi_generate_result *result) {
     if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_generate: session is NULL");
-    dsii_session_begin_call(s);
     if (!smp) return dsii_session_fail(s, DSI_ERR_INVALID_ARGUMENT, "dsi_session_generate: sampler is NULL");
     dsii_error e;
     dsii_error_clear(&e);
@@ -136,6 +137,13 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
     int deliver_rest = 1;
 
     uint64_t t0 = dsii_time_ns();
+    if (dsii_session_take_cancel(s)) {
+        st = dsii_session_fail(s, DSI_ERR_CANCELLED, "dsi_session_generate: cancelled before it "
+                               "started (the session is unchanged)");
+        r.finish_reason = DSI_FINISH_CANCELLED;
+        deliver_rest = 0;
+        goto out;
+    }
     if (o.prompt) {
         size_t reused = 0;
         r.n_prompt = o.n_prompt;
@@ -153,7 +161,7 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
     uint64_t t1 = dsii_time_ns();
     for (;;) {
         if (r.n_generated >= (uint64_t)o.max_tokens) { r.finish_reason = DSI_FINISH_LENGTH; break; }
-        if (dsii_session_cancel_requested(s)) {
+        if (dsii_session_take_cancel(s)) {
             st = dsii_session_fail(s, DSI_ERR_CANCELLED, "dsi_session_generate: cancelled after %llu tokens",
                                    (unsigned long long)r.n_generated);
             r.finish_reason = DSI_FINISH_CANCELLED;
@@ -238,5 +246,5 @@ out:
     }
     dsii_free(s->ctx, text.p);
     dsii_free(s->ctx, piece);
-    return st;
+    return dsii_session_end_call(s, st);
 }

@@ -38,17 +38,28 @@ static dsi_status ctor_fail(dsi_context *ctx, const dsii_error *e) {
     return e->status;
 }
 
+_Static_assert((DSII_MODEL_FLAG_COALESCE & (DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT)) == 0,
+               "the experimental and stable dsi_model_options.flags bits must be distinct");
+
 static dsi_status read_model_options(const dsi_model_options *user, dsi_model_options *opt,
                                      int reader, dsii_error *err) {
     dsi_model_options_init(opt);
     dsi_status st = dsii_read_options(opt, sizeof *opt, user, "dsi_model_options", err);
     if (st != DSI_OK) return st;
-    if (opt->flags & ~(uint32_t)DSII_MODEL_FLAG_COALESCE)
-        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
-                         "dsi_model_options.flags has unknown bits 0x%x", opt->flags);
+    const uint32_t known =
+        (uint32_t)DSII_MODEL_FLAG_COALESCE | DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT;
+    if (opt->flags & ~known)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_model_options.flags has unknown bits 0x%x",
+                         opt->flags & ~known);
     if (!reader && opt->access != DSI_ACCESS_MMAP && opt->access != DSI_ACCESS_PREAD)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
                          "dsi_model_options.access %d is not DSI_ACCESS_MMAP or DSI_ACCESS_PREAD", opt->access);
+    if (reader && (opt->flags & DSI_MODEL_FLAG_VERIFY_FILE))
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
+                         "DSI_MODEL_FLAG_VERIFY_FILE needs a model file (dsi_model_load), not a reader");
+    if (!reader && (opt->flags & DSI_MODEL_FLAG_RESIDENT) && opt->access != DSI_ACCESS_PREAD)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
+                         "DSI_MODEL_FLAG_RESIDENT needs DSI_ACCESS_PREAD (a mapping is not owned memory)");
     return DSI_OK;
 }
 
@@ -94,7 +105,8 @@ DSI_API dsi_status dsi_model_load(dsi_context *ctx, const char *path, const dsi_
     dsi_model_options opt;
     if (read_model_options(user_opt, &opt, 0, &err) != DSI_OK) return ctor_fail(ctx, &err);
     dsii_file *f = NULL;
-    if (dsii_file_open(ctx, path, opt.access, &f, &err) != DSI_OK) return ctor_fail(ctx, &err);
+    uint32_t fflags = (opt.flags & DSI_MODEL_FLAG_VERIFY_FILE) ? DSII_FILE_VERIFY : 0;
+    if (dsii_file_open_ex(ctx, path, opt.access, fflags, &f, &err) != DSI_OK) return ctor_fail(ctx, &err);
     if (dsii_model_load_file(ctx, f, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
     if (finish_load(ctx, &opt, out, &err) != DSI_OK) return ctor_fail(ctx, &err);
     dsii_log(ctx, DSI_LOG_INFO, "loaded %s model '%s' from %s: %u layers, %llu params, %llu bytes",
@@ -133,10 +145,12 @@ DSI_API dsi_status dsi_model_load_from_reader(dsi_context *ctx, const dsi_reader
 
 DSI_API dsi_status dsi_model_free(dsi_model *model) {
     if (!model) return DSI_OK;
-    if (atomic_load(&model->n_sessions) > 0) {
+    int n_s = atomic_load(&model->n_sessions), n_d = atomic_load(&model->n_detokenizers);
+    if (n_s > 0 || n_d > 0) {
         dsii_error e;
-        dsii_fail(&e, DSI_ERR_BUSY, "dsi_model_free: %d sessions are still alive",
-                  atomic_load(&model->n_sessions));
+        dsii_fail(&e, DSI_ERR_BUSY,
+                  "dsi_model_free: %d session(s) and %d detokenizer(s) of this model are still "
+                  "alive; free them first", n_s, n_d);
         return dsii_model_fail(model, &e);
     }
     dsi_context *ctx = model->ctx;
@@ -146,7 +160,11 @@ DSI_API dsi_status dsi_model_free(dsi_model *model) {
 }
 
 DSI_API const char *dsi_model_last_error(const dsi_model *model) {
-    return model ? model->last_error.msg : "";
+    /* a copy taken under the model's error lock, in storage this thread owns */
+    static _Thread_local char copy[DSII_ERROR_MSG_MAX];
+    if (!model) return "";
+    dsii_model_error_copy(model, copy);
+    return copy;
 }
 
 /* Records an argument error on a (const) model: last_error is the one mutable field and

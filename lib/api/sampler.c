@@ -1,29 +1,33 @@
 /* Public sampler functions (include/dsinfer.h "Sampler") around lib/sampler. */
 #include "base/base.h"
+#include "base/context_impl.h"
 #include "sampler/sampler.h"
 
 #include <string.h>
 
 DSI_API void dsi_sampler_options_init(dsi_sampler_options *opt) { dsii_sampler_options_defaults(opt); }
 
-DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out) {
+static dsi_status sampler_create(dsi_context *ctx, const dsi_sampler_options *opt,
+                                 dsi_sampler **out, const char *fn) {
     if (out) *out = NULL;
-    if (!out) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_sampler_create: out is NULL");
+    if (!out) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     dsii_error e;
     dsii_error_clear(&e);
     dsi_sampler_options o;
     if (dsii_sampler_check_options(opt, &o, &e) != DSI_OK) return dsii_thread_fail(e.status, "%s", e.msg);
-    dsi_sampler *s = dsii_calloc(NULL, 1, sizeof *s);
-    if (!s) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_sampler_create: out of memory");
+    dsi_sampler *s = dsii_calloc(ctx, 1, sizeof *s);
+    if (!s) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "%s: out of memory", fn);
+    s->ctx = ctx;
+    if (ctx) atomic_fetch_add_explicit(&ctx->n_samplers, 1, memory_order_acq_rel);
     s->opt = o;
     if (o.n_logit_bias > 0) {
-        s->bias = dsii_malloc(NULL, o.n_logit_bias * sizeof *s->bias);
+        s->bias = dsii_malloc(ctx, o.n_logit_bias * sizeof *s->bias);
         if (!s->bias) goto oom;
         memcpy(s->bias, o.logit_bias, o.n_logit_bias * sizeof *s->bias);
     }
     s->opt.logit_bias = s->bias;
     if (o.penalty_last_n > 0) {
-        s->hist = dsii_malloc(NULL, (size_t)o.penalty_last_n * sizeof *s->hist);
+        s->hist = dsii_malloc(ctx, (size_t)o.penalty_last_n * sizeof *s->hist);
         if (!s->hist) goto oom;
     }
     dsii_rng_seed(s->rng, o.seed);
@@ -31,17 +35,28 @@ DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sample
     return DSI_OK;
 oom:
     dsi_sampler_free(s);
-    return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_sampler_create: out of memory");
+    return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "%s: out of memory", fn);
+}
+
+DSI_API dsi_status dsi_sampler_create(const dsi_sampler_options *opt, dsi_sampler **out) {
+    return sampler_create(NULL, opt, out, "dsi_sampler_create");
+}
+
+DSI_API dsi_status dsi_sampler_create_with_context(dsi_context *ctx, const dsi_sampler_options *opt,
+                                                   dsi_sampler **out) {
+    return sampler_create(ctx, opt, out, "dsi_sampler_create_with_context");
 }
 
 DSI_API void dsi_sampler_free(dsi_sampler *s) {
     if (!s) return;
-    dsii_free(NULL, s->bias);
-    dsii_free(NULL, s->hist);
-    dsii_free(NULL, s->probs);
-    dsii_free(NULL, s->cand);
-    dsii_free(NULL, s->counts);
-    dsii_free(NULL, s);
+    dsi_context *ctx = s->ctx;
+    dsii_free(ctx, s->bias);
+    dsii_free(ctx, s->hist);
+    dsii_free(ctx, s->probs);
+    dsii_free(ctx, s->cand);
+    dsii_free(ctx, s->counts);
+    dsii_free(ctx, s);
+    if (ctx) atomic_fetch_sub_explicit(&ctx->n_samplers, 1, memory_order_acq_rel); /* last touch */
 }
 
 DSI_API const char *dsi_sampler_last_error(const dsi_sampler *s) {

@@ -144,9 +144,22 @@ int dsii_session_cancel_requested(const dsi_session *s) {
                                      memory_order_acquire) != 0;
 }
 
+int dsii_session_take_cancel(dsi_session *s) {
+    return s && atomic_exchange_explicit(&s->cancel, 0, memory_order_acq_rel) != 0;
+}
+
+dsi_status dsii_session_end_call(dsi_session *s, dsi_status st) {
+    if (s && st == DSI_ERR_CANCELLED) atomic_store_explicit(&s->cancel, 0, memory_order_release);
+    return st;
+}
+
 DSI_API void dsi_session_cancel(dsi_session *s) {
-    /* Only a lock-free atomic store: async-signal-safe. */
+    /* Only a lock-free atomic store: async-signal-safe. Sticky until a call honours it. */
     if (s) atomic_store_explicit(&s->cancel, 1, memory_order_release);
+}
+
+DSI_API void dsi_session_cancel_clear(dsi_session *s) {
+    if (s) atomic_store_explicit(&s->cancel, 0, memory_order_release);
 }
 
 /* ---- evaluation ------------------------------------------------------------------------ */
@@ -186,10 +199,13 @@ static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
     dsii_error_clear(&e);
     uint32_t start = s->n_tokens;
     while (s->n_tokens < end) {
-        if (dsii_session_cancel_requested(s))
+        if (dsii_session_take_cancel(s))
             return dsii_session_fail(s, DSI_ERR_CANCELLED,
                                      "cancelled after %u of %u tokens (timeline holds %u)",
                                      s->n_tokens - start, end - start, s->n_tokens);
+        /* DSI_MODEL_FLAG_VERIFY_FILE: a truncated / rewritten file is an error here, not a
+         * SIGBUS or wrong numbers inside the step (the session is unchanged) */
+        if (dsii_model_check_file(s->model, &e) != DSI_OK) return session_fail_e(s, &e);
         uint32_t n = end - s->n_tokens;
         uint32_t cap = all ? s->seq.lane->max_out : s->params.n_batch;
         if (n > cap) n = cap;
@@ -238,6 +254,9 @@ dsi_status dsii_session_sync_nc(dsi_session *s, const dsi_token *tokens, size_t 
         return dsii_session_fail(s, DSI_ERR_CONTEXT_FULL,
                                  "dsi_session_sync: %zu tokens exceed n_ctx %u", n,
                                  s->params.n_ctx);
+    if (dsii_session_take_cancel(s))
+        return dsii_session_fail(s, DSI_ERR_CANCELLED, "dsi_session_sync: cancelled before it "
+                                 "started (the session is unchanged)");
     /* --- validated; from here on the session may change --- */
     uint32_t c = 0;
     while (c < s->n_tokens && c < n && s->tokens[c] == tokens[c]) c++;
@@ -268,6 +287,9 @@ static dsi_status append_impl(dsi_session *s, const dsi_token *tokens, size_t n,
     if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "%s: session is NULL", fn);
     dsi_status st = dsii_session_check_append(s, tokens, n, fn);
     if (st != DSI_OK) return st;
+    if (dsii_session_take_cancel(s))
+        return dsii_session_fail(s, DSI_ERR_CANCELLED, "%s: cancelled before it started (the "
+                                 "session is unchanged)", fn);
     memcpy(s->tokens + s->n_tokens, tokens, sizeof(dsi_token) * n);
     return eval_to(s, s->n_tokens + (uint32_t)n, all);
 }
@@ -283,13 +305,11 @@ dsi_status dsii_session_append_all_logits(dsi_session *s, const dsi_token *token
 
 DSI_API dsi_status dsi_session_sync(dsi_session *s, const dsi_token *tokens, size_t n,
                                     size_t *n_reused) {
-    dsii_session_begin_call(s);
-    return dsii_session_sync_nc(s, tokens, n, n_reused);
+    return dsii_session_end_call(s, dsii_session_sync_nc(s, tokens, n, n_reused));
 }
 
 DSI_API dsi_status dsi_session_append(dsi_session *s, const dsi_token *tokens, size_t n) {
-    dsii_session_begin_call(s);
-    return dsii_session_append_nc(s, tokens, n);
+    return dsii_session_end_call(s, dsii_session_append_nc(s, tokens, n));
 }
 
 DSI_API dsi_status dsi_session_logits(dsi_session *s, const float **logits, int32_t *n_vocab) {
@@ -340,7 +360,6 @@ DSI_API dsi_status dsi_session_tokens(const dsi_session *s, dsi_token *tokens, s
 
 DSI_API dsi_status dsi_session_reset(dsi_session *s) {
     if (!s) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_session_reset: session is NULL");
-    dsii_session_begin_call(s);
-    session_clear(s);
+    session_clear(s); /* not a cancellable call: a pending cancel stays pending */
     return DSI_OK;
 }

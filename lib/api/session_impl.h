@@ -1,11 +1,14 @@
 /*
  * Internal definition of dsi_session (lib/api/session.c) and the hooks generate.c uses.
  *
- * Cancellation: dsi_session_cancel only sets `cancel` (atomic, async-signal-safe). Every
- * public mutating call starts with dsii_session_begin_call(), which clears the flag; the
- * internal *_nc variants below do NOT clear it, so dsi_session_generate can call begin_call
- * once and then sync/append several times without losing a cancel that arrives between
- * those internal calls.
+ * Cancellation (sticky, docs/api.md "Cancellation"): dsi_session_cancel only sets `cancel`
+ * (atomic, async-signal-safe) and nothing clears it but the call that honours it:
+ * dsii_session_take_cancel() (an atomic exchange) at each check point — after argument
+ * checks in sync / append / generate, before each prefill chunk and before each generated
+ * token. A request made while no call runs is therefore honoured by the next call, before it
+ * changes anything. dsii_session_end_call() drops requests that arrived while a call was
+ * already returning DSI_ERR_CANCELLED (one stop, one cancelled call), and
+ * dsi_session_cancel_clear() drops a pending request on the application's behalf.
  */
 #ifndef DSI_SESSION_IMPL_H
 #define DSI_SESSION_IMPL_H
@@ -54,10 +57,16 @@ void dsii_session_step_failed(dsi_session *s, uint32_t pos, uint32_t n);
 dsi_status dsii_session_check_append(dsi_session *s, const dsi_token *tokens, size_t n,
                                      const char *fn);
 
-/* Clears the cancel flag; called once at the start of every public call on the session. */
+/* Drops a pending cancel request (dsi_session_cancel_clear; tests call it before internal
+ * calls). */
 void dsii_session_begin_call(dsi_session *s);
-/* True once dsi_session_cancel was called since the last begin_call. */
+/* True while a cancel request is pending (does not consume it). */
 int dsii_session_cancel_requested(const dsi_session *s);
+/* Consumes a pending cancel request: true if there was one. */
+int dsii_session_take_cancel(dsi_session *s);
+/* End of a public call: a call that returns DSI_ERR_CANCELLED also absorbs the requests that
+ * arrived meanwhile. Returns `st`. */
+dsi_status dsii_session_end_call(dsi_session *s, dsi_status st);
 
 /* Non-clearing variants of dsi_session_sync / dsi_session_append (same contracts, errors
  * recorded in s->last_error). */

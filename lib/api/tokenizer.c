@@ -140,6 +140,9 @@ DSI_API dsi_status dsi_detokenizer_create(const dsi_model *model, dsi_detokenize
     dsi_detokenizer *d = dsii_calloc(model->ctx, 1, sizeof *d);
     if (!d) return dsii_thread_fail(DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_detokenizer_create: out of memory");
     d->model = model;
+    /* counted: dsi_model_free is BUSY while a detokenizer still points at the model */
+    atomic_fetch_add_explicit(&((dsi_model *)(uintptr_t)model)->n_detokenizers, 1,
+                              memory_order_acq_rel);
     *out = d;
     return DSI_OK;
 }
@@ -201,5 +204,7 @@ DSI_API dsi_status dsi_detokenizer_flush(dsi_detokenizer *d, char *buf, size_t c
 
 DSI_API void dsi_detokenizer_free(dsi_detokenizer *d) {
     if (!d) return;
-    dsii_free(d->model->ctx, d);
+    dsi_model *m = (dsi_model *)(uintptr_t)d->model;
+    dsii_free(m->ctx, d);
+    atomic_fetch_sub_explicit(&m->n_detokenizers, 1, memory_order_acq_rel); /* last touch */
 }

@@ -9,9 +9,13 @@
 #include "base/context_impl.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Modules known to the core, in enumeration order. */
 static const char *const k_modules[] = {"vulkan", "cuda"};
@@ -45,17 +49,40 @@ void dsii_backend_host_init(dsi_context *ctx, dsib_host *host, int32_t device_in
 /* ---- module search path ---------------------------------------------------------------- */
 
 /* Run-time "<dir of the object holding this code>/dsinfer": $libdir/dsinfer for an
- * installed libdsinfer.so, wherever it was installed (the object is an executable when the
- * static library is linked in; the directory then simply holds no modules). */
-static int self_module_dir(char *buf, size_t cap) {
+ * installed libdsinfer.so, wherever it was installed. When the static library is linked
+ * into an executable (dsinfer-bench, dsinfer-mkmodel, applications), the object is the
+ * program: its directory comes from /proc/self/exe (dladdr would give argv[0], which has no
+ * directory when the program was found through PATH), and `exe_modules` also receives
+ * "<bindir>/DSI_MODULE_FROM_BINDIR" ($prefix/bin/../lib/dsinfer: the modules of the tree the
+ * program was installed in, wherever it landed); otherwise exe_modules is "". */
+static int self_module_dir(char *buf, size_t cap, char *exe_modules, size_t exe_cap) {
+    exe_modules[0] = 0;
     Dl_info info;
     if (!dladdr((void *)&self_module_dir, &info) || !info.dli_fname) return 0;
-    const char *slash = strrchr(info.dli_fname, '/');
+    const ElfW(Ehdr) *eh = (const ElfW(Ehdr) *)info.dli_fbase;
+    uintptr_t phdr = (uintptr_t)getauxval(AT_PHDR);
+    int in_program = eh && phdr && phdr == (uintptr_t)eh + (uintptr_t)eh->e_phoff;
+    char exe[1024];
+    const char *name = info.dli_fname;
+    if (in_program) {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) return 0;
+        exe[n] = 0;
+        name = exe;
+    }
+    const char *slash = strrchr(name, '/');
     if (!slash) return 0;
-    size_t n = (size_t)(slash - info.dli_fname);
+    size_t n = (size_t)(slash - name);
     if (n + sizeof "/dsinfer" > cap) return 0;
-    memcpy(buf, info.dli_fname, n);
+    memcpy(buf, name, n);
     memcpy(buf + n, "/dsinfer", sizeof "/dsinfer");
+#ifdef DSI_MODULE_FROM_BINDIR
+    if (in_program &&
+        snprintf(exe_modules, exe_cap, "%.*s/%s", (int)n, name, DSI_MODULE_FROM_BINDIR) >= (int)exe_cap)
+        exe_modules[0] = 0;
+#else
+    (void)exe_cap;
+#endif
     return 1;
 }
 
@@ -63,9 +90,12 @@ static int self_module_dir(char *buf, size_t cap) {
  * not exist / cannot be opened, or a hard error (bad module) recorded in err. */
 static dsi_status try_module_file(const char *file, const char *name, const dsib_backend **table,
                                   void **handle, dsii_error *err) {
-    FILE *probe = fopen(file, "rb");
-    if (!probe) return DSI_ERR_NOT_FOUND;
-    fclose(probe);
+    /* stat, not a probing open: a FIFO under the module's name must not block (and fopen
+     * would allocate outside the context's hooks) */
+    struct stat st;
+    if (stat(file, &st) != 0) return DSI_ERR_NOT_FOUND;
+    if (!S_ISREG(st.st_mode))
+        return dsii_fail(err, DSI_ERR_UNSUPPORTED, "backend module %s is not a regular file", file);
     /* RTLD_NODELETE: GPU driver stacks (libvulkan + ICDs, libcuda) do not all survive being
      * unmapped and reloaded; keeping the code mapped after dlclose is the safe choice. */
     void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
@@ -123,10 +153,10 @@ dsi_status dsii_backend_module_load(dsi_context *ctx, const char *name,
     if (!name || !*name || strlen(name) > 15 || strchr(name, '/'))
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "bad backend module name");
 
-    enum { N_DIRS = 7 };
+    enum { N_DIRS = 8 };
     const char *dirs[N_DIRS];
     int nd = 0;
-    char build_dir[512], self_dir[512];
+    char build_dir[512], self_dir[512], exe_dir[1024];
     if (ctx && ctx->backend_dir && *ctx->backend_dir) dirs[nd++] = ctx->backend_dir;
     const char *env = getenv("DSINFER_BACKEND_DIR");
     if (env && *env) dirs[nd++] = env;
@@ -149,7 +179,10 @@ dsi_status dsii_backend_module_load(dsi_context *ctx, const char *name,
 #ifdef DSI_MODULE_INSTALL_DIR
     dirs[nd++] = DSI_MODULE_INSTALL_DIR;
 #endif
-    if (self_module_dir(self_dir, sizeof self_dir)) dirs[nd++] = self_dir;
+    if (self_module_dir(self_dir, sizeof self_dir, exe_dir, sizeof exe_dir)) {
+        dirs[nd++] = self_dir;
+        if (exe_dir[0]) dirs[nd++] = exe_dir;
+    }
 
     dsii_error first_bad;
     dsii_error_clear(&first_bad);

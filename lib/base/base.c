@@ -128,6 +128,40 @@ char *dsii_strdup(const dsi_context *ctx, const char *s) {
     return d;
 }
 
+/* ---- sorting ------------------------------------------------------------------------- */
+
+static void swap_bytes(unsigned char *a, unsigned char *b, size_t size) {
+    while (size--) {
+        unsigned char t = *a;
+        *a++ = *b;
+        *b++ = t;
+    }
+}
+
+/* Restores the max-heap property below `root` in base[0..n). */
+static void sift_down(unsigned char *base, size_t root, size_t n, size_t size,
+                      int (*cmp)(const void *, const void *, void *), void *user) {
+    for (;;) {
+        size_t child = 2 * root + 1;
+        if (child >= n) return;
+        if (child + 1 < n && cmp(base + child * size, base + (child + 1) * size, user) < 0) child++;
+        if (cmp(base + root * size, base + child * size, user) >= 0) return;
+        swap_bytes(base + root * size, base + child * size, size);
+        root = child;
+    }
+}
+
+void dsii_sort(void *base, size_t n, size_t size,
+               int (*cmp)(const void *a, const void *b, void *user), void *user) {
+    if (n < 2 || size == 0) return;
+    unsigned char *b = base;
+    for (size_t start = n / 2; start-- > 0;) sift_down(b, start, n, size, cmp, user);
+    for (size_t end = n - 1; end > 0; end--) {
+        swap_bytes(b, b + end * size, size);
+        sift_down(b, 0, end, size, cmp, user);
+    }
+}
+
 /* ---- logging ------------------------------------------------------------------------- */
 
 void dsii_logv(const dsi_context *ctx, int32_t level, const char *fmt, va_list ap) {

@@ -71,6 +71,14 @@ static inline int dsii_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return 1;
 }
 
+/* ---- sorting ------------------------------------------------------------------------- */
+/* In-place heap sort of n elements of `size` bytes: O(n log n), no recursion and — unlike the
+ * C library's qsort, which may malloc a merge buffer — no allocation, so nothing escapes the
+ * context's allocator hooks. Not stable: give `cmp` a tie-break where order matters. `cmp`
+ * receives `user` as its third argument. */
+void dsii_sort(void *base, size_t n, size_t size,
+               int (*cmp)(const void *a, const void *b, void *user), void *user);
+
 /* ---- logging ------------------------------------------------------------------------- */
 /* Delivers a message to the context's log callback if its level passes; `ctx` may be NULL
  * (then nothing happens). Never prints. */

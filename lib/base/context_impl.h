@@ -4,6 +4,7 @@
 
 #include "base/base.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 struct dsi_context {
@@ -11,6 +12,7 @@ struct dsi_context {
     char backend_name[16];      /* effective backend */
     int32_t n_threads;          /* effective */
     atomic_int n_models;        /* live models; dsi_context_free refuses while > 0 */
+    atomic_int n_samplers;      /* live samplers created with this context; likewise */
     /* Opened backend instances (lib/backend/device.h): dev[0] is always the CPU; the
      * forward pass runs on dev[compute] (the first GPU opened, else the CPU). */
     struct dsii_device *dev[8];
@@ -18,6 +20,7 @@ struct dsi_context {
     uint32_t compute;
     char *backend_dir;          /* owned copy of opt.backend_dir */
     char *devices;              /* owned copy of opt.devices */
+    pthread_mutex_t error_lock; /* guards last_error: failing [thread-safe] calls write it */
     dsii_error last_error;
 };
 

@@ -27,6 +27,10 @@ struct dsii_file {
     size_t map_len;         /* MMAP: length passed to munmap */
     dsi_reader reader;      /* READER */
     char *name;             /* owned path copy, or NULL for the fixed names */
+    int verify;             /* DSII_FILE_VERIFY: compare with the stat below (fd kept open) */
+    int released;           /* dsii_file_release was called */
+    uint64_t v_size;        /* st_size at open */
+    int64_t v_mtime_s, v_mtime_ns; /* st_mtim at open */
 };
 
 const char *dsii_file_name(const dsii_file *f) {
@@ -44,39 +48,68 @@ static dsii_file *file_new(const dsi_context *ctx, int32_t mode) {
     return f;
 }
 
-#if defined(_WIN32)
+#if !defined(_WIN32)
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    return "a special file";
+}
+#endif
+
 dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode,
                           dsii_file **out, dsii_error *err) {
+    return dsii_file_open_ex(ctx, path, mode, 0, out, err);
+}
+
+#if defined(_WIN32)
+dsi_status dsii_file_open_ex(const dsi_context *ctx, const char *path, int32_t mode,
+                             uint32_t flags, dsii_file **out, dsii_error *err) {
     (void)ctx;
     (void)mode;
+    (void)flags;
     if (out) *out = NULL;
     return dsii_fail(err, DSI_ERR_UNSUPPORTED, "cannot open '%s': path access not built",
                      path ? path : "(null)");
 }
 #else
-dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode,
-                          dsii_file **out, dsii_error *err) {
+dsi_status dsii_file_open_ex(const dsi_context *ctx, const char *path, int32_t mode,
+                             uint32_t flags, dsii_file **out, dsii_error *err) {
     if (!out) return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsii_file_open: out is NULL");
     *out = NULL;
     if (!path) return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "model path is NULL");
     if (mode != DSII_FILE_MMAP && mode != DSII_FILE_PREAD)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "bad file access mode %d", (int)mode);
 
+    /* No path may block the caller: a FIFO (or a device) blocks in open(2) until a writer
+     * appears. So stat first and refuse anything but a regular file or a block device, then
+     * open with O_NONBLOCK (if the path was swapped for a FIFO in between, the open still
+     * returns at once) and check that the descriptor is the file that was stat'ed. */
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return dsii_fail(err, DSI_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+        return dsii_fail(err, DSI_ERR_IO, "'%s' is not a regular file (%s)", path, file_kind(st.st_mode));
     int fd;
     do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return dsii_fail(err, DSI_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    struct stat st2;
+    if (fstat(fd, &st2) != 0) {
         int e = errno;
         close(fd);
         return dsii_fail(err, DSI_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    if ((!S_ISREG(st2.st_mode) && !S_ISBLK(st2.st_mode)) || st2.st_dev != st.st_dev ||
+        st2.st_ino != st.st_ino) {
         close(fd);
-        return dsii_fail(err, DSI_ERR_IO, "'%s' is not a regular file", path);
+        return dsii_fail(err, DSI_ERR_IO, "'%s' was replaced while it was being opened", path);
     }
+    st = st2;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* plain blocking reads from here */
     uint64_t size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
     if (S_ISBLK(st.st_mode)) {
         off_t end = lseek(fd, 0, SEEK_END);
@@ -92,6 +125,12 @@ dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode
     }
     f->name = name;
     f->size = size;
+    if (flags & DSII_FILE_VERIFY) {
+        f->verify = 1;
+        f->v_size = (uint64_t)st.st_size;
+        f->v_mtime_s = (int64_t)st.st_mtim.tv_sec;
+        f->v_mtime_ns = (int64_t)st.st_mtim.tv_nsec;
+    }
 
     if (mode == DSII_FILE_MMAP && size > 0) {
         if (size > (uint64_t)SIZE_MAX) {
@@ -111,8 +150,10 @@ dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode
         }
         f->base = p;
         f->map_len = (size_t)size;
-        close(fd); /* the mapping keeps the file alive */
-        fd = -1;
+        if (!f->verify) {
+            close(fd); /* the mapping keeps the file alive */
+            fd = -1;
+        }
     }
     f->fd = fd;
     *out = f;
@@ -168,13 +209,49 @@ dsi_status dsii_file_open_memory(const dsi_context *ctx, const void *data, size_
     return DSI_OK;
 }
 
+dsi_status dsii_file_check(const dsii_file *f, dsii_error *err) {
+    if (!f || !f->verify || f->released) return DSI_OK;
+#if !defined(_WIN32)
+    struct stat st;
+    if (f->fd < 0 || fstat(f->fd, &st) != 0)
+        return dsii_fail(err, DSI_ERR_IO, "%s: cannot check the model file: %s", dsii_file_name(f),
+                         f->fd < 0 ? "not open" : strerror(errno));
+    if ((uint64_t)st.st_size != f->v_size)
+        return dsii_fail(err, DSI_ERR_IO,
+                         "%s: the model file changed since it was loaded (size %llu, was %llu); "
+                         "replace model files atomically (docs/api.md \"Model files\")",
+                         dsii_file_name(f), (unsigned long long)st.st_size,
+                         (unsigned long long)f->v_size);
+    if ((int64_t)st.st_mtim.tv_sec != f->v_mtime_s || (int64_t)st.st_mtim.tv_nsec != f->v_mtime_ns)
+        return dsii_fail(err, DSI_ERR_IO,
+                         "%s: the model file was modified since it was loaded; replace model "
+                         "files atomically (docs/api.md \"Model files\")", dsii_file_name(f));
+#endif
+    return DSI_OK;
+}
+
+void dsii_file_release(dsii_file *f) {
+    if (!f || f->released) return;
+    if (f->mode == DSII_FILE_PREAD) {
+#if !defined(_WIN32)
+        if (f->fd >= 0) close(f->fd);
+#endif
+        f->fd = -1;
+        f->released = 1;
+    } else if (f->mode == DSII_FILE_READER) {
+        if (f->reader.close_fn) f->reader.close_fn(f->reader.user_data);
+        f->released = 1;
+    }
+}
+
 void dsii_file_close(dsii_file *f) {
     if (!f) return;
 #if !defined(_WIN32)
     if (f->mode == DSII_FILE_MMAP && f->base) munmap((void *)(uintptr_t)f->base, f->map_len);
     if (f->fd >= 0) close(f->fd);
 #endif
-    if (f->mode == DSII_FILE_READER && f->reader.close_fn) f->reader.close_fn(f->reader.user_data);
+    if (f->mode == DSII_FILE_READER && f->reader.close_fn && !f->released)
+        f->reader.close_fn(f->reader.user_data);
     const dsi_context *ctx = f->ctx;
     dsii_free(ctx, f->name);
     dsii_free(ctx, f);
@@ -210,6 +287,9 @@ dsi_status dsii_file_read(const dsii_file *f, uint64_t offset, uint64_t len, voi
                          "%s: read of %llu bytes at offset %llu beyond end of file (size %llu)",
                          dsii_file_name(f), (unsigned long long)len,
                          (unsigned long long)offset, (unsigned long long)f->size);
+    if (f->released)
+        return dsii_fail(err, DSI_ERR_IO, "%s: the model's file was released after a resident "
+                         "load; nothing more can be read from it", dsii_file_name(f));
     switch (f->mode) {
     case DSII_FILE_MEMORY:
     case DSII_FILE_MMAP:
@@ -228,6 +308,8 @@ dsi_status dsii_file_read(const dsii_file *f, uint64_t offset, uint64_t len, voi
     }
 #if !defined(_WIN32)
     if (f->fd >= 0) {
+        dsi_status vst = dsii_file_check(f, err); /* PREAD with DSII_FILE_VERIFY */
+        if (vst != DSI_OK) return vst;
         uint8_t *p = dst;
         uint64_t done = 0;
         while (done < len) {

@@ -34,11 +34,29 @@ enum {
 typedef struct dsii_file dsii_file;
 
 /* Opens `path` in mode DSII_FILE_MMAP or DSII_FILE_PREAD. IO (message names the path and
- * the OS error) if it cannot be opened, stat'ed or mapped; INVALID_ARGUMENT for a bad
+ * the OS error) if it cannot be opened, stat'ed or mapped, or is not a regular file or
+ * block device (checked before the open, which never blocks); INVALID_ARGUMENT for a bad
  * mode. An empty file opens fine in both modes (size 0, nothing mappable). On failure
  * *out is NULL. */
 dsi_status dsii_file_open(const dsi_context *ctx, const char *path, int32_t mode,
                           dsii_file **out, dsii_error *err);
+
+/* dsii_file_open with flags. DSII_FILE_VERIFY remembers the file's size and modification
+ * time and keeps the descriptor open (also in MMAP mode) so that dsii_file_check can tell
+ * whether the file was truncated or rewritten in place since; PREAD-mode reads check first.
+ * (A file replaced by rename is not "changed": the descriptor and mapping keep the old one.) */
+#define DSII_FILE_VERIFY 1u
+dsi_status dsii_file_open_ex(const dsi_context *ctx, const char *path, int32_t mode,
+                             uint32_t flags, dsii_file **out, dsii_error *err);
+
+/* DSI_OK, or IO if the file was opened with DSII_FILE_VERIFY and its size or modification
+ * time differ from those at open. Always DSI_OK without the flag. [thread-safe] */
+dsi_status dsii_file_check(const dsii_file *f, dsii_error *err);
+
+/* Gives up the data source once everything needed is in memory: closes the descriptor
+ * (PREAD) or calls the reader's close_fn (READER) now rather than at dsii_file_close; later
+ * reads fail with IO. No effect in MMAP / MEMORY mode. [per-handle] */
+void dsii_file_release(dsii_file *f);
 
 /* Wraps reader callbacks (copied; struct_size honoured). Ownership of the reader passes to
  * the file in every case: reader->close_fn (if any) is called exactly once — by

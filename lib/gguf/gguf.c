@@ -436,38 +436,16 @@ static int64_t hash_find(const uint32_t *tab, size_t cap, const uint8_t *arena,
     }
 }
 
-static int cmp_by_offset(const void *a, const void *b, const dsii_gguf_tensor *t) {
+static int cmp_by_offset(const void *a, const void *b, void *user) {
+    const dsii_gguf_tensor *t = user;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
     if (t[x].offset != t[y].offset) return t[x].offset < t[y].offset ? -1 : 1;
     return x < y ? -1 : x > y;
 }
 
-/* qsort has no context argument in C11: a small iterative heap sort instead. */
+/* qsort has no context argument in C11 (and may allocate): the base heap sort instead. */
 static void sort_by_offset(uint32_t *idx, size_t n, const dsii_gguf_tensor *t) {
-    if (n < 2) return;
-    for (size_t start = n / 2; start-- > 0;) {
-        size_t root = start;
-        for (;;) {
-            size_t child = 2 * root + 1;
-            if (child >= n) break;
-            if (child + 1 < n && cmp_by_offset(&idx[child], &idx[child + 1], t) < 0) child++;
-            if (cmp_by_offset(&idx[root], &idx[child], t) >= 0) break;
-            uint32_t tmp = idx[root]; idx[root] = idx[child]; idx[child] = tmp;
-            root = child;
-        }
-    }
-    for (size_t end = n - 1; end > 0; end--) {
-        uint32_t tmp = idx[0]; idx[0] = idx[end]; idx[end] = tmp;
-        size_t root = 0;
-        for (;;) {
-            size_t child = 2 * root + 1;
-            if (child >= end) break;
-            if (child + 1 < end && cmp_by_offset(&idx[child], &idx[child + 1], t) < 0) child++;
-            if (cmp_by_offset(&idx[root], &idx[child], t) >= 0) break;
-            uint32_t tmp2 = idx[root]; idx[root] = idx[child]; idx[child] = tmp2;
-            root = child;
-        }
-    }
+    dsii_sort(idx, n, sizeof *idx, cmp_by_offset, (void *)(uintptr_t)t);
 }
 
 static int val_to_u64(const dsii_gguf_value *v, uint64_t *out);

@@ -9,8 +9,8 @@
  * Nothing is fixed to the released shapes: every constant of §1 is a runtime field here, and
  * any configuration that passes the consistency checks of docs/model-files.md loads.
  *
- * Lifetime and threading: a loaded dsi_model is immutable (except `n_sessions` and
- * `last_error`); every field may be read from any thread without locking. Tensor data
+ * Lifetime and threading: a loaded dsi_model is immutable (except its dependant counters
+ * `n_sessions` / `n_detokenizers` and `last_error`); every field may be read from any thread without locking. Tensor data
  * pointers stay valid until dsi_model_free.
  */
 #ifndef DSI_MODEL_MODEL_H
@@ -292,6 +292,7 @@ struct dsi_model {
     dsii_gguf *gguf;                /* reader kept alive: names, metadata, the file */
     dsii_gguf *draft_gguf;          /* second file with the draft blocks, or NULL (§4.3) */
     int32_t access;                 /* DSI_ACCESS_* actually used */
+    uint32_t load_flags;            /* DSI_MODEL_FLAG_* it was loaded with */
     char name[128];                 /* general.name */
     dsii_hparams hp;
     dsii_model_tensors w;
@@ -304,7 +305,9 @@ struct dsi_model {
     struct dsii_tokenizer *tokenizer; /* built from the GGUF at load; NULL only while the
                                          tokenizer module is absent */
     atomic_int n_sessions;          /* live sessions; dsi_model_free is BUSY while > 0 */
-    atomic_flag error_lock;         /* guards last_error writes (thread-safe getters) */
+    atomic_int n_detokenizers;      /* live detokenizers; likewise (docs/api.md "Lifetimes") */
+    atomic_flag error_lock;         /* guards last_error (written by failing thread-safe
+                                       calls, read by dsi_model_last_error) */
     dsii_error last_error;
     uint8_t fingerprint[32];        /* hash of arch + hparams + tensor names/types/shapes */
     uint64_t n_params;              /* elements of all bound tensors (views excluded) */
@@ -352,6 +355,11 @@ const dsii_tensor *dsii_model_find_tensor(const dsi_model *m, const char *name);
 dsi_status dsii_model_tensor_read(const dsi_model *m, const dsii_tensor *t, uint64_t offset,
                                   uint64_t len, void *dst, dsii_error *err);
 
+/* DSI_OK, or IO when the model was loaded with DSI_MODEL_FLAG_VERIFY_FILE and its file has
+ * been truncated or modified in place since (sessions call it before every evaluation step).
+ * [thread-safe] */
+dsi_status dsii_model_check_file(const dsi_model *m, dsii_error *err);
+
 /* Counter slot of a type id, or -1. */
 int dsii_model_type_slot(int32_t type);
 
@@ -366,5 +374,7 @@ static inline void dsii_model_session_release(dsi_model *m) {
 
 /* Records `e` as the model's last error (and the thread's). Returns e->status. */
 dsi_status dsii_model_fail(dsi_model *m, const dsii_error *e);
+/* Copies the model's last error message into `out` under the error lock. */
+void dsii_model_error_copy(const dsi_model *m, char out[DSII_ERROR_MSG_MAX]);
 
 #endif /* DSI_MODEL_MODEL_H */

@@ -169,7 +169,9 @@ static dsi_status bind(binder *b, const dsii_tensor **dst, int required, int cls
     t->row_stride = rb;
     t->nbytes = gt->nbytes;
     t->file_offset = gt->offset;
-    t->lazy = cls == C_TABLE && b->m->access != DSI_ACCESS_MMAP;
+    /* Engram tables stay in the file in pread / reader mode, unless asked to be resident */
+    t->lazy = cls == C_TABLE && b->m->access != DSI_ACCESS_MMAP &&
+              !(b->m->load_flags & DSI_MODEL_FLAG_RESIDENT);
     if (row264) {
         t->type = DSII_TYPE_ENGRAM_ROW264;
         t->ne[0] = ne0 / 33 * 32;
@@ -302,6 +304,11 @@ static int cmp_ptr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static int cmp_ptr_r(const void *a, const void *b, void *user) {
+    (void)user;
+    return cmp_ptr(a, b);
+}
+
 static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
     dsi_model *m = b->m;
     dsii_model_tensors *w = &m->w;
@@ -425,7 +432,7 @@ static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
     if (m->n_ignored)
         dsii_log(m->ctx, DSI_LOG_INFO, "ignoring %u vision tensors (%" PRIu64 " bytes): libdsinfer is text-only",
                  m->n_ignored, vis_bytes);
-    qsort(b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr);
+    dsii_sort(b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr_r, NULL); /* no malloc */
     for (int f = 0; f < 2; f++) {
         const dsii_gguf *g = f ? m->draft_gguf : b->g;
         if (!g) continue;
@@ -760,9 +767,11 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
         return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
     }
     m->ctx = ctx;
+    m->load_flags = opt ? opt->flags : 0;
     m->access = dsii_file_mode(file);
     if (m->access == DSII_FILE_MEMORY) m->access = DSI_ACCESS_MMAP;
     atomic_init(&m->n_sessions, 0);
+    atomic_init(&m->n_detokenizers, 0);
     atomic_flag_clear(&m->error_lock);
     dsi_status st = dsii_gguf_open(file, &m->gguf, err); /* owns file from here */
     if (st == DSI_OK) st = load_body(m, opt, err);
@@ -770,9 +779,16 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
         dsii_model_destroy(m);
         return st;
     }
+    /* Resident: every byte is in library memory now, so the file (or the application's
+     * reader) is let go before the load returns and never read again. */
+    if (m->load_flags & DSI_MODEL_FLAG_RESIDENT) dsii_file_release(dsii_gguf_file(m->gguf));
     if (ctx) atomic_fetch_add(&ctx->n_models, 1);
     *out = m;
     return DSI_OK;
+}
+
+dsi_status dsii_model_check_file(const dsi_model *m, dsii_error *err) {
+    return m ? dsii_file_check(dsii_gguf_file(m->gguf), err) : DSI_OK;
 }
 
 const dsii_tensor *dsii_model_find_tensor(const dsi_model *m, const char *name) {
@@ -797,13 +813,25 @@ dsi_status dsii_model_tensor_read(const dsi_model *m, const dsii_tensor *t, uint
     return dsii_file_read(dsii_gguf_file(m->gguf), t->file_offset + offset, len, dst, err);
 }
 
+static void error_lock(dsi_model *m) {
+    while (atomic_flag_test_and_set_explicit(&m->error_lock, memory_order_acquire)) {
+    }
+}
+
 dsi_status dsii_model_fail(dsi_model *m, const dsii_error *e) {
     dsii_set_thread_error(e->msg);
     if (m) {
-        while (atomic_flag_test_and_set_explicit(&m->error_lock, memory_order_acquire)) {
-        }
+        error_lock(m);
         m->last_error = *e;
         atomic_flag_clear_explicit(&m->error_lock, memory_order_release);
     }
     return e->status;
+}
+
+void dsii_model_error_copy(const dsi_model *m, char out[DSII_ERROR_MSG_MAX]) {
+    dsi_model *mm = (dsi_model *)(uintptr_t)m; /* the lock is the one mutable part */
+    error_lock(mm);
+    memcpy(out, mm->last_error.msg, DSII_ERROR_MSG_MAX);
+    atomic_flag_clear_explicit(&mm->error_lock, memory_order_release);
+    out[DSII_ERROR_MSG_MAX - 1] = '\0';
 }

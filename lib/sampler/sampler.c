@@ -173,18 +173,18 @@ dsi_status dsii_sampler_sample(dsi_sampler *s, const float *logits, int32_t n_vo
                              "dsi_sampler_sample: logit_bias[%zu].token = %d is outside the vocabulary (n_vocab %d)",
                              i, (int)o->logit_bias[i].token, (int)n_vocab);
     if (n_vocab != s->n_vocab) {
-        dsii_free(NULL, s->probs);
-        dsii_free(NULL, s->cand);
-        dsii_free(NULL, s->counts);
+        dsii_free(s->ctx, s->probs);
+        dsii_free(s->ctx, s->cand);
+        dsii_free(s->ctx, s->counts);
         s->n_vocab = 0;
         s->has_probs = 0;
-        s->probs = dsii_malloc(NULL, (size_t)n_vocab * sizeof *s->probs);
-        s->cand = dsii_malloc(NULL, (size_t)n_vocab * sizeof *s->cand);
-        s->counts = dsii_calloc(NULL, (size_t)n_vocab, sizeof *s->counts);
+        s->probs = dsii_malloc(s->ctx, (size_t)n_vocab * sizeof *s->probs);
+        s->cand = dsii_malloc(s->ctx, (size_t)n_vocab * sizeof *s->cand);
+        s->counts = dsii_calloc(s->ctx, (size_t)n_vocab, sizeof *s->counts);
         if (!s->probs || !s->cand || !s->counts) {
-            dsii_free(NULL, s->probs);
-            dsii_free(NULL, s->cand);
-            dsii_free(NULL, s->counts);
+            dsii_free(s->ctx, s->probs);
+            dsii_free(s->ctx, s->cand);
+            dsii_free(s->ctx, s->counts);
             s->probs = NULL;
             s->cand = NULL;
             s->counts = NULL;

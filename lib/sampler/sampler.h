@@ -10,6 +10,7 @@
 #include "base/base.h"
 
 struct dsi_sampler {
+    dsi_context *ctx;            /* allocator hooks (counted in ctx->n_samplers); NULL: libc */
     dsi_sampler_options opt;     /* effective options; opt.logit_bias points at `bias` */
     dsi_logit_bias *bias;
     uint64_t rng[4];

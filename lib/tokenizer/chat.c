@@ -46,11 +46,14 @@ const char dsii_chat_think_max_prefix[] =
 typedef struct {
     const dsi_context *ctx;
     char *p;
+    uint8_t *mask;     /* NULL unless the caller wants the template mask */
+    int want_mask;
     size_t n, cap;
     int oom;
 } sbuf;
 
-static void put(sbuf *b, const char *s) {
+/* Appends `s`; `tmpl` says whether the bytes are the template's own (1) or a message's (0). */
+static void put_as(sbuf *b, const char *s, uint8_t tmpl) {
     size_t l = strlen(s);
     if (b->oom || l == 0) return;
     if (b->n + l + 1 > b->cap) {
@@ -59,12 +62,21 @@ static void put(sbuf *b, const char *s) {
         char *np = dsii_realloc(b->ctx, b->p, c);
         if (!np) { b->oom = 1; return; }
         b->p = np;
+        if (b->want_mask) {
+            uint8_t *nm = dsii_realloc(b->ctx, b->mask, c);
+            if (!nm) { b->oom = 1; return; }
+            b->mask = nm;
+        }
         b->cap = c;
     }
     memcpy(b->p + b->n, s, l);
+    if (b->want_mask) memset(b->mask + b->n, tmpl, l);
     b->n += l;
     b->p[b->n] = 0;
 }
+
+static void put(sbuf *b, const char *s) { put_as(b, s, 1); }
+static void put_content(sbuf *b, const char *s) { put_as(b, s, 0); }
 
 /* A merged message: a run [first, last] of input messages (a user turn may span several). */
 typedef struct {
@@ -75,13 +87,21 @@ typedef struct {
 dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *const *messages,
                             size_t n, const dsi_chat_options *opt, char **out, size_t *len,
                             dsii_error *err) {
+    return dsii_chat_render_masked(ctx, messages, n, opt, out, len, NULL, err);
+}
+
+dsi_status dsii_chat_render_masked(const dsi_context *ctx,
+                                   const dsi_chat_message *const *messages, size_t n,
+                                   const dsi_chat_options *opt, char **out, size_t *len,
+                                   uint8_t **template_mask, dsii_error *err) {
     *out = NULL;
     *len = 0;
+    if (template_mask) *template_mask = NULL;
     if (n > 0 && !messages)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "dsi_chat_render: messages is NULL but n is %zu", n);
     dsi_chat_message *m = dsii_calloc(ctx, n ? n : 1, sizeof *m);
     turn *tv = dsii_calloc(ctx, n ? n : 1, sizeof *tv);
-    sbuf b = {ctx, NULL, 0, 0, 0};
+    sbuf b = {ctx, NULL, NULL, template_mask != NULL, 0, 0, 0};
     dsi_status st = DSI_OK;
     if (!m || !tv) { st = dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_chat_render: out of memory"); goto done; }
     for (size_t i = 0; i < n; i++) {
@@ -120,7 +140,7 @@ dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *cons
         const turn *t = &tv[k];
         const dsi_chat_message *mm = &m[t->first];
         if (t->role == DSI_ROLE_SYSTEM) {
-            put(&b, mm->content ? mm->content : "");
+            put_content(&b, mm->content ? mm->content : "");
         } else if (t->role == DSI_ROLE_USER) {
             put(&b, S_USER);
             for (size_t i = t->first; i <= t->last; i++) {
@@ -128,18 +148,18 @@ dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *cons
                 const char *c = m[i].content ? m[i].content : "";
                 if (m[i].role == DSI_ROLE_TOOL) {
                     put(&b, "<tool_result>");
-                    put(&b, c);
+                    put_content(&b, c);
                     put(&b, "</tool_result>");
                 } else {
-                    put(&b, c);
+                    put_content(&b, c);
                 }
             }
         } else { /* assistant */
             if (thinking && (last_user == SIZE_MAX || k > last_user)) {
-                put(&b, mm->reasoning ? mm->reasoning : "");
+                put_content(&b, mm->reasoning ? mm->reasoning : "");
                 put(&b, "</think>");
             }
-            put(&b, mm->content ? mm->content : "");
+            put_content(&b, mm->content ? mm->content : "");
             put(&b, S_EOS);
         }
         /* transition after a user turn followed by an assistant turn or by nothing */
@@ -158,11 +178,18 @@ dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *cons
         if (!b.p) { st = dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_chat_render: out of memory"); goto done; }
         b.p[0] = 0;
     }
+    if (template_mask && !b.mask) {
+        b.mask = dsii_malloc(ctx, 1);
+        if (!b.mask) { st = dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "dsi_chat_render: out of memory"); goto done; }
+    }
     *out = b.p;
     *len = b.n;
+    if (template_mask) *template_mask = b.mask;
     b.p = NULL;
+    b.mask = NULL;
 done:
     dsii_free(ctx, b.p);
+    dsii_free(ctx, b.mask);
     dsii_free(ctx, m);
     dsii_free(ctx, tv);
     return st;

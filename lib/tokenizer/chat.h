@@ -22,4 +22,12 @@ dsi_status dsii_chat_render(const dsi_context *ctx, const dsi_chat_message *cons
                             size_t n, const dsi_chat_options *opt, char **out, size_t *len,
                             dsii_error *err);
 
+/* Same, and *template_mask (from dsii_malloc(ctx), *len bytes; free with dsii_free) marks
+ * the bytes the template wrote (1) apart from those copied from a message's content or
+ * reasoning (0): special tokens may be parsed only in the former (dsii_tokenize_masked). */
+dsi_status dsii_chat_render_masked(const dsi_context *ctx,
+                                   const dsi_chat_message *const *messages, size_t n,
+                                   const dsi_chat_options *opt, char **out, size_t *len,
+                                   uint8_t **template_mask, dsii_error *err);
+
 #endif

@@ -804,8 +804,33 @@ static int32_t match_special(const dsii_tokenizer *t, const uint8_t *s, size_t l
     return -1;
 }
 
+static int all_allowed(const uint8_t *ok, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!ok[i]) return 0;
+    return 1;
+}
+
+static dsi_status tokenize_impl(const dsii_tokenizer *t, const char *text, size_t len,
+                                uint32_t flags, const uint8_t *special_ok, dsi_token *tokens,
+                                size_t cap, size_t *n_needed, dsii_error *err);
+
 dsi_status dsii_tokenize(const dsii_tokenizer *t, const char *text, size_t len, uint32_t flags,
                          dsi_token *tokens, size_t cap, size_t *n_needed, dsii_error *err) {
+    return tokenize_impl(t, text, len, flags, NULL, tokens, cap, n_needed, err);
+}
+
+dsi_status dsii_tokenize_masked(const dsii_tokenizer *t, const char *text, size_t len,
+                                const uint8_t *special_ok, uint32_t flags, dsi_token *tokens,
+                                size_t cap, size_t *n_needed, dsii_error *err) {
+    if (!special_ok && len > 0)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "tokenize: NULL special-token mask");
+    return tokenize_impl(t, text, len, flags | DSI_TOKENIZE_PARSE_SPECIAL, special_ok, tokens,
+                         cap, n_needed, err);
+}
+
+static dsi_status tokenize_impl(const dsii_tokenizer *t, const char *text, size_t len,
+                                uint32_t flags, const uint8_t *special_ok, dsi_token *tokens,
+                                size_t cap, size_t *n_needed, dsii_error *err) {
     if (!t || (!text && len > 0) || !n_needed || (!tokens && cap > 0))
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
                          "tokenize: NULL %s", !t ? "tokenizer" : (!text && len > 0) ? "text" :
@@ -827,7 +852,7 @@ dsi_status dsii_tokenize(const dsii_tokenizer *t, const char *text, size_t len, 
         while (i < len && !z.oom) {
             size_t ml;
             int32_t id = match_special(t, s + i, len - i, &ml);
-            if (id >= 0) {
+            if (id >= 0 && (!special_ok || all_allowed(special_ok + i, ml))) {
                 tokenize_plain(&z, s + seg, i - seg);
                 push_tok(&z, id);
                 i += ml;

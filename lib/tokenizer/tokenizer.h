@@ -41,6 +41,15 @@ dsi_status dsii_tokenize(const dsii_tokenizer *tok, const char *text, size_t len
                          uint32_t flags, dsi_token *tokens, size_t cap, size_t *n_needed,
                          dsii_error *err);
 
+/* Like dsii_tokenize with DSI_TOKENIZE_PARSE_SPECIAL, but a special token's text is matched
+ * only where `special_ok` (one byte per text byte; nonzero = allowed) allows every byte of
+ * it; everything else is plain text. Chat templating (dsi_chat_tokenize) marks only the
+ * template's own bytes, so message content never becomes a special token. `flags` may add
+ * DSI_TOKENIZE_ADD_BOS. */
+dsi_status dsii_tokenize_masked(const dsii_tokenizer *tok, const char *text, size_t len,
+                                const uint8_t *special_ok, uint32_t flags, dsi_token *tokens,
+                                size_t cap, size_t *n_needed, dsii_error *err);
+
 /* Raw bytes of token `id` (NULL if out of range); *len receives the byte count. The
  * pointer is owned by the tokenizer. Special (control) tokens decode to their text. */
 const uint8_t *dsii_tokenizer_token_bytes(const dsii_tokenizer *tok, dsi_token id,

@@ -21,6 +21,18 @@ CHECK(gen_opt_first, offsetof(dsi_generate_options, struct_size) == 0);
 CHECK(gen_res_first, offsetof(dsi_generate_result, struct_size) == 0);
 CHECK(status_is_int32, sizeof(dsi_status) == 4);
 CHECK(token_is_int32, sizeof(dsi_token) == 4);
+/* Flag values are ABI: pinned, and the stable and experimental bits of one field distinct. */
+CHECK(abi_version_2, DSI_ABI_VERSION == 2);
+CHECK(model_flag_verify_file, DSI_MODEL_FLAG_VERIFY_FILE == 2u);
+CHECK(model_flag_resident, DSI_MODEL_FLAG_RESIDENT == 4u);
+CHECK(session_flag_no_fake_quant, DSI_SESSION_FLAG_NO_FAKE_QUANT == 1u);
+#if defined(DSI_EXPERIMENTAL)
+CHECK(model_flag_coalesce, DSI_MODEL_FLAG_COALESCE == 1u);
+CHECK(session_flag_no_capture, DSI_SESSION_FLAG_NO_CAPTURE == (1u << 16));
+CHECK(model_flags_distinct, (DSI_MODEL_FLAG_COALESCE &
+                             (DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT)) == 0);
+CHECK(session_flags_distinct, (DSI_SESSION_FLAG_NO_CAPTURE & DSI_SESSION_FLAG_NO_FAKE_QUANT) == 0);
+#endif
 
 int abi_header_c_probe(void);
 int abi_header_c_probe(void) {

@@ -494,7 +494,7 @@ int fqt_pair(const fqt_trace *a, const fqt_trace *b, int mode, long *pair) {
         return 0;
     }
     /* by position: both traces are in position order */
-    size_t ia = 0;
+    size_t ia = 0, n_missing = 0;
     int rc = 0;
     for (size_t jb = 0; jb < b->n;) {
         int64_t p = b->c[jb].pos;
@@ -515,9 +515,11 @@ int fqt_pair(const fqt_trace *a, const fqt_trace *b, int mode, long *pair) {
                 }
             }
             if (best < 0) {
-                printf("  fq_trace: position %lld: the reference's quantiser call (layer %d, "
-                       "site %d, recipe %d, %u elements) has no counterpart in the library\n",
-                       (long long)p, b->c[j].layer, b->c[j].site, b->c[j].recipe, b->c[j].n);
+                if (n_missing++ < 10)
+                    printf("  fq_trace: position %lld: the reference's quantiser call (layer "
+                           "%d, site %d, recipe %d, %u elements) has no counterpart in the "
+                           "library\n", (long long)p, b->c[j].layer, b->c[j].site,
+                           b->c[j].recipe, b->c[j].n);
                 rc = -1;
             } else {
                 pair[best] = (long)j;
@@ -525,6 +527,9 @@ int fqt_pair(const fqt_trace *a, const fqt_trace *b, int mode, long *pair) {
         }
         jb = je;
     }
+    if (n_missing > 10)
+        printf("  fq_trace: ... %zu of the reference's quantiser calls have no counterpart in "
+               "the library\n", n_missing);
     return rc;
 }
 

@@ -296,11 +296,25 @@ static void test_batch_errors(void **state) {
     assert_int_equal(dsi_session_append_batch(2, dup, bt2, bn2, NULL), DSI_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsi_session_position(s[0], &pos), DSI_OK);
     assert_int_equal(pos, 16);
-    /* cancelled before the call starts: cleared by the call (like append) */
+    /* cancelled before the call starts: sticky, like dsi_session_append (docs/api.md
+     * "Cancellation"): that session's part is cancelled before it changes the session, the
+     * other session runs, and the request is consumed (the next call runs) */
+    assert_int_equal(dsi_session_position(s[1], &pos), DSI_OK);
+    uint32_t pos1_before = pos;
     dsi_session_cancel(s[1]);
-    const dsi_token *bt3[1] = {p[1]};
-    size_t bn3[1] = {8};
+    const dsi_token *bt3[2] = {p[1], p[1]};
+    size_t bn3[2] = {8, 1};
+    dsi_session *s3[2] = {s[1], s[0]};
+    assert_int_equal(dsi_session_append_batch(2, s3, bt3, bn3, st), DSI_ERR_CANCELLED);
+    assert_int_equal(st[0], DSI_ERR_CANCELLED);
+    assert_int_equal(st[1], DSI_OK);
+    assert_int_equal(dsi_session_position(s[1], &pos), DSI_OK);
+    assert_int_equal(pos, pos1_before);
+    assert_int_equal(dsi_session_position(s[0], &pos), DSI_OK);
+    assert_int_equal(pos, 17);
     assert_int_equal(dsi_session_append_batch(1, &s[1], bt3, bn3, st), DSI_OK);
+    assert_int_equal(dsi_session_position(s[1], &pos), DSI_OK);
+    assert_int_equal(pos, pos1_before + 8);
     for (int i = 0; i < 3; i++) dsi_session_free(s[i]);
     free(r0);
     free(r2);

@@ -442,16 +442,19 @@ static void test_cancel(void **state) {
     assert_non_null(s);
     dsi_session_cancel(NULL); /* accepted */
 
-    /* a cancel that arrives between the internal calls of one generate is not lost */
+    /* a cancel request is sticky: pending until a call honours it (before changing the
+     * session), then consumed — one request, one cancelled call (docs/api.md) */
     dsii_session_begin_call(s);
     dsi_session_cancel(s);
     assert_true(dsii_session_cancel_requested(s));
     assert_int_equal(dsii_session_sync_nc(s, g_tok, 40, NULL), DSI_ERR_CANCELLED);
+    assert_false(dsii_session_cancel_requested(s));
+    dsi_session_cancel(s);
     assert_int_equal(dsii_session_append_nc(s, g_tok, 4), DSI_ERR_CANCELLED);
     uint32_t pos = 1;
     assert_int_equal(dsi_session_position(s, &pos), DSI_OK);
     assert_int_equal(pos, 0);
-    /* a public call starts by clearing the flag */
+    /* the request was consumed: the next public call runs */
     assert_int_equal(dsi_session_sync(s, g_tok, 12, NULL), DSI_OK);
 
     /* cancel from another thread during a long prefill (chunks of 4): wherever it lands,

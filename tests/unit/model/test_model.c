@@ -505,7 +505,7 @@ static void test_api(void **state) {
     o.access = 7;
     assert_int_equal(dsi_model_load(ctx, g_v4, &o, &m), DSI_ERR_INVALID_ARGUMENT);
     dsi_model_options_init(&o);
-    o.flags = 1u << 7; /* an undefined flag bit (bit 0 is DSI_MODEL_FLAG_COALESCE) */
+    o.flags = 1u << 7; /* an undefined flag bit (0 COALESCE, 1 VERIFY_FILE, 2 RESIDENT) */
     assert_int_equal(dsi_model_load(ctx, g_v4, &o, &m), DSI_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsi_model_load(ctx, "/nonexistent/x.gguf", NULL, &m), DSI_ERR_IO);
     assert_int_equal(dsi_model_load_from_reader(ctx, NULL, NULL, &m), DSI_ERR_INVALID_ARGUMENT);

@@ -264,7 +264,8 @@ static void test_cancel_and_continue(void **state) {
 
 static void test_cancel_before_prefill(void **state) {
     (void)state;
-    /* a cancel issued before the call is cleared when the call starts */
+    /* a cancel issued before the call is sticky (docs/api.md "Cancellation"): the next call
+     * returns CANCELLED before changing the session and consumes it */
     dsi_session *s = new_session();
     dsi_session_cancel(s);
     dsi_generate_options go;
@@ -275,6 +276,19 @@ static void test_cancel_before_prefill(void **state) {
     static collect c;
     memset(&c, 0, sizeof c);
     dsi_generate_result r;
+    assert_int_equal(run_gen(s, &go, &c, &r), DSI_ERR_CANCELLED);
+    assert_int_equal(r.finish_reason, DSI_FINISH_CANCELLED);
+    assert_int_equal(c.n, 0);
+    uint32_t pos = 1;
+    assert_int_equal(dsi_session_position(s, &pos), DSI_OK);
+    assert_int_equal(pos, 0);
+    memset(&c, 0, sizeof c);
+    assert_int_equal(run_gen(s, &go, &c, &r), DSI_OK);
+    assert_int_equal(c.n, 2);
+    /* a request withdrawn with dsi_session_cancel_clear cancels nothing */
+    dsi_session_cancel(s);
+    dsi_session_cancel_clear(s);
+    memset(&c, 0, sizeof c);
     assert_int_equal(run_gen(s, &go, &c, &r), DSI_OK);
     assert_int_equal(c.n, 2);
     dsi_session_free(s);

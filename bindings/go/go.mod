@@ -1,0 +1,3 @@
+module dsinfer
+
+go 1.19
