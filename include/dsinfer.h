@@ -296,6 +296,11 @@ typedef struct dsi_model_options {
     void *progress_user_data;
     uint32_t flags;               /* DSI_MODEL_FLAG_* (COALESCE: experimental section); default 0 */
     uint32_t reserved;
+    /* since 0.2: a second GGUF holding the draft blocks (V4 MTP / V4.1 DSpark) when the
+     * model file has none — llama.cpp's converter and ds4 ship the V4 MTP as a separate
+     * file (docs/model-files.md §4.3). NULL: none. Opened with the same access mode
+     * (DSI_ACCESS_PREAD for reader-loaded models); the path is not kept after loading. */
+    const char *draft_path;
 } dsi_model_options;
 
 /* [thread-safe] Fills `opt` with defaults. */

@@ -7,10 +7,13 @@ pkgs=(gcc g++ clang cmake ninja-build meson pkg-config binutils make
       mesa-vulkan-drivers glslc libvulkan-dev vulkan-validationlayers vulkan-tools libxxhash-dev)
 # the trained models' tools (tools/train, docs/trained-models.md)
 pkgs+=(python3-torch libopenblas0-pthread bible-kjv)
-# bindings and the server (docs/bindings.md, docs/server.md)
+# bindings and the server (docs/bindings.md, docs/server.md); jansson also for dsinfer-convert
 pkgs+=(libmicrohttpd-dev libjansson-dev curl python3-pytest python3-venv python3-setuptools
        python3-wheel golang-go)
-# Rust and Node.js: Debian's packages unless another installation is on PATH (rustup, nodesource)
+# git: the interop stage takes llama.h from node-llama-cpp's source bundle (tests/interop)
+pkgs+=(git)
+# Rust and Node.js: Debian's packages unless another installation is on PATH (rustup, nodesource);
+# npm also fetches the real llama.cpp for the interop tests (scripts/setup-llama-cpp.sh)
 command -v cargo >/dev/null 2>&1 || pkgs+=(cargo rustc)
 command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 missing=()

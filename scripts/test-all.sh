@@ -13,6 +13,7 @@
 #      concurrency; only those tests and the tiny models are built)
 #   9. Python, Rust and Go bindings; dsinfer-server (curl, OpenAI Node SDK, load test,
 #      malformed input), also under ASan
+#  10. GGUF interop with the real llama.cpp (npm's node-llama-cpp, CPU; tests/interop)
 # Ends with a summary line "N passed, N failed, N skipped [who: why; ...]"; exits non-zero on
 # any failure. A skip means only "absent here" (tests/common/skip.h): every program logs its
 # skips (whole program, or one test inside it) to $DSI_SKIP_LOG, and since setup-deps.sh
@@ -20,8 +21,9 @@
 # disabled by the environment count as skipped.
 # Environment: DSI_JOBS (parallel jobs, default nproc), DSI_FUZZ_SECONDS (default 60),
 #              DSI_SKIP_SANITIZE=1 / DSI_SKIP_FUZZ=1 / DSI_SKIP_MESON=1 / DSI_SKIP_MUTATION=1 /
-#              DSI_SKIP_TSAN=1 / DSI_SKIP_BINDINGS=1 to shorten local runs (reported as skipped);
-#              DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup could not install.
+#              DSI_SKIP_TSAN=1 / DSI_SKIP_BINDINGS=1 / DSI_SKIP_INTEROP=1 to shorten local runs
+#              (reported as skipped); DSI_REQUIRE_<WHAT>=0 to let a local run skip what setup
+#              could not install (DSI_REQUIRE_LLAMA_CPP=0: the npm package of the interop tests).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -99,6 +101,16 @@ cuda_cmake=() cuda_meson=()
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export DSI_REQUIRE_CUDA_TOOLKIT=${DSI_REQUIRE_CUDA_TOOLKIT:-1}
   if [ "$DSI_REQUIRE_CUDA_TOOLKIT" = 1 ]; then cuda_cmake=(-DDSI_CUDA=on); cuda_meson=(-Dcuda=enabled); fi
+fi
+# The real llama.cpp for the interop tests (npm's node-llama-cpp, no scripts, no GPU variants),
+# installed here once; no test downloads anything (tests/interop/README.md).
+export DSI_REQUIRE_LLAMA_CPP=${DSI_REQUIRE_LLAMA_CPP:-1}
+if DSI_LLAMA_CPP_LIBDIR=$(bash scripts/setup-llama-cpp.sh "$out/llama-cpp"); then
+  export DSI_LLAMA_CPP_LIBDIR
+elif [ "$DSI_REQUIRE_LLAMA_CPP" = 1 ]; then
+  echo "setup: llama.cpp (npm node-llama-cpp) could not be installed"; record setup-llama-cpp 1
+else
+  skip_stage setup-llama-cpp "npm node-llama-cpp could not be installed (DSI_REQUIRE_LLAMA_CPP=0)"
 fi
 skiplog() { rm -f "$out/skips-$1.log"; echo "$out/skips-$1.log"; } # a fresh skip log per stage
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
@@ -209,12 +221,12 @@ else
 fi
 
 if [ "${DSI_SKIP_FUZZ:-0}" != 1 ] && [ -f tests/fuzz/run.sh ]; then
-  stage "libFuzzer: GGUF reader and snapshot loader, ${DSI_FUZZ_SECONDS:-60} s each"
+  stage "libFuzzer: GGUF reader and snapshot loader, ${DSI_FUZZ_SECONDS:-60} s each; safetensors header parser, a third of that"
   rm -rf "$out/fuzz"
   if CC=clang CXX=clang++ cmake -S . -B "$out/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
        -DDSI_FUZZ=ON -DDSI_WERROR=ON -DDSI_VULKAN=off -DDSI_CUDA=off -DDSI_BUILD_EXAMPLES=OFF \
        >"$out/fuzz-configure.log" 2>&1 &&
-     cmake --build "$out/fuzz" -j"$jobs" --target fuzz_gguf fuzz_gguf_seeds fuzz_snapshot fuzz_snapshot_seeds >"$out/fuzz-build.log" 2>&1; then
+     cmake --build "$out/fuzz" -j"$jobs" --target fuzz_gguf fuzz_gguf_seeds fuzz_safetensors fuzz_snapshot fuzz_snapshot_seeds >"$out/fuzz-build.log" 2>&1; then
     sh tests/fuzz/run.sh "$out/fuzz" >"$out/fuzz-run.log" 2>&1
     rc=$?
     tail -8 "$out/fuzz-run.log"
@@ -307,6 +319,17 @@ else
   record bindings-cli 1 # the CMake build gave no dsinfer-cli to compare against
 fi
 
+
+if [ "${DSI_SKIP_INTEROP:-0}" = 1 ]; then
+  skip_stage interop "disabled by DSI_SKIP_INTEROP=1"
+elif [ ! -x "$out/cmake/tests/dsi_logits" ]; then
+  record interop 1; echo "[interop] the CMake build did not produce tests/dsi_logits"
+else
+  stage "llama.cpp interop (npm node-llama-cpp, CPU)"
+  bash tests/interop/run.sh "$out/cmake" "$out/interop" 2>&1 | tee "$out/interop.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 77 ]; then skip_stage interop "$(grep -m1 '^SKIP' "$out/interop.log")"; else record interop "$rc"; fi
+fi
 
 t1=$(date +%s)
 stage "summary ($((t1 - t0)) s)"

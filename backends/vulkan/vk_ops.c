@@ -38,6 +38,11 @@ static const struct {
     {DSI_TYPE_FP8_E4M3_B128, "matmul_fp8_b128"},
     {DSI_TYPE_FP8_E4M3_B32, "matmul_fp8_b32"},
     {DSI_TYPE_FP8_E4M3_R32, "matmul_fp8_b32"}, /* same bytes as B32 (tensor-types.md) */
+    /* ggml types of shaders/wload_ggml.glsl (ids as ggml's) */
+    {2, "matmul_q4_0"},      {3, "matmul_q4_1"},    {6, "matmul_q5_0"},    {7, "matmul_q5_1"},
+    {11, "matmul_q3_k"},     {13, "matmul_q5_k"},   {14, "matmul_q6_k"},   {20, "matmul_iq4_nl"},
+    {23, "matmul_iq4_xs"},   {18, "matmul_iq3_xxs"}, {21, "matmul_iq3_s"},  {16, "matmul_iq2_xxs"},
+    {17, "matmul_iq2_xs"},   {22, "matmul_iq2_s"},  {19, "matmul_iq1_s"},  {29, "matmul_iq1_m"},
 };
 
 /* Fills *out for a type with a matmul shader and returns out; NULL otherwise. */
@@ -199,7 +204,8 @@ static dsi_status for_windows(opc *c, const dsib_weight *w, uint32_t e_first, ui
     uint32_t ne1 = (uint32_t)w->ne[1];
     uint64_t ebytes = (uint64_t)(ne1 - 1) * w->nb1 + rb; /* one expert */
     if ((w->type == DSI_TYPE_F32 && ((w->offset | w->nb1 | w->nb2) & 3)) ||
-        ((w->type == DSI_TYPE_F16 || w->type == DSI_TYPE_BF16) && ((w->offset | w->nb1 | w->nb2) & 1)))
+        ((w->type == DSI_TYPE_F16 || w->type == DSI_TYPE_BF16) && ((w->offset | w->nb1 | w->nb2) & 1)) ||
+        (t->bytes % 2 == 0 && ((w->offset | w->nb1 | w->nb2) & 1))) /* 16-bit fields (wload.glsl) */
         return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: weight rows are misaligned", c->name);
     uint32_t e = e_first;
     while (e < e_last) {

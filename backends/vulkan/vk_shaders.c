@@ -96,6 +96,104 @@ static const uint32_t spv_matmul_fp8_b32_sg[] =
 #include "matmul_fp8_b32_sg.spv.inc"
     ;
 
+/* ggml weight types of shaders/wload_ggml.glsl (appended to shaders.list) */
+static const uint32_t spv_matmul_q4_0[] =
+#include "matmul_q4_0.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_1[] =
+#include "matmul_q4_1.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_0[] =
+#include "matmul_q5_0.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_1[] =
+#include "matmul_q5_1.spv.inc"
+    ;
+static const uint32_t spv_matmul_q3_k[] =
+#include "matmul_q3_k.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_k[] =
+#include "matmul_q5_k.spv.inc"
+    ;
+static const uint32_t spv_matmul_q6_k[] =
+#include "matmul_q6_k.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq4_nl[] =
+#include "matmul_iq4_nl.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq4_xs[] =
+#include "matmul_iq4_xs.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq3_xxs[] =
+#include "matmul_iq3_xxs.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq3_s[] =
+#include "matmul_iq3_s.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_xxs[] =
+#include "matmul_iq2_xxs.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_xs[] =
+#include "matmul_iq2_xs.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_s[] =
+#include "matmul_iq2_s.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq1_s[] =
+#include "matmul_iq1_s.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq1_m[] =
+#include "matmul_iq1_m.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_0_sg[] =
+#include "matmul_q4_0_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_1_sg[] =
+#include "matmul_q4_1_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_0_sg[] =
+#include "matmul_q5_0_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_1_sg[] =
+#include "matmul_q5_1_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q3_k_sg[] =
+#include "matmul_q3_k_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_k_sg[] =
+#include "matmul_q5_k_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_q6_k_sg[] =
+#include "matmul_q6_k_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq4_nl_sg[] =
+#include "matmul_iq4_nl_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq4_xs_sg[] =
+#include "matmul_iq4_xs_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq3_xxs_sg[] =
+#include "matmul_iq3_xxs_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq3_s_sg[] =
+#include "matmul_iq3_s_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_xxs_sg[] =
+#include "matmul_iq2_xxs_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_xs_sg[] =
+#include "matmul_iq2_xs_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_s_sg[] =
+#include "matmul_iq2_s_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq1_s_sg[] =
+#include "matmul_iq1_s_sg.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq1_m_sg[] =
+#include "matmul_iq1_m_sg.spv.inc"
+    ;
+
 /* needs: device features the variant requires (baseline shaders: none beyond Vulkan 1.1
  * compute; "<name>_sg": subgroup arithmetic); n_bindings: storage buffers the shader declares. */
 const dsib_vk_shader dsib_vk_shaders[] = {
@@ -129,5 +227,37 @@ const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_mxfp4_sg", spv_matmul_mxfp4_sg, sizeof spv_matmul_mxfp4_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
     {"matmul_fp8_b128_sg", spv_matmul_fp8_b128_sg, sizeof spv_matmul_fp8_b128_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
     {"matmul_fp8_b32_sg", spv_matmul_fp8_b32_sg, sizeof spv_matmul_fp8_b32_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q4_0", spv_matmul_q4_0, sizeof spv_matmul_q4_0, 0, 4},
+    {"matmul_q4_1", spv_matmul_q4_1, sizeof spv_matmul_q4_1, 0, 4},
+    {"matmul_q5_0", spv_matmul_q5_0, sizeof spv_matmul_q5_0, 0, 4},
+    {"matmul_q5_1", spv_matmul_q5_1, sizeof spv_matmul_q5_1, 0, 4},
+    {"matmul_q3_k", spv_matmul_q3_k, sizeof spv_matmul_q3_k, 0, 4},
+    {"matmul_q5_k", spv_matmul_q5_k, sizeof spv_matmul_q5_k, 0, 4},
+    {"matmul_q6_k", spv_matmul_q6_k, sizeof spv_matmul_q6_k, 0, 4},
+    {"matmul_iq4_nl", spv_matmul_iq4_nl, sizeof spv_matmul_iq4_nl, 0, 4},
+    {"matmul_iq4_xs", spv_matmul_iq4_xs, sizeof spv_matmul_iq4_xs, 0, 4},
+    {"matmul_iq3_xxs", spv_matmul_iq3_xxs, sizeof spv_matmul_iq3_xxs, 0, 4},
+    {"matmul_iq3_s", spv_matmul_iq3_s, sizeof spv_matmul_iq3_s, 0, 4},
+    {"matmul_iq2_xxs", spv_matmul_iq2_xxs, sizeof spv_matmul_iq2_xxs, 0, 4},
+    {"matmul_iq2_xs", spv_matmul_iq2_xs, sizeof spv_matmul_iq2_xs, 0, 4},
+    {"matmul_iq2_s", spv_matmul_iq2_s, sizeof spv_matmul_iq2_s, 0, 4},
+    {"matmul_iq1_s", spv_matmul_iq1_s, sizeof spv_matmul_iq1_s, 0, 4},
+    {"matmul_iq1_m", spv_matmul_iq1_m, sizeof spv_matmul_iq1_m, 0, 4},
+    {"matmul_q4_0_sg", spv_matmul_q4_0_sg, sizeof spv_matmul_q4_0_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q4_1_sg", spv_matmul_q4_1_sg, sizeof spv_matmul_q4_1_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q5_0_sg", spv_matmul_q5_0_sg, sizeof spv_matmul_q5_0_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q5_1_sg", spv_matmul_q5_1_sg, sizeof spv_matmul_q5_1_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q3_k_sg", spv_matmul_q3_k_sg, sizeof spv_matmul_q3_k_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q5_k_sg", spv_matmul_q5_k_sg, sizeof spv_matmul_q5_k_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_q6_k_sg", spv_matmul_q6_k_sg, sizeof spv_matmul_q6_k_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq4_nl_sg", spv_matmul_iq4_nl_sg, sizeof spv_matmul_iq4_nl_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq4_xs_sg", spv_matmul_iq4_xs_sg, sizeof spv_matmul_iq4_xs_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq3_xxs_sg", spv_matmul_iq3_xxs_sg, sizeof spv_matmul_iq3_xxs_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq3_s_sg", spv_matmul_iq3_s_sg, sizeof spv_matmul_iq3_s_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq2_xxs_sg", spv_matmul_iq2_xxs_sg, sizeof spv_matmul_iq2_xxs_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq2_xs_sg", spv_matmul_iq2_xs_sg, sizeof spv_matmul_iq2_xs_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq2_s_sg", spv_matmul_iq2_s_sg, sizeof spv_matmul_iq2_s_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq1_s_sg", spv_matmul_iq1_s_sg, sizeof spv_matmul_iq1_s_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_iq1_m_sg", spv_matmul_iq1_m_sg, sizeof spv_matmul_iq1_m_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
 };
 const size_t dsib_vk_n_shaders = sizeof dsib_vk_shaders / sizeof dsib_vk_shaders[0];

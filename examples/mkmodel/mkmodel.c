@@ -18,6 +18,7 @@
 
 #include "base/base.h"
 #include "gguf/gguf.h"
+#include "model/emit.h"
 #include "quant/fp.h"
 #include "quant/quant.h"
 
@@ -69,6 +70,21 @@ static const mk_config k_configs[] = {
         .ratios = {0, 0, 4, 16, 4, 16},
         .idx_heads = 4, .idx_dim = 128, .idx_topk = 8,
         .n_expert = 8, .n_used = 2, .n_shared = 1, .ff = 64, .n_hash = 3,
+        .hc = 4, .sinkhorn = 20,
+        .rope_base = 10000.0f, .rope_base_c = 160000.0f, .yarn_factor = 16.0f, .beta_fast = 32.0f,
+        .beta_slow = 1.0f, .eps = 1e-6f, .hc_eps = 1e-6f, .swiglu = 10.0f, .route = 1.5f,
+        .yarn_orig = 64, .n_mtp = 1, .cand_src = -1,
+        .default_type = DSI_TYPE_F32,
+    },
+    {
+        .name = "tiny-v4-lcpp",
+        .desc = "V4 for interop tests: ratios 4 and 128 only (llama.cpp's deepseek4 loader), every matrix row a multiple of 256 (K-quants), 16 indexer heads",
+        .v41 = 0, .n_vocab = 1024,
+        .n_layer = 6, .n_embd = 256, .n_head = 4, .head_dim = 256, .rope_dim = 64, .q_lora = 256,
+        .o_groups = 2, .o_lora = 128, .window = 16, .ctx = 4096,
+        .ratios = {0, 0, 4, 128, 4, 128},
+        .idx_heads = 16, .idx_dim = 128, .idx_topk = 8,
+        .n_expert = 8, .n_used = 2, .n_shared = 1, .ff = 256, .n_hash = 3,
         .hc = 4, .sinkhorn = 20,
         .rope_base = 10000.0f, .rope_base_c = 160000.0f, .yarn_factor = 16.0f, .beta_fast = 32.0f,
         .beta_slow = 1.0f, .eps = 1e-6f, .hc_eps = 1e-6f, .swiglu = 10.0f, .route = 1.5f,
@@ -522,6 +538,98 @@ static int fill_tensor(void *user, void *dst, uint64_t nbytes) {
 /* Metadata                                                                              */
 /* ------------------------------------------------------------------------------------ */
 
+/* The canonical description of a configuration, for the layout writer (lib/model/emit.h). */
+static void build_hparams(const mk_config *c, const mk_vocab *v, const int32_t *tmap, uint32_t n_comp,
+                          const uint64_t *primes, const uint64_t *offsets, const uint64_t *mults,
+                          const uint64_t *rows, dsii_hparams *hp) {
+    memset(hp, 0, sizeof *hp);
+    hp->arch = c->v41 ? DSI_ARCH_DEEPSEEK41 : DSI_ARCH_DEEPSEEK4;
+    hp->n_layer = c->n_layer;
+    hp->n_embd = c->n_embd;
+    hp->n_vocab = c->n_vocab;
+    hp->n_ctx_train = c->ctx;
+    hp->n_head = c->n_head;
+    hp->head_dim = c->head_dim;
+    hp->rope_dim = c->rope_dim;
+    hp->nope_dim = c->head_dim - c->rope_dim;
+    hp->q_lora_rank = c->q_lora;
+    hp->o_lora_rank = c->o_lora;
+    hp->o_groups = c->o_groups;
+    hp->window = c->window;
+    hp->idx_n_head = c->idx_heads;
+    hp->idx_head_dim = c->idx_dim;
+    hp->idx_topk = c->idx_topk;
+    hp->candidate_source = c->cand_src;
+    hp->candidate_topk_blocks = c->cand_topk_blocks;
+    hp->candidate_block_size = c->cand_block;
+    hp->n_expert = c->n_expert;
+    hp->n_expert_used = c->n_used;
+    hp->expert_ff = c->ff;
+    hp->n_expert_shared = c->n_shared;
+    hp->n_hash_layer = c->n_hash;
+    hp->route_scale = c->route;
+    hp->rope_base = c->rope_base;
+    hp->rope_base_compress = c->rope_base_c;
+    hp->yarn_factor = c->yarn_factor;
+    hp->yarn_orig_ctx = c->yarn_orig;
+    hp->yarn_beta_fast = c->beta_fast;
+    hp->yarn_beta_slow = c->beta_slow;
+    hp->rms_eps = c->eps;
+    hp->hc_mult = c->hc;
+    hp->hc_mix = (2 + c->hc) * c->hc;
+    hp->hc_sinkhorn_iters = c->sinkhorn;
+    hp->hc_eps = c->hc_eps;
+    hp->hc_lagged = c->v41;
+    for (uint32_t i = 0; i < c->n_layer; i++) {
+        dsii_layer_hparams *l = &hp->layer[i];
+        l->compress_ratio = c->ratios[i];
+        l->swiglu_limit = l->swiglu_limit_shexp = c->swiglu;
+        l->n_expert = c->n_expert;
+        l->n_expert_used = c->n_used;
+        l->is_kv_source = c->v41 && in_u32(c->kv_src, c->n_kv_src, i);
+        l->is_index_source = c->v41 && in_u32(c->idx_src, c->n_idx_src, i);
+        l->engram_index = -1;
+    }
+    hp->n_draft = c->n_mtp + c->n_dspark;
+    hp->has_mtp = c->n_mtp > 0;
+    hp->has_dspark = c->n_dspark > 0;
+    for (uint32_t d = 0; d < hp->n_draft; d++) {
+        hp->draft_layer[d].swiglu_limit = hp->draft_layer[d].swiglu_limit_shexp = c->swiglu;
+        hp->draft_layer[d].engram_index = -1;
+    }
+    if (c->n_dspark) {
+        dsii_dspark_hparams *d = &hp->dspark;
+        d->block_size = c->dspark_block;
+        d->noise_token = v->special[MK_SP_PAD];
+        d->n_target = c->n_targets;
+        memcpy(d->target_layer_ids, c->targets, sizeof(uint32_t) * c->n_targets);
+        d->markov_rank = c->markov_rank;
+        d->n_expert = c->dspark_experts;
+        d->n_expert_used = c->dspark_used;
+    }
+    if (c->n_engram) {
+        dsii_engram_hparams *e = &hp->engram;
+        hp->has_engram = 1;
+        e->n_layer = c->n_engram;
+        memcpy(e->layer_ids, c->engram_layers, sizeof(uint32_t) * c->n_engram);
+        e->n_head = c->engram_heads;
+        e->key_length = c->engram_dim;
+        e->max_ngram = c->engram_ngram;
+        e->n_cols = (c->engram_ngram - 1) * c->engram_heads;
+        e->compressed_vocab = n_comp;
+        e->pad_id = (uint32_t)tmap[v->special[MK_SP_PAD]];
+        e->n_token_map = v->n;
+        e->multipliers = mults;
+        e->primes = primes;
+        e->offsets = offsets;
+        e->token_map = tmap;
+        for (uint32_t l = 0; l < c->n_engram; l++) {
+            e->rows[l] = rows[l];
+            hp->layer[c->engram_layers[l]].engram_index = (int32_t)l;
+        }
+    }
+}
+
 #define W(x)                                                                  \
     do {                                                                      \
         if ((x) != DSI_OK) {                                                  \
@@ -530,91 +638,8 @@ static int fill_tensor(void *user, void *dst, uint64_t nbytes) {
         }                                                                     \
     } while (0)
 
-static int write_meta(dsii_gguf_writer *w, const mk_config *c, const mk_vocab *v,
-                      const int32_t *tmap, uint32_t n_comp, const uint64_t *primes,
-                      const uint64_t *offsets, const uint64_t *mults) {
+static int write_tokenizer(dsii_gguf_writer *w, const mk_vocab *v) {
     dsii_error err;
-    const char *A = c->v41 ? "deepseek41" : "deepseek4";
-    char k[160];
-#define KEY(s) (snprintf(k, sizeof k, "%s.%s", A, s), k)
-    W(dsii_gguf_writer_add_string(w, "general.architecture", A, &err));
-    W(dsii_gguf_writer_add_string(w, "general.name", c->name, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("block_count"), c->n_layer, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("context_length"), c->ctx, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("embedding_length"), c->n_embd, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("vocab_size"), c->n_vocab, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.head_count"), c->n_head, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), 1, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.key_length"), c->head_dim, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.value_length"), c->head_dim, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("rope.dimension_count"), c->rope_dim, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.q_lora_rank"), c->q_lora, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.output_lora_rank"), c->o_lora, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.output_group_count"), c->o_groups, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.sliding_window"), c->window, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.indexer.head_count"), c->idx_heads, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.indexer.key_length"), c->idx_dim, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("attention.indexer.top_k"), c->idx_topk, &err));
-    const uint32_t n_draft = c->n_mtp + c->n_dspark;
-    uint32_t ratios[MAXL + 8];
-    float clamp[MAXL + 8];
-    for (uint32_t i = 0; i < c->n_layer + n_draft; i++) {
-        ratios[i] = i < c->n_layer ? c->ratios[i] : 0;
-        clamp[i] = c->swiglu;
-    }
-    W(dsii_gguf_writer_add_array(w, KEY("attention.compress_ratios"), DSII_GGUF_U32, ratios, c->n_layer + n_draft, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("attention.compress_rope_freq_base"), c->rope_base_c, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("rope.freq_base"), c->rope_base, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), c->yarn_factor, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), c->yarn_orig, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("rope.scaling.yarn_beta_fast"), c->beta_fast, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("rope.scaling.yarn_beta_slow"), c->beta_slow, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->eps, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("expert_count"), c->n_expert, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("expert_used_count"), c->n_used, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), c->ff, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("expert_shared_count"), c->n_shared, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("expert_weights_scale"), c->route, &err));
-    W(dsii_gguf_writer_add_bool(w, KEY("expert_weights_norm"), 1, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("expert_gating_func"), 4, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("hash_layer_count"), c->n_hash, &err));
-    W(dsii_gguf_writer_add_array(w, KEY("swiglu_clamp_exp"), DSII_GGUF_F32, clamp, c->n_layer + n_draft, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("hyper_connection.count"), c->hc, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("hyper_connection.sinkhorn_iterations"), c->sinkhorn, &err));
-    W(dsii_gguf_writer_add_f32(w, KEY("hyper_connection.epsilon"), c->hc_eps, &err));
-    W(dsii_gguf_writer_add_u32(w, KEY("nextn_predict_layers"), n_draft, &err));
-    if (c->v41) {
-        W(dsii_gguf_writer_add_array(w, KEY("kv_source_layer_ids"), DSII_GGUF_U32, c->kv_src, c->n_kv_src, &err));
-        W(dsii_gguf_writer_add_array(w, KEY("index_source_layer_ids"), DSII_GGUF_U32, c->idx_src, c->n_idx_src, &err));
-        if (c->cand_src >= 0) {
-            W(dsii_gguf_writer_add_u32(w, KEY("attention.candidate_source_layer_id"), (uint32_t)c->cand_src, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("attention.candidate_topk_blocks"), c->cand_topk_blocks, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("attention.candidate_block_size"), c->cand_block, &err));
-        }
-        if (c->n_engram) {
-            const uint32_t nc = (c->engram_ngram - 1) * c->engram_heads;
-            W(dsii_gguf_writer_add_array(w, KEY("engram.layer_ids"), DSII_GGUF_U32, c->engram_layers, c->n_engram, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("engram.head_count"), c->engram_heads, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("engram.key_length"), c->engram_dim, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("engram.max_ngram_size"), c->engram_ngram, &err));
-            W(dsii_gguf_writer_add_array(w, KEY("engram.multipliers"), DSII_GGUF_U64, mults,
-                                         (uint64_t)c->n_engram * c->engram_ngram, &err));
-            W(dsii_gguf_writer_add_array(w, KEY("engram.primes"), DSII_GGUF_U64, primes, (uint64_t)c->n_engram * nc, &err));
-            W(dsii_gguf_writer_add_array(w, KEY("engram.offsets"), DSII_GGUF_U64, offsets, (uint64_t)c->n_engram * nc, &err));
-            W(dsii_gguf_writer_add_array(w, KEY("engram.token_map"), DSII_GGUF_I32, tmap, v->n, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("engram.pad_id"), (uint32_t)tmap[v->special[MK_SP_PAD]], &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("engram.compressed_vocab_size"), n_comp, &err));
-        }
-        if (c->n_dspark) {
-            W(dsii_gguf_writer_add_array(w, KEY("dspark_target_layer_ids"), DSII_GGUF_U32, c->targets, c->n_targets, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("dspark_block_size"), c->dspark_block, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("dspark_noise_token_id"), (uint32_t)v->special[MK_SP_PAD], &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("dspark_markov_rank"), c->markov_rank, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("dspark_expert_count"), c->dspark_experts, &err));
-            W(dsii_gguf_writer_add_u32(w, KEY("dspark_expert_used_count"), c->dspark_used, &err));
-        }
-    }
-#undef KEY
     W(dsii_gguf_writer_add_string(w, "tokenizer.ggml.model", "gpt2", &err));
     W(dsii_gguf_writer_add_string(w, "tokenizer.ggml.pre", "joyai-llm", &err));
     W(dsii_gguf_writer_add_string_array(w, "tokenizer.ggml.tokens", (const char *const *)v->text, NULL, v->n, &err));
@@ -641,11 +666,16 @@ static const struct {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dsinfer-mkmodel --config NAME [--seed N] [--type T] -o FILE.gguf [--also FILE2]\n"
+            "usage: dsinfer-mkmodel --config NAME [--seed N] [--type T] [--layout L] [--no-mtp]\n"
+            "                       -o FILE.gguf [--mtp-out FILE] [--also FILE2]\n"
             "       dsinfer-mkmodel --import DUMP -o FILE.gguf [--also FILE2]\n"
             "       dsinfer-mkmodel --list\n"
             "T: f32 f16 bf16 q8_0 q4_k q2_k mxfp4 fp8 (type of the large matrices; fp8 =\n"
-            "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41)\n");
+            "   fp8_e4m3_b128 for deepseek4, fp8_e4m3_b32 for deepseek41; native layout only),\n"
+            "   or any other type the library can write: q4_0 q4_1 q5_0 q5_1 q3_k q5_k q6_k\n"
+            "   iq4_nl iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_s iq1_m (docs/tensor-types.md)\n"
+            "L: llama.cpp (default), ds4, native (docs/model-files.md 7). llama.cpp and ds4 keep\n"
+            "   the V4 MTP block in a second file: --mtp-out, default FILE-mtp.gguf.\n");
 }
 
 static uint64_t plan_bytes(const plan *p, uint64_t *params) {
@@ -673,10 +703,11 @@ static int make_plan(const mk_config *c, int32_t type, uint64_t seed, plan *p,
 }
 
 int main(int argc, char **argv) {
-    const char *config = NULL, *out = NULL, *also = NULL, *import = NULL;
+    const char *config = NULL, *out = NULL, *also = NULL, *import = NULL, *mtp_out = NULL;
     uint64_t seed = 1;
     int32_t type = 0;
-    int have_type = 0, list = 0;
+    int have_type = 0, list = 0, no_mtp = 0;
+    int layout = DSII_LAYOUT_LLAMACPP;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--list")) {
             list = 1;
@@ -696,6 +727,11 @@ int main(int argc, char **argv) {
             have_type = 0;
             for (size_t k = 0; k < sizeof k_types / sizeof k_types[0]; k++)
                 if (!strcmp(t, k_types[k].name)) type = k_types[k].type, have_type = 1;
+            for (int32_t id = 0; id < 64 && !have_type; id++) { /* further ggml types */
+                const dsii_type_traits *tr = dsii_type_get(id);
+                if (tr && tr->quantize_row && tr->is_quantized && !strcmp(t, tr->name))
+                    type = id, have_type = 1;
+            }
             if (!have_type) {
                 fprintf(stderr, "dsinfer-mkmodel: unknown type '%s'\n", t);
                 usage(stderr);
@@ -703,6 +739,16 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(argv[i], "-o") && i + 1 < argc) {
             out = argv[++i];
+        } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
+            layout = dsii_layout_parse(argv[++i]);
+            if (layout < 0) {
+                fprintf(stderr, "dsinfer-mkmodel: unknown layout '%s' (llama.cpp, ds4, native)\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--mtp-out") && i + 1 < argc) {
+            mtp_out = argv[++i];
+        } else if (!strcmp(argv[i], "--no-mtp")) {
+            no_mtp = 1;
         } else if (!strcmp(argv[i], "--also") && i + 1 < argc) {
             also = argv[++i]; /* a second copy (build systems: $BUILD/models/) */
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -773,21 +819,38 @@ int main(int argc, char **argv) {
         }
     }
 
-    dsii_gguf_writer *w = dsii_gguf_writer_create(NULL);
-    if (!w) return 1;
-    rc = write_meta(w, c, &v, tmap, n_comp, primes, offsets, mults);
+    if (layout != DSII_LAYOUT_NATIVE && (type == -1 || p.mat_type >= DSI_TYPE_FP8_E4M3_B128)) {
+        fprintf(stderr, "dsinfer-mkmodel: the fp8 types exist only in the native layout (--layout native)\n");
+        return 2;
+    }
+    dsii_hparams hp;
+    build_hparams(c, &v, tmap, n_comp, primes, offsets, mults, rows, &hp);
     dsii_error err;
+    dsii_emitter *em = NULL;
+    if (dsii_emitter_create(&hp, layout, c->name, no_mtp, &em, &err) != DSI_OK) {
+        fprintf(stderr, "dsinfer-mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    for (int part = 0; part < DSII_EMIT_PARTS && !rc; part++)
+        if (dsii_emitter_has_part(em, part)) rc = write_tokenizer(dsii_emitter_writer(em, part), &v);
     for (uint32_t i = 0; i < p.n && !rc; i++) {
         spec *s = &p.s[i];
-        if (dsii_gguf_writer_add_tensor_fn(w, s->name, s->type, s->n_dims, s->ne, fill_tensor, s, &err) != DSI_OK) {
+        if (dsii_emitter_add(em, s->name, s->type, s->n_dims, s->ne, fill_tensor, s, &err) != DSI_OK) {
             fprintf(stderr, "dsinfer-mkmodel: %s\n", err.msg);
             rc = 1;
         }
     }
-    if (!rc && dsii_gguf_writer_write_path(w, out, &err) != DSI_OK) {
-        fprintf(stderr, "dsinfer-mkmodel: %s\n", err.msg);
-        remove(out);
-        rc = 1;
+    char mtp_path[4096];
+    if (mtp_out) snprintf(mtp_path, sizeof mtp_path, "%s", mtp_out);
+    else dsii_emit_draft_path(out, mtp_path, sizeof mtp_path);
+    for (int part = 0; part < DSII_EMIT_PARTS && !rc; part++) {
+        if (!dsii_emitter_has_part(em, part)) continue;
+        const char *path = part == DSII_EMIT_MAIN ? out : mtp_path;
+        if (dsii_emitter_write(em, part, path, &err) != DSI_OK) {
+            fprintf(stderr, "dsinfer-mkmodel: %s\n", err.msg);
+            remove(path);
+            rc = 1;
+        }
     }
     if (!rc && also) {
         /* make the parent folder (one level: $BUILD/models) */
@@ -799,7 +862,7 @@ int main(int argc, char **argv) {
             mkdir(dir, 0777);
         }
     }
-    if (!rc && also && dsii_gguf_writer_write_path(w, also, &err) != DSI_OK) {
+    if (!rc && also && dsii_emitter_write(em, DSII_EMIT_MAIN, also, &err) != DSI_OK) {
         fprintf(stderr, "dsinfer-mkmodel: %s\n", err.msg);
         remove(also);
         rc = 1;
@@ -807,11 +870,14 @@ int main(int argc, char **argv) {
     if (!rc) {
         uint64_t params = 0;
         plan_bytes(&p, &params);
-        fprintf(stderr, "dsinfer-mkmodel: wrote %s (%s, %u tokens, compressed vocab %u, %" PRIu64
+        fprintf(stderr, "dsinfer-mkmodel: wrote %s (%s, %s layout, %u tokens, compressed vocab %u, %" PRIu64
                         " params, %" PRIu64 " bytes)\n",
-                out, c->name, v.n, n_comp, params, dsii_gguf_writer_size(w));
+                out, c->name, dsii_layout_name(layout), v.n, n_comp, params, dsii_emitter_size(em, DSII_EMIT_MAIN));
+        if (dsii_emitter_has_part(em, DSII_EMIT_DRAFT))
+            fprintf(stderr, "dsinfer-mkmodel: wrote %s (the MTP block, %" PRIu64 " bytes; load it with draft_path)\n",
+                    mtp_path, dsii_emitter_size(em, DSII_EMIT_DRAFT));
     }
-    dsii_gguf_writer_free(w);
+    dsii_emitter_free(em);
     free(p.s);
     free(tmap);
     mk_vocab_free(&v);

@@ -94,9 +94,15 @@ enum {
     DSII_ENGRAM_PLACE_PREAD = 1  /* rows read from the file on demand */
 };
 
+/* Internal storage type of ds4's Engram rows (model-spec §5.2, encoding
+ * "e4m3_e8m0_32_row264"): per row, K E4M3FN bytes, then K/32 E8M0 scales (scale j covers
+ * values 32j … 32j+31). Stored in the file as I8 [K + K/32, rows]; the loader binds it with
+ * this id and ne[0] = K. Far above ggml's and libdsinfer's public ids; never in a file. */
+#define DSII_TYPE_ENGRAM_ROW264 2048
+
 typedef struct dsii_engram_table {
     int32_t placement;     /* DSII_ENGRAM_PLACE_* */
-    int32_t type;          /* storage type of a row (DSI_TYPE_*; release: FP8_E4M3_B32) */
+    int32_t type;          /* storage type of a row (DSI_TYPE_*, or DSII_TYPE_ENGRAM_ROW264) */
     int64_t row_elems;     /* elements per row (engram head_dim) */
     uint64_t n_rows;
     uint64_t row_bytes;

@@ -9,9 +9,27 @@
 /* Rows are small (release: 264 bytes); anything far larger is a malformed file. */
 #define ENGRAM_MAX_ROW_BYTES (1u << 20)
 
+/* ds4's row: K E4M3 values, then K/32 E8M0 scales. */
+static void deq_row264(const uint8_t *src, float *dst, int64_t k) {
+    for (int64_t j = 0; j < k; j++)
+        dst[j] = dsii_e4m3_to_f32(src[j]) * dsii_e8m0_to_f32(src[k + j / 32]);
+}
+
 static dsi_status table_common(dsii_engram_table *t, int32_t type, int64_t row_elems,
                                uint64_t n_rows, dsii_error *err) {
     memset(t, 0, sizeof *t);
+    if (type == DSII_TYPE_ENGRAM_ROW264) {
+        if (row_elems < 32 || row_elems % 32 || row_elems > (int64_t)ENGRAM_MAX_ROW_BYTES)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT, "engram table: bad row264 row of %lld values",
+                             (long long)row_elems);
+        if (n_rows == 0 || n_rows > UINT32_MAX)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT, "engram table: %llu rows", (unsigned long long)n_rows);
+        t->type = type;
+        t->row_elems = row_elems;
+        t->n_rows = n_rows;
+        t->row_bytes = (uint64_t)row_elems / 32 * 33;
+        return DSI_OK;
+    }
     const dsii_type_traits *tr = dsii_type_get(type);
     if (!tr) return dsii_fail(err, DSI_ERR_UNSUPPORTED, "engram table: unknown type %d", (int)type);
     if (!tr->supported || !tr->dequantize_row)
@@ -61,8 +79,9 @@ dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t ro
 
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
                               const uint32_t *rows, size_t n, float *dst, dsii_error *err) {
-    const dsii_type_traits *tr = dsii_type_get(t->type);
-    if (!tr || !tr->dequantize_row)
+    const int row264 = t->type == DSII_TYPE_ENGRAM_ROW264;
+    const dsii_type_traits *tr = row264 ? NULL : dsii_type_get(t->type);
+    if (!row264 && (!tr || !tr->dequantize_row))
         return dsii_fail(err, DSI_ERR_INTERNAL, "engram gather: table not initialised");
     uint8_t *scratch = NULL;
     if (t->placement == DSII_ENGRAM_PLACE_PREAD) {
@@ -70,7 +89,7 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
         if (!scratch) return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram gather: scratch");
     }
     const int round_bf16 = t->type == DSI_TYPE_FP8_E4M3_R32 || t->type == DSI_TYPE_FP8_E4M3_B32 ||
-                           t->type == DSI_TYPE_FP8_E4M3_B128;
+                           t->type == DSI_TYPE_FP8_E4M3_B128 || row264;
     dsi_status st = DSI_OK;
     for (size_t i = 0; i < n; i++) {
         if ((uint64_t)rows[i] >= t->n_rows) {
@@ -88,7 +107,10 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
             src = scratch;
         }
         float *d = dst + i * (size_t)t->row_elems;
-        tr->dequantize_row(src, d, t->row_elems);
+        if (row264)
+            deq_row264(src, d, t->row_elems);
+        else
+            tr->dequantize_row(src, d, t->row_elems);
         /* FP8 rows are dequantised to bf16 (§4.6 step 1, as ds4_engram.c does). E4M3 times a
          * power-of-two scale is exact in bf16 except below bf16's normal range, so this only
          * matters at the edges; F32/F16/BF16 (debug) tables are used as stored. */

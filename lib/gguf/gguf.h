@@ -264,6 +264,20 @@ typedef int (*dsii_gguf_fill_fn)(void *user, void *dst, uint64_t nbytes);
 dsi_status dsii_gguf_writer_add_tensor_fn(dsii_gguf_writer *w, const char *name, int32_t type,
                                           uint32_t n_dims, const int64_t *ne,
                                           dsii_gguf_fill_fn fill, void *user, dsii_error *err);
+/* Row-streamed tensor: at write time the writer calls fill(user, row0, n_rows, dst) for
+ * consecutive runs of whole rows (a row = ne[0] elements; rows run over ne[1..3]) — about
+ * 8 MiB at a time and a multiple of `row_align` rows (0 = 1) except at the end — so no tensor
+ * is ever whole in memory (dsinfer-convert: 100 GB Engram tables). Return 0 on success. */
+typedef int (*dsii_gguf_fill_rows_fn)(void *user, uint64_t row0, uint64_t n_rows, void *dst);
+dsi_status dsii_gguf_writer_add_tensor_rows(dsii_gguf_writer *w, const char *name,
+                                            int32_t type, uint32_t n_dims, const int64_t *ne,
+                                            uint32_t row_align, dsii_gguf_fill_rows_fn fill,
+                                            void *user, dsii_error *err);
+/* Called after every chunk of tensor data written: `done` = bytes of the file so far
+ * (`total` is 0; dsii_gguf_writer_size gives it). NULL clears. */
+typedef void (*dsii_gguf_progress_fn)(void *user, const char *tensor, uint64_t done,
+                                      uint64_t total);
+void dsii_gguf_writer_set_progress(dsii_gguf_writer *w, dsii_gguf_progress_fn fn, void *user);
 dsi_status dsii_gguf_writer_add_tensor_f32(dsii_gguf_writer *w, const char *name,
                                            int32_t type, uint32_t n_dims, const int64_t *ne,
                                            const float *data, dsii_error *err);

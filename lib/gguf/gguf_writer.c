@@ -21,7 +21,10 @@
 #include <unistd.h>
 #endif
 
-enum { T_COPY, T_REF, T_FN };
+enum { T_COPY, T_REF, T_FN, T_ROWS };
+
+/* Bytes handed to one fill_rows call (whole rows; at least one row). */
+#define W_CHUNK_BYTES (8u << 20)
 
 typedef struct w_kv {
     char *key;
@@ -42,6 +45,8 @@ typedef struct w_tensor {
     int kind;
     const void *data;   /* T_COPY (owned) / T_REF (borrowed) */
     dsii_gguf_fill_fn fill;
+    dsii_gguf_fill_rows_fn fill_rows;
+    uint32_t row_align;
     void *user;
 } w_tensor;
 
@@ -59,6 +64,8 @@ struct dsii_gguf_writer {
     size_t kv_set_cap;
     uint32_t *t_set;
     size_t t_set_cap;
+    dsii_gguf_progress_fn progress;
+    void *progress_user;
 };
 
 static uint64_t fnv(const char *s, size_t n) {
@@ -366,7 +373,8 @@ static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 static dsi_status add_tensor_common(dsii_gguf_writer *w, const char *name, int32_t type,
                                     uint32_t n_dims, const int64_t *ne, int kind,
                                     const void *data, uint64_t nbytes, int check_bytes,
-                                    dsii_gguf_fill_fn fill, void *user, dsii_error *err) {
+                                    dsii_gguf_fill_fn fill, dsii_gguf_fill_rows_fn fill_rows,
+                                    uint32_t row_align, void *user, dsii_error *err) {
     dsi_status st = check_name(w, name, "tensor", err);
     if (st != DSI_OK) return st;
     if (!ne || n_dims < 1 || n_dims > 4)
@@ -391,9 +399,9 @@ static dsi_status add_tensor_common(dsii_gguf_writer *w, const char *name, int32
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT,
                          "GGUF writer: tensor '%s' has %llu bytes, type %s needs %llu", name,
                          (unsigned long long)nbytes, tt->name, (unsigned long long)want);
-    if (kind != T_FN && !data)
+    if ((kind == T_COPY || kind == T_REF) && !data)
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "GGUF writer: tensor '%s' data is NULL", name);
-    if (kind == T_FN && !fill)
+    if ((kind == T_FN && !fill) || (kind == T_ROWS && !fill_rows))
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "GGUF writer: tensor '%s' fill is NULL", name);
     if (set_has(w, w->t_set, w->t_set_cap, t_name_of, name, strlen(name)))
         return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "GGUF writer: duplicate tensor '%s'", name);
@@ -429,6 +437,8 @@ static dsi_status add_tensor_common(dsii_gguf_writer *w, const char *name, int32
     t->kind = kind;
     t->data = kind == T_COPY ? copy : data;
     t->fill = fill;
+    t->fill_rows = fill_rows;
+    t->row_align = row_align ? row_align : 1;
     t->user = user;
     if (!set_add(w, &w->t_set, &w->t_set_cap, t_name_of, w->n_tensors)) {
         w->n_tensors--;
@@ -443,19 +453,32 @@ static dsi_status add_tensor_common(dsii_gguf_writer *w, const char *name, int32
 dsi_status dsii_gguf_writer_add_tensor(dsii_gguf_writer *w, const char *name, int32_t type,
                                        uint32_t n_dims, const int64_t *ne, const void *data,
                                        uint64_t nbytes, dsii_error *err) {
-    return add_tensor_common(w, name, type, n_dims, ne, T_COPY, data, nbytes, 1, NULL, NULL, err);
+    return add_tensor_common(w, name, type, n_dims, ne, T_COPY, data, nbytes, 1, NULL, NULL, 0, NULL, err);
 }
 
 dsi_status dsii_gguf_writer_add_tensor_ref(dsii_gguf_writer *w, const char *name, int32_t type,
                                            uint32_t n_dims, const int64_t *ne, const void *data,
                                            uint64_t nbytes, dsii_error *err) {
-    return add_tensor_common(w, name, type, n_dims, ne, T_REF, data, nbytes, 1, NULL, NULL, err);
+    return add_tensor_common(w, name, type, n_dims, ne, T_REF, data, nbytes, 1, NULL, NULL, 0, NULL, err);
 }
 
 dsi_status dsii_gguf_writer_add_tensor_fn(dsii_gguf_writer *w, const char *name, int32_t type,
                                           uint32_t n_dims, const int64_t *ne,
                                           dsii_gguf_fill_fn fill, void *user, dsii_error *err) {
-    return add_tensor_common(w, name, type, n_dims, ne, T_FN, NULL, 0, 0, fill, user, err);
+    return add_tensor_common(w, name, type, n_dims, ne, T_FN, NULL, 0, 0, fill, NULL, 0, user, err);
+}
+
+dsi_status dsii_gguf_writer_add_tensor_rows(dsii_gguf_writer *w, const char *name, int32_t type,
+                                            uint32_t n_dims, const int64_t *ne, uint32_t row_align,
+                                            dsii_gguf_fill_rows_fn fill, void *user,
+                                            dsii_error *err) {
+    return add_tensor_common(w, name, type, n_dims, ne, T_ROWS, NULL, 0, 0, NULL, fill, row_align, user, err);
+}
+
+void dsii_gguf_writer_set_progress(dsii_gguf_writer *w, dsii_gguf_progress_fn fn, void *user) {
+    if (!w) return;
+    w->progress = fn;
+    w->progress_user = user;
 }
 
 dsi_status dsii_gguf_writer_add_tensor_f32(dsii_gguf_writer *w, const char *name, int32_t type,
@@ -480,7 +503,7 @@ dsi_status dsii_gguf_writer_add_tensor_f32(dsii_gguf_writer *w, const char *name
     for (uint64_t r = 0; r < rows; r++)
         tt->quantize_row(data + r * (uint64_t)ne[0], buf + r * row_bytes, ne[0]);
     dsi_status st = add_tensor_common(w, name, type, n_dims, ne, T_REF, buf, nbytes, 1, NULL,
-                                      NULL, err);
+                                      NULL, 0, NULL, err);
     if (st != DSI_OK) {
         dsii_free(w->ctx, buf);
         return st;
@@ -588,7 +611,35 @@ static dsi_status write_all(dsii_gguf_writer *w, sink *s) {
     for (size_t i = 0; i < w->n_tensors; i++) {
         const w_tensor *t = &w->tensors[i];
         E(emit_zeros(s, data + t->rel_off - s->pos));
-        if (t->kind == T_FN) {
+        if (t->kind == T_ROWS) {
+            /* whole rows at a time, a multiple of row_align rows per call (the last may be
+             * shorter): memory stays bounded whatever the tensor's size */
+            const uint64_t rows = (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
+            const uint64_t rb = t->nbytes / rows;
+            uint64_t per = rb ? W_CHUNK_BYTES / rb : 1;
+            if (per < t->row_align) per = t->row_align;
+            per = per / t->row_align * t->row_align;
+            if (per > rows) per = rows;
+            uint8_t *buf = dsii_malloc(w->ctx, (size_t)(per * rb));
+            if (!buf) return dsii_fail(s->err, DSI_ERR_OUT_OF_HOST_MEMORY,
+                                       "GGUF writer: out of memory for rows of tensor '%s'", t->name);
+            for (uint64_t r = 0; r < rows; r += per) {
+                const uint64_t n = rows - r < per ? rows - r : per;
+                memset(buf, 0, (size_t)(n * rb));
+                if (t->fill_rows(t->user, r, n, buf) != 0) {
+                    dsii_free(w->ctx, buf);
+                    return dsii_fail(s->err, DSI_ERR_IO, "GGUF writer: fill callback failed for '%s' (rows %llu..%llu)",
+                                     t->name, (unsigned long long)r, (unsigned long long)(r + n - 1));
+                }
+                st = emit(s, buf, n * rb);
+                if (st == DSI_OK && w->progress) w->progress(w->progress_user, t->name, s->pos, 0);
+                if (st != DSI_OK) {
+                    dsii_free(w->ctx, buf);
+                    return st;
+                }
+            }
+            dsii_free(w->ctx, buf);
+        } else if (t->kind == T_FN) {
             if (t->nbytes > SIZE_MAX) return dsii_fail(s->err, DSI_ERR_IO, "tensor too large");
             void *buf = dsii_malloc(w->ctx, (size_t)t->nbytes);
             if (!buf) return dsii_fail(s->err, DSI_ERR_OUT_OF_HOST_MEMORY,
@@ -602,6 +653,7 @@ static dsi_status write_all(dsii_gguf_writer *w, sink *s) {
             st = emit(s, buf, t->nbytes);
             dsii_free(w->ctx, buf);
             if (st != DSI_OK) return st;
+            if (w->progress) w->progress(w->progress_user, t->name, s->pos, 0);
         } else {
             E(emit(s, t->data, t->nbytes));
         }

@@ -4,6 +4,7 @@
  * by the binder (model_load.c) against what is derived here.
  */
 #include "model/model.h"
+#include "model/layout.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,15 +23,47 @@
 #define LIM_ENGRAM_HEADS 256u
 #define LIM_ENGRAM_NGRAM 16u
 
+#define TRY_(x)                                 \
+    do {                                        \
+        dsi_status st_ = (x);                   \
+        if (st_ != DSI_OK) return st_;          \
+    } while (0)
+
 typedef struct keyctx {
     const dsii_gguf *g;
     const char *arch;
+    int ds4v41;        /* ds4's deepseek41 spellings (layout.h): HF config key names */
+    int via_alias;     /* the last resolve() found the ds4 spelling */
     char key[256];
 } keyctx;
 
 static const char *mk(keyctx *k, const char *suffix) {
     snprintf(k->key, sizeof k->key, "%s.%s", k->arch, suffix);
     return k->key;
+}
+
+/* The key actually present for canonical `suffix`: the canonical spelling, else `alt` (an
+ * alternative suffix of other converters, may be NULL), else ds4's deepseek41 spelling.
+ * Returns the full key (in k->key) or NULL when none is present; k->key then holds the
+ * canonical spelling (for messages). */
+static const char *resolve(keyctx *k, const char *suffix, const char *alt) {
+    k->via_alias = 0;
+    if (alt) {
+        mk(k, alt);
+        if (dsii_gguf_find_key(k->g, k->key) >= 0) return k->key;
+    }
+    if (k->ds4v41) {
+        const char *a = dsii_layout_ds4v41_key(suffix);
+        if (a) {
+            mk(k, a);
+            if (dsii_gguf_find_key(k->g, k->key) >= 0) {
+                k->via_alias = 1;
+                return k->key;
+            }
+        }
+    }
+    mk(k, suffix);
+    return dsii_gguf_find_key(k->g, k->key) >= 0 ? k->key : NULL;
 }
 
 /* Converts the reader's NOT_FOUND into BAD_FORMAT for required keys. */
@@ -40,27 +73,43 @@ static dsi_status req_status(dsi_status st, const char *key, dsii_error *err) {
     return st;
 }
 
+/* ds4 writes some integers as f32 (rope_scaling.original_max_position_embeddings) and some
+ * floats as u32 (rope_theta): through the ds4 spelling any numeric scalar is accepted
+ * (integers must be integral); the canonical spellings keep the strict GGUF types. */
+static dsi_status alias_number(keyctx *k, const char *key, double *out, dsii_error *err) {
+    const int64_t i = dsii_gguf_find_key(k->g, key);
+    const dsii_gguf_value *v = dsii_gguf_kv_val(k->g, i);
+    if (!v || !dsii_gguf_val_as_f64(v, out))
+        return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s' has type %s, expected a number", key,
+                         dsii_gguf_value_type_name(dsii_gguf_kv_type(k->g, i)));
+    return DSI_OK;
+}
+
 /* u32 key: required (def ignored) or optional with default. `alt` is an alternative suffix
  * accepted when the primary is absent (or NULL). Range [lo, hi]. */
 static dsi_status get_u32(keyctx *k, const char *suffix, const char *alt, int required,
                           uint32_t def, uint32_t lo, uint32_t hi, uint32_t *out,
                           dsii_error *err) {
-    const char *key = mk(k, suffix);
-    if (alt && dsii_gguf_find_key(k->g, key) < 0) {
-        char altkey[256];
-        snprintf(altkey, sizeof altkey, "%s.%s", k->arch, alt);
-        if (dsii_gguf_find_key(k->g, altkey) >= 0) key = mk(k, alt);
+    const char *key = resolve(k, suffix, alt);
+    if (!key) {
+        if (!required) {
+            *out = def;
+            return DSI_OK;
+        }
+        return dsii_fail(err, DSI_ERR_BAD_FORMAT, "missing required key '%s'", k->key);
     }
     uint64_t v = 0;
-    dsi_status st = dsii_gguf_get_u64(k->g, key, &v, err);
-    if (st == DSI_ERR_NOT_FOUND && !required) {
-        dsii_error_clear(err);
-        *out = def;
-        return DSI_OK;
-    }
-    if (st != DSI_OK) {
+    const uint32_t vt = dsii_gguf_kv_type(k->g, dsii_gguf_find_key(k->g, key));
+    if (k->via_alias && (vt == DSII_GGUF_F32 || vt == DSII_GGUF_F64)) {
+        double d = 0;
+        TRY_(alias_number(k, key, &d, err));
+        if (!(d >= 0 && d <= 18446744073709549568.0) || d != (double)(uint64_t)d)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s' value %g is not a non-negative integer", key, d);
+        v = (uint64_t)d;
+    } else {
+        dsi_status st = dsii_gguf_get_u64(k->g, key, &v, err);
         /* the reader's message names the key; a negative value reads as out of range */
-        return req_status(st, key, err);
+        if (st != DSI_OK) return req_status(st, key, err);
     }
     if (v < lo || v > hi)
         return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s' value %" PRIu64 " out of range [%u, %u]",
@@ -71,15 +120,21 @@ static dsi_status get_u32(keyctx *k, const char *suffix, const char *alt, int re
 
 static dsi_status get_f32(keyctx *k, const char *suffix, int required, float def, float lo,
                           float hi, float *out, dsii_error *err) {
-    const char *key = mk(k, suffix);
-    double v = 0;
-    dsi_status st = dsii_gguf_get_f64(k->g, key, &v, err);
-    if (st == DSI_ERR_NOT_FOUND && !required) {
-        dsii_error_clear(err);
-        *out = def;
-        return DSI_OK;
+    const char *key = resolve(k, suffix, NULL);
+    if (!key) {
+        if (!required) {
+            *out = def;
+            return DSI_OK;
+        }
+        return dsii_fail(err, DSI_ERR_BAD_FORMAT, "missing required key '%s'", k->key);
     }
-    if (st != DSI_OK) return req_status(st, key, err);
+    double v = 0;
+    if (k->via_alias) {
+        TRY_(alias_number(k, key, &v, err));
+    } else {
+        dsi_status st = dsii_gguf_get_f64(k->g, key, &v, err);
+        if (st != DSI_OK) return req_status(st, key, err);
+    }
     if (!(v >= lo && v <= hi))
         return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s' value %g out of range [%g, %g]", key,
                          v, (double)lo, (double)hi);
@@ -89,12 +144,12 @@ static dsi_status get_f32(keyctx *k, const char *suffix, int required, float def
 
 /* Optional boolean-ish flag (bool or integer). */
 static dsi_status get_flag(keyctx *k, const char *suffix, int def, int *out, dsii_error *err) {
-    const char *key = mk(k, suffix);
-    int64_t kv = dsii_gguf_find_key(k->g, key);
-    if (kv < 0) {
+    const char *key = resolve(k, suffix, NULL);
+    if (!key) {
         *out = def;
         return DSI_OK;
     }
+    int64_t kv = dsii_gguf_find_key(k->g, key);
     if (dsii_gguf_kv_type(k->g, kv) == DSII_GGUF_BOOL) return dsii_gguf_get_bool(k->g, key, out, err);
     uint64_t v;
     dsi_status st = dsii_gguf_get_u64(k->g, key, &v, err);
@@ -107,8 +162,9 @@ static dsi_status get_flag(keyctx *k, const char *suffix, int def, int *out, dsi
  * *present = 0 (if present != NULL, else BAD_FORMAT). */
 static dsi_status get_arr_u32(keyctx *k, const char *suffix, uint32_t *dst, size_t cap,
                               uint64_t *n, int *present, dsii_error *err) {
-    const char *key = mk(k, suffix);
-    if (dsii_gguf_find_key(k->g, key) < 0) {
+    const char *key = resolve(k, suffix, NULL);
+    if (!key) {
+        key = k->key;
         *n = 0;
         if (present) {
             *present = 0;
@@ -133,10 +189,10 @@ static dsi_status get_arr_u32(keyctx *k, const char *suffix, uint32_t *dst, size
 static dsi_status get_layer_floats(keyctx *k, const char *suffix, int required, float def,
                                    uint32_t n_layer, uint32_t n_total, float *out,
                                    dsii_error *err) {
-    const char *key = mk(k, suffix);
-    int64_t kv = dsii_gguf_find_key(k->g, key);
+    const char *key = resolve(k, suffix, NULL);
+    int64_t kv = key ? dsii_gguf_find_key(k->g, key) : -1;
     if (kv < 0) {
-        if (required) return dsii_fail(err, DSI_ERR_BAD_FORMAT, "missing required key '%s'", key);
+        if (required) return dsii_fail(err, DSI_ERR_BAD_FORMAT, "missing required key '%s'", k->key);
         for (uint32_t i = 0; i < n_total; i++) out[i] = def;
         return DSI_OK;
     }
@@ -167,11 +223,7 @@ static dsi_status get_layer_floats(keyctx *k, const char *suffix, int required, 
     return DSI_OK;
 }
 
-#define TRY(x)                                  \
-    do {                                        \
-        dsi_status st_ = (x);                   \
-        if (st_ != DSI_OK) return st_;          \
-    } while (0)
+#define TRY(x) TRY_(x)
 
 static int tensor_exists(const dsii_gguf *g, const char *fmt, ...) DSII_PRINTF(2, 3);
 static int tensor_exists(const dsii_gguf *g, const char *fmt, ...) {
@@ -303,9 +355,56 @@ static dsi_status load_engram(const dsi_context *ctx, keyctx *k, dsii_hparams *h
     char key[160];
     snprintf(key, sizeof key, "%s.engram.layer_ids", k->arch);
     TRY(check_increasing(key, e->layer_ids, n, hp->n_layer, err));
-    TRY(get_u32(k, "engram.head_count", NULL, 1, 0, 1, LIM_ENGRAM_HEADS, &e->n_head, err));
-    TRY(get_u32(k, "engram.key_length", NULL, 1, 0, 1, LIM_HEAD_DIM, &e->key_length, err));
-    TRY(get_u32(k, "engram.max_ngram_size", NULL, 1, 0, 2, LIM_ENGRAM_NGRAM, &e->max_ngram, err));
+    /* ds4 (layout.h) names the row encoding and leaves out head_count / key_length /
+     * max_ngram_size / offsets: they follow from the array lengths and the table shape */
+    {
+        const char *ek = resolve(k, "engram.encoding", NULL);
+        if (ek) {
+            const char *enc = NULL;
+            TRY(dsii_gguf_get_string(k->g, ek, &enc, NULL, err));
+            if (strcmp(enc, DSII_ENGRAM_ROW264_ENCODING) != 0)
+                return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s' value '%s': only %s is supported", ek,
+                                 enc, DSII_ENGRAM_ROW264_ENCODING);
+            e->row264 = 1;
+        }
+    }
+    const int derive = !resolve(k, "engram.head_count", NULL) && !resolve(k, "engram.max_ngram_size", NULL) &&
+                       (k->ds4v41 || e->row264);
+    if (derive) {
+        uint64_t nm = 0, np = 0;
+        const char *mk_ = mk(k, "engram.multipliers");
+        TRY(req_status(dsii_gguf_get_array(k->g, mk_, NULL, &nm, err), mk_, err));
+        const char *pk = mk(k, "engram.primes");
+        TRY(req_status(dsii_gguf_get_array(k->g, pk, NULL, &np, err), pk, err));
+        const uint64_t mng = nm / n, cols = np / n;
+        if (nm % n || mng < 2 || mng > LIM_ENGRAM_NGRAM || np % n || cols % (mng - 1) ||
+            cols / (mng - 1) < 1 || cols / (mng - 1) > LIM_ENGRAM_HEADS)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT,
+                             "keys '%s.engram.multipliers' (%" PRIu64 " entries) and '%s.engram.primes' (%" PRIu64
+                             " entries) do not describe %" PRIu64 " layers x (max n-gram, heads)",
+                             k->arch, nm, k->arch, np, n);
+        e->max_ngram = (uint32_t)mng;
+        e->n_head = (uint32_t)(cols / (mng - 1));
+        /* key length from the first layer's table: a row264 row holds K values + K/32 scales */
+        char tn[96];
+        snprintf(tn, sizeof tn, "blk.%u.engram_embd.weight", e->layer_ids[0]);
+        const dsii_gguf_tensor *tt = dsii_gguf_find_tensor(k->g, tn);
+        if (!tt) {
+            snprintf(tn, sizeof tn, "blk.%u.engram.embd.weight", e->layer_ids[0]);
+            tt = dsii_gguf_find_tensor(k->g, tn);
+        }
+        if (!tt) return dsii_fail(err, DSI_ERR_BAD_FORMAT, "missing tensor 'blk.%u.engram_embd.weight'", e->layer_ids[0]);
+        const int64_t ne0 = tt->ne[0];
+        const int64_t K = e->row264 ? ne0 / 33 * 32 : ne0;
+        if (K < 32 || K > LIM_HEAD_DIM || (e->row264 && (ne0 % 33 || K % 32)))
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT, "tensor '%s' row of %" PRId64 " bytes is not a %s row", tn, ne0,
+                             e->row264 ? DSII_ENGRAM_ROW264_ENCODING : "table");
+        e->key_length = (uint32_t)K;
+    } else {
+        TRY(get_u32(k, "engram.head_count", NULL, 1, 0, 1, LIM_ENGRAM_HEADS, &e->n_head, err));
+        TRY(get_u32(k, "engram.key_length", NULL, 1, 0, 1, LIM_HEAD_DIM, &e->key_length, err));
+        TRY(get_u32(k, "engram.max_ngram_size", NULL, 1, 0, 2, LIM_ENGRAM_NGRAM, &e->max_ngram, err));
+    }
     e->n_cols = (e->max_ngram - 1) * e->n_head;
 
     const uint64_t n_mult = (uint64_t)e->n_layer * e->max_ngram;
@@ -332,7 +431,8 @@ static dsi_status load_engram(const dsi_context *ctx, keyctx *k, dsii_hparams *h
     } arr[3] = {{"engram.multipliers", mult, n_mult},
                 {"engram.primes", primes, n_prime},
                 {"engram.offsets", offs, n_prime}};
-    for (int a = 0; a < 3; a++) {
+    const int offsets_given = resolve(k, "engram.offsets", NULL) != NULL || !derive;
+    for (int a = 0; a < (offsets_given ? 3 : 2); a++) {
         const char *kk = mk(k, arr[a].suffix);
         uint64_t len = 0;
         dsi_status st = dsii_gguf_get_array(k->g, kk, NULL, &len, err);
@@ -392,6 +492,7 @@ static dsi_status load_engram(const dsi_context *ctx, keyctx *k, dsii_hparams *h
                 return dsii_fail(err, DSI_ERR_BAD_FORMAT,
                                  "key '%s.engram.primes'[%" PRIu64 "] value %" PRIu64 " is not a prime",
                                  k->arch, idx, p);
+            if (!offsets_given) offs[idx] = acc;
             if (offs[idx] != acc)
                 return dsii_fail(err, DSI_ERR_BAD_FORMAT,
                                  "key '%s.engram.offsets'[%" PRIu64 "] value %" PRIu64
@@ -401,8 +502,84 @@ static dsi_status load_engram(const dsi_context *ctx, keyctx *k, dsii_hparams *h
         }
         e->rows[l] = acc;
     }
+    {
+        /* ds4 also states the rows of each table: they must be the sums of the primes */
+        const char *rk = resolve(k, "engram.rows", NULL);
+        if (rk) {
+            uint64_t rows[DSII_MAX_ENGRAM_LAYERS], nr = 0;
+            TRY(dsii_gguf_get_arr_u64(k->g, rk, rows, DSII_MAX_ENGRAM_LAYERS, &nr, err));
+            if (nr != e->n_layer)
+                return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s' has %" PRIu64 " entries, expected %u (engram layers)",
+                                 rk, nr, e->n_layer);
+            for (uint32_t l = 0; l < e->n_layer; l++)
+                if (rows[l] != e->rows[l])
+                    return dsii_fail(err, DSI_ERR_BAD_FORMAT,
+                                     "key '%s'[%u] value %" PRIu64 " is not the sum of the layer's primes (%" PRIu64 ")",
+                                     rk, l, rows[l], e->rows[l]);
+        }
+    }
     for (uint32_t l = 0; l < e->n_layer; l++) hp->layer[e->layer_ids[l]].engram_index = (int32_t)l;
     hp->has_engram = 1;
+    return DSI_OK;
+}
+
+/* Routed / shared expert SwiGLU limits of n_total layers (trunk + drafts). */
+static dsi_status get_limits(keyctx *k, uint32_t L, uint32_t n_total, float *lim, float *lim_sh,
+                             dsii_error *err) {
+    TRY(get_layer_floats(k, "swiglu_clamp_exp", 1, 0, L, n_total, lim, err));
+    if (resolve(k, "swiglu_clamp_shexp", NULL))
+        TRY(get_layer_floats(k, "swiglu_clamp_shexp", 1, 0, L, n_total, lim_sh, err));
+    else
+        memcpy(lim_sh, lim, sizeof(float) * n_total);
+    return DSI_OK;
+}
+
+/* Draft blocks are window-only layers with the base RoPE (§3.7, §4.5). */
+static void init_draft_layers(dsii_hparams *hp, const float *lim, const float *lim_sh) {
+    for (uint32_t d = 0; d < hp->n_draft; d++) {
+        dsii_layer_hparams *l = &hp->draft_layer[d];
+        memset(l, 0, sizeof *l);
+        l->coff = 1;
+        l->rope_base = hp->rope_base;
+        l->swiglu_limit = lim[d];
+        l->swiglu_limit_shexp = lim_sh[d];
+        l->n_expert = hp->n_expert;
+        l->n_expert_used = hp->n_expert_used;
+        l->engram_index = -1;
+        l->kv_src = l->key_src = l->topk_src = l->cand_src = -1;
+    }
+}
+
+/* DSpark keys (§4.5): from the model file, or (draft file) from `alt` when the model file has
+ * none. */
+static dsi_status load_dspark(keyctx *km, keyctx *alt, dsii_hparams *hp, dsii_error *err) {
+    keyctx *k = km;
+    if (alt && !resolve(km, "dspark_target_layer_ids", NULL)) k = alt;
+    const char *arch = k->arch;
+    const uint32_t L = hp->n_layer;
+    dsii_dspark_hparams *ds = &hp->dspark;
+    uint64_t n = 0;
+    TRY(get_arr_u32(k, "dspark_target_layer_ids", ds->target_layer_ids, DSII_MAX_DSPARK_TARGETS, &n, NULL, err));
+    if (n == 0)
+        return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s.dspark_target_layer_ids' is empty", arch);
+    ds->n_target = (uint32_t)n;
+    char key[160];
+    snprintf(key, sizeof key, "%s.dspark_target_layer_ids", arch);
+    TRY(check_increasing(key, ds->target_layer_ids, n, L, err));
+    TRY(get_u32(k, "dspark_block_size", NULL, 1, 0, 1, 256, &ds->block_size, err));
+    uint32_t noise = 0;
+    TRY(get_u32(k, "dspark_noise_token_id", NULL, 1, 0, 0, hp->n_vocab - 1, &noise, err));
+    ds->noise_token = (int32_t)noise;
+    TRY(get_u32(k, "dspark_markov_rank", NULL, 1, 0, 1, LIM_RANK, &ds->markov_rank, err));
+    TRY(get_u32(k, "dspark_expert_count", NULL, 1, 0, 1, LIM_EXPERTS, &ds->n_expert, err));
+    TRY(get_u32(k, "dspark_expert_used_count", NULL, 1, 0, 1, LIM_EXPERTS, &ds->n_expert_used, err));
+    if (ds->n_expert_used > ds->n_expert)
+        return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s.dspark_expert_used_count' value %u > dspark_expert_count %u",
+                         arch, ds->n_expert_used, ds->n_expert);
+    for (uint32_t d = 0; d < hp->n_draft; d++) {
+        hp->draft_layer[d].n_expert = ds->n_expert;
+        hp->draft_layer[d].n_expert_used = ds->n_expert_used;
+    }
     return DSI_OK;
 }
 
@@ -424,6 +601,25 @@ dsi_status dsii_hparams_load(const dsi_context *ctx, const dsii_gguf *g, dsii_hp
     const int v41 = hp->arch == DSI_ARCH_DEEPSEEK41;
     keyctx kc = {.g = g, .arch = arch};
     keyctx *k = &kc;
+    /* ds4's deepseek41 files spell the hyperparameters with the HF config names (layout.h) */
+    kc.ds4v41 = v41 && dsii_gguf_find_key(g, "deepseek41.embedding_length") < 0 &&
+                dsii_gguf_find_key(g, "deepseek41.hidden_size") >= 0;
+    hp->key_dialect = kc.ds4v41 ? DSII_LAYOUT_DS4 : DSII_LAYOUT_NATIVE;
+    if (kc.ds4v41) {
+        /* the HF config's activation and routing method, where ds4 records them */
+        static const struct {
+            const char *suffix, *want;
+        } fixed[] = {{"hidden_act", "silu"}, {"topk_method", "noaux_tc"}};
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+            const char *kk = mk(k, fixed[i].suffix);
+            if (dsii_gguf_find_key(g, kk) < 0) continue;
+            const char *v = NULL;
+            TRY(dsii_gguf_get_string(g, kk, &v, NULL, err));
+            if (strcmp(v, fixed[i].want) != 0)
+                return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s' value '%s': only %s is supported", kk, v,
+                                 fixed[i].want);
+        }
+    }
 
     /* ---- layer count and draft blocks (docs §4) ---- */
     uint32_t block_count = 0;
@@ -522,7 +718,8 @@ dsi_status dsii_hparams_load(const dsi_context *ctx, const dsii_gguf *g, dsii_hp
         /* llama.cpp's gating id for sqrt-softplus is not settled across forks (4 in the
          * upstream PR; some converters write the string "sqrtsoftplus"); every V4 / V4.1
          * release scores with sqrt-softplus (§3.5), so an unexpected id only logs */
-        const char *gk = mk(k, "expert_gating_func");
+        const char *gk = resolve(k, "expert_gating_func", NULL);
+        if (!gk) gk = k->key;
         int64_t gi = dsii_gguf_find_key(g, gk);
         if (gi >= 0 && dsii_gguf_kv_type(g, gi) == DSII_GGUF_STRING) {
             const char *sv = NULL;
@@ -555,19 +752,36 @@ dsi_status dsii_hparams_load(const dsi_context *ctx, const dsii_gguf *g, dsii_hp
                          arch, hp->n_hash_layer);
 
     /* RoPE / YaRN (§3.9) */
-    TRY(get_f32(k, "rope.freq_base", 1, 0, 1.0f, 1e12f, &hp->rope_base, err));
+    /* Defaults that differ between engines are decided here and listed in
+     * docs/model-files.md §2.7; each is either the same as llama.cpp's or logged. */
+    TRY(get_f32(k, "rope.freq_base", 0, 10000.0f, 1.0f, 1e12f, &hp->rope_base, err));
     TRY(get_f32(k, "attention.compress_rope_freq_base", 1, 0, 1.0f, 1e12f, &hp->rope_base_compress, err));
     TRY(get_f32(k, "rope.scaling.factor", 1, 0, 1.0f, 1e6f, &hp->yarn_factor, err));
     TRY(get_u32(k, "rope.scaling.original_context_length", NULL, 1, 0, 1, UINT32_MAX, &hp->yarn_orig_ctx, err));
-    TRY(get_f32(k, "rope.scaling.yarn_beta_fast", 1, 0, 0.0f, 1e6f, &hp->yarn_beta_fast, err));
-    TRY(get_f32(k, "rope.scaling.yarn_beta_slow", 1, 0, 0.0f, 1e6f, &hp->yarn_beta_slow, err));
+    /* llama.cpp's deepseek4 never reads the beta keys and uses 32 / 1 (the release's values) */
+    TRY(get_f32(k, "rope.scaling.yarn_beta_fast", 0, 32.0f, 0.0f, 1e6f, &hp->yarn_beta_fast, err));
+    TRY(get_f32(k, "rope.scaling.yarn_beta_slow", 0, 1.0f, 0.0f, 1e6f, &hp->yarn_beta_slow, err));
     {
         const char *kk = mk(k, "rope.scaling.type");
         if (dsii_gguf_find_key(g, kk) >= 0) {
             const char *s = NULL;
             TRY(dsii_gguf_get_string(g, kk, &s, NULL, err));
-            if (strcmp(s, "yarn") != 0)
-                return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s' value '%s': only yarn is supported", kk, s);
+            if (strcmp(s, "none") == 0) {
+                /* llama.cpp: no scaling at all (plain RoPE with the compress base) */
+                hp->yarn_factor = 1.0f;
+            } else if (strcmp(s, "yarn") != 0) {
+                return dsii_fail(err, DSI_ERR_UNSUPPORTED, "key '%s' value '%s': only yarn (or none) is supported", kk,
+                                 s);
+            }
+        } else if (hp->yarn_factor > 1.0f) {
+            /* Both releases are defined with YaRN and ds4 writes no type key (it hardcodes
+             * YaRN); llama.cpp would read such a file as linear scaling, which is wrong for
+             * this architecture. Loaded as YaRN, said so. */
+            hp->rope_type_defaulted = 1;
+            dsii_log(ctx, DSI_LOG_WARN,
+                     "key '%s' is absent: using yarn (the architecture's scaling; llama.cpp would apply linear "
+                     "scaling to this file, see docs/model-files.md)",
+                     kk);
         }
     }
     TRY(get_f32(k, "attention.layer_norm_rms_epsilon", 1, 0, 0.0f, 1.0f, &hp->rms_eps, err));
@@ -621,58 +835,84 @@ dsi_status dsii_hparams_load(const dsi_context *ctx, const dsii_gguf *g, dsii_hp
     }
     {
         float lim[DSII_MAX_LAYERS + DSII_MAX_DRAFT], lim_sh[DSII_MAX_LAYERS + DSII_MAX_DRAFT];
-        TRY(get_layer_floats(k, "swiglu_clamp_exp", 1, 0, L, n_total, lim, err));
-        const char *kk = mk(k, "swiglu_clamp_shexp");
-        if (dsii_gguf_find_key(g, kk) >= 0)
-            TRY(get_layer_floats(k, "swiglu_clamp_shexp", 1, 0, L, n_total, lim_sh, err));
-        else
-            memcpy(lim_sh, lim, sizeof lim);
+        TRY(get_limits(k, L, n_total, lim, lim_sh, err));
         for (uint32_t i = 0; i < L; i++) {
             hp->layer[i].swiglu_limit = lim[i];
             hp->layer[i].swiglu_limit_shexp = lim_sh[i];
         }
-        for (uint32_t d = 0; d < hp->n_draft; d++) {
-            dsii_layer_hparams *l = &hp->draft_layer[d];
-            memset(l, 0, sizeof *l);
-            l->coff = 1;
-            l->rope_base = hp->rope_base;
-            l->swiglu_limit = lim[L + d];
-            l->swiglu_limit_shexp = lim_sh[L + d];
-            l->n_expert = hp->n_expert;
-            l->n_expert_used = hp->n_expert_used;
-            l->engram_index = -1;
-            l->kv_src = l->key_src = l->topk_src = l->cand_src = -1;
-        }
+        init_draft_layers(hp, lim + L, lim_sh + L);
     }
 
     if (v41) {
         TRY(derive_v41_roles(k, hp, err));
-        if (hp->n_draft > 0) {
-            dsii_dspark_hparams *ds = &hp->dspark;
-            uint64_t n = 0;
-            TRY(get_arr_u32(k, "dspark_target_layer_ids", ds->target_layer_ids, DSII_MAX_DSPARK_TARGETS, &n, NULL, err));
-            if (n == 0)
-                return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s.dspark_target_layer_ids' is empty", arch);
-            ds->n_target = (uint32_t)n;
-            char key[160];
-            snprintf(key, sizeof key, "%s.dspark_target_layer_ids", arch);
-            TRY(check_increasing(key, ds->target_layer_ids, n, L, err));
-            TRY(get_u32(k, "dspark_block_size", NULL, 1, 0, 1, 256, &ds->block_size, err));
-            uint32_t noise = 0;
-            TRY(get_u32(k, "dspark_noise_token_id", NULL, 1, 0, 0, hp->n_vocab - 1, &noise, err));
-            ds->noise_token = (int32_t)noise;
-            TRY(get_u32(k, "dspark_markov_rank", NULL, 1, 0, 1, LIM_RANK, &ds->markov_rank, err));
-            TRY(get_u32(k, "dspark_expert_count", NULL, 1, 0, 1, LIM_EXPERTS, &ds->n_expert, err));
-            TRY(get_u32(k, "dspark_expert_used_count", NULL, 1, 0, 1, LIM_EXPERTS, &ds->n_expert_used, err));
-            if (ds->n_expert_used > ds->n_expert)
-                return dsii_fail(err, DSI_ERR_BAD_FORMAT, "key '%s.dspark_expert_used_count' value %u > dspark_expert_count %u",
-                                 arch, ds->n_expert_used, ds->n_expert);
-            for (uint32_t d = 0; d < hp->n_draft; d++) {
-                hp->draft_layer[d].n_expert = ds->n_expert;
-                hp->draft_layer[d].n_expert_used = ds->n_expert_used;
-            }
-        }
+        if (hp->n_draft > 0) TRY(load_dspark(k, NULL, hp, err));
         TRY(load_engram(ctx, k, hp, arrays, err));
+    }
+    return DSI_OK;
+}
+
+/* Draft blocks in a second file (docs/model-files.md §4.3). */
+dsi_status dsii_hparams_draft_file(const dsii_gguf *dg, const char *path, dsii_hparams *hp,
+                                   const dsii_gguf *g, dsii_error *err) {
+    const char *arch = hp->arch == DSI_ARCH_DEEPSEEK41 ? "deepseek41" : "deepseek4";
+    const int v41 = hp->arch == DSI_ARCH_DEEPSEEK41;
+    {
+        const char *da = NULL;
+        dsi_status st = dsii_gguf_get_string(dg, "general.architecture", &da, NULL, err);
+        if (st != DSI_OK) return req_status(st, "general.architecture", err);
+        if (strcmp(da, arch) != 0)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT,
+                             "draft file %s: key 'general.architecture' value '%s' does not match the model's '%s'",
+                             path, da, arch);
+    }
+    if (hp->n_draft > 0)
+        return dsii_fail(err, DSI_ERR_BAD_FORMAT,
+                         "the model file already has %u draft blocks; a draft file (%s) is not expected", hp->n_draft,
+                         path);
+    const uint32_t L = hp->n_layer;
+    keyctx dk = {.g = dg, .arch = arch};
+    uint32_t n = 0;
+    if (!v41 && tensor_exists(dg, "blk.%u.nextn.eh_proj.weight", L)) {
+        /* llama.cpp's MTP file (convert_hf_to_gguf --mtp): block_count = L + 1, the MTP block
+         * as blk.L.* + blk.L.nextn.*, its HC head as the root output_hc_* */
+        uint32_t bc = 0, nx = 0;
+        TRY(get_u32(&dk, "block_count", NULL, 1, 0, 1, DSII_MAX_LAYERS + DSII_MAX_DRAFT, &bc, err));
+        TRY(get_u32(&dk, "nextn_predict_layers", NULL, 1, 0, 0, DSII_MAX_DRAFT, &nx, err));
+        if (nx != 1 || bc != L + 1)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT,
+                             "draft file %s: block_count %u / nextn_predict_layers %u, expected %u / 1 for a model of %u layers",
+                             path, bc, nx, L + 1, L);
+        hp->mtp_from_nextn = 1;
+        n = 1;
+    } else {
+        while (n < DSII_MAX_DRAFT && tensor_exists(dg, "mtp.%u.attn_norm.weight", n)) n++;
+        if (n == 0)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT,
+                             "draft file %s has no draft blocks (tensors mtp.0.* or blk.%u.nextn.*)", path, L);
+        if (!v41 && n > 1)
+            return dsii_fail(err, DSI_ERR_BAD_FORMAT, "draft file %s: tensor 'mtp.1.attn_norm.weight': V4 has a single MTP block",
+                             path);
+    }
+    hp->n_draft = n;
+    hp->has_mtp = !v41;
+    hp->has_dspark = v41;
+    hp->draft_file = 1;
+    /* the draft block's limits: the draft file's per-layer arrays when they reach past the
+     * trunk (llama.cpp writes L + 1 entries), else the trunk's last value */
+    float lim[DSII_MAX_LAYERS + DSII_MAX_DRAFT], lim_sh[DSII_MAX_LAYERS + DSII_MAX_DRAFT];
+    const uint32_t n_total = L + n;
+    if (resolve(&dk, "swiglu_clamp_exp", NULL)) {
+        TRY(get_limits(&dk, L, n_total, lim, lim_sh, err));
+    } else {
+        for (uint32_t i = 0; i < n_total; i++) {
+            lim[i] = hp->layer[i < L ? i : L - 1].swiglu_limit;
+            lim_sh[i] = hp->layer[i < L ? i : L - 1].swiglu_limit_shexp;
+        }
+    }
+    init_draft_layers(hp, lim + L, lim_sh + L);
+    if (v41) {
+        keyctx mk_ = {.g = g, .arch = arch};
+        TRY(load_dspark(&mk_, &dk, hp, err));
     }
     return DSI_OK;
 }

@@ -201,6 +201,7 @@ typedef struct dsii_engram_hparams {
     const uint64_t *offsets;     /* [n_layer][n_cols], per-layer prefix sums of primes */
     const int32_t *token_map;    /* [n_vocab] compressed ids */
     uint64_t rows[DSII_MAX_ENGRAM_LAYERS]; /* table rows = Σ primes of the layer */
+    int32_t row264;            /* tables stored as ds4's I8 [264, rows] rows (layout.h) */
 } dsii_engram_hparams;
 
 /* DSpark configuration (§4.5), V4.1. */
@@ -264,11 +265,17 @@ typedef struct dsii_hparams {
     int32_t has_mtp;           /* V4 MTP block bound (§3.7) */
     int32_t has_dspark;        /* V4.1 DSpark blocks bound (§4.5) */
     int32_t mtp_from_nextn;    /* MTP read from llama.cpp nextn tensors (docs §4.1) */
+    int32_t draft_file;        /* draft blocks bound from a second file (opt draft_path) */
+    int32_t mtp_hc_from_trunk; /* llama.cpp file with MTP inside: the MTP head uses the
+                                  trunk's output_hc_* (llama.cpp's semantics, docs §4.1) */
     dsii_layer_hparams draft_layer[DSII_MAX_DRAFT];
     dsii_dspark_hparams dspark;
     /* Engram (§4.6) */
     int32_t has_engram;
     dsii_engram_hparams engram;
+    /* file dialect (lib/model/layout.h): which spellings the metadata used */
+    int32_t key_dialect;       /* DSII_LAYOUT_NATIVE, or DSII_LAYOUT_DS4 for ds4 deepseek41 */
+    int32_t rope_type_defaulted; /* rope.scaling.type absent, YaRN assumed (logged) */
 } dsii_hparams;
 
 /* ------------------------------------------------------------------------------------ */
@@ -283,6 +290,7 @@ typedef struct dsii_hparams {
 struct dsi_model {
     dsi_context *ctx;               /* owning context (its n_models counts this model) */
     dsii_gguf *gguf;                /* reader kept alive: names, metadata, the file */
+    dsii_gguf *draft_gguf;          /* second file with the draft blocks, or NULL (§4.3) */
     int32_t access;                 /* DSI_ACCESS_* actually used */
     uint32_t load_flags;            /* DSI_MODEL_FLAG_* it was loaded with */
     char name[128];                 /* general.name */
@@ -326,6 +334,13 @@ dsi_status dsii_model_load_file(dsi_context *ctx, dsii_file *file, const dsi_mod
  * filled; engram arrays are allocated into *arrays (free with dsii_free(ctx, *arrays)). */
 dsi_status dsii_hparams_load(const dsi_context *ctx, const dsii_gguf *g, dsii_hparams *hp,
                              void **arrays, dsii_error *err);
+
+/* Adds the draft blocks of a second file `dg` (dsi_model_options.draft_path, docs §4.3) to
+ * hparams already loaded from the model file `g`: checks the architecture, finds the draft
+ * form (llama.cpp's MTP file blk.L.* + blk.L.nextn.*, or mtp.i.*), sets n_draft and the draft
+ * layers. `path` is for messages. */
+dsi_status dsii_hparams_draft_file(const dsii_gguf *dg, const char *path, dsii_hparams *hp,
+                                   const dsii_gguf *g, dsii_error *err);
 
 /* Frees everything (no session check). NULL accepted. */
 void dsii_model_destroy(dsi_model *m);

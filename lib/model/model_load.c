@@ -10,6 +10,8 @@
 #include "model/model.h"
 
 #include "base/context_impl.h"
+#include "engram/engram.h"
+#include "model/layout.h"
 #include "quant/quant.h"
 #include "tokenizer/tokenizer.h"
 
@@ -32,26 +34,34 @@ static const char *class_types(int cls) {
     switch (cls) {
     case C_VEC: return "f32";
     case C_FVEC:
-    case C_SMALL: return "f32, f16, bf16";
-    case C_MAT: return "f32, f16, bf16, q8_0, q2_k, q4_k, iq2_xxs, mxfp4, fp8_e4m3_b128, fp8_e4m3_b32";
-    case C_EMBD: return "f32, f16, bf16, q8_0";
+    case C_SMALL:
+    case C_MAT:
+    case C_EMBD: return "f32, f16, bf16 or a quantized weight type of docs/tensor-types.md";
     case C_I32: return "i32";
     case C_TABLE: return "fp8_e4m3_r32, f32, f16, bf16";
     }
     return "?";
 }
 
+/* Quantized weight types with CPU and Vulkan kernels (matmul, get_rows, MoE): every type
+ * lib/quant decodes except the Engram-table row type (docs/tensor-types.md). */
+static int weight_type(int32_t t) {
+    const dsii_type_traits *tr = dsii_type_get(t);
+    return tr && tr->supported && tr->is_quantized && t != DSI_TYPE_FP8_E4M3_R32;
+}
+
 static int class_allows(int cls, int32_t t) {
     const int fl = t == DSI_TYPE_F32 || t == DSI_TYPE_F16 || t == DSI_TYPE_BF16;
     switch (cls) {
     case C_VEC: return t == DSI_TYPE_F32;
+    /* llama.cpp's quantizer also quantizes the small matrices (mHC fn, compressor, indexer,
+     * ape) of community files: they take the matrix types */
     case C_FVEC:
-    case C_SMALL: return fl;
+    case C_SMALL:
     case C_MAT:
-        return fl || t == DSI_TYPE_Q8_0 || t == DSI_TYPE_Q2_K || t == DSI_TYPE_Q4_K ||
-               t == DSI_TYPE_IQ2_XXS || t == DSI_TYPE_MXFP4 || t == DSI_TYPE_FP8_E4M3_B128 ||
-               t == DSI_TYPE_FP8_E4M3_B32;
-    case C_EMBD: return fl || t == DSI_TYPE_Q8_0;
+        return fl || weight_type(t);
+    case C_EMBD: return fl || weight_type(t); /* rows are gathered and dequantized (llama.cpp's
+                                                 quantizer quantizes token_embd too) */
     case C_I32: return t == DSI_TYPE_I32;
     case C_TABLE: return fl || t == DSI_TYPE_FP8_E4M3_R32;
     }
@@ -60,11 +70,14 @@ static int class_allows(int cls, int32_t t) {
 
 typedef struct binder {
     dsi_model *m;
-    const dsii_gguf *g;
+    const dsii_gguf *g;    /* the file tensors are bound from now (model or draft file) */
     dsii_error *err;
     dsii_tensor *t;        /* m->tensors */
     int32_t *parent;       /* per bound tensor: parent index for views, else -1 */
     const dsii_gguf_tensor **src; /* per bound tensor: its GGUF tensor (parent's for views) */
+    const dsii_gguf **srcg;       /* per bound tensor: the file of `src` */
+    int ds4v41;            /* ds4 deepseek41 tensor spellings accepted (layout.h) */
+    int row264;            /* Engram tables are ds4 I8 [264, rows] rows */
     uint32_t n, cap;
     const char **claimed;  /* GGUF names consumed (bound or deliberately ignored) */
     uint32_t n_claimed, cap_claimed;
@@ -96,15 +109,35 @@ static dsi_status bind(binder *b, const dsii_tensor **dst, int required, int cls
     va_end(ap);
     *dst = NULL;
     const dsii_gguf_tensor *gt = dsii_gguf_find_tensor(b->g, name);
+    if (!gt && b->ds4v41 && strncmp(name, "blk.", 4) == 0) {
+        /* ds4's deepseek41 Engram tensor names (layout.h) */
+        const char *dot = strchr(name + 4, '.');
+        const char *alias = dot ? dsii_layout_ds4v41_tensor(dot + 1) : NULL;
+        if (alias) {
+            char an[256];
+            snprintf(an, sizeof an, "%.*s%s", (int)(dot + 1 - name), name, alias);
+            gt = dsii_gguf_find_tensor(b->g, an);
+        }
+    }
     if (!gt) {
         if (required) return dsii_fail(b->err, DSI_ERR_BAD_FORMAT, "missing tensor '%s'", name);
         return DSI_OK;
+    }
+    /* ds4 Engram tables: raw I8 rows of K E4M3 values then K/32 E8M0 scales; bound as the
+     * internal row type with the logical row length K */
+    const int row264 = cls == C_TABLE && b->row264;
+    if (row264) {
+        if (gt->type != DSI_TYPE_I8)
+            return dsii_fail(b->err, DSI_ERR_UNSUPPORTED, "tensor '%s' has type %s, expected i8 (%s rows)",
+                             gt->name, dsii_type_get(gt->type) ? dsii_type_get(gt->type)->name : "unknown",
+                             DSII_ENGRAM_ROW264_ENCODING);
+        ne0 = ne0 / 32 * 33;
     }
     const dsii_type_traits *tr = dsii_type_get(gt->type);
     if (!tr || !tr->supported)
         return dsii_fail(b->err, DSI_ERR_UNSUPPORTED, "tensor '%s' has unsupported type %s (%d)", name,
                          tr ? tr->name : "unknown", gt->type);
-    if (!class_allows(cls, gt->type))
+    if (!row264 && !class_allows(cls, gt->type))
         return dsii_fail(b->err, DSI_ERR_UNSUPPORTED, "tensor '%s' has type %s, not supported for this tensor (allowed: %s)",
                          name, tr->name, class_types(cls));
     const int64_t want[4] = {ne0, ne1, ne2, 1};
@@ -139,8 +172,14 @@ static dsi_status bind(binder *b, const dsii_tensor **dst, int required, int cls
     /* Engram tables stay in the file in pread / reader mode, unless asked to be resident */
     t->lazy = cls == C_TABLE && b->m->access != DSI_ACCESS_MMAP &&
               !(b->m->load_flags & DSI_MODEL_FLAG_RESIDENT);
+    if (row264) {
+        t->type = DSII_TYPE_ENGRAM_ROW264;
+        t->ne[0] = ne0 / 33 * 32;
+        t->n_elements = (uint64_t)t->ne[0] * (uint64_t)gt->ne[1];
+    }
     b->parent[b->n] = -1;
     b->src[b->n] = gt;
+    b->srcg[b->n] = b->g;
     b->n++;
     claim(b, gt->name);
     *dst = t;
@@ -167,6 +206,7 @@ static dsi_status bind_view(binder *b, const dsii_tensor **dst, const dsii_tenso
     t->is_view = 1;
     b->parent[b->n] = (int32_t)(parent - b->t);
     b->src[b->n] = b->src[parent - b->t];
+    b->srcg[b->n] = b->srcg[parent - b->t];
     b->n++;
     *dst = t;
     return DSI_OK;
@@ -299,6 +339,8 @@ static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
         snprintf(pfx, sizeof pfx, "blk.%u.", i);
         TRY(bind_layer(b, hp, &hp->layer[i], &w->layer[i], pfx));
     }
+    const dsii_gguf *main_g = b->g;
+    if (hp->draft_file) b->g = m->draft_gguf; /* the draft blocks live in the second file */
     for (uint32_t d = 0; d < hp->n_draft; d++) {
         dsii_draft_tensors *dt = &w->draft[d];
         const dsii_layer_hparams *lh = &hp->draft_layer[d];
@@ -313,10 +355,31 @@ static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
             TRY(bind_view(b, &dt->h_proj, eh, D, D));
             TRY(bind(b, &dt->enorm, 1, C_VEC, 1, D, 0, 0, "blk.%u.nextn.enorm.weight", L));
             TRY(bind(b, &dt->hnorm, 1, C_VEC, 1, D, 0, 0, "blk.%u.nextn.hnorm.weight", L));
-            TRY(bind(b, &dt->norm, 1, C_VEC, 1, D, 0, 0, "blk.%u.nextn.shared_head_norm.weight", L));
-            TRY(bind(b, &dt->hc_head_fn, 1, C_SMALL, 2, hc * D, hc, 0, "blk.%u.nextn.hc_head_fn.weight", L));
-            TRY(bind(b, &dt->hc_head_base, 1, C_VEC, 1, hc, 0, 0, "blk.%u.nextn.hc_head_base.weight", L));
-            TRY(bind(b, &dt->hc_head_scale, 1, C_VEC, 1, 1, 0, 0, "blk.%u.nextn.hc_head_scale.weight", L));
+            /* optional in llama.cpp: absent means the trunk's output_norm */
+            TRY(bind(b, &dt->norm, 0, C_VEC, 1, D, 0, 0, "blk.%u.nextn.shared_head_norm.weight", L));
+            if (!dt->norm) dt->norm = w->output_norm;
+            if (hp->draft_file) {
+                /* llama.cpp's MTP file: the MTP block's own HC head is the file's root
+                 * output_hc_*; its root token_embd / output / output_norm copy the trunk's */
+                TRY(bind(b, &dt->hc_head_fn, 1, C_SMALL, 2, hc * D, hc, 0, "output_hc_fn.weight"));
+                TRY(bind(b, &dt->hc_head_base, 1, C_VEC, 1, hc, 0, 0, "output_hc_base.weight"));
+                TRY(bind(b, &dt->hc_head_scale, 1, C_VEC, 1, 1, 0, 0, "output_hc_scale.weight"));
+                static const char *const copies[3] = {"token_embd.weight", "output.weight", "output_norm.weight"};
+                for (int i = 0; i < 3; i++) {
+                    const dsii_gguf_tensor *gt = dsii_gguf_find_tensor(b->g, copies[i]);
+                    if (gt) claim(b, gt->name);
+                }
+            } else {
+                /* MTP inside a llama.cpp file: llama.cpp runs the MTP head with the trunk's
+                 * output_hc_* (the file has no place for the MTP block's own) — so do we */
+                dt->hc_head_fn = w->output_hc_fn;
+                dt->hc_head_base = w->output_hc_base;
+                dt->hc_head_scale = w->output_hc_scale;
+                m->hp.mtp_hc_from_trunk = 1;
+                dsii_log(m->ctx, DSI_LOG_WARN,
+                         "MTP block inside a llama.cpp-layout file: its HC head is the trunk's output_hc_* "
+                         "(llama.cpp's semantics; the released MTP has its own, see docs/model-files.md 4.1)");
+            }
             /* optional copies of the shared embedding / head: not used (shared with main) */
             char nm[96];
             snprintf(nm, sizeof nm, "blk.%u.nextn.embed_tokens.weight", L);
@@ -353,6 +416,7 @@ static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
             }
         }
     }
+    b->g = main_g;
 
     /* vision tensors: skipped with one log line; anything else unclaimed is an error */
     const int64_t nt = dsii_gguf_n_tensors(b->g);
@@ -369,13 +433,18 @@ static dsi_status bind_all(binder *b, const dsii_hparams *hp) {
         dsii_log(m->ctx, DSI_LOG_INFO, "ignoring %u vision tensors (%" PRIu64 " bytes): libdsinfer is text-only",
                  m->n_ignored, vis_bytes);
     dsii_sort(b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr_r, NULL); /* no malloc */
-    for (int64_t i = 0; i < nt; i++) {
-        const dsii_gguf_tensor *gt = dsii_gguf_tensor_at(b->g, i);
-        const char *key = gt->name;
-        if (!bsearch(&key, b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr))
-            return dsii_fail(b->err, DSI_ERR_BAD_FORMAT,
-                             "unexpected tensor '%s': not part of this %s configuration (see docs/model-files.md)",
-                             gt->name, v41 ? "deepseek41" : "deepseek4");
+    for (int f = 0; f < 2; f++) {
+        const dsii_gguf *g = f ? m->draft_gguf : b->g;
+        if (!g) continue;
+        const int64_t n = dsii_gguf_n_tensors(g);
+        for (int64_t i = 0; i < n; i++) {
+            const dsii_gguf_tensor *gt = dsii_gguf_tensor_at(g, i);
+            const char *key = gt->name;
+            if (!bsearch(&key, b->claimed, b->n_claimed, sizeof *b->claimed, cmp_ptr))
+                return dsii_fail(b->err, DSI_ERR_BAD_FORMAT,
+                                 "unexpected tensor '%s'%s: not part of this %s configuration (see docs/model-files.md)",
+                                 gt->name, f ? " in the draft file" : "", v41 ? "deepseek41" : "deepseek4");
+        }
     }
     return DSI_OK;
 }
@@ -502,6 +571,7 @@ static void compute_fingerprint(dsi_model *m) {
 
 int dsii_model_type_slot(int32_t type) {
     if (type >= 0 && type < DSII_TYPE_SLOTS_GGML) return type;
+    if (type == DSII_TYPE_ENGRAM_ROW264) return DSI_TYPE_I8; /* stored as i8 rows */
     if (type >= DSI_TYPE_FP8_E4M3_B128 && type <= DSI_TYPE_FP8_E4M3_R32)
         return DSII_TYPE_SLOTS_GGML + (type - DSI_TYPE_FP8_E4M3_B128);
     return -1;
@@ -531,6 +601,7 @@ void dsii_model_destroy(dsi_model *m) {
     dsii_free_aligned(ctx, m->weights_buf);
     dsii_free(ctx, m->hp_arrays);
     dsii_free(ctx, m->tensors);
+    dsii_gguf_close(m->draft_gguf);
     dsii_gguf_close(m->gguf);
     dsii_free(ctx, m);
 }
@@ -538,12 +609,12 @@ void dsii_model_destroy(dsi_model *m) {
 #define READ_CHUNK (8u << 20)
 
 static dsi_status make_resident(dsi_model *m, const int32_t *parent,
-                                const dsii_gguf_tensor *const *src, const progress *pg,
-                                dsii_error *err) {
+                                const dsii_gguf_tensor *const *src, const dsii_gguf *const *srcg,
+                                const progress *pg, dsii_error *err) {
     if (m->access == DSI_ACCESS_MMAP) {
         for (uint32_t i = 0; i < m->n_tensors; i++) {
             dsii_tensor *t = &m->tensors[i];
-            const uint8_t *base = dsii_gguf_tensor_data(m->gguf, src[i]);
+            const uint8_t *base = dsii_gguf_tensor_data(srcg[i], src[i]);
             if (!base)
                 return dsii_fail(err, DSI_ERR_INTERNAL, "tensor '%s' is not mapped", t->name);
             t->data = base + (t->file_offset - src[i]->offset);
@@ -572,7 +643,7 @@ static dsi_status make_resident(dsi_model *m, const int32_t *parent,
         if (t->is_view || t->lazy) continue;
         for (uint64_t o = 0; o < t->nbytes; o += READ_CHUNK) {
             uint64_t n = t->nbytes - o < READ_CHUNK ? t->nbytes - o : READ_CHUNK;
-            TRY(dsii_gguf_tensor_read(m->gguf, src[i], o, n, dst + o, err));
+            TRY(dsii_gguf_tensor_read(srcg[i], src[i], o, n, dst + o, err));
             done += n;
             if (n == READ_CHUNK) TRY(report(pg, DSI_LOAD_STAGE_TENSORS, done, total, err));
         }
@@ -613,6 +684,12 @@ static dsi_status load_body(dsi_model *m, const dsi_model_options *opt, dsii_err
     TRY(report(&pg, DSI_LOAD_STAGE_HEADER, 1, 1, err));
 
     TRY(dsii_hparams_load(m->ctx, m->gguf, &m->hp, &m->hp_arrays, err));
+    if (opt && opt->struct_size >= DSII_FIELD_END(dsi_model_options, draft_path) && opt->draft_path) {
+        /* the draft blocks' file (docs §4.3): same access mode, pread for reader models */
+        const int32_t mode = m->access == DSI_ACCESS_MMAP ? DSI_ACCESS_MMAP : DSI_ACCESS_PREAD;
+        TRY(dsii_gguf_open_path(m->ctx, opt->draft_path, mode, &m->draft_gguf, err));
+        TRY(dsii_hparams_draft_file(m->draft_gguf, opt->draft_path, &m->hp, m->gguf, err));
+    }
     {
         const char *name = NULL;
         if (dsii_gguf_find_key(m->gguf, "general.name") >= 0 &&
@@ -635,16 +712,19 @@ static dsi_status load_body(dsi_model *m, const dsi_model_options *opt, dsii_err
     }
 
     /* bind */
-    const int64_t nt = dsii_gguf_n_tensors(m->gguf);
+    const int64_t nt = dsii_gguf_n_tensors(m->gguf) + (m->draft_gguf ? dsii_gguf_n_tensors(m->draft_gguf) : 0);
     binder b = {.m = m, .g = m->gguf, .err = err};
+    b.ds4v41 = m->hp.key_dialect == DSII_LAYOUT_DS4;
+    b.row264 = m->hp.engram.row264;
     b.cap = (uint32_t)nt + 4;
     b.cap_claimed = (uint32_t)nt + 4;
     m->tensors = dsii_calloc(m->ctx, b.cap, sizeof *m->tensors);
     b.parent = dsii_calloc(m->ctx, b.cap, sizeof *b.parent);
     b.src = dsii_calloc(m->ctx, b.cap, sizeof *b.src);
+    b.srcg = dsii_calloc(m->ctx, b.cap, sizeof *b.srcg);
     b.claimed = dsii_calloc(m->ctx, b.cap_claimed, sizeof *b.claimed);
     dsi_status st = DSI_OK;
-    if (!m->tensors || !b.parent || !b.src || !b.claimed)
+    if (!m->tensors || !b.parent || !b.src || !b.srcg || !b.claimed)
         st = dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of memory binding %" PRId64 " tensors", nt);
     b.t = m->tensors;
     if (st == DSI_OK) st = bind_all(&b, &m->hp);
@@ -656,9 +736,10 @@ static dsi_status load_body(dsi_model *m, const dsi_model_options *opt, dsii_err
             st = dsii_fail(err, DSI_ERR_BAD_FORMAT, "tokenizer has %d tokens, token_embd.weight has %u rows",
                            dsii_tokenizer_n_vocab(m->tokenizer), m->hp.n_vocab);
     }
-    if (st == DSI_OK) st = make_resident(m, b.parent, b.src, &pg, err);
+    if (st == DSI_OK) st = make_resident(m, b.parent, b.src, b.srcg, &pg, err);
     dsii_free(m->ctx, b.parent);
     dsii_free(m->ctx, b.src);
+    dsii_free(m->ctx, b.srcg);
     dsii_free(m->ctx, b.claimed);
     if (st != DSI_OK) return st;
     TRY(check_tid2eid(m, err));

@@ -8,6 +8,7 @@
 
 #include "quant/fp.h"
 #include "backends/types.h"
+#include "quant/quant_ggml.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -200,9 +201,8 @@ static uint8_t clamp_u(float v, int hi) {
 /* Asymmetric round-to-nearest for k-quant sub-blocks: x ≈ d_eff * q - m_eff with q in
  * [0, qmax]. Sub-block scale (max-min)/qmax and min -min(0,x) are themselves quantized to
  * `sbits` bits against the super-block d / dmin (f16). */
-static void kquant_block(const float *x, int nsub, int sublen, int qmax, int smax,
-                         uint8_t *ls, uint8_t *lm, uint16_t *dh, uint16_t *dminh,
-                         uint8_t *q) {
+void dsii_kquant_block(const float *x, int nsub, int sublen, int qmax, int smax, uint8_t *ls,
+                       uint8_t *lm, uint16_t *dh, uint16_t *dminh, uint8_t *q) {
     float scale[16], minv[16];
     float maxs = 0.0f, maxm = 0.0f;
     for (int s = 0; s < nsub; s++) {
@@ -233,26 +233,29 @@ static void kquant_block(const float *x, int nsub, int sublen, int qmax, int sma
     }
 }
 
+void dsii_k4_pack_scales(const uint8_t *ls, const uint8_t *lm, uint8_t *sc) {
+    memset(sc, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] |= ls[j] & 63;
+            sc[j + 4] |= lm[j] & 63;
+        } else {
+            sc[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+}
+
 static size_t q_q4_k(const float *src, void *dst, int64_t n) {
     uint8_t *p = dst;
     for (int64_t i = 0; i < n; i += 256, p += 144) {
         uint8_t ls[16], lm[16], q[256];
         uint16_t dh, dminh;
-        kquant_block(src + i, 8, 32, 15, 63, ls, lm, &dh, &dminh, q);
+        dsii_kquant_block(src + i, 8, 32, 15, 63, ls, lm, &dh, &dminh, q);
         st16(p, dh);
         st16(p + 2, dminh);
-        uint8_t *sc = p + 4;
-        memset(sc, 0, 12);
-        for (int j = 0; j < 8; j++) {
-            if (j < 4) {
-                sc[j] |= ls[j] & 63;
-                sc[j + 4] |= lm[j] & 63;
-            } else {
-                sc[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-                sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-                sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
-            }
-        }
+        dsii_k4_pack_scales(ls, lm, p + 4);
         uint8_t *qs = p + 16;
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
@@ -286,7 +289,7 @@ static size_t q_q2_k(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i += 256, p += 84) {
         uint8_t ls[16], lm[16], q[256];
         uint16_t dh, dminh;
-        kquant_block(src + i, 16, 16, 3, 15, ls, lm, &dh, &dminh, q);
+        dsii_kquant_block(src + i, 16, 16, 3, 15, ls, lm, &dh, &dminh, q);
         for (int s = 0; s < 16; s++) p[s] = (uint8_t)(ls[s] | (lm[s] << 4));
         uint8_t *qs = p + 16;
         memset(qs, 0, 64);
@@ -384,6 +387,34 @@ static size_t q_fp8_32(const float *s, void *d, int64_t n) { return q_fp8(s, d, 
 
 /* ---- the table -------------------------------------------------------------------------- */
 
+/* ggml types whose decoders / quantizers live in quant_ggml.c. */
+#define GGML_TYPE(NAME, B, S)                                                                  \
+    static void deq_##NAME(const void *s, float *d, int64_t n) {                               \
+        deq_blocks(s, d, n, B, S, dsii_blk_##NAME);                                            \
+    }                                                                                          \
+    static float dot_##NAME(const void *s, const float *y, int64_t n) {                        \
+        return dot_blocks(s, y, n, B, S, dsii_blk_##NAME);                                     \
+    }                                                                                          \
+    static size_t q_##NAME(const float *src, void *dst, int64_t n) {                           \
+        return dsii_q_##NAME(src, dst, n, NULL);                                               \
+    }
+GGML_TYPE(q4_0, 32, 18)
+GGML_TYPE(q4_1, 32, 20)
+GGML_TYPE(q5_0, 32, 22)
+GGML_TYPE(q5_1, 32, 24)
+GGML_TYPE(q3_k, 256, 110)
+GGML_TYPE(q5_k, 256, 176)
+GGML_TYPE(q6_k, 256, 210)
+GGML_TYPE(iq2_xxs, 256, 66)
+GGML_TYPE(iq2_xs, 256, 74)
+GGML_TYPE(iq3_xxs, 256, 98)
+GGML_TYPE(iq1_s, 256, 50)
+GGML_TYPE(iq4_nl, 32, 18)
+GGML_TYPE(iq3_s, 256, 110)
+GGML_TYPE(iq2_s, 256, 82)
+GGML_TYPE(iq4_xs, 256, 136)
+GGML_TYPE(iq1_m, 256, 56)
+
 /* Geometry comes from the shared table (backends/types.h); this file adds the reference
  * kernels. A type without an entry here is known (sized, validated) but unsupported. */
 typedef struct type_impl {
@@ -391,27 +422,47 @@ typedef struct type_impl {
     dsii_dequantize_row_fn deq;
     dsii_dot_fn dot;
     dsii_quantize_row_fn quant;
+    dsii_quantize_row_w_fn quant_w; /* importance-weighted quantizer, or NULL */
 } type_impl;
 
+/* A ggml type of quant_ggml.c; W: 1 when its quantizer uses importance weights. */
+#define T_GGML(ID, NAME, W) {ID, deq_##NAME, dot_##NAME, q_##NAME, (W) ? dsii_q_##NAME : NULL}
+
 static const type_impl k_impl[] = {
-    {DSI_TYPE_F32, deq_f32, dot_f32, q_f32},
-    {DSI_TYPE_F16, deq_f16, dot_f16, q_f16},
-    {DSI_TYPE_Q8_0, deq_q8_0, dot_q8_0, q_q8_0},
-    {DSI_TYPE_Q2_K, deq_q2_k, dot_q2_k, q_q2_k},
-    {DSI_TYPE_Q4_K, deq_q4_k, dot_q4_k, q_q4_k},
-    {DSI_TYPE_I8, deq_i8, dot_i8, NULL},
-    {DSI_TYPE_I16, deq_i16, dot_i16, NULL},
-    {DSI_TYPE_I32, deq_i32, dot_i32, NULL},
-    {DSI_TYPE_I64, deq_i64, dot_i64, NULL},
-    {DSI_TYPE_F64, deq_f64, dot_f64, NULL},
-    {DSI_TYPE_BF16, deq_bf16, dot_bf16, q_bf16},
-    {DSI_TYPE_MXFP4, deq_mxfp4, dot_mxfp4, q_mxfp4},
-    {DSI_TYPE_FP8_E4M3_B128, deq_fp8_128, dot_fp8_128, q_fp8_128},
-    {DSI_TYPE_FP8_E4M3_B32, deq_fp8_32, dot_fp8_32, q_fp8_32},
-    {DSI_TYPE_FP8_E4M3_R32, deq_fp8_32, dot_fp8_32, q_fp8_32},
+    {DSI_TYPE_F32, deq_f32, dot_f32, q_f32, NULL},
+    {DSI_TYPE_F16, deq_f16, dot_f16, q_f16, NULL},
+    {DSI_TYPE_Q8_0, deq_q8_0, dot_q8_0, q_q8_0, NULL},
+    {DSI_TYPE_Q2_K, deq_q2_k, dot_q2_k, q_q2_k, NULL},
+    {DSI_TYPE_Q4_K, deq_q4_k, dot_q4_k, q_q4_k, NULL},
+    {DSI_TYPE_I8, deq_i8, dot_i8, NULL, NULL},
+    {DSI_TYPE_I16, deq_i16, dot_i16, NULL, NULL},
+    {DSI_TYPE_I32, deq_i32, dot_i32, NULL, NULL},
+    {DSI_TYPE_I64, deq_i64, dot_i64, NULL, NULL},
+    {DSI_TYPE_F64, deq_f64, dot_f64, NULL, NULL},
+    {DSI_TYPE_BF16, deq_bf16, dot_bf16, q_bf16, NULL},
+    {DSI_TYPE_MXFP4, deq_mxfp4, dot_mxfp4, q_mxfp4, NULL},
+    {DSI_TYPE_FP8_E4M3_B128, deq_fp8_128, dot_fp8_128, q_fp8_128, NULL},
+    {DSI_TYPE_FP8_E4M3_B32, deq_fp8_32, dot_fp8_32, q_fp8_32, NULL},
+    {DSI_TYPE_FP8_E4M3_R32, deq_fp8_32, dot_fp8_32, q_fp8_32, NULL},
+    T_GGML(2, q4_0, 1),
+    T_GGML(3, q4_1, 0),
+    T_GGML(6, q5_0, 1),
+    T_GGML(7, q5_1, 0),
+    T_GGML(11, q3_k, 1),
+    T_GGML(13, q5_k, 0),
+    T_GGML(14, q6_k, 1),
+    T_GGML(DSI_TYPE_IQ2_XXS, iq2_xxs, 1),
+    T_GGML(17, iq2_xs, 1),
+    T_GGML(18, iq3_xxs, 1),
+    T_GGML(19, iq1_s, 1),
+    T_GGML(20, iq4_nl, 1),
+    T_GGML(21, iq3_s, 1),
+    T_GGML(22, iq2_s, 1),
+    T_GGML(23, iq4_xs, 1),
+    T_GGML(29, iq1_m, 1),
 };
 
-#define TRAITS_GEOM_(id, nm, b, sz, rm, q) {id, nm, b, sz, rm, q, 0, 0, NULL, NULL, NULL},
+#define TRAITS_GEOM_(id, nm, b, sz, rm, q) {id, nm, b, sz, rm, q, 0, 0, NULL, NULL, NULL, NULL},
 static dsii_type_traits g_traits[] = {DSIB_TYPE_TABLE(TRAITS_GEOM_)};
 #undef TRAITS_GEOM_
 static pthread_once_t g_traits_once = PTHREAD_ONCE_INIT;
@@ -424,7 +475,15 @@ static void traits_init(void) {
                 g_traits[i].dequantize_row = k_impl[k].deq;
                 g_traits[i].dot = k_impl[k].dot;
                 g_traits[i].quantize_row = k_impl[k].quant;
+                g_traits[i].quantize_row_w = k_impl[k].quant_w;
             }
+}
+
+int32_t dsii_type_by_name(const char *name) {
+    pthread_once(&g_traits_once, traits_init);
+    for (size_t i = 0; name && i < sizeof g_traits / sizeof g_traits[0]; i++)
+        if (!strcmp(g_traits[i].name, name)) return g_traits[i].type;
+    return -1;
 }
 
 const dsii_type_traits *dsii_type_get(int32_t type) {
@@ -501,6 +560,18 @@ dsi_status dsii_quantize_row(int32_t type, const float *src, void *dst, int64_t 
     dsi_status st = check_type(type, n, 1, &t, err);
     if (st != DSI_OK) return st;
     if (n > 0) t->quantize_row(src, dst, n);
+    return DSI_OK;
+}
+
+dsi_status dsii_quantize_row_imat(int32_t type, const float *src, void *dst, int64_t n,
+                                  const float *imat, dsii_error *err) {
+    const dsii_type_traits *t;
+    dsi_status st = check_type(type, n, 1, &t, err);
+    if (st != DSI_OK) return st;
+    if (n > 0) {
+        if (t->quantize_row_w) t->quantize_row_w(src, dst, n, imat);
+        else t->quantize_row(src, dst, n);
+    }
     return DSI_OK;
 }
 

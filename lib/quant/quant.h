@@ -45,6 +45,10 @@ typedef float (*dsii_dot_fn)(const void *src, const float *y, int64_t n);
 /* Quantizes `n` f32 elements into `dst` (round to nearest); returns bytes written
  * (= dsii_type_row_size for n). */
 typedef size_t (*dsii_quantize_row_fn)(const float *src, void *dst, int64_t n);
+/* Same with per-element importance weights `imat` (n values >= 0, or NULL) for the squared
+ * error the quantizer minimizes (llama.cpp's imatrix; docs/tensor-types.md). */
+typedef size_t (*dsii_quantize_row_w_fn)(const float *src, void *dst, int64_t n,
+                                         const float *imat);
 
 typedef struct dsii_type_traits {
     int32_t type;          /* DSI_TYPE_* / ggml type id */
@@ -58,6 +62,8 @@ typedef struct dsii_type_traits {
     dsii_dequantize_row_fn dequantize_row; /* NULL when !supported */
     dsii_dot_fn dot;                       /* NULL when !supported */
     dsii_quantize_row_fn quantize_row;     /* NULL when the writer cannot produce the type */
+    dsii_quantize_row_w_fn quantize_row_w; /* with importance weights; NULL where the type's
+                                              quantizer has no use for them */
 } dsii_type_traits;
 
 /* Traits of a type id, or NULL for an id the table does not know. The geometry (name,
@@ -65,9 +71,13 @@ typedef struct dsii_type_traits {
  * and every backend; this module adds the reference kernels. It knows every
  * ggml type id up to MXFP4 (39) with its block geometry — so that any well-formed GGUF can
  * be validated and its tensors sized — plus the libdsinfer FP8 ids. Types known but not
- * implemented (IQ2_XXS, Q4_0, Q6_K, …) have supported = 0: a model using them should fail
+ * implemented (Q8_1, Q8_K, TQ1_0, TQ2_0) have supported = 0: a model using them should fail
  * with DSI_ERR_UNSUPPORTED naming dsii_type_traits.name. */
 const dsii_type_traits *dsii_type_get(int32_t type);
+
+/* The type id named `name` ("q4_0", "iq2_xxs", "fp8_e4m3_b128", … as dsii_type_traits.name),
+ * or -1 for a name the table does not know. */
+int32_t dsii_type_by_name(const char *name);
 
 /* Bytes of one row of `ne0` elements: ceil(ne0/blck) * type_size (or exactly ne0/blck *
  * type_size for row_multiple types). Returns 0 (and stores nothing) for an unknown type,
@@ -87,6 +97,10 @@ dsi_status dsii_dot_row(int32_t type, const void *src, const float *y, int64_t n
                         float *out, dsii_error *err);
 dsi_status dsii_quantize_row(int32_t type, const float *src, void *dst, int64_t n,
                              dsii_error *err);
+/* dsii_quantize_row with importance weights (imat: n values, or NULL = uniform); types whose
+ * quantizer ignores importance quantize as dsii_quantize_row does. */
+dsi_status dsii_quantize_row_imat(int32_t type, const float *src, void *dst, int64_t n,
+                                  const float *imat, dsii_error *err);
 
 /* FP8 block-scaled 2-D quantization the way the official checkpoints are made
  * (model-spec §2.1): one E8M0 scale per `bs`×`bs` tile of a [rows, cols] row-major matrix

@@ -27,7 +27,7 @@ int main(void) {
     S(dsi_model_options);
     F(dsi_model_options, struct_size); F(dsi_model_options, access);
     F(dsi_model_options, progress_fn); F(dsi_model_options, progress_user_data);
-    F(dsi_model_options, flags);
+    F(dsi_model_options, flags); F(dsi_model_options, draft_path);
     S(dsi_reader);
     F(dsi_reader, struct_size); F(dsi_reader, size); F(dsi_reader, pread_fn);
     F(dsi_reader, close_fn); F(dsi_reader, user_data);

@@ -54,7 +54,7 @@ int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/dsi-chunked-%d.gguf", (int)getpid());
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' --config tiny-v41 --type q8_0 -o '%s' >/dev/null", mk, path);
+    snprintf(cmd, sizeof cmd, "'%s' --config tiny-v41 --type q8_0 --layout native -o '%s' >/dev/null", mk, path);
     if (system(cmd) != 0) {
         printf("FAIL: %s\n", cmd);
         return 1;

@@ -16,7 +16,12 @@
  *  3. invariances on Vulkan: whole-prompt prefill, chunked prefill (chunks of 7, all 320
  *     positions) and token-by-token decode (first 128 positions) give bit-identical logits
  *     (each row is computed by the same operations whatever the number of rows in a call);
- *  4. with DSINFER_VULKAN_VALIDATION=1: the validation layer was active and counted no error.
+ *  4. with DSINFER_VULKAN_VALIDATION=1: the validation layer was active and counted no error;
+ *  5. ("types") tiny-v4 quantized by dsinfer-mkmodel to every quantized weight type
+ *     (docs/tensor-types.md; the same seed as the F32 tiny-v4.gguf, so the F32 file is its
+ *     source), rounding off: the CPU's top-1 agreement with the F32 source over 128
+ *     positions, with a per-type floor; for 7 of the types also 32 positions on Vulkan, which
+ *     must match the CPU on the same file as tightly as in 1.
  *
  * Skips (77, tests/common/skip.h) only without a Vulkan device (unless DSI_REQUIRE_VULKAN=1)
  * or without the tiny models (unless DSI_REQUIRE_MODELS=1). A model that does not load or
@@ -319,6 +324,118 @@ static void test_validation(void **state) {
     assert_int_equal(dsit_vk_validation_check("test_backend_model"), 0);
 }
 
+
+/* ---- 5. tiny-v4 in every further ggml weight type ------------------------------------------ */
+
+/* top-1 agreement floors with the F32 source: the measured CPU figure (docs/tensor-types.md
+ * "Model-level agreement") minus about 10 points; vk: also run on Vulkan (a subset — every
+ * type's shader is checked op by op in test_backend_ops) */
+static const struct qtype {
+    const char *name;
+    double min_top1;
+    int vk;
+} k_qtypes[] = {
+    {"q8_0", 0.88, 0},    {"q6_k", 0.81, 1},   {"q5_k", 0.75, 1},    {"q5_1", 0.70, 0},
+    {"q5_0", 0.66, 0},    {"q4_k", 0.65, 0},   {"q4_1", 0.61, 0},    {"q4_0", 0.54, 1},
+    {"iq4_xs", 0.57, 1},  {"iq4_nl", 0.54, 0}, {"q3_k", 0.48, 0},    {"iq3_s", 0.44, 1},
+    {"iq3_xxs", 0.33, 0}, {"iq2_s", 0.21, 0},  {"iq2_xs", 0.19, 0},  {"iq2_xxs", 0.11, 1},
+    {"q2_k", 0.13, 0},    {"iq1_m", 0.07, 1},  {"iq1_s", 0.09, 0},
+};
+#define N_TYPES_CPU 128 /* positions compared on the CPU */
+#define N_TYPES_VK 32   /* positions run on Vulkan (the first of the same sequence) */
+
+/* $DSI_BUILD_DIR/tests/types/tiny-v4-<type>.gguf, written by $DSI_MKMODEL (seed 1 like the
+ * build's F32 tiny-v4.gguf). NULL (reason printed) when the tools are not available. */
+static const char *quantized_model(const char *type) {
+    static char out[4096];
+    const char *mk = getenv("DSI_MKMODEL"), *bd = getenv("DSI_BUILD_DIR");
+    if (!mk || !bd) {
+        printf("# DSI_MKMODEL / DSI_BUILD_DIR not set\n");
+        return NULL;
+    }
+    char cmd[9000];
+    snprintf(out, sizeof out, "%s/tests/types", bd);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", out);
+    if (system(cmd) != 0) return NULL;
+    snprintf(out, sizeof out, "%s/tests/types/tiny-v4-%s.gguf", bd, type);
+    snprintf(cmd, sizeof cmd, "'%s' --config tiny-v4 --seed 1 --type %s --layout native -o '%s' > /dev/null 2>&1", mk, type, out);
+    if (system(cmd) != 0) {
+        printf("# %s failed\n", cmd);
+        return NULL;
+    }
+    return out;
+}
+
+static size_t agree(const float *a, const float *b, size_t n, int32_t V) {
+    size_t k = 0;
+    for (size_t p = 0; p < n; p++) k += argmax(a + p * (size_t)V, V) == argmax(b + p * (size_t)V, V);
+    return k;
+}
+
+static void test_types(void **state) {
+    (void)state;
+    const char *src = model_path("tiny-v4.gguf");
+    if (!src) DSIT_SKIP_TEST("MODELS", "tiny-v4.gguf not in $DSI_MODELS_DIR");
+    const int validating = dsit_vk_validation_requested(); /* then: iq2_xxs only, 16 positions */
+    const size_t nc = validating ? 16 : N_TYPES_CPU, nv = validating ? 16 : N_TYPES_VK;
+    dsi_context *cpu = NULL, *vk = NULL;
+    assert_true(open_ctx("cpu", &cpu));
+    /* main() saw a Vulkan device: a context that cannot be made is a failure */
+    if (!open_ctx("vulkan", &vk)) fail_msg("no Vulkan context (a device was found at start)");
+    dsi_model *mf = NULL;
+    assert_int_equal(dsi_model_load(cpu, src, NULL, &mf), DSI_OK);
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    dsi_model_get_info(mf, &info);
+    const int32_t V = info.n_vocab;
+    dsi_token tok[N_TYPES_CPU];
+    tokens(tok, nc, V, 777);
+    float *ref = all_logits(mf, tok, nc, 64, DSI_SESSION_FLAG_NO_FAKE_QUANT, V);
+    assert_non_null(ref);
+    dsi_model_free(mf);
+    printf("  tiny-v4 quantized vs its F32 source (rounding off): top-1 agreement over %zu (CPU) / "
+           "%zu (Vulkan) positions, max |dlogit|\n", nc, nv);
+    printf("  %-8s %9s %12s %9s %12s %14s\n", "type", "cpu top1", "cpu max|d|", "vk top1",
+           "vk max|d|", "vk-cpu max|d|");
+    for (size_t i = 0; i < sizeof k_qtypes / sizeof k_qtypes[0]; i++) {
+        const struct qtype *qt = &k_qtypes[i];
+        if (validating && strcmp(qt->name, "iq2_xxs") != 0) continue;
+        const char *path = quantized_model(qt->name);
+        assert_non_null(path);
+        dsi_model *mc = NULL, *mv = NULL;
+        if (dsi_model_load(cpu, path, NULL, &mc) != DSI_OK)
+            fail_msg("%s: %s", path, dsi_context_last_error(cpu));
+        float *c = all_logits(mc, tok, nc, 64, DSI_SESSION_FLAG_NO_FAKE_QUANT, V);
+        assert_non_null(c);
+        const cmp rc = compare(c, ref, nc, V, 0.0);
+        const size_t ac = agree(c, ref, nc, V);
+        printf("  %-8s %8.1f%% %12.3e", qt->name, 100.0 * ac / nc, rc.max_abs);
+        assert_true((double)ac >= qt->min_top1 * nc);
+        if (vk && qt->vk) {
+            if (dsi_model_load(vk, path, NULL, &mv) != DSI_OK)
+                fail_msg("%s on vulkan: %s", path, dsi_context_last_error(vk));
+            float *v = all_logits(mv, tok, nv, 64, DSI_SESSION_FLAG_NO_FAKE_QUANT, V);
+            if (!v) fail_msg("%s: the forward pass failed on Vulkan", qt->name);
+            const cmp rv = compare(v, ref, nv, V, 0.0), rvc = compare(v, c, nv, V, 2e-3);
+            const size_t av = agree(v, ref, nv, V), avc = agree(v, c, nv, V);
+            printf(" %8.1f%% %12.3e %14.3e\n", 100.0 * av / nv, rv.max_abs, rvc.max_abs);
+            /* the same file on both backends: as tight as F32 weights (test 1) */
+            assert_int_equal(avc, nv);
+            assert_true(rvc.max_abs <= 2e-3);
+            free(v);
+            dsi_model_free(mv);
+        } else {
+            printf("\n");
+        }
+        free(c);
+        dsi_model_free(mc);
+        remove(path);
+    }
+    free(ref);
+    dsi_context_free(cpu);
+    dsi_context_free(vk);
+}
+
 int main(void) {
     dsit_filter();
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -339,6 +456,8 @@ int main(void) {
     };
     int rc = cmocka_run_group_tests_name("tiny-v4", v4, setup_v4, teardown);
     rc += cmocka_run_group_tests_name("tiny-v41", v4, setup_v41, teardown);
+    const struct CMUnitTest ty[] = {cmocka_unit_test(test_types)};
+    rc += cmocka_run_group_tests_name("types", ty, NULL, NULL);
     if (dsit_vk_validation_requested()) {
         const struct CMUnitTest val[] = {cmocka_unit_test(test_validation)};
         rc += cmocka_run_group_tests_name("validation", val, NULL, NULL);

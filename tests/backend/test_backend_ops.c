@@ -196,7 +196,9 @@ static void st_ok(const dsi_status st[2]) {
 static const int32_t k_types[] = {DSI_TYPE_F32, DSI_TYPE_F16, DSI_TYPE_BF16, DSI_TYPE_Q8_0,
                                   DSI_TYPE_Q4_K, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
                                   DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32,
-                                  DSI_TYPE_FP8_E4M3_R32};
+                                  DSI_TYPE_FP8_E4M3_R32,
+                                  /* the further ggml types (docs/tensor-types.md) */
+                                  2, 3, 6, 7, 11, 13, 14, 20, 23, 18, 21, 16, 17, 22, 19, 29};
 
 static void test_matmul(void **state) {
     (void)state;
@@ -625,7 +627,8 @@ static void test_moe(void **state) {
     NEED_OP(moe_experts);
     static const struct { uint32_t E, k, n; int hash; int32_t type; } cs[] = {
         {8, 2, 5, 0, DSI_TYPE_MXFP4}, {8, 2, 3, 1, DSI_TYPE_Q8_0}, {16, 6, 2, 0, DSI_TYPE_F16},
-        {4, 1, 7, 0, DSI_TYPE_FP8_E4M3_B32}};
+        {4, 1, 7, 0, DSI_TYPE_FP8_E4M3_B32}, {8, 2, 5, 0, DSI_TYPE_IQ2_XXS}, {8, 2, 3, 0, 19 /* iq1_s */},
+        {8, 3, 4, 1, 23 /* iq4_xs */}, {4, 2, 3, 0, 14 /* q6_k */}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         uint32_t E = cs[i].E, k = cs[i].k, n = cs[i].n, D = 256, F = 64, V_ = 50;
         bt_buf lg = rbuf(n * (E + 1), -4, 4);

@@ -1,9 +1,12 @@
 #!/bin/sh
-# Bounded fuzzing run of the GGUF reader or the snapshot loader.
+# Bounded fuzzing runs of the GGUF reader (with dsinfer-convert's safetensors header parser)
+# or of the snapshot loader.
 #   tests/fuzz/run.sh [BUILD_DIR] [gguf|snapshot]   (default: $DSI_BUILD_DIR, else ./build; gguf)
-# Needs a clang build configured with -DDSI_FUZZ=ON. Builds the seed corpus into a temporary
-# directory, runs fuzz_<target> for ${DSI_FUZZ_SECONDS:-60} seconds, and exits nonzero on a
-# crash, leak, timeout or oversized allocation. Crash inputs are kept in
+# Needs a clang build configured with -DDSI_FUZZ=ON. Builds the seed corpora into a temporary
+# directory, runs fuzz_<target> for ${DSI_FUZZ_SECONDS:-60} seconds and, for gguf,
+# fuzz_safetensors for ${DSI_FUZZ_ST_SECONDS:-DSI_FUZZ_SECONDS/3} seconds (when built: it needs
+# jansson), and exits nonzero on a crash, leak, timeout or oversized allocation. Crash inputs
+# are kept in
 # BUILD_DIR/tests/fuzz/artifacts/.
 set -eu
 build=${1:-${DSI_BUILD_DIR:-build}}
@@ -22,3 +25,11 @@ mkdir -p "$bin/artifacts"
 "$bin/fuzz_$target" -max_total_time="${DSI_FUZZ_SECONDS:-60}" -timeout=10 -rss_limit_mb=2048 \
   -malloc_limit_mb=256 -max_len=65536 -print_final_stats=1 \
   -artifact_prefix="$bin/artifacts/" "$tmp/corpus"
+if [ "$target" = gguf ] && [ -x "$bin/fuzz_safetensors" ]; then
+  here=$(cd "$(dirname "$0")" && pwd)
+  /usr/bin/python3 "$here/gen_st_seeds.py" "$tmp/st-corpus"
+  st_seconds=${DSI_FUZZ_ST_SECONDS:-$(( ${DSI_FUZZ_SECONDS:-60} / 3 ))}
+  "$bin/fuzz_safetensors" -max_total_time="$st_seconds" -timeout=10 -rss_limit_mb=2048 \
+    -malloc_limit_mb=256 -max_len=65536 -print_final_stats=1 -dict="$here/safetensors.dict" \
+    -artifact_prefix="$bin/artifacts/st-" "$tmp/st-corpus"
+fi

@@ -61,8 +61,8 @@ const char *mt_mkmodel(const char *config, const char *type, const char *out_nam
     snprintf(dir, sizeof dir, "%s/tests/model", bd ? bd : "/tmp");
     mkdir(dir, 0755);
     snprintf(out, sizeof out, "%s/%.1000s", dir, out_name);
-    char *argv[] = {(char *)mk, "--config", (char *)config, "--type", (char *)type, "-o", out,
-                    NULL};
+    char *argv[] = {(char *)mk, "--config", (char *)config, "--type", (char *)type, "--layout", "native",
+                    "-o", out, NULL};
     int rc = run_cmd(argv);
     if (rc != 0 || !file_exists(out)) {
         printf("# %s --config %s --type %s failed (exit %d)\n", mk, config, type, rc);

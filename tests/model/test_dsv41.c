@@ -159,7 +159,7 @@ static int group_setup(void **state) {
     if (mk && file_exists(mk)) {
         char q[1024], cmd[4096];
         snprintf(q, sizeof q, "%s/tiny-v41-q8_0.gguf", g_tmpdir);
-        snprintf(cmd, sizeof cmd, "'%s' --config tiny-v41 --type q8_0 -o '%s' > /dev/null", mk, q);
+        snprintf(cmd, sizeof cmd, "'%s' --config tiny-v41 --type q8_0 --layout native -o '%s' > /dev/null", mk, q);
         int rc = system(cmd);
         if (rc != 0 || !file_exists(q)) {
             snprintf(g_q8.failed, sizeof g_q8.failed, "%.480s failed (status %d)", cmd, rc);

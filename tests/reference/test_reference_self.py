@@ -524,12 +524,12 @@ def mkmodel_files_dequantise_consistently():
     with tempfile.TemporaryDirectory() as td:
         for cfg in ("tiny-v4", "tiny-v41"):
             ref_p = os.path.join(td, cfg + ".gguf")
-            subprocess.run([mk_bin, "--config", cfg, "-o", ref_p], check=True,
+            subprocess.run([mk_bin, "--config", cfg, "--layout", "native", "-o", ref_p], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             ref = gr.GGUFFile(ref_p)
             for t in ("q8_0", "q4_k", "q2_k", "mxfp4", "fp8", "bf16"):
                 p = os.path.join(td, "%s-%s.gguf" % (cfg, t))
-                subprocess.run([mk_bin, "--config", cfg, "--type", t, "-o", p], check=True,
+                subprocess.run([mk_bin, "--config", cfg, "--type", t, "--layout", "native", "-o", p], check=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 g = gr.GGUFFile(p)
                 for n, ti in g.tensors.items():

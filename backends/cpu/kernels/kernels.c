@@ -4,6 +4,7 @@
  * for the contract.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
+#include "backends/cpu/kernels/kernels_ggml.h"
 #include "backends/types.h"
 
 #include "quant/quant.h"
@@ -31,6 +32,9 @@ static const kern_type kern_types[] = {
     {DSI_TYPE_MXFP4, &dsib_kq_mxfp4},
     {DSI_TYPE_FP8_E4M3_B128, NULL},
     {DSI_TYPE_FP8_E4M3_B32, NULL},
+    /* ggml types of kernels_ggml*.c (ids as ggml's; f32 activations on both paths) */
+    {2, NULL},  {3, NULL},  {6, NULL},  {7, NULL},  {11, NULL}, {13, NULL}, {14, NULL}, {20, NULL},
+    {23, NULL}, {18, NULL}, {21, NULL}, {16, NULL}, {17, NULL}, {22, NULL}, {19, NULL}, {29, NULL},
 };
 
 static const kern_type *kern_type_get(int32_t type) {
@@ -195,13 +199,8 @@ static void scalar_decode(int32_t type, const uint8_t *row, int64_t i0, int64_t 
         return;
     }
     default: {
-        /* a type without its own decoder here: lib/quant's reference dequantizer */
-        const dsii_type_traits *tr = dsii_type_get(type);
-        if (!tr || !tr->dequantize_row) {
-            memset(dst, 0, (size_t)n * sizeof(float));
-            return;
-        }
-        tr->dequantize_row(row + (size_t)(i0 / tr->blck) * tr->type_size, dst, n);
+        /* the further ggml types (kernels_ggml.c: the values of lib/quant = llama.cpp's) */
+        dsib_kern_decode_ggml(type, row, i0, n, dst);
         return;
     }
     }

@@ -16,6 +16,7 @@
  * Result: (acc0 + acc1) + (acc2 + acc3), then 8 → 4 → 2 → 1 lanes by pairwise halves.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
+#include "backends/cpu/kernels/kernels_ggml.h"
 
 #ifdef DSIB_KERN_X86
 
@@ -360,7 +361,7 @@ int dsib_kern_rows_avx2(int32_t type, const uint8_t *w, size_t w_row_bytes, int6
     case DSI_TYPE_MXFP4: tab = dot_mxfp4_tab; break;
     case DSI_TYPE_FP8_E4M3_B128: tab = dot_fp8_b128_tab; break;
     case DSI_TYPE_FP8_E4M3_B32: tab = dot_fp8_b32_tab; break;
-    default: return 0;
+    default: return dsib_kern_rows_ggml_avx2(type, w, w_row_bytes, n_in, o0, o1, xp, yp, n);
     }
     for (int t0 = 0; t0 < n; t0 += TMAX) {
         const int T = n - t0 < TMAX ? n - t0 : TMAX;

@@ -28,6 +28,9 @@ shared float red[4 * 64];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
+#ifdef DQ_INIT
+    DQ_INIT(tid); // shared codebook of the IQ types (wload_ggml.glsl), before any return
+#endif
     uint mode = pc.p[0], K = pc.p[4];
     if (mode >= 2u) {
         // 2: y[t] = row ids[t]; 3: y[t] += row (pos of step row t) mod p17 (add_rows_periodic)

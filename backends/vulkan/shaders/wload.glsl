@@ -14,6 +14,8 @@ float wf16(uint b) { return unpackHalf2x16(wu16(b)).x; }
 #define T_FP8_B128 1024
 #define T_FP8_B32 1025
 
+#include "wload_ggml.glsl"
+
 float dq(uint rb, uint i) {
 #if WTYPE == T_F32
     return uintBitsToFloat(wb.d[(rb >> 2) + i]);
@@ -62,6 +64,8 @@ float dq(uint rb, uint i) {
 #elif WTYPE == T_FP8_B32
     uint bb = rb + (i >> 5) * 33u;
     return e4m3_to_f32(wbyte(bb + 1u + (i & 31u))) * e8m0_to_f32(wbyte(bb));
+#elif defined(DQ_GGML)
+    return dq_ggml(rb, i);
 #else
 #error unknown WTYPE
 #endif

@@ -1004,7 +1004,7 @@ static void test_batch(void **state) {
 static void test_checks(void **state) {
     (void)state;
     char msg[256];
-    assert_int_equal(dsib_kern_check(DSI_TYPE_IQ2_XXS, 256, 4, 66, 256, 4, msg, sizeof msg),
+    assert_int_equal(dsib_kern_check(34 /* tq1_0 */, 256, 4, 54, 256, 4, msg, sizeof msg),
                      DSI_ERR_UNSUPPORTED);
     assert_int_equal(dsib_kern_check(DSI_TYPE_Q4_K, 100, 4, 144, 100, 4, msg, sizeof msg),
                      DSI_ERR_INVALID_ARGUMENT);

@@ -115,6 +115,44 @@ static void test_fp8_bf16_edge(void **state) {
     assert_true(out[32] == 0.0f);
 }
 
+/* ds4's row264 encoding (model-spec §5.2, DSII_TYPE_ENGRAM_ROW264): per row K E4M3 values
+ * then K/32 E8M0 scales. Same values as table_fp8 (3 rows × 64), laid out the ds4 way; the
+ * scale of the second block is a different byte, so a decoder that reads the wrong scale
+ * fails. Host and pread placements. */
+static void test_row264(void **state) {
+    (void)state;
+    build_fp8();
+    uint8_t t264[3 * 66];
+    for (int r = 0; r < 3; r++)
+        for (int b = 0; b < 2; b++) {
+            const uint8_t *s = table_fp8 + (r * 2 + b) * 33;
+            memcpy(t264 + r * 66 + 32 * b, s + 1, 32);
+            t264[r * 66 + 64 + b] = s[0];
+        }
+    t264[1 * 66 + 64 + 1] = 127 + 5; /* row 1, block 1: scale 2^5 instead of 2^1 */
+    dsii_error e;
+    dsii_engram_table th, tp;
+    assert_int_equal(dsii_engram_table_host(&th, DSII_TYPE_ENGRAM_ROW264, 64, 3, t264, &e), DSI_OK);
+    assert_int_equal(th.row_bytes, 66);
+    dsii_file *f = NULL;
+    assert_int_equal(dsii_file_open_memory(NULL, t264, sizeof t264, &f, &e), DSI_OK);
+    assert_int_equal(dsii_engram_table_file(&tp, DSII_TYPE_ENGRAM_ROW264, 64, 3, f, 0, &e), DSI_OK);
+    const uint32_t rows[3] = {1, 2, 0};
+    float a[3 * 64], b[3 * 64];
+    assert_int_equal(dsii_engram_gather(NULL, &th, rows, 3, a, &e), DSI_OK);
+    assert_int_equal(dsii_engram_gather(NULL, &tp, rows, 3, b, &e), DSI_OK);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 64; k++) {
+            float want = want_fp8((int)rows[i], k);
+            if (rows[i] == 1 && k >= 32) want *= 16.0f; /* 2^5 / 2^1 */
+            assert_true(a[i * 64 + k] == want);
+            assert_true(b[i * 64 + k] == want);
+        }
+    /* a row must be whole blocks of 32 */
+    assert_int_equal(dsii_engram_table_host(&th, DSII_TYPE_ENGRAM_ROW264, 48, 3, t264, &e), DSI_ERR_BAD_FORMAT);
+    dsii_file_close(f);
+}
+
 static void test_bad_tables(void **state) {
     (void)state;
     dsii_error e;
@@ -134,6 +172,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_host_and_pread),
         cmocka_unit_test(test_debug_tables_as_stored),
         cmocka_unit_test(test_fp8_bf16_edge),
+        cmocka_unit_test(test_row264),
         cmocka_unit_test(test_bad_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

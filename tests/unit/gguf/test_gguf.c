@@ -587,6 +587,67 @@ static void test_getter_errors(void **state) {
     dsii_gguf_writer_free(w);
 }
 
+/* Row-streamed tensors: the bytes equal a whole-buffer fill, the writer calls the callback
+ * in order for runs of whole rows that are multiples of row_align (except the last), never
+ * more than ~8 MiB at once, and a failing callback fails the write with IO naming the rows. */
+typedef struct rows_log {
+    uint64_t next, calls, max_rows, bad_align;
+    uint32_t align;
+    int fail_at;
+} rows_log;
+
+static int fill_rows_pattern(void *user, uint64_t row0, uint64_t n, void *dst) {
+    rows_log *l = user;
+    if (row0 != l->next) return 1;
+    if (l->fail_at >= 0 && (uint64_t)l->fail_at >= row0 && (uint64_t)l->fail_at < row0 + n) return 1;
+    l->calls++;
+    if (n > l->max_rows) l->max_rows = n;
+    if (n % l->align && row0 + n != 4096) l->bad_align++;
+    for (uint64_t r = 0; r < n; r++)
+        for (int j = 0; j < 1024; j++) ((float *)dst)[r * 1024 + j] = (float)((row0 + r) * 1024 + (uint64_t)j);
+    l->next = row0 + n;
+    return 0;
+}
+
+static int fill_whole_pattern(void *user, void *dst, uint64_t nbytes) {
+    (void)user;
+    for (uint64_t i = 0; i < nbytes / 4; i++) ((float *)dst)[i] = (float)i;
+    return 0;
+}
+
+static void test_writer_rows(void **state) {
+    (void)state;
+    dsii_error e;
+    int64_t ne[2] = {1024, 4096}; /* 16 MiB of f32: at least two runs */
+    void *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    rows_log log = {.align = 3, .fail_at = -1};
+    dsii_gguf_writer *w = dsii_gguf_writer_create(NULL);
+    assert_int_equal(dsii_gguf_writer_add_tensor_rows(w, "t", DSI_TYPE_F32, 2, ne, 3, fill_rows_pattern, &log, &e), DSI_OK);
+    assert_int_equal(dsii_gguf_writer_write_memory(w, &a, &na, &e), DSI_OK);
+    assert_true(log.calls >= 2);
+    assert_int_equal(log.next, 4096);
+    assert_int_equal(log.bad_align, 0);
+    assert_true(log.max_rows * 1024 * 4 <= (8u << 20));
+    dsii_gguf_writer_free(w);
+    w = dsii_gguf_writer_create(NULL);
+    assert_int_equal(dsii_gguf_writer_add_tensor_fn(w, "t", DSI_TYPE_F32, 2, ne, fill_whole_pattern, NULL, &e), DSI_OK);
+    assert_int_equal(dsii_gguf_writer_write_memory(w, &b, &nb, &e), DSI_OK);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, na);
+    dsii_gguf_writer_free(w);
+    dsii_free(NULL, b);
+    /* a failing callback */
+    rows_log bad = {.align = 1, .fail_at = 3000};
+    w = dsii_gguf_writer_create(NULL);
+    assert_int_equal(dsii_gguf_writer_add_tensor_rows(w, "t", DSI_TYPE_F32, 2, ne, 0, fill_rows_pattern, &bad, &e), DSI_OK);
+    assert_int_equal(dsii_gguf_writer_write_memory(w, &b, &nb, &e), DSI_ERR_IO);
+    assert_non_null(strstr(e.msg, "'t'"));
+    assert_non_null(strstr(e.msg, "rows"));
+    dsii_gguf_writer_free(w);
+    dsii_free(NULL, a);
+}
+
 static void test_writer_rejects(void **state) {
     (void)state;
     dsii_error e;
@@ -613,7 +674,7 @@ static void test_writer_rejects(void **state) {
     assert_int_equal(dsii_gguf_writer_add_tensor(w, "z", 77, 2, ne, x, 0, &e), DSI_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsii_gguf_writer_set_alignment(w, 64, &e), DSI_ERR_INVALID_ARGUMENT);
     int32_t iv[33] = {0};
-    assert_int_equal(dsii_gguf_writer_add_tensor_f32(w, "iq", DSI_TYPE_IQ2_XXS, 1, ne, (float *)iv, &e),
+    assert_int_equal(dsii_gguf_writer_add_tensor_f32(w, "iq", 34 /* tq1_0 */, 1, ne, (float *)iv, &e),
                      DSI_ERR_UNSUPPORTED);
     /* many keys and tensors: the name sets rehash correctly */
     char name[32];
@@ -936,9 +997,9 @@ static void test_bad_tensors(void **state) {
     expect_bad(b.p, b.n, DSI_ERR_BAD_FORMAT, "offset 128 is not a multiple of the alignment 256");
     free(b.p);
     memset(&b, 0, sizeof b);
-    /* an IQ2_XXS tensor loads (type known); the type table says it is not supported */
+    /* a TQ2_0 tensor loads (type known); the type table says it is not supported */
     uint64_t ne256[2] = {256, 2};
-    one_tensor(&b, 2, ne256, DSI_TYPE_IQ2_XXS, 0, 132);
+    one_tensor(&b, 2, ne256, 35 /* tq2_0 */, 0, 132);
     {
         dsii_gguf *g;
         dsii_error e;
@@ -947,7 +1008,7 @@ static void test_bad_tensors(void **state) {
         assert_int_equal(t->nbytes, 132);
         const dsii_type_traits *tt = dsii_type_get(t->type);
         assert_false(tt->supported);
-        assert_string_equal(tt->name, "iq2_xxs");
+        assert_string_equal(tt->name, "tq2_0");
         dsii_gguf_close(g);
     }
     free(b.p);
@@ -1099,6 +1160,7 @@ int main(void) {
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_getter_errors),
         cmocka_unit_test(test_writer_rejects),
+        cmocka_unit_test(test_writer_rows),
         cmocka_unit_test(test_bad_header),
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_bad_alignment),

@@ -55,7 +55,7 @@ static int run_mkmodel(const char *config, const char *seed, const char *out) {
     if (!mk || access(mk, X_OK) != 0) return -1;
     pid_t pid = fork();
     if (pid == 0) {
-        execl(mk, mk, "--config", config, "--seed", seed, "--type", "f32", "-o", out, (char *)NULL);
+        execl(mk, mk, "--config", config, "--seed", seed, "--type", "f32", "--layout", "native", "-o", out, (char *)NULL);
         _exit(127);
     }
     int status = 0;
@@ -625,9 +625,6 @@ static void nextn_name(const char *name, uint32_t L, char *out, size_t cap) {
         {"mtp.0.enorm.weight", "nextn.enorm.weight"},
         {"mtp.0.hnorm.weight", "nextn.hnorm.weight"},
         {"mtp.0.norm.weight", "nextn.shared_head_norm.weight"},
-        {"mtp.0.hc_head_fn.weight", "nextn.hc_head_fn.weight"},
-        {"mtp.0.hc_head_base.weight", "nextn.hc_head_base.weight"},
-        {"mtp.0.hc_head_scale.weight", "nextn.hc_head_scale.weight"},
     };
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
         if (strcmp(name, head[i][0]) == 0) {
@@ -721,6 +718,8 @@ static uint8_t *rebuild(const char *src_path, const edit *e, size_t *out_n) {
             uint32_t L = 0;
             assert_int_equal(dsii_gguf_get_u32(g, "deepseek4.block_count", &L, NULL), DSI_OK);
             if (strcmp(t->name, "mtp.0.h_proj.weight") == 0) continue;
+            /* llama.cpp's combined file has no place for the MTP's own HC head */
+            if (strncmp(t->name, "mtp.0.hc_head_", 14) == 0) continue;
             if (strcmp(t->name, "mtp.0.e_proj.weight") == 0) {
                 /* eh_proj [2D, D]: row j = [e_proj row j ; h_proj row j] (f32) */
                 const dsii_gguf_tensor *h = dsii_gguf_find_tensor(g, "mtp.0.h_proj.weight");
@@ -798,9 +797,13 @@ static const bad_case k_bad[] = {
     {"wrong shape", 0, {.shape_tensor = "blk.1.attn_kv.weight", .shape = {256, 64}}, DSI_ERR_BAD_FORMAT, "blk.1.attn_kv.weight", "[256, 128]"},
     {"wrong shape v41", 1, {.shape_tensor = "blk.5.indexer.attn_k.weight", .shape = {128, 64}}, DSI_ERR_BAD_FORMAT, "blk.5.indexer.attn_k.weight", NULL},
     {"norm stored as f16", 0, {.type_tensor = "blk.0.attn_norm.weight", .new_type = DSI_TYPE_F16}, DSI_ERR_UNSUPPORTED, "blk.0.attn_norm.weight", "f16"},
-    {"unimplemented type", 0, {.type_tensor = "output.weight", .new_type = 14 /* q6_k */}, DSI_ERR_UNSUPPORTED, "output.weight", "q6_k"},
+    {"unimplemented type", 0, {.type_tensor = "output.weight", .new_type = 35 /* tq2_0 */}, DSI_ERR_UNSUPPORTED, "output.weight", "tq2_0"},
     {"key of the wrong type", 0, {.key = "deepseek4.expert_count", .kind = 1, .sval = "8"}, DSI_ERR_BAD_FORMAT, "deepseek4.expert_count", NULL},
     {"missing key", 0, {.key = "deepseek4.attention.q_lora_rank", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.attention.q_lora_rank", NULL},
+    /* keys whose default differs between engines (docs/model-files.md §2.7): refused by name */
+    {"missing YaRN original context (llama.cpp: context_length)", 0, {.key = "deepseek4.rope.scaling.original_context_length", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.rope.scaling.original_context_length", "missing"},
+    {"missing YaRN factor (llama.cpp: no scaling)", 0, {.key = "deepseek4.rope.scaling.factor", .kind = 0}, DSI_ERR_BAD_FORMAT, "deepseek4.rope.scaling.factor", "missing"},
+    {"linear RoPE scaling", 0, {.key = "deepseek4.rope.scaling.type", .kind = 1, .sval = "linear"}, DSI_ERR_UNSUPPORTED, "deepseek4.rope.scaling.type", "linear"},
     {"wrong arch", 0, {.key = "general.architecture", .kind = 1, .sval = "llama"}, DSI_ERR_UNSUPPORTED, "llama", NULL},
     {"no arch", 0, {.key = "general.architecture", .kind = 0}, DSI_ERR_BAD_FORMAT, "general.architecture", NULL},
     {"short layer array", 0, {.key = "deepseek4.attention.compress_ratios", .kind = 3, .arr = k_short_ratios, .n_arr = 4}, DSI_ERR_BAD_FORMAT, "compress_ratios", "4 entries"},
@@ -850,6 +853,51 @@ static void test_malformed(void **state) {
     assert_null(m);
     assert_int_equal(load_mem(ctx, "NOTAGGUF", 8, &m), DSI_ERR_BAD_FORMAT);
     free(p);
+    assert_int_equal(dsi_context_free(ctx), DSI_OK);
+}
+
+/* Keys whose default differs between engines and that load with a documented default
+ * (docs/model-files.md §2.7): rope.scaling.type absent -> YaRN, said in the log; the YaRN betas
+ * absent -> 32 / 1 (llama.cpp's fixed values); "none" -> scaling off (llama.cpp's meaning). */
+static void test_key_defaults(void **state) {
+    (void)state;
+    NEED_MODELS();
+    dsi_context *ctx = new_ctx();
+    dsi_model *base = NULL, *m = NULL;
+    assert_int_equal(dsi_model_load(ctx, g_v4, NULL, &base), DSI_OK);
+    assert_int_equal(base->hp.rope_type_defaulted, 0);
+    {
+        edit e = {.key = "deepseek4.rope.scaling.type", .kind = 0};
+        size_t n = 0;
+        uint8_t *p = rebuild(g_v4, &e, &n);
+        g_log[0] = '\0';
+        assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+        assert_int_equal(m->hp.rope_type_defaulted, 1);
+        assert_true(m->hp.yarn_factor == base->hp.yarn_factor && m->hp.yarn_factor > 1.0f);
+        assert_non_null(strstr(g_log, "deepseek4.rope.scaling.type"));
+        assert_non_null(strstr(g_log, "yarn"));
+        dsi_model_free(m);
+        dsii_free(NULL, p);
+    }
+    {
+        edit e = {.key = "deepseek4.rope.scaling.yarn_beta_fast", .kind = 0};
+        size_t n = 0;
+        uint8_t *p = rebuild(g_v4, &e, &n);
+        assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+        assert_true(m->hp.yarn_beta_fast == 32.0f);
+        dsi_model_free(m);
+        dsii_free(NULL, p);
+    }
+    {
+        edit e = {.key = "deepseek4.rope.scaling.type", .kind = 1, .sval = "none"};
+        size_t n = 0;
+        uint8_t *p = rebuild(g_v4, &e, &n);
+        assert_int_equal(load_mem(ctx, p, n, &m), DSI_OK);
+        assert_true(m->hp.yarn_factor == 1.0f);
+        dsi_model_free(m);
+        dsii_free(NULL, p);
+    }
+    dsi_model_free(base);
     assert_int_equal(dsi_context_free(ctx), DSI_OK);
 }
 
@@ -919,7 +967,8 @@ static void test_nextn_mtp(void **state) {
     assert_int_equal(m->hp.n_draft, 1);
     assert_int_equal(m->hp.has_mtp, 1);
     assert_int_equal(m->hp.mtp_from_nextn, 1);
-    assert_int_equal(m->n_params, base->n_params);
+    /* the MTP's own HC head (hc·D·hc + hc + 1 values) is not in a llama.cpp combined file */
+    assert_int_equal(m->n_params, base->n_params - (4 * 256 * 4 + 4 + 1));
     const dsii_draft_tensors *a = &base->w.draft[0], *b = &m->w.draft[0];
     assert_int_equal(b->e_proj->is_view, 1);
     assert_int_equal(b->e_proj->ne[0], 256);
@@ -933,6 +982,12 @@ static void test_nextn_mtp(void **state) {
     }
     assert_memory_equal(a->norm->data, b->norm->data, 256 * 4);
     assert_memory_equal(a->blk.attn_q_b->data, b->blk.attn_q_b->data, a->blk.attn_q_b->nbytes);
+    /* llama.cpp's semantics: the MTP head runs with the trunk's output_hc_* */
+    assert_int_equal(m->hp.mtp_hc_from_trunk, 1);
+    assert_ptr_equal(b->hc_head_fn, m->w.output_hc_fn);
+    assert_ptr_equal(b->hc_head_base, m->w.output_hc_base);
+    assert_ptr_equal(b->hc_head_scale, m->w.output_hc_scale);
+    assert_int_equal(base->hp.mtp_hc_from_trunk, 0);
     dsi_model_free(m);
     dsi_model_free(base);
     dsii_free(NULL, p);
@@ -963,8 +1018,8 @@ static void test_mkmodel_types(void **state) {
             snprintf(path, sizeof path, "%s/type-%s-%d.gguf", g_tmpdir, types[i].name, v);
             pid_t pid = fork();
             if (pid == 0) {
-                execl(mk, mk, "--config", v ? "tiny-v41" : "tiny-v4", "--type", types[i].name, "-o", path,
-                      (char *)NULL);
+                execl(mk, mk, "--config", v ? "tiny-v41" : "tiny-v4", "--type", types[i].name, "--layout",
+                      "native", "-o", path, (char *)NULL);
                 _exit(127);
             }
             int status = 0;
@@ -999,6 +1054,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_vision_ignored),
         cmocka_unit_test(test_nextn_mtp),
+        cmocka_unit_test(test_key_defaults),
         cmocka_unit_test(test_reader_io_error),
         cmocka_unit_test(test_mkmodel_types),
     };

@@ -83,11 +83,12 @@ static void test_traits(void **state) {
         {DSI_TYPE_F32, "f32", 1, 4, 1, 1},         {DSI_TYPE_F16, "f16", 1, 2, 1, 1},
         {DSI_TYPE_BF16, "bf16", 1, 2, 1, 1},       {DSI_TYPE_Q8_0, "q8_0", 32, 34, 1, 1},
         {DSI_TYPE_Q4_K, "q4_k", 256, 144, 1, 1},   {DSI_TYPE_Q2_K, "q2_k", 256, 84, 1, 1},
-        {DSI_TYPE_MXFP4, "mxfp4", 32, 17, 1, 1},   {DSI_TYPE_IQ2_XXS, "iq2_xxs", 256, 66, 1, 0},
+        {DSI_TYPE_MXFP4, "mxfp4", 32, 17, 1, 1},   {DSI_TYPE_IQ2_XXS, "iq2_xxs", 256, 66, 1, 1},
         {DSI_TYPE_I32, "i32", 1, 4, 1, 1},         {DSI_TYPE_FP8_E4M3_B128, "fp8_e4m3_b128", 128, 129, 0, 1},
         {DSI_TYPE_FP8_E4M3_B32, "fp8_e4m3_b32", 32, 33, 0, 1},
         {DSI_TYPE_FP8_E4M3_R32, "fp8_e4m3_r32", 32, 33, 0, 1},
-        {14, "q6_k", 256, 210, 1, 0},              {2, "q4_0", 32, 18, 1, 0},
+        {14, "q6_k", 256, 210, 1, 1},              {2, "q4_0", 32, 18, 1, 1},
+        {15, "q8_k", 256, 292, 1, 0},              {34, "tq1_0", 256, 54, 1, 0},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         const dsii_type_traits *tr = dsii_type_get(t[i].id);
@@ -128,8 +129,8 @@ static void test_unsupported(void **state) {
     float out[256];
     dsii_error e;
     dsii_error_clear(&e);
-    assert_int_equal(dsii_dequantize_row(DSI_TYPE_IQ2_XXS, blk, out, 256, &e), DSI_ERR_UNSUPPORTED);
-    assert_non_null(strstr(e.msg, "iq2_xxs"));
+    assert_int_equal(dsii_dequantize_row(35, blk, out, 256, &e), DSI_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "tq2_0"));
     assert_int_equal(dsii_dequantize_row(1234, blk, out, 256, &e), DSI_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsii_dequantize_row(DSI_TYPE_Q8_0, blk, out, 31, &e), DSI_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsii_quantize_row(DSI_TYPE_I32, out, blk, 4, &e), DSI_ERR_UNSUPPORTED);
