@@ -40,6 +40,12 @@
 #define TOL_MEAN_NOFQ 1e-5 /* measured 9.5e-7 on both models */
 #define TOL_MAX_NOFQ 2e-4  /* measured 5.4e-6 (v41), 6.3e-6 (v4) */
 #define TOL_PPL_REL 1e-3
+/* The default CPU matmul path (int8 activations for Q8_0 weights, docs/performance.md) is
+ * not the exact forward pass: bounded separately. Measured on kjv-v41 (Q8_0): mean |d logp|
+ * 0.0183, max 0.947, perplexity rel 1.2e-3 (rounding on) and 2.8e-3 (off). */
+#define TOL_MEAN_DEFAULT 0.05
+#define TOL_MAX_DEFAULT 2.5
+#define TOL_PPL_REL_DEFAULT 1e-2
 #define MIN_WORD_FRAC 0.90
 /* Chat answers are sampled (seeded): greedy decoding of models this small falls into loops
  * ("and the LORD, and the LORD, ...") that never end a verse (docs/trained-models.md). */
@@ -54,7 +60,8 @@
  * conversations, and the turn marker is often outside the 32-token window), so some answers
  * run on into "<｜Assistant｜></think>..." before ending: measured on the committed models,
  * docs/trained-models.md "Chat". */
-#define MIN_CHAT_EOS 0.85   /* measured: kjv-v41 23 of 25, kjv-v4 23 of 25 */
+#define MIN_CHAT_EOS 0.80   /* measured (exact path): kjv-v41 23 of 25, kjv-v4 23 of 25;
+                               (default path): kjv-v41 23 of 24, kjv-v4 20 of 24 */
 #define MIN_CHAT_CLEAN 0.45 /* measured: kjv-v41 15 of 25, kjv-v4 14 of 25 */
 
 static const char *k_models[] = {"kjv-v41", "kjv-v4"};
@@ -199,9 +206,16 @@ static void test_logprobs_agree_with_pytorch(void **state) {
         static chunk ch[MAX_CHUNKS];
         size_t n = read_expected(k_models[m], ch);
         assert_true(n >= 8);
+      for (int exact = 1; exact >= 0; exact--) {
+        /* the exact path is the forward pass the third implementation checks; the default
+         * path (quantised activations) is what applications get, with its own bounds */
         dsi_context *ctx;
         dsi_model *model;
-        open_model(k_models[m], 2, &ctx, &model);
+        char file[128];
+        snprintf(file, sizeof file, "%s.gguf", k_models[m]);
+        const char *mp = mt_model_path(file, NULL);
+        assert_non_null(mp);
+        assert_int_equal(mt_open_flags(mp, 2, exact ? DSI_CONTEXT_FLAG_EXACT_MATMUL : 0u, &ctx, &model), 0);
         dsi_model_info info;
         dsi_model_info_init(&info);
         assert_int_equal(dsi_model_get_info(model, &info), DSI_OK);
@@ -234,16 +248,17 @@ static void test_logprobs_agree_with_pytorch(void **state) {
         }
         double ppl_lib = exp(nll_lib / (double)cnt), ppl_ref = exp(nll_ref / (double)cnt);
         double rel = fabs(ppl_lib - ppl_ref) / ppl_ref;
-        printf("# %s: %zu held-out tokens; rounding off: mean |d logp| %.3g, max %.3g (chunk %zu pos %zu), "
+        printf("# %s (%s path): %zu held-out tokens; rounding off: mean |d logp| %.3g, max %.3g (chunk %zu pos %zu), "
                "ppl %.5f vs PyTorch %.5f; rounding on: ppl %.5f vs PyTorch %.5f (rel %.2g), top-1 %.3f\n",
-               k_models[m], cnt, sum_abs / (double)cnt, max_abs, worst_chunk, worst_pos,
+               k_models[m], exact ? "exact" : "default", cnt, sum_abs / (double)cnt, max_abs, worst_chunk, worst_pos,
                exp(nll_lib_nofq / (double)cnt), exp(nll_ref_nofq / (double)cnt), ppl_lib, ppl_ref, rel,
                (double)top1 / (double)cnt);
         assert_true(cnt >= 2000);
-        assert_true(sum_abs / (double)cnt <= TOL_MEAN_NOFQ);
-        assert_true(max_abs <= TOL_MAX_NOFQ);
-        assert_true(rel <= TOL_PPL_REL);
+        assert_true(sum_abs / (double)cnt <= (exact ? TOL_MEAN_NOFQ : TOL_MEAN_DEFAULT));
+        assert_true(max_abs <= (exact ? TOL_MAX_NOFQ : TOL_MAX_DEFAULT));
+        assert_true(rel <= (exact ? TOL_PPL_REL : TOL_PPL_REL_DEFAULT));
         mt_close(ctx, model);
+      }
         free_chunks(ch, n);
     }
 }
