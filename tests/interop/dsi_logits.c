@@ -30,9 +30,11 @@ static int fail(const char *what) {
 
 int main(int argc, char **argv) {
     const char *model = NULL, *tok_path = NULL, *out_path = NULL, *draft = NULL;
-    int fq = 0, threads = 2, bench = 0, np = 0, ng = 0, pos = 0, pread_ = 0;
+    int fq = 0, threads = 2, bench = 0, np = 0, ng = 0, pos = 0, pread_ = 0, exact = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--fake-quant")) fq = 1;
+        else if (!strcmp(argv[i], "--exact")) exact = 1;
+        else if (!strcmp(argv[i], "--default-path")) exact = 0;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--draft") && i + 1 < argc) draft = argv[++i];
         else if (!strcmp(argv[i], "--bench")) bench = 1;
@@ -47,12 +49,16 @@ int main(int argc, char **argv) {
     }
     if (!model || (bench ? np < 1 || ng < 1 : !tok_path || !out_path)) {
         fprintf(stderr, "usage: dsi_logits MODEL TOKENS.bin OUT.f32 [--fake-quant] [--threads N] [--draft F]\n"
-                        "       dsi_logits --bench MODEL n_prompt n_gen [--threads N]\n");
+                        "       dsi_logits --bench MODEL n_prompt n_gen [--threads N]\n"
+                        "  --exact / --default-path: the CPU matmul path (logits: exact by default, the\n"
+                        "  comparisons are of the forward pass; --bench: the default path, as applications)\n");
         return 2;
     }
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = threads;
+    if (exact < 0) exact = !bench;
+    if (exact) co.flags |= DSI_CONTEXT_FLAG_EXACT_MATMUL;
     dsi_context *ctx = NULL;
     if (dsi_context_create(&co, &ctx) != DSI_OK) return fail("context");
     dsi_model_options mo;
