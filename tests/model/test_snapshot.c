@@ -709,12 +709,19 @@ static int share_worker(const char *dir, const char *model, uint32_t seed) {
     so.n_ctx = 1024;
     so.n_batch = 64;
     dsi_session *s = NULL, *r = NULL;
-    if (dsi_session_create(m, &so, &s) != DSI_OK || dsi_session_create(m, &so, &r) != DSI_OK) return 3;
+    int rc = 0;
+    if (dsi_session_create(m, &so, &s) != DSI_OK || dsi_session_create(m, &so, &r) != DSI_OK) {
+        rc = 3;
+        goto done;
+    }
     dsi_prompt_cache_options o;
     dsi_prompt_cache_options_init(&o);
     o.dir = dir;
     o.chunk_tokens = 32;
-    if (dsi_session_set_prompt_cache(s, &o) != DSI_OK) return 3;
+    if (dsi_session_set_prompt_cache(s, &o) != DSI_OK) {
+        rc = 3;
+        goto done;
+    }
     dsi_token base[300];
     mt_tokens(base, 300, info.n_vocab, 77); /* shared by both workers */
     for (uint32_t k = 0; k < 12; k++) {
@@ -723,21 +730,31 @@ static int share_worker(const char *dir, const char *model, uint32_t seed) {
         uint32_t n = 40 + (k * 53 + seed * 17) % 250;
         mt_tokens(t + n - 5, 5, info.n_vocab, seed * 100 + k); /* a private tail */
         dsi_session_reset(s);
-        if (dsi_session_sync(s, t, n, NULL) != DSI_OK) return 4;
-        dsi_session_reset(r);
-        if (dsi_session_sync(r, t, n, NULL) != DSI_OK) return 4;
+        if (dsi_session_sync(s, t, n, NULL) != DSI_OK || (dsi_session_reset(r), 0) ||
+            dsi_session_sync(r, t, n, NULL) != DSI_OK) {
+            rc = 4;
+            goto done;
+        }
         const float *a = NULL, *b = NULL;
         int32_t V = 0;
         dsi_session_logits(s, &a, &V);
         dsi_session_logits(r, &b, &V);
-        if (!a || !b || memcmp(a, b, sizeof(float) * (size_t)V) != 0) return 5;
+        if (!a || !b || memcmp(a, b, sizeof(float) * (size_t)V) != 0) {
+            rc = 5;
+            goto done;
+        }
     }
     dsi_prompt_cache_stats st;
     dsi_prompt_cache_stats_init(&st);
     dsi_session_prompt_cache_stats(s, &st);
     printf("# share worker %u: %llu hits, %llu writes\n", seed, (unsigned long long)st.hits,
            (unsigned long long)st.writes);
-    return 0;
+done: /* everything freed, so the sanitizer build's leak check holds in the worker too */
+    dsi_session_free(r);
+    dsi_session_free(s);
+    dsi_model_free(m);
+    dsi_context_free(ctx);
+    return rc;
 }
 
 static pid_t spawn(const char *mode, const char *dir, const char *model, uint32_t seed) {
