@@ -175,7 +175,8 @@ class device_info(Struct):
 class model_options(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("access", ctypes.c_int32),
                 ("progress_fn", PROGRESS_FN), ("progress_user_data", ctypes.c_void_p),
-                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("draft_path", ctypes.c_char_p)]
 
 
 class reader(Struct):
@@ -209,7 +210,10 @@ class chat_options(Struct):
 
 class session_options(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("n_ctx", ctypes.c_uint32),
-                ("n_batch", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+                ("n_batch", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                # experimental (since 0.3): speculative decoding, docs/spec.md
+                ("spec", ctypes.c_uint32), ("draft_max", ctypes.c_uint32),
+                ("draft_confidence", ctypes.c_float), ("spec_reserved", ctypes.c_uint32)]
 
 
 class logit_bias(ctypes.Structure):
@@ -239,7 +243,30 @@ class generate_result(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("finish_reason", ctypes.c_int32),
                 ("n_prompt", ctypes.c_uint64), ("n_reused", ctypes.c_uint64),
                 ("n_generated", ctypes.c_uint64), ("prefill_ms", ctypes.c_double),
-                ("decode_ms", ctypes.c_double)]
+                ("decode_ms", ctypes.c_double),
+                # experimental (since 0.3): speculative decoding counters
+                ("n_spec_steps", ctypes.c_uint64), ("n_drafted", ctypes.c_uint64),
+                ("n_accepted", ctypes.c_uint64)]
+
+
+# experimental (since 0.2): snapshots and the prompt cache, docs/snapshots.md
+WRITE_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+READ_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class prompt_cache_options(Struct):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("chunk_tokens", ctypes.c_uint32),
+                ("dir", ctypes.c_char_p), ("max_bytes", ctypes.c_uint64),
+                ("min_tokens", ctypes.c_uint32), ("flags", ctypes.c_uint32)]
+
+
+class prompt_cache_stats(Struct):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("hits", ctypes.c_uint64), ("misses", ctypes.c_uint64),
+                ("tokens_restored", ctypes.c_uint64), ("writes", ctypes.c_uint64),
+                ("bytes_written", ctypes.c_uint64), ("write_errors", ctypes.c_uint64),
+                ("evictions", ctypes.c_uint64), ("corrupt_removed", ctypes.c_uint64),
+                ("write_ns", ctypes.c_uint64), ("read_ns", ctypes.c_uint64)]
 
 
 # Opaque handles are plain void pointers.
@@ -318,6 +345,19 @@ PROTOTYPES = {
     "dsi_session_generate": (c_status, [H, H, P(generate_options), P(generate_result)]),
     # experimental (DSI_EXPERIMENTAL, since 0.2); exported by the library either way
     "dsi_session_append_batch": (c_status, [sz, P(H), P(P(c_token)), P(sz), P(c_status)]),
+    # experimental (since 0.3): speculative decoding
+    "dsi_session_draft": (c_status, [H, c_token, P(c_token), P(ctypes.c_float), sz, P(sz)]),
+    # experimental (since 0.2): snapshots and the prompt cache
+    "dsi_session_save": (c_status, [H, WRITE_FN, ctypes.c_void_p, P(u64)]),
+    "dsi_session_save_buffer": (c_status, [H, ctypes.c_void_p, sz, P(sz)]),
+    "dsi_session_save_file": (c_status, [H, ctypes.c_char_p]),
+    "dsi_session_load": (c_status, [H, READ_FN, ctypes.c_void_p]),
+    "dsi_session_load_buffer": (c_status, [H, ctypes.c_void_p, sz]),
+    "dsi_session_load_file": (c_status, [H, ctypes.c_char_p]),
+    "dsi_prompt_cache_options_init": (None, [P(prompt_cache_options)]),
+    "dsi_session_set_prompt_cache": (c_status, [H, P(prompt_cache_options)]),
+    "dsi_prompt_cache_stats_init": (None, [P(prompt_cache_stats)]),
+    "dsi_session_prompt_cache_stats": (c_status, [H, P(prompt_cache_stats)]),
 }
 
 # Functions that a newer library may add (declared when present, see bind()).

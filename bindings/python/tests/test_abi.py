@@ -53,7 +53,17 @@ CT_SCALARS = {ctypes.c_int32: "i32", ctypes.c_uint32: "u32", ctypes.c_uint64: "u
               ctypes.c_char: "char"}
 
 
+# the header's callback typedefs that appear as function parameters: dsi_write_fn and
+# dsi_read_fn share one C signature (int32_t (*)(void *, [const] void *, size_t)), so ctypes
+# gives them one type; both sides compare by that signature
+CT_CALLBACKS = {_ffi.WRITE_FN: "fn(i32;handle,handle,size)", _ffi.READ_FN: "fn(i32;handle,handle,size)"}
+HDR_CALLBACKS = {"struct:dsi_write_fn": "fn(i32;handle,handle,size)",
+                 "struct:dsi_read_fn": "fn(i32;handle,handle,size)"}
+
+
 def ct_canon(t):
+    if t in CT_CALLBACKS:
+        return CT_CALLBACKS[t]
     if t in CT_SCALARS:
         return CT_SCALARS[t]
     if isinstance(t, type) and issubclass(t, ctypes.Structure):
@@ -64,7 +74,10 @@ def ct_canon(t):
 
 
 def same_width(t):
-    """size_t and uint64_t are one ctypes type on LP64: compare them as one."""
+    """size_t and uint64_t are one ctypes type on LP64: compare them as one; a `void *`
+    parameter is a c_void_p ("handle") in ctypes; callbacks compare by signature."""
+    t = HDR_CALLBACKS.get(t, t)
+    t = "handle" if t == "ptr(void)" else t
     return t.replace("size", "u64") if ctypes.c_size_t is ctypes.c_uint64 else t
 
 
