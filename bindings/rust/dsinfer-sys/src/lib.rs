@@ -91,6 +91,9 @@ pub struct dsi_context_options {
     pub devices: *const c_char,
 }
 
+/// since 0.2: the CPU backend multiplies with f32 activations (the exact path)
+pub const DSI_CONTEXT_FLAG_EXACT_MATMUL: u32 = 1 << 0;
+
 pub const DSI_DEVICE_CPU: i32 = 0;
 pub const DSI_DEVICE_DISCRETE_GPU: i32 = 1;
 pub const DSI_DEVICE_INTEGRATED_GPU: i32 = 2;
@@ -154,6 +157,8 @@ pub struct dsi_model_options {
     pub progress_user_data: *mut c_void,
     pub flags: u32,
     pub reserved: u32,
+    /// since 0.2: a second GGUF holding the draft blocks; NULL = none
+    pub draft_path: *const c_char,
 }
 
 #[repr(C)]
@@ -265,6 +270,11 @@ pub struct dsi_session_options {
     pub n_ctx: u32,
     pub n_batch: u32,
     pub flags: u32,
+    /// since 0.3, experimental: DSI_SPEC_OFF / DSI_SPEC_ON / DSI_SPEC_AUTO
+    pub spec: u32,
+    pub draft_max: u32,
+    pub draft_confidence: f32,
+    pub spec_reserved: u32,
 }
 
 #[repr(C)]
@@ -332,6 +342,50 @@ pub struct dsi_generate_result {
     pub n_generated: u64,
     pub prefill_ms: f64,
     pub decode_ms: f64,
+    /// since 0.3, experimental: speculative decoding counters
+    pub n_spec_steps: u64,
+    pub n_drafted: u64,
+    pub n_accepted: u64,
+}
+
+// Experimental section (DSI_EXPERIMENTAL): speculative decoding, snapshots, prompt cache.
+pub const DSI_SPEC_OFF: u32 = 0;
+pub const DSI_SPEC_ON: u32 = 1;
+pub const DSI_SPEC_AUTO: u32 = 2;
+
+pub type dsi_write_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, data: *const c_void, size: usize) -> i32>;
+pub type dsi_read_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, data: *mut c_void, size: usize) -> i32>;
+
+pub const DSI_PROMPT_CACHE_NO_WRITE: u32 = 1 << 0;
+pub const DSI_PROMPT_CACHE_NO_READ: u32 = 1 << 1;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct dsi_prompt_cache_options {
+    pub struct_size: u32,
+    pub chunk_tokens: u32,
+    pub dir: *const c_char,
+    pub max_bytes: u64,
+    pub min_tokens: u32,
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct dsi_prompt_cache_stats {
+    pub struct_size: u32,
+    pub reserved: u32,
+    pub hits: u64,
+    pub misses: u64,
+    pub tokens_restored: u64,
+    pub writes: u64,
+    pub bytes_written: u64,
+    pub write_errors: u64,
+    pub evictions: u64,
+    pub corrupt_removed: u64,
+    pub write_ns: u64,
+    pub read_ns: u64,
 }
 
 extern "C" {
@@ -515,5 +569,39 @@ extern "C" {
         tokens: *const *const dsi_token,
         n_tokens: *const usize,
         status: *mut dsi_status,
+    ) -> dsi_status;
+    pub fn dsi_session_draft(
+        session: *mut dsi_session,
+        next: dsi_token,
+        ids: *mut dsi_token,
+        logits: *mut f32,
+        cap: usize,
+        n_drafts: *mut usize,
+    ) -> dsi_status;
+    pub fn dsi_session_save(
+        session: *mut dsi_session,
+        write: dsi_write_fn,
+        user_data: *mut c_void,
+        n_written: *mut u64,
+    ) -> dsi_status;
+    pub fn dsi_session_save_buffer(
+        session: *mut dsi_session,
+        buf: *mut c_void,
+        cap: usize,
+        n_needed: *mut usize,
+    ) -> dsi_status;
+    pub fn dsi_session_save_file(session: *mut dsi_session, path: *const c_char) -> dsi_status;
+    pub fn dsi_session_load(session: *mut dsi_session, read: dsi_read_fn, user_data: *mut c_void) -> dsi_status;
+    pub fn dsi_session_load_buffer(session: *mut dsi_session, buf: *const c_void, size: usize) -> dsi_status;
+    pub fn dsi_session_load_file(session: *mut dsi_session, path: *const c_char) -> dsi_status;
+    pub fn dsi_prompt_cache_options_init(opt: *mut dsi_prompt_cache_options);
+    pub fn dsi_session_set_prompt_cache(
+        session: *mut dsi_session,
+        opt: *const dsi_prompt_cache_options,
+    ) -> dsi_status;
+    pub fn dsi_prompt_cache_stats_init(stats: *mut dsi_prompt_cache_stats);
+    pub fn dsi_session_prompt_cache_stats(
+        session: *const dsi_session,
+        stats: *mut dsi_prompt_cache_stats,
     ) -> dsi_status;
 }

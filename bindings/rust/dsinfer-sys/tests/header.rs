@@ -443,20 +443,23 @@ fn layout_matches_the_pinned_layout() {
             devices }
         dsi_device_info { struct_size, type_, backend, name, memory_total, memory_free, max_buffer_size,
             features, subgroup_size, index, reserved }
-        dsi_model_options { struct_size, access, progress_fn, progress_user_data, flags, reserved }
+        dsi_model_options { struct_size, access, progress_fn, progress_user_data, flags, reserved,
+            draft_path }
         dsi_reader { struct_size, reserved, size, pread_fn, close_fn, user_data }
         dsi_model_info { struct_size, arch, arch_name, name, n_layers, n_embd, n_vocab, n_heads,
             n_ctx_train, n_experts, n_experts_used, n_draft_layers, has_mtp, has_dspark, has_engram,
             reserved, n_params, weight_bytes, fingerprint }
         dsi_chat_message { struct_size, role, content, reasoning }
         dsi_chat_options { struct_size, thinking, add_generation_prompt, add_bos }
-        dsi_session_options { struct_size, n_ctx, n_batch, flags }
+        dsi_session_options { struct_size, n_ctx, n_batch, flags, spec, draft_max, draft_confidence,
+            spec_reserved }
         dsi_logit_bias { token, bias }
         dsi_sampler_options { struct_size, temperature, top_k, top_p, min_p, repetition_penalty,
             frequency_penalty, presence_penalty, penalty_last_n, reserved, seed, logit_bias, n_logit_bias }
         dsi_generate_options { struct_size, max_tokens, prompt, n_prompt, stop_tokens, n_stop_tokens,
             stop_strings, n_stop_strings, on_token, user_data, flags, reserved }
-        dsi_generate_result { struct_size, finish_reason, n_prompt, n_reused, n_generated, prefill_ms, decode_ms }
+        dsi_generate_result { struct_size, finish_reason, n_prompt, n_reused, n_generated, prefill_ms, decode_ms,
+            n_spec_steps, n_drafted, n_accepted }
     };
     let pinned = fs::read_to_string(repo().join("tests/abi/struct-layout.txt")).unwrap();
     let mut n = 0;
