@@ -410,7 +410,10 @@ static void test_types(void **state) {
         const cmp rc = compare(c, ref, nc, V, 0.0);
         const size_t ac = agree(c, ref, nc, V);
         printf("  %-8s %8.1f%% %12.3e", qt->name, 100.0 * ac / nc, rc.max_abs);
-        assert_true((double)ac >= qt->min_top1 * nc);
+        /* the CPU floors are measured over 128 positions; the validation run's 16 positions
+         * (there only to exercise the Vulkan IQ2_XXS path under the layer) cannot bound them:
+         * that run asserts the Vulkan-vs-CPU agreement below, the plain run both */
+        if (!validating) assert_true((double)ac >= qt->min_top1 * nc);
         if (vk && qt->vk) {
             if (dsi_model_load(vk, path, NULL, &mv) != DSI_OK)
                 fail_msg("%s on vulkan: %s", path, dsi_context_last_error(vk));
