@@ -1,62 +1,99 @@
 /*
- * libdsinfer-cuda.so — the CUDA backend module (first stage).
+ * libdsinfer-cuda.so — the CUDA backend module (backends/backend.h v2).
  *
- * Implemented (backend.h v2): device enumeration (name, memory, compute capability),
- * instances bound to one device, device buffers with accounting (zeroed), pinned
- * host-visible buffers, blocking uploads and downloads, streams (cudaStream_t, ops record
- * onto them), events (cudaEvent_t: record / wait / query / sync), and capture / replay with
- * CUDA graphs (cudaStreamBeginCapture → cudaGraphInstantiate → cudaGraphLaunch). Not
- * implemented yet: the fused model ops — every entry of the op table is NULL, so a context on
- * "cuda" opens, lists its device and moves data, while the model's forward pass reports
- * DSI_ERR_UNSUPPORTED ("backend 'cuda' does not implement the op matmul") at session
- * creation instead of computing anything wrong.
+ * This file: device enumeration, instances bound to one device, device buffers with
+ * accounting (zeroed, padded: cuda_plan.h alloc_bytes), pinned host-visible buffers (the
+ * asynchronous download and the step inputs), blocking uploads / downloads, streams (one
+ * cudaStream_t each, with the workspace planned from its dsib_stream_desc by cuda_plan.h
+ * ws_plan and a mapped error word that kernels set when they meet bad data on the device),
+ * events (cudaEvent_t), capture / replay as CUDA graphs, the op helpers of cuda_impl.h and
+ * the op table. The ops live in the kernel files (matmul.cu, eltwise.cu, fakequant.cu,
+ * mhc.cu, compressor.cu, attention.cu, moe.cu, engram.cu); docs/cuda.md lists them.
  *
  * Without a driver or a device, enumerate/create decline with DSI_ERR_UNSUPPORTED and a
- * message naming the CUDA error; nothing is printed, nothing aborts.
+ * message naming the CUDA error; nothing is printed, nothing aborts. The module links the
+ * static CUDA runtime only (never libcuda), so it loads on machines without a driver.
  */
-#include "backends/backend.h"
+#include "backends/cuda/cuda_impl.h"
 
-#include <cuda_runtime.h>
-
-#include <atomic>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <new>
 
+namespace dsic {
+
+dsi_status fail(Stream *s, dsi_status st, const char *fmt, ...) {
+    if (s->status == DSI_OK) {
+        s->status = st;
+        va_list ap;
+        va_start(ap, fmt);
+        std::vsnprintf(s->msg, sizeof s->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+dsi_status launched(Stream *s, const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return DSI_OK;
+    return fail(s, DSI_ERR_BACKEND, "cuda: %s: kernel launch failed: %s", what, cudaGetErrorString(e));
+}
+
+dsi_status vptr(Stream *s, dsib_view v, uint64_t need, const char *op, const char *what,
+                char **out) {
+    *out = nullptr;
+    const Buffer *b = B(v.buf);
+    if (!b) return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: %s: %s: no buffer", op, what);
+    if (v.offset > b->size || need > b->size - v.offset || (v.offset & 3))
+        return fail(s, DSI_ERR_INVALID_ARGUMENT,
+                    "cuda: %s: %s: %llu bytes at offset %llu outside a %llu-byte buffer (or unaligned)",
+                    op, what, (unsigned long long)need, (unsigned long long)v.offset,
+                    (unsigned long long)b->size);
+    *out = b->ptr + v.offset;
+    return DSI_OK;
+}
+
+dsi_status sptr(Stream *s, const dsib_state *st, uint32_t width, const char *op,
+                const char *what, float **out) {
+    *out = nullptr;
+    if (!st || !st->buf || st->rows == 0 || st->slots == 0 || st->ld < width)
+        return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: %s: %s: bad state view", op, what);
+    if (st->format != DSIB_STATE_F32)
+        return fail(s, DSI_ERR_UNSUPPORTED, "cuda: %s: %s: state format %d not supported", op,
+                    what, (int)st->format);
+    dsib_view v = {st->buf, st->offset};
+    char *p = nullptr;
+    dsi_status r = vptr(s, v, (uint64_t)st->slots * st->rows * st->ld * 4, op, what, &p);
+    *out = reinterpret_cast<float *>(p);
+    return r;
+}
+
+dsi_status wptr(Stream *s, const dsib_weight *w, const char *op, const char *what,
+                const uint8_t **out) {
+    *out = nullptr;
+    if (!w || !w->buf) return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: %s: %s: no weight", op, what);
+    if (!type_supported(w->type) && w->type != DSI_TYPE_I32)
+        return fail(s, DSI_ERR_UNSUPPORTED, "cuda: %s: %s: weight type %d not supported", op,
+                    what, (int)w->type);
+    int64_t ne2 = w->ne[2] < 1 ? 1 : w->ne[2];
+    uint64_t rb = w->type == DSI_TYPE_I32 ? 4 * (uint64_t)w->ne[0] : row_bytes(w->type, w->ne[0]);
+    if (w->ne[0] < 0 || w->ne[1] < 0 || (w->ne[0] > 0 && rb == 0))
+        return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: %s: %s: bad weight shape", op, what);
+    uint64_t need = 0;
+    if (w->ne[1] > 0 && w->ne[0] > 0)
+        need = (uint64_t)(ne2 - 1) * w->nb2 + (uint64_t)(w->ne[1] - 1) * w->nb1 + rb;
+    const Buffer *b = B(w->buf);
+    if (w->offset > b->size || need > b->size - w->offset)
+        return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: %s: %s: weight rows outside its buffer",
+                    op, what);
+    *out = reinterpret_cast<const uint8_t *>(b->ptr + w->offset);
+    return DSI_OK;
+}
+
 namespace {
 
-struct Instance {
-    dsib_host host;
-    int device;
-    cudaStream_t stream;         /* blocking uploads / downloads */
-    std::atomic<uint64_t> used{0};
-    dsib_device_desc desc;
-};
-
-struct Buffer {
-    void *ptr;
-    uint64_t size;
-    uint32_t flags;
-    int pinned;                  /* host-visible: cudaMallocHost */
-};
-
-struct Stream {
-    Instance *inst;
-    cudaStream_t s;
-    cudaGraph_t capture;         /* non-null between capture_end's end-capture and instantiate */
-    int capturing;
-    dsi_status status;
-};
-
-struct Event {
-    cudaEvent_t e;
-};
-
-struct Graph {
-    cudaGraphExec_t exec;
-};
-
-dsi_status fail(dsib_error *err, dsi_status st, const char *what, cudaError_t e) {
+dsi_status efail(dsib_error *err, dsi_status st, const char *what, cudaError_t e) {
     if (err) std::snprintf(err->msg, sizeof err->msg, "cuda: %s: %s", what, cudaGetErrorString(e));
     return st;
 }
@@ -88,7 +125,7 @@ dsi_status enumerate(const dsib_host *, dsib_device_desc *out, int32_t cap, int3
     *count = 0;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) return fail(err, DSI_ERR_UNSUPPORTED, "no usable CUDA driver or device", e);
+    if (e != cudaSuccess) return efail(err, DSI_ERR_UNSUPPORTED, "no usable CUDA driver or device", e);
     if (n == 0) {
         std::snprintf(err->msg, sizeof err->msg, "cuda: no CUDA device");
         return DSI_ERR_UNSUPPORTED;
@@ -96,7 +133,7 @@ dsi_status enumerate(const dsib_host *, dsib_device_desc *out, int32_t cap, int3
     for (int i = 0; i < n && i < cap && out; i++) {
         cudaDeviceProp p;
         e = cudaGetDeviceProperties(&p, i);
-        if (e != cudaSuccess) return fail(err, DSI_ERR_BACKEND, "cudaGetDeviceProperties", e);
+        if (e != cudaSuccess) return efail(err, DSI_ERR_BACKEND, "cudaGetDeviceProperties", e);
         describe(i, p, &out[i]);
     }
     *count = n;
@@ -107,7 +144,7 @@ dsi_status create(const dsib_host *host, dsib_instance **out, dsib_error *err) {
     *out = nullptr;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) return fail(err, DSI_ERR_UNSUPPORTED, "no usable CUDA driver or device", e);
+    if (e != cudaSuccess) return efail(err, DSI_ERR_UNSUPPORTED, "no usable CUDA driver or device", e);
     int dev = host->device_index < 0 ? 0 : host->device_index;
     if (dev >= n) {
         std::snprintf(err->msg, sizeof err->msg, "cuda: device index %d out of range (%d devices)", dev, n);
@@ -126,14 +163,15 @@ dsi_status create(const dsib_host *host, dsib_instance **out, dsib_error *err) {
         (e = cudaSetDevice(dev)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&inst->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         host->free_fn(host->alloc_ctx, inst);
-        return fail(err, DSI_ERR_BACKEND, "device initialisation", e);
+        return efail(err, DSI_ERR_BACKEND, "device initialisation", e);
     }
     describe(dev, p, &inst->desc);
+    inst->cc = p.major * 10 + p.minor;
+    inst->n_sm = p.multiProcessorCount;
     *out = reinterpret_cast<dsib_instance *>(inst);
     return DSI_OK;
 }
 
-Instance *I(dsib_instance *i) { return reinterpret_cast<Instance *>(i); }
 
 void destroy(dsib_instance *i) {
     if (!i) return;
@@ -161,18 +199,35 @@ dsi_status buffer_alloc(dsib_instance *i, uint64_t size, uint32_t flags, dsib_bu
     }
     cudaSetDevice(inst->device);
     b->flags = flags;
-    b->pinned = (flags & DSIB_BUFFER_HOST_VISIBLE) != 0;
-    cudaError_t e = b->pinned ? cudaMallocHost(&b->ptr, size ? size : 1)
-                              : cudaMalloc(&b->ptr, size ? size : 1);
-    if (e == cudaSuccess && !(flags & DSIB_BUFFER_WEIGHTS)) {
-        /* everything but weights starts zeroed (backend.h) */
-        if (b->pinned) std::memset(b->ptr, 0, size ? size : 1);
-        else e = cudaMemset(b->ptr, 0, size ? size : 1);
-        if (e != cudaSuccess) (b->pinned ? cudaFreeHost(b->ptr) : cudaFree(b->ptr));
+    b->host = nullptr;
+    b->ptr = nullptr;
+    const int pinned = (flags & DSIB_BUFFER_HOST_VISIBLE) != 0;
+    const uint64_t bytes = alloc_bytes(size); /* padded (cuda_plan.h) */
+    void *p = nullptr;
+    cudaError_t e = bytes < size ? cudaErrorMemoryAllocation
+                    : pinned    ? cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable)
+                                : cudaMalloc(&p, bytes);
+    if (e == cudaSuccess && pinned) {
+        void *dp = nullptr;
+        e = cudaHostGetDevicePointer(&dp, p, 0);
+        if (e == cudaSuccess) {
+            b->host = static_cast<char *>(p);
+            b->ptr = static_cast<char *>(dp);
+            std::memset(p, 0, bytes); /* everything but weights starts zeroed (backend.h) */
+        } else {
+            cudaFreeHost(p);
+        }
+    } else if (e == cudaSuccess) {
+        b->ptr = static_cast<char *>(p);
+        /* everything but weights starts zeroed (backend.h); the padding of weights too */
+        if (!(flags & DSIB_BUFFER_WEIGHTS)) e = cudaMemset(p, 0, bytes);
+        else e = cudaMemset(b->ptr + size, 0, bytes - size);
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) cudaFree(p);
     }
     if (e != cudaSuccess) {
         inst->host.free_fn(inst->host.alloc_ctx, b);
-        cudaGetLastError(); /* clear the sticky-free error state of the runtime */
+        cudaGetLastError(); /* clear the error state of the runtime */
         std::snprintf(err->msg, sizeof err->msg,
                       "cuda: allocating %llu bytes of device memory failed: %s",
                       (unsigned long long)size, cudaGetErrorString(e));
@@ -187,9 +242,9 @@ dsi_status buffer_alloc(dsib_instance *i, uint64_t size, uint32_t flags, dsib_bu
 void buffer_free(dsib_instance *i, dsib_buffer *buf) {
     if (!buf) return;
     Instance *inst = I(i);
-    Buffer *b = reinterpret_cast<Buffer *>(buf);
+    Buffer *b = B(buf);
     cudaSetDevice(inst->device);
-    if (b->pinned) cudaFreeHost(b->ptr);
+    if (b->host) cudaFreeHost(b->host);
     else cudaFree(b->ptr);
     inst->used -= b->size;
     inst->host.free_fn(inst->host.alloc_ctx, b);
@@ -207,9 +262,9 @@ dsi_status upload(dsib_instance *i, dsib_buffer *dst, uint64_t off, const void *
         return DSI_ERR_INVALID_ARGUMENT;
     }
     cudaSetDevice(inst->device);
-    cudaError_t e = cudaMemcpyAsync(static_cast<char *>(b->ptr) + off, src, n, cudaMemcpyDefault, inst->stream);
+    cudaError_t e = cudaMemcpyAsync(b->ptr + off, src, n, cudaMemcpyDefault, inst->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(inst->stream);
-    return e == cudaSuccess ? DSI_OK : fail(err, DSI_ERR_BACKEND, "upload", e);
+    return e == cudaSuccess ? DSI_OK : efail(err, DSI_ERR_BACKEND, "upload", e);
 }
 
 dsi_status download(dsib_instance *i, const dsib_buffer *src, uint64_t off, void *dst, uint64_t n,
@@ -222,21 +277,20 @@ dsi_status download(dsib_instance *i, const dsib_buffer *src, uint64_t off, void
         return DSI_ERR_INVALID_ARGUMENT;
     }
     cudaSetDevice(inst->device);
-    cudaError_t e = cudaMemcpyAsync(dst, static_cast<const char *>(b->ptr) + off, n, cudaMemcpyDefault, inst->stream);
+    cudaError_t e = cudaMemcpyAsync(dst, b->ptr + off, n, cudaMemcpyDefault, inst->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(inst->stream);
-    return e == cudaSuccess ? DSI_OK : fail(err, DSI_ERR_BACKEND, "download", e);
+    return e == cudaSuccess ? DSI_OK : efail(err, DSI_ERR_BACKEND, "download", e);
 }
 
 void *buffer_host_ptr(dsib_instance *, dsib_buffer *buf) {
-    Buffer *b = reinterpret_cast<Buffer *>(buf);
-    return b && b->pinned ? b->ptr : nullptr;
+    Buffer *b = B(buf);
+    return b ? b->host : nullptr;
 }
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
-Stream *S(dsib_stream *s) { return reinterpret_cast<Stream *>(s); }
 
-dsi_status stream_create(dsib_instance *i, const dsib_stream_desc *, dsib_stream **out,
+dsi_status stream_create(dsib_instance *i, const dsib_stream_desc *desc, dsib_stream **out,
                          dsib_error *err) {
     Instance *inst = I(i);
     *out = nullptr;
@@ -247,12 +301,37 @@ dsi_status stream_create(dsib_instance *i, const dsib_stream_desc *, dsib_stream
     }
     Stream *s = new (mem) Stream();
     s->inst = inst;
+    std::memset(&s->desc, 0, sizeof s->desc);
+    if (desc) std::memcpy(&s->desc, desc, desc->struct_size < sizeof s->desc && desc->struct_size ? desc->struct_size : sizeof s->desc);
+    s->desc.struct_size = sizeof s->desc;
     cudaSetDevice(inst->device);
+    const WsPlan plan = ws_plan(&s->desc);
+    void *w = nullptr, *eh = nullptr, *ed = nullptr;
     cudaError_t e = cudaStreamCreateWithFlags(&s->s, cudaStreamNonBlocking);
-    if (e != cudaSuccess) {
-        inst->host.free_fn(inst->host.alloc_ctx, s);
-        return fail(err, DSI_ERR_BACKEND, "cudaStreamCreate", e);
+    const char *what = "cudaStreamCreate";
+    if (e == cudaSuccess) {
+        what = "workspace";
+        e = cudaMalloc(&w, plan.total);
+        if (e == cudaSuccess) {
+            what = "error word";
+            e = cudaHostAlloc(&eh, 64, cudaHostAllocMapped | cudaHostAllocPortable);
+            if (e == cudaSuccess) e = cudaHostGetDevicePointer(&ed, eh, 0);
+        }
     }
+    if (e != cudaSuccess) {
+        if (eh) cudaFreeHost(eh);
+        if (w) cudaFree(w);
+        if (s->s) cudaStreamDestroy(s->s);
+        cudaGetLastError();
+        inst->host.free_fn(inst->host.alloc_ctx, s);
+        return efail(err, e == cudaErrorMemoryAllocation ? DSI_ERR_OUT_OF_DEVICE_MEMORY : DSI_ERR_BACKEND, what, e);
+    }
+    std::memset(eh, 0, 64);
+    s->ws = static_cast<char *>(w);
+    s->ws_size = plan.total;
+    s->err_host = static_cast<int *>(eh);
+    s->err_dev = static_cast<int *>(ed);
+    inst->used += plan.total;
     *out = reinterpret_cast<dsib_stream *>(s);
     return DSI_OK;
 }
@@ -264,6 +343,9 @@ void stream_destroy(dsib_stream *st) {
     cudaSetDevice(inst->device);
     cudaStreamSynchronize(s->s);
     cudaStreamDestroy(s->s);
+    cudaFree(s->ws);
+    cudaFreeHost(s->err_host);
+    inst->used -= s->ws_size;
     s->~Stream();
     inst->host.free_fn(inst->host.alloc_ctx, s);
 }
@@ -285,9 +367,23 @@ dsi_status sync(dsib_stream *st, dsib_error *err) {
     cudaSetDevice(s->inst->device);
     cudaError_t e = cudaStreamSynchronize(s->s);
     dsi_status r = s->status;
+    if (r != DSI_OK) std::snprintf(err->msg, sizeof err->msg, "%s", s->msg);
     s->status = DSI_OK;
-    if (e != cudaSuccess) return fail(err, DSI_ERR_BACKEND, "stream", e);
-    if (r != DSI_OK) std::snprintf(err->msg, sizeof err->msg, "cuda: an op on this stream failed");
+    s->msg[0] = 0;
+    if (e != cudaSuccess) return efail(err, DSI_ERR_BACKEND, "stream", e);
+    /* a kernel that met bad data on the device (a step row, token id, expert index) */
+    const int derr = *(volatile int *)s->err_host;
+    if (derr != DERR_NONE) {
+        *(volatile int *)s->err_host = DERR_NONE;
+        if (r == DSI_OK) {
+            r = derr == DERR_FORMAT ? DSI_ERR_BAD_FORMAT
+              : derr == DERR_ARG    ? DSI_ERR_INVALID_ARGUMENT
+                                    : DSI_ERR_INTERNAL;
+            std::snprintf(err->msg, sizeof err->msg,
+                          "cuda: a kernel met invalid data on the device (step rows, ids or "
+                          "expert indices; code %d); the rows concerned were skipped", derr);
+        }
+    }
     return r;
 }
 
@@ -308,7 +404,7 @@ dsi_status event_create(dsib_instance *i, dsib_event **out, dsib_error *err) {
     cudaError_t e = cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         inst->host.free_fn(inst->host.alloc_ctx, ev);
-        return fail(err, DSI_ERR_BACKEND, "cudaEventCreate", e);
+        return efail(err, DSI_ERR_BACKEND, "cudaEventCreate", e);
     }
     *out = reinterpret_cast<dsib_event *>(ev);
     return DSI_OK;
@@ -324,12 +420,12 @@ void event_destroy(dsib_instance *i, dsib_event *ev) {
 
 dsi_status event_record(dsib_stream *st, dsib_event *ev, dsib_error *err) {
     cudaError_t e = cudaEventRecord(EV(ev)->e, S(st)->s);
-    return e == cudaSuccess ? DSI_OK : fail(err, DSI_ERR_BACKEND, "cudaEventRecord", e);
+    return e == cudaSuccess ? DSI_OK : efail(err, DSI_ERR_BACKEND, "cudaEventRecord", e);
 }
 
 dsi_status stream_wait(dsib_stream *st, dsib_event *ev, dsib_error *err) {
     cudaError_t e = cudaStreamWaitEvent(S(st)->s, EV(ev)->e, 0);
-    return e == cudaSuccess ? DSI_OK : fail(err, DSI_ERR_BACKEND, "cudaStreamWaitEvent", e);
+    return e == cudaSuccess ? DSI_OK : efail(err, DSI_ERR_BACKEND, "cudaStreamWaitEvent", e);
 }
 
 dsi_status event_query(dsib_instance *, dsib_event *ev) {
@@ -341,7 +437,7 @@ dsi_status event_query(dsib_instance *, dsib_event *ev) {
 
 dsi_status event_sync(dsib_instance *, dsib_event *ev, dsib_error *err) {
     cudaError_t e = cudaEventSynchronize(EV(ev)->e);
-    return e == cudaSuccess ? DSI_OK : fail(err, DSI_ERR_BACKEND, "cudaEventSynchronize", e);
+    return e == cudaSuccess ? DSI_OK : efail(err, DSI_ERR_BACKEND, "cudaEventSynchronize", e);
 }
 
 /* ---- capture / replay: CUDA graphs ----------------------------------------------------------- */
@@ -353,7 +449,7 @@ dsi_status capture_begin(dsib_stream *st, dsib_error *err) {
         return DSI_ERR_INVALID_ARGUMENT;
     }
     cudaError_t e = cudaStreamBeginCapture(s->s, cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) return fail(err, DSI_ERR_BACKEND, "cudaStreamBeginCapture", e);
+    if (e != cudaSuccess) return efail(err, DSI_ERR_BACKEND, "cudaStreamBeginCapture", e);
     s->capturing = 1;
     return DSI_OK;
 }
@@ -369,7 +465,15 @@ dsi_status capture_end(dsib_stream *st, dsib_graph **out, dsib_error *err) {
     s->capturing = 0;
     cudaGraph_t g = nullptr;
     cudaError_t e = cudaStreamEndCapture(s->s, &g);
-    if (e != cudaSuccess) return fail(err, DSI_ERR_BACKEND, "cudaStreamEndCapture", e);
+    if (e != cudaSuccess) return efail(err, DSI_ERR_BACKEND, "cudaStreamEndCapture", e);
+    if (s->status != DSI_OK) { /* an op failed while capturing: no graph */
+        dsi_status r = s->status;
+        std::snprintf(err->msg, sizeof err->msg, "%s", s->msg);
+        s->status = DSI_OK;
+        s->msg[0] = 0;
+        cudaGraphDestroy(g);
+        return r;
+    }
     void *mem = inst->host.malloc_fn(inst->host.alloc_ctx, sizeof(Graph));
     if (!mem) {
         cudaGraphDestroy(g);
@@ -381,7 +485,7 @@ dsi_status capture_end(dsib_stream *st, dsib_graph **out, dsib_error *err) {
     cudaGraphDestroy(g);
     if (e != cudaSuccess) {
         inst->host.free_fn(inst->host.alloc_ctx, gr);
-        return fail(err, DSI_ERR_BACKEND, "cudaGraphInstantiate", e);
+        return efail(err, DSI_ERR_BACKEND, "cudaGraphInstantiate", e);
     }
     *out = reinterpret_cast<dsib_graph *>(gr);
     return DSI_OK;
@@ -389,7 +493,7 @@ dsi_status capture_end(dsib_stream *st, dsib_graph **out, dsib_error *err) {
 
 dsi_status graph_launch(dsib_stream *st, dsib_graph *g, dsib_error *err) {
     cudaError_t e = cudaGraphLaunch(reinterpret_cast<Graph *>(g)->exec, S(st)->s);
-    return e == cudaSuccess ? DSI_OK : fail(err, DSI_ERR_BACKEND, "cudaGraphLaunch", e);
+    return e == cudaSuccess ? DSI_OK : efail(err, DSI_ERR_BACKEND, "cudaGraphLaunch", e);
 }
 
 void graph_destroy(dsib_instance *i, dsib_graph *g) {
@@ -403,12 +507,38 @@ void graph_destroy(dsib_instance *i, dsib_graph *g) {
 
 uint64_t memory_used(dsib_instance *i) { return I(i)->used.load(); }
 
-/* No fused op yet: every entry NULL (backend.h "Subsets"); the core reports the first op a
- * model needs as unsupported. */
+int32_t supports_op(dsib_instance *, uint32_t op, int32_t type) { return plan_supports_op(op, type); }
+
 const dsib_ops k_ops = [] {
     dsib_ops o;
     std::memset(&o, 0, sizeof o);
     o.struct_size = sizeof o;
+    o.matmul = op_matmul;
+    o.matmul_grouped = op_matmul_grouped;
+    o.get_rows = op_get_rows;
+    o.rms_norm = op_rms_norm;
+    o.add = op_add;
+    o.scale = op_scale;
+    o.copy = op_copy;
+    o.copy_rows = op_copy_rows;
+    o.gather_rows = op_gather_rows;
+    o.rope_tail = op_rope_tail;
+    o.store_rows = op_store_rows;
+    o.fake_quant = op_fake_quant;
+    o.hadamard = op_hadamard;
+    o.hc_expand = op_hc_expand;
+    o.hc_mix = op_hc_mix;
+    o.hc_collapse = op_hc_collapse;
+    o.hc_post = op_hc_post;
+    o.compress_pool = op_compress_pool;
+    o.indexer_topk = op_indexer_topk;
+    o.attn_sink = op_attn_sink;
+    o.add_rows_periodic = op_add_rows_periodic;
+    o.moe_route = op_moe_route;
+    o.moe_experts = op_moe_experts;
+    o.swiglu = op_swiglu;
+    o.indexer_topk_v41 = op_indexer_topk_v41;
+    o.engram_gate = op_engram_gate;
     return o;
 }();
 
@@ -443,12 +573,14 @@ const dsib_backend k_backend = [] {
     b.capture_end = capture_end;
     b.graph_launch = graph_launch;
     b.graph_destroy = graph_destroy;
+    b.supports_op = supports_op;
     b.ops = &k_ops;
     return b;
 }();
 
 } // namespace
+} // namespace dsic
 
 extern "C" __attribute__((visibility("default"))) const dsib_backend *dsi_backend_module_entry(void) {
-    return &k_backend;
+    return &dsic::k_backend;
 }

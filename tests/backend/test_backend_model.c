@@ -54,6 +54,10 @@
  * many times slower on lavapipe) 64 and 32: that run is about validation errors, the full
  * comparison runs without the layer. */
 #define N_MAX 320
+/* The GPU backend compared with the CPU: argv[1], "vulkan" by default (CMake also runs the
+ * program with "cuda", label gpu). */
+static const char *g_gpu = "vulkan";
+
 static size_t N_TOK = 320, N_DECODE = 128;
 /* max |Δlogit| between the backends, rounding off or with every flip aligned (f32 weights;
  * the two backends sum in different orders) */
@@ -178,7 +182,7 @@ static int setup_model(void **state, mstate *ms) {
         return 0;
     }
     /* main() saw a Vulkan device: from here on, everything that goes wrong is a failure */
-    if (!open_ctx("cpu", &ms->cpu) || !open_ctx("vulkan", &ms->vk)) {
+    if (!open_ctx("cpu", &ms->cpu) || !open_ctx(g_gpu, &ms->vk)) {
         snprintf(ms->failed, sizeof ms->failed, "context creation failed (see above)");
         return 0;
     }
@@ -191,7 +195,7 @@ static int setup_model(void **state, mstate *ms) {
         snprintf(ms->failed, sizeof ms->failed, "load %.400s on cpu: %s", path,
                  dsi_context_last_error(ms->cpu));
     else if (dsi_model_load(ms->vk, path, NULL, &ms->mv) != DSI_OK)
-        snprintf(ms->failed, sizeof ms->failed, "load %.400s on vulkan: %s", path,
+        snprintf(ms->failed, sizeof ms->failed, "load %.400s on %s: %s", path, g_gpu,
                  dsi_context_last_error(ms->vk));
     if (ms->failed[0]) {
         printf("# %s\n", ms->failed);
@@ -234,7 +238,7 @@ static void test_vs_cpu_no_round(void **state) {
         free(c);
         free(v);
         fail_msg("%s: the forward pass failed on %s (see the message above)", ms->file,
-                 c ? "vulkan" : "cpu");
+                 c ? g_gpu : "cpu");
     }
     cmp r = compare(v, c, N_TOK, ms->V, TOL_ABS);
     printf("  %s, rounding off: max |dlogit| %.3e at %ld, argmax differs at %zu positions (first %ld)\n",
@@ -266,16 +270,16 @@ static void test_vs_cpu_rounding(void **state) {
     fqt_record(&vt);
     float *v = all_logits(ms->mv, ms->tok, N_TOK, 256, 0, ms->V);
     fqt_record(NULL);
-    if (!v) fail_msg("%s: the forward pass failed on vulkan (see the message above)", ms->file);
+    if (!v) fail_msg("%s: the forward pass failed on %s (see the message above)", ms->file, g_gpu);
     assert_false(fqt_capture_failed());
     assert_true(vt.n > 0);
     /* Vulkan rounds its own inputs as §10.1 says (within 2 ulps of a midpoint either way:
      * GLSL division need not be correctly rounded) */
-    assert_int_equal(fqt_check_self(&vt, "vulkan", 2.0, NULL, 0), 0);
+    assert_int_equal(fqt_check_self(&vt, g_gpu, 2.0, NULL, 0), 0);
     float *c = malloc(sizeof(float) * N_TOK * (size_t)ms->V);
     assert_non_null(c);
     cpu_run cr = {ms};
-    fqt_result q = fqt_converge(run_cpu, &cr, c, &vt, FQT_PAIR_ORDER, MAX_FLIPS, "cpu", "vulkan");
+    fqt_result q = fqt_converge(run_cpu, &cr, c, &vt, FQT_PAIR_ORDER, MAX_FLIPS, "cpu", g_gpu);
     printf("  %s, rounding on: %zu quantiser calls; inputs within %.3g float32 ulps of their "
            "block (bound %g); %zu midpoint flips in %zu calls (limit %d), %zu CPU runs\n",
            ms->file, vt.n, q.worst_ulps, FQT_INPUT_ULPS, q.n_flips, q.n_flip_calls, MAX_FLIPS,
@@ -309,9 +313,9 @@ static void test_vulkan_invariance(void **state) {
     }
     for (int i = 1; i < 3; i++) {
         cmp r = compare(res[i], res[0], lens[i], ms->V, 0.0);
-        printf("  %s on vulkan: n_batch %u vs whole prefill (%zu positions): max |dlogit| %.3e "
+        printf("  %s on %s: n_batch %u vs whole prefill (%zu positions): max |dlogit| %.3e "
                "(first diff at %ld)\n",
-               ms->file, batches[i], lens[i], r.max_abs, r.first_over);
+               ms->file, g_gpu, batches[i], lens[i], r.max_abs, r.first_over);
         assert_true(r.max_abs == 0.0);
     }
     for (int i = 0; i < 3; i++) free(res[i]);
@@ -366,6 +370,15 @@ static const char *quantized_model(const char *type) {
     return out;
 }
 
+/* The quantized types the GPU side runs: Vulkan's list, or the types the CUDA module decodes. */
+static int gpu_runs(const struct qtype *qt) {
+    if (strcmp(g_gpu, "vulkan") == 0) return qt->vk;
+    static const char *cuda_types[] = {"q8_0", "q4_k", "q2_k", "mxfp4", "f16", "bf16"};
+    for (size_t i = 0; i < sizeof cuda_types / sizeof cuda_types[0]; i++)
+        if (strcmp(qt->name, cuda_types[i]) == 0) return 1;
+    return 0;
+}
+
 static size_t agree(const float *a, const float *b, size_t n, int32_t V) {
     size_t k = 0;
     for (size_t p = 0; p < n; p++) k += argmax(a + p * (size_t)V, V) == argmax(b + p * (size_t)V, V);
@@ -381,7 +394,7 @@ static void test_types(void **state) {
     dsi_context *cpu = NULL, *vk = NULL;
     assert_true(open_ctx("cpu", &cpu));
     /* main() saw a Vulkan device: a context that cannot be made is a failure */
-    if (!open_ctx("vulkan", &vk)) fail_msg("no Vulkan context (a device was found at start)");
+    if (!open_ctx(g_gpu, &vk)) fail_msg("no %s context (a device was found at start)", g_gpu);
     dsi_model *mf = NULL;
     assert_int_equal(dsi_model_load(cpu, src, NULL, &mf), DSI_OK);
     dsi_model_info info;
@@ -414,9 +427,9 @@ static void test_types(void **state) {
          * (there only to exercise the Vulkan IQ2_XXS path under the layer) cannot bound them:
          * that run asserts the Vulkan-vs-CPU agreement below, the plain run both */
         if (!validating) assert_true((double)ac >= qt->min_top1 * nc);
-        if (vk && qt->vk) {
+        if (vk && gpu_runs(qt)) {
             if (dsi_model_load(vk, path, NULL, &mv) != DSI_OK)
-                fail_msg("%s on vulkan: %s", path, dsi_context_last_error(vk));
+                fail_msg("%s on %s: %s", path, g_gpu, dsi_context_last_error(vk));
             float *v = all_logits(mv, tok, nv, 64, DSI_SESSION_FLAG_NO_FAKE_QUANT, V);
             if (!v) fail_msg("%s: the forward pass failed on Vulkan", qt->name);
             const cmp rv = compare(v, ref, nv, V, 0.0), rvc = compare(v, c, nv, V, 2e-3);
@@ -439,15 +452,17 @@ static void test_types(void **state) {
     dsi_context_free(vk);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) g_gpu = argv[1]; /* "vulkan" (default) or "cuda" */
     dsit_filter();
     setvbuf(stdout, NULL, _IONBF, 0);
     const char *vv = getenv("DSINFER_VULKAN_VALIDATION");
     if (vv && strcmp(vv, "1") == 0) N_TOK = 64, N_DECODE = 32;
     printf("%zu tokens, %zu decoded one by one\n", N_TOK, N_DECODE);
     dsi_context *probe = NULL;
-    if (!open_ctx("vulkan", &probe))
-        return dsit_absent("VULKAN", "no Vulkan backend/device: %s", dsi_last_error());
+    if (!open_ctx(g_gpu, &probe))
+        return dsit_absent(strcmp(g_gpu, "vulkan") == 0 ? "VULKAN" : "CUDA_DEVICE",
+                           "no %s backend/device: %s", g_gpu, dsi_last_error());
     if (!model_path("tiny-v4.gguf") && !model_path("tiny-v41.gguf")) {
         dsi_context_free(probe);
         return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");

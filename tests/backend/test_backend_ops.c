@@ -982,11 +982,12 @@ static void test_validation(void **state) {
     assert_int_equal(dsit_vk_validation_check("test_backend_ops"), 0);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     dsit_filter();
     setvbuf(stdout, NULL, _IONBF, 0);
     bt_seed(20261129);
-    int rc = bt_open(g_s, "vulkan");
+    /* argv[1]: the GPU module compared with the CPU ("vulkan" by default; "cuda", label gpu) */
+    int rc = bt_open(g_s, argc > 1 ? argv[1] : "vulkan");
     if (rc) return rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_grouped),

@@ -605,7 +605,8 @@ int main(int argc, char **argv) {
             printf("FAIL: no cpu backend: %s\n", dsi_last_error());
             return 1;
         }
-        return dsit_absent("VULKAN", "no %s backend: %s", g_backend, dsi_last_error());
+        return dsit_absent(strcmp(g_backend, "cuda") == 0 ? "CUDA_DEVICE" : "VULKAN",
+                           "no %s backend: %s", g_backend, dsi_last_error());
     }
     dsi_context_free(probe);
     const struct CMUnitTest tests[] = {
