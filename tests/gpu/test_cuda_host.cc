@@ -22,6 +22,7 @@
 extern "C" {
 #include "backend/registry.h"
 #include "backends/backend.h"
+#include "backends/types.h"
 #include "quant/fp.h"
 #include "quant/quant.h"
 dsi_status dsib_cpu_rows_check(dsib_view rows, uint32_t n, uint32_t slots);
@@ -205,6 +206,7 @@ static void cpu_close(Cpu *c) {
 static dsib_buffer *cpu_buf(Cpu *c, const void *init, size_t bytes, float **p) {
     dsib_buffer *b = NULL;
     dsib_error e;
+    *p = NULL;
     if (c->be->buffer_alloc(c->inst, bytes, DSIB_BUFFER_SCRATCH, &b, &e) != DSI_OK) return NULL;
     *p = (float *)c->be->buffer_host_ptr(c->inst, b);
     if (init) memcpy(*p, init, bytes);
@@ -215,12 +217,17 @@ static void test_fake_quant(Cpu *c) {
     const uint32_t rows = 6, cols = 512;
     std::vector<float> x(rows * cols);
     for (auto &v : x) v = frand(-3, 3) * (float)std::ldexp(1.0, (int)(rnd() % 24) - 12);
-    for (uint32_t j = 0; j < 40; j++) x[j] *= 1e-6f; /* the amax floors */
+    for (uint32_t j = 0; j < 40; j++) x[j] = frand(-1, 1) * 1e-5f; /* the amax floors */
+    for (uint32_t j = 128; j < 256; j++) x[j] = frand(-1, 1) * 1e-38f;
     for (int32_t recipe = 0; recipe < 3; recipe++)
         for (uint32_t fl = 0; fl < 2; fl++)
             for (uint32_t block : {32u, 64u, 128u}) {
-                float *p;
+                float *p = NULL;
                 dsib_buffer *b = cpu_buf(c, x.data(), x.size() * 4, &p);
+                if (!b || !p) {
+                    CHECK(0, "cpu buffer");
+                    return;
+                }
                 dsib_view v = {b, 0};
                 CHECK(c->be->ops->fake_quant(c->s, v, cols, rows, 0, cols, block, recipe,
                                              fl ? DSIB_FQ_NO_ROUND : 0) == DSI_OK, "cpu fake_quant");
@@ -252,13 +259,17 @@ static void test_hc_mix(Cpu *c) {
         for (auto &v : fn) v = frand(-0.2f, 0.2f);
         for (auto &v : sc) v = frand(0.5f, 2);
         for (auto &v : bs) v = frand(-1, 1);
-        float *px, *pf, *ps, *pb, *pc, *pm;
+        float *px = NULL, *pf = NULL, *ps = NULL, *pb = NULL, *pc = NULL, *pm = NULL;
         dsib_buffer *bx = cpu_buf(c, X.data(), X.size() * 4, &px);
         dsib_buffer *bf = cpu_buf(c, fn.data(), fn.size() * 4, &pf);
         dsib_buffer *bsc = cpu_buf(c, sc.data(), 12, &ps);
         dsib_buffer *bb = cpu_buf(c, bs.data(), bs.size() * 4, &pb);
         dsib_buffer *bc = cpu_buf(c, NULL, n * ldc * 4, &pc);
         dsib_buffer *bm = cpu_buf(c, NULL, n * ldc * 4, &pm);
+        if (!px || !pf || !ps || !pb || !pc || !pm) {
+            CHECK(0, "cpu buffers");
+            return;
+        }
         dsib_weight wf = {bf, 0, DSI_TYPE_F32, 1, {W, n_mix, 1}, W * 4ull, W * 4ull * n_mix};
         dsib_weight ws = {bsc, 0, DSI_TYPE_F32, 2, {3, 1, 1}, 12, 12};
         dsib_weight wb = {bb, 0, DSI_TYPE_F32, 3, {n_mix, 1, 1}, n_mix * 4ull, n_mix * 4ull};
@@ -290,7 +301,7 @@ static void test_engram(Cpu *c) {
     for (auto &v : kv) v = frand(-1, 1);
     for (auto &v : qw) v = frand(0.5f, 1.5f);
     for (auto &v : kw) v = frand(0.5f, 1.5f);
-    float *px, *pk, *pq, *pw;
+    float *px = NULL, *pk = NULL, *pq = NULL, *pw = NULL;
     dsib_buffer *bx = cpu_buf(c, X.data(), X.size() * 4, &px);
     dsib_buffer *bk = cpu_buf(c, kv.data(), kv.size() * 4, &pk);
     dsib_buffer *bq = cpu_buf(c, qw.data(), qw.size() * 4, &pq);
@@ -339,8 +350,12 @@ static void test_rows(Cpu *c) {
             t += cnt;
         }
         if (rnd() & 1) r[rnd() % (4 * n)] += (int32_t)(rnd() % 5) - 2;
-        float *p;
+        float *p = NULL;
         dsib_buffer *b = cpu_buf(c, r.data(), r.size() * 4, &p);
+        if (!b) {
+            CHECK(0, "cpu buffer");
+            return;
+        }
         dsib_view v = {b, 0};
         const uint32_t slots = 1 + (uint32_t)(rnd() % 3);
         int cpu_ok = dsib_cpu_rows_check(v, n, slots) == DSI_OK;
