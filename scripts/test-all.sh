@@ -100,7 +100,9 @@ export DSI_REQUIRE_UNICODE_DATA=${DSI_REQUIRE_UNICODE_DATA:-1} DSI_REQUIRE_MODEL
 cuda_cmake=() cuda_meson=()
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export DSI_REQUIRE_CUDA_TOOLKIT=${DSI_REQUIRE_CUDA_TOOLKIT:-1}
-  if [ "$DSI_REQUIRE_CUDA_TOOLKIT" = 1 ]; then cuda_cmake=(-DDSI_CUDA=on); cuda_meson=(-Dcuda=enabled); fi
+  # the main CMake stage builds the CUDA module's fat binary (sm_80/86/89/90/120 + PTX) once;
+  # Meson and the sanitizer stages build one architecture (docs/cuda.md "Building")
+  if [ "$DSI_REQUIRE_CUDA_TOOLKIT" = 1 ]; then cuda_cmake=(-DDSI_CUDA=on -DDSI_CUDA_FAT=ON); cuda_meson=(-Dcuda=enabled); fi
 fi
 # The real llama.cpp for the interop tests (npm's node-llama-cpp, no scripts, no GPU variants),
 # installed here once; no test downloads anything (tests/interop/README.md).
