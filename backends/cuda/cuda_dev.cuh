@@ -15,8 +15,10 @@
 
 namespace dsic {
 
-/* Stores a device error code (first one wins; sync reports it). */
-__device__ __forceinline__ void derr(int *e, int code) { atomicCAS(e, 0, code); }
+/* Stores a device error code into the stream's mapped (pinned host) error word; sync reports
+ * it. A plain store: atomics on mapped host memory are not portable over PCIe, and any one of
+ * several codes stored at once is a correct report. */
+__device__ __forceinline__ void derr(int *e, int code) { *(volatile int *)e = code; }
 
 /* Row t of the step rows, validated (cuda_math.h row_ok); 0 when unusable. */
 struct Row {
