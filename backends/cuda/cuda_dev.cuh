@@ -125,6 +125,7 @@ __device__ __forceinline__ void warp_dot_row(const uint8_t *row, int64_t K, cons
     case DSI_TYPE_Q8_0: F(DSI_TYPE_Q8_0); break;                                   \
     case DSI_TYPE_Q4_K: F(DSI_TYPE_Q4_K); break;                                   \
     case DSI_TYPE_Q2_K: F(DSI_TYPE_Q2_K); break;                                   \
+    case DSI_TYPE_IQ2_XXS: F(DSI_TYPE_IQ2_XXS); break;                             \
     case DSI_TYPE_MXFP4: F(DSI_TYPE_MXFP4); break;                                 \
     case DSI_TYPE_FP8_E4M3_B128: F(DSI_TYPE_FP8_E4M3_B128); break;                 \
     case DSI_TYPE_FP8_E4M3_B32: case DSI_TYPE_FP8_E4M3_R32: F(DSI_TYPE_FP8_E4M3_B32); break; \

@@ -18,6 +18,7 @@
 #define DSIC_CUDA_MATH_H
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_iq2.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -234,6 +235,32 @@ DSIC_HD float fq_elem(float v, float s, float lim, int32_t recipe, int round) {
     return mul(q, s);
 }
 
+/* ---- IQ2_XXS (ggml block_iq2_xxs: f16 d; 8 × (4 grid indices, u32 signs | scale << 28)) -- */
+
+DSIC_HD uint32_t iq2_sign_byte(uint32_t i) {
+#if defined(__CUDA_ARCH__)
+    return iq2_ksigns_d[i & 127u];
+#else
+    return iq2_ksigns_h[i & 127u];
+#endif
+}
+DSIC_HD uint64_t iq2_grid(uint32_t i) {
+#if defined(__CUDA_ARCH__)
+    return iq2xxs_grid_d[i & 255u];
+#else
+    return iq2xxs_grid_h[i & 255u];
+#endif
+}
+/* Element 8·l + j of sub-block s of the block at b (lib/quant dsii_blk_iq2_xxs's operations). */
+DSIC_HD float iq2xxs_elem(const uint8_t *b, uint32_t s, uint32_t l, uint32_t j) {
+    const uint8_t *q = b + 2 + 8 * s;
+    const uint32_t w = rd32(q + 4);
+    const float db = mul(mul(f16_to_f32(rd16(b)), add(0.5f, (float)(w >> 28))), 0.25f);
+    const uint32_t g = (uint32_t)((iq2_grid(q[l]) >> (8 * j)) & 0xFFu);
+    const uint32_t signs = iq2_sign_byte((w >> (7 * l)) & 127u);
+    return mul(mul(db, (float)g), ((signs >> j) & 1u) ? -1.0f : 1.0f);
+}
+
 /* ---- weight types --------------------------------------------------------------------- */
 
 /* The weight types the CUDA kernels decode (matmul, get_rows, moe_experts, tables). */
@@ -242,6 +269,7 @@ DSIC_HD int type_supported(int32_t t) {
     case DSI_TYPE_F32: case DSI_TYPE_F16: case DSI_TYPE_BF16: case DSI_TYPE_Q8_0:
     case DSI_TYPE_Q4_K: case DSI_TYPE_Q2_K: case DSI_TYPE_MXFP4:
     case DSI_TYPE_FP8_E4M3_B128: case DSI_TYPE_FP8_E4M3_B32: case DSI_TYPE_FP8_E4M3_R32:
+    case DSI_TYPE_IQ2_XXS:
         return 1;
     default:
         return 0;
@@ -253,7 +281,7 @@ DSIC_HD uint32_t type_blck(int32_t t) {
     switch (t) {
     case DSI_TYPE_Q8_0: case DSI_TYPE_MXFP4: case DSI_TYPE_FP8_E4M3_B32:
     case DSI_TYPE_FP8_E4M3_R32: return 32;
-    case DSI_TYPE_Q4_K: case DSI_TYPE_Q2_K: return 256;
+    case DSI_TYPE_Q4_K: case DSI_TYPE_Q2_K: case DSI_TYPE_IQ2_XXS: return 256;
     case DSI_TYPE_FP8_E4M3_B128: return 128;
     default: return 1;
     }
@@ -265,6 +293,7 @@ DSIC_HD uint32_t type_bytes(int32_t t) {
     case DSI_TYPE_Q8_0: return 34;
     case DSI_TYPE_Q4_K: return 144;
     case DSI_TYPE_Q2_K: return 84;
+    case DSI_TYPE_IQ2_XXS: return 66;
     case DSI_TYPE_MXFP4: return 17;
     case DSI_TYPE_FP8_E4M3_B128: return 129;
     case DSI_TYPE_FP8_E4M3_B32: case DSI_TYPE_FP8_E4M3_R32: return 33;
@@ -323,6 +352,10 @@ DSIC_HD float dq_elem(int32_t t, const uint8_t *row, int64_t i) {
         float ml = mul(f16_to_f32(rd16(b + 82)), (float)(s >> 4));
         return sub(mul(dl, (float)q), ml);
     }
+    case DSI_TYPE_IQ2_XXS: {
+        const uint32_t e = (uint32_t)(i & 255);
+        return iq2xxs_elem(row + (i >> 8) * 66, e >> 5, (e >> 3) & 3u, e & 7u);
+    }
     case DSI_TYPE_MXFP4: {
         const uint8_t *b = row + (i >> 5) * 17;
         uint32_t j = (uint32_t)(i & 31), q = b[1 + (j & 15u)];
@@ -380,6 +413,7 @@ DSIC_HD float chunk_elem(const uint8_t *cb, uint32_t lane, uint32_t j) {
         float ml = mul(f16_to_f32(rd16(cb + 82)), (float)(s >> 4));
         return sub(mul(dl, (float)q), ml);
     }
+    if (T == DSI_TYPE_IQ2_XXS) return iq2xxs_elem(cb, j, lane >> 3, lane & 7u);
     if (T == DSI_TYPE_MXFP4) {
         const uint8_t *b = cb + 17 * j;
         uint32_t q = b[1 + (lane & 15u)];

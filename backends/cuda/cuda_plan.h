@@ -124,6 +124,7 @@ inline int plan_type_ok(int32_t t) {
     case DSI_TYPE_F32: case DSI_TYPE_F16: case DSI_TYPE_BF16: case DSI_TYPE_Q8_0:
     case DSI_TYPE_Q4_K: case DSI_TYPE_Q2_K: case DSI_TYPE_MXFP4:
     case DSI_TYPE_FP8_E4M3_B128: case DSI_TYPE_FP8_E4M3_B32: case DSI_TYPE_FP8_E4M3_R32:
+    case DSI_TYPE_IQ2_XXS:
         return 1;
     default:
         return 0;

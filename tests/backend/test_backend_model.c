@@ -373,7 +373,7 @@ static const char *quantized_model(const char *type) {
 /* The quantized types the GPU side runs: Vulkan's list, or the types the CUDA module decodes. */
 static int gpu_runs(const struct qtype *qt) {
     if (strcmp(g_gpu, "vulkan") == 0) return qt->vk;
-    static const char *cuda_types[] = {"q8_0", "q4_k", "q2_k", "mxfp4", "f16", "bf16"};
+    static const char *cuda_types[] = {"q8_0", "q4_k", "q2_k", "mxfp4", "f16", "bf16", "iq2_xxs"};
     for (size_t i = 0; i < sizeof cuda_types / sizeof cuda_types[0]; i++)
         if (strcmp(qt->name, cuda_types[i]) == 0) return 1;
     return 0;

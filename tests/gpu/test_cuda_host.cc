@@ -85,7 +85,8 @@ static void check_chunks(const uint8_t *row, int64_t K, const float *ref, const 
 static void test_decode(void) {
     const int32_t types[] = {DSI_TYPE_F32, DSI_TYPE_F16, DSI_TYPE_BF16, DSI_TYPE_Q8_0,
                              DSI_TYPE_Q4_K, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
-                             DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32, DSI_TYPE_FP8_E4M3_R32};
+                             DSI_TYPE_FP8_E4M3_B128, DSI_TYPE_FP8_E4M3_B32, DSI_TYPE_FP8_E4M3_R32,
+                             DSI_TYPE_IQ2_XXS};
     for (int32_t t : types) {
         for (int64_t K : {256ll, 512ll, 1024ll, 96ll, 160ll, 200ll}) {
             uint64_t rb = dsic::row_bytes(t, K);
@@ -132,6 +133,7 @@ static void test_decode(void) {
             case DSI_TYPE_Q4_K: check_chunks<DSI_TYPE_Q4_K>(row.data(), K, ref.data(), "q4_k"); break;
             case DSI_TYPE_Q2_K: check_chunks<DSI_TYPE_Q2_K>(row.data(), K, ref.data(), "q2_k"); break;
             case DSI_TYPE_MXFP4: check_chunks<DSI_TYPE_MXFP4>(row.data(), K, ref.data(), "mxfp4"); break;
+            case DSI_TYPE_IQ2_XXS: check_chunks<DSI_TYPE_IQ2_XXS>(row.data(), K, ref.data(), "iq2_xxs"); break;
             case DSI_TYPE_FP8_E4M3_B128:
                 check_chunks<DSI_TYPE_FP8_E4M3_B128>(row.data(), K, ref.data(), "fp8_b128");
                 break;
@@ -446,7 +448,7 @@ static void test_plans(void) {
     for (uint32_t op = 0; op < DSIB_OP_COUNT; op++) CHECK(dsic::plan_supports_op(op, -1), "op %u", op);
     CHECK(!dsic::plan_supports_op(DSIB_OP_COUNT, -1), "op out of range");
     CHECK(dsic::plan_supports_op(DSIB_OP_MATMUL, DSI_TYPE_Q4_K), "q4_k matmul");
-    CHECK(!dsic::plan_supports_op(DSIB_OP_MATMUL, DSI_TYPE_IQ2_XXS), "iq2_xxs declined");
+    CHECK(dsic::plan_supports_op(DSIB_OP_MATMUL, DSI_TYPE_IQ2_XXS), "iq2_xxs matmul");
     CHECK(!dsic::plan_supports_op(DSIB_OP_MOE_EXPERTS, 2 /* q4_0 */), "q4_0 declined");
     CHECK(dsic::plan_supports_op(DSIB_OP_MOE_ROUTE, DSI_TYPE_I32), "tid2eid");
     printf("plans: matmul / MoE grids, workspace layout, support table\n");
