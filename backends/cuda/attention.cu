@@ -429,7 +429,7 @@ dsi_status op_attn_sink(dsib_stream *st, dsib_view q, uint32_t ldq, uint32_t H, 
     if (r == DSI_OK) r = vp(s, kv, span(n, ldkv, hd), "attn_sink", "kv", &a.kv);
     if (r == DSI_OK && comp_ratio && idx.buf) r = vp(s, idx, 4ull * n * topk, "attn_sink", "idx", &a.idx);
     if (r == DSI_OK) r = wptr(s, sinks, "attn_sink", "sinks", &a.sinks);
-    if (r == DSI_OK && sinks->ne[0] < (int64_t)H)
+    if (r == DSI_OK && welems(sinks) < (int64_t)H)
         r = fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: attn_sink: %lld sinks for %u heads",
                  (long long)sinks->ne[0], H);
     if (r == DSI_OK) r = vp(s, out, span(n, ldo, (uint64_t)H * hd), "attn_sink", "out", &a.out);

@@ -98,6 +98,11 @@ dsi_status sptr(Stream *s, const dsib_state *st, uint32_t width, const char *op,
 dsi_status wptr(Stream *s, const dsib_weight *w, const char *op, const char *what,
                 const uint8_t **out);
 
+/* Elements of a small parameter weight (a vector stored as [n] or [n][1]…). */
+inline int64_t welems(const dsib_weight *w) {
+    return w->ne[0] * (w->ne[1] > 1 ? w->ne[1] : 1) * (w->ne[2] > 1 ? w->ne[2] : 1);
+}
+
 /* Bytes spanned by `rows` rows of `width` floats with row stride `ld` floats. */
 inline uint64_t span(uint64_t rows, uint64_t ld, uint64_t width) {
     if (rows == 0 || width == 0) return 4;

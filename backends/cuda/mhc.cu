@@ -91,7 +91,7 @@ dsi_status op_hc_mix(dsib_stream *st, dsib_view X, uint32_t n, uint32_t n_hc, ui
     const int head = mode == DSIB_HC_HEAD;
     const uint32_t n_mix = head ? n_hc : n_hc * (2 + n_hc);
     if (!fn || !scale || !base || fn->ne[1] != (int64_t)n_mix || fn->ne[0] != (int64_t)n_hc * D ||
-        ldc < n_mix || scale->ne[0] < (head ? 1 : 3) || base->ne[0] < (int64_t)n_mix)
+        ldc < n_mix || welems(scale) < (head ? 1 : 3) || welems(base) < (int64_t)n_mix)
         return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: hc_mix: weight shapes");
     if (n == 0) return DSI_OK;
     const uint8_t *fp, *scp, *bsp;

@@ -234,7 +234,7 @@ dsi_status op_moe_route(dsib_stream *st, dsib_view logits, uint32_t ldl, uint32_
         if (r == DSI_OK) r = vp(s, ids, 4ull * n, "moe_route", "ids", &ip);
     } else if (r == DSI_OK && bias) {
         r = wptr(s, bias, "moe_route", "bias", &bp);
-        if (r == DSI_OK && bias->ne[0] < (int64_t)E)
+        if (r == DSI_OK && welems(bias) < (int64_t)E)
             r = fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: moe_route: bias shorter than E");
     }
     if (r != DSI_OK) return r;
