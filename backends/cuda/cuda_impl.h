@@ -64,7 +64,13 @@ struct Graph {
 };
 
 inline Instance *I(dsib_instance *i) { return reinterpret_cast<Instance *>(i); }
-inline Stream *S(dsib_stream *s) { return reinterpret_cast<Stream *>(s); }
+/* The stream of an op, with its device made current on the calling thread (sessions may run
+ * on any thread; a launch on another device's stream would fail). */
+inline Stream *S(dsib_stream *st) {
+    Stream *s = reinterpret_cast<Stream *>(st);
+    cudaSetDevice(s->inst->device);
+    return s;
+}
 inline Buffer *B(dsib_buffer *b) { return reinterpret_cast<Buffer *>(b); }
 inline const Buffer *B(const dsib_buffer *b) { return reinterpret_cast<const Buffer *>(b); }
 

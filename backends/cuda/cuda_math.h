@@ -84,9 +84,18 @@ DSIC_HD float div(float a, float b) {
 #endif
 }
 
-/* Little-endian loads from any byte address. */
-DSIC_HD uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8); }
+/* Little-endian loads from any byte address (on the device: one load when the address is
+ * aligned, which weight rows of the plain types and block scales normally are). */
+DSIC_HD uint32_t rd16(const uint8_t *p) {
+#if defined(__CUDA_ARCH__)
+    if (((uintptr_t)p & 1u) == 0) return *(const uint16_t *)p;
+#endif
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+}
 DSIC_HD uint32_t rd32(const uint8_t *p) {
+#if defined(__CUDA_ARCH__)
+    if (((uintptr_t)p & 3u) == 0) return *(const uint32_t *)p;
+#endif
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
