@@ -255,6 +255,9 @@ dsi_status op_moe_experts(dsib_stream *st, dsib_view x, uint32_t ldx, dsib_view 
     if (w2->ne[0] != F || w2->ne[1] != D || w3->ne[0] != D || w3->ne[1] != F || k == 0 ||
         (w3->ne[2] < 1 ? 1 : w3->ne[2]) != E || (w2->ne[2] < 1 ? 1 : w2->ne[2]) != E)
         return fail(s, DSI_ERR_INVALID_ARGUMENT, "cuda: moe_experts: weight shapes");
+    if (!type_supported(w1->type) || !type_supported(w2->type) || !type_supported(w3->type))
+        return fail(s, DSI_ERR_UNSUPPORTED, "cuda: moe_experts: weight types %d / %d / %d",
+                    (int)w1->type, (int)w3->type, (int)w2->type);
     const uint64_t ns = (uint64_t)n * k;
     const dsib_stream_desc &d = s->desc;
     if (ns > (uint64_t)d.max_rows * d.max_experts_used || (uint64_t)E > d.max_experts ||
