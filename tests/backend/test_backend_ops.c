@@ -191,6 +191,16 @@ static void st_ok(const dsi_status st[2]) {
     assert_int_equal(st[1], DSI_OK);
 }
 
+/* The GPU backend declines op `op` for weight type `type` through supports_op (backend.h:
+ * the core then reports the model as unsupported at session creation); such a case has
+ * nothing to compare. The Vulkan module declines none of the types below. */
+static int gpu_declines(uint32_t op, int32_t type) {
+    const dsib_backend *be = g_s[1].be;
+    if (!be->supports_op || be->supports_op(g_s[1].inst, op, type)) return 0;
+    printf("  %s: op %u declined for type %s (supports_op)\n", be->name, op, dsi_type_name(type));
+    return 1;
+}
+
 /* ---- generic ops -------------------------------------------------------------------------- */
 
 static const int32_t k_types[] = {DSI_TYPE_F32, DSI_TYPE_F16, DSI_TYPE_BF16, DSI_TYPE_Q8_0,
@@ -208,6 +218,7 @@ static void test_matmul(void **state) {
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int32_t type = k_types[ti];
+            if (gpu_declines(DSIB_OP_MATMUL, type)) continue;
             int64_t K = shapes[si].K, N = shapes[si].N;
             uint32_t n = shapes[si].n, ldx = (uint32_t)K + 3, ldy = (uint32_t)N + 1;
             tw w = mkweight(type, K, N, 2, 1.0f);
@@ -257,6 +268,7 @@ static void test_get_rows(void **state) {
     (void)state;
     NEED_OP(get_rows);
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+        if (gpu_declines(DSIB_OP_GET_ROWS, k_types[ti])) continue;
         int64_t K = k_types[ti] == DSI_TYPE_FP8_E4M3_B128 ? 384 : 256, V_ = 77;
         tw w = mkweight(k_types[ti], K, V_, 1, 2.0f);
         int32_t ids[7] = {0, 76, 5, 5, 40, 1, 13};
@@ -659,12 +671,14 @@ static void test_moe(void **state) {
         tw w1 = mkweight(cs[i].type, D, F, E, 1.0f), w3 = mkweight(cs[i].type, D, F, E, 1.0f);
         tw w2 = mkweight(cs[i].type == DSI_TYPE_MXFP4 ? DSI_TYPE_MXFP4 : DSI_TYPE_F16, F, D, E, 1.0f);
         bt_buf x = rbuf(n * (D + 1), -1, 1), y = rbuf(n * (D + 5), 0, 0);
-        RUN_BOTH(st, OPS(S)->moe_experts(g_s[S].strm, V(x), D + 1, V(sel), V(wts), k, &w1.w[S],
-                                         &w3.w[S], &w2.w[S], 10.0f, n, V(y), D + 5));
-        st_ok(st);
-        char what[64];
-        snprintf(what, sizeof what, "moe_experts %s E%u k%u n%u", dsi_type_name(cs[i].type), E, k, n);
-        check_f32(what, &y, y.bytes / 4, 1e-9);
+        if (!gpu_declines(DSIB_OP_MOE_EXPERTS, cs[i].type)) {
+            RUN_BOTH(st, OPS(S)->moe_experts(g_s[S].strm, V(x), D + 1, V(sel), V(wts), k, &w1.w[S],
+                                             &w3.w[S], &w2.w[S], 10.0f, n, V(y), D + 5));
+            st_ok(st);
+            char what[64];
+            snprintf(what, sizeof what, "moe_experts %s E%u k%u n%u", dsi_type_name(cs[i].type), E, k, n);
+            check_f32(what, &y, y.bytes / 4, 1e-9);
+        }
         free(bias);
         bt_buf_free(g_s, &lg);
         bt_buf_free(g_s, &tb.b);
