@@ -170,7 +170,7 @@ part host 30 bash -c "'$T/test_cuda_host' && '$T/test_cuda_backend'"
 part ops 60 "$T/test_backend_ops" cuda
 models=("$b/models/tiny-v4.gguf" "$b/models/tiny-v41.gguf" "$root/models/kjv-v41.gguf" "$root/models/kjv-v4.gguf")
 part trained 60 "$T/test_cuda_models" --tokens 320 --tol 5e-3 "${models[@]}"
-part tiny 60 "$T/test_backend_model" cuda
+part tiny 90 "$T/test_backend_model" cuda
 part batch 45 "$T/test_batch_vulkan" cuda nocapture
 part capture 45 "$T/test_batch_vulkan" cuda capture
 
