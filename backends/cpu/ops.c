@@ -23,8 +23,15 @@
 #endif
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DSIB_OPS_SIMD_OK 1
+#else
+#define DSIB_OPS_SIMD_OK 0
+#endif
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -714,25 +721,24 @@ typedef struct attn_job {
     const float *q, *kv, *sinks;
     const dsib_state *ring, *comp;
     const int32_t *rows, *idx;
-    float *out, *zs;
-    const float **ps;
+    float *zs;                       /* per slot: 4 × max_rows scores */
+    const float **ps;                /* per slot: max_rows row pointers */
+    float *out;
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
+    uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
+    int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
     int64_t max_rows;
     float scale;
 } attn_job;
 
-static void attn_task(void *arg, int64_t task, int32_t slot) {
-    attn_job *j = arg;
-    uint32_t t = (uint32_t)(task / j->H), h = (uint32_t)(task % j->H);
+/* The visible rows of step row t in canonical order: compressed (ascending), then window
+ * (ascending). */
+static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp) {
     const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
     int64_t p = r[DSIB_ROW_POS];
     uint32_t sl = (uint32_t)r[DSIB_ROW_SLOT];
     int64_t first = r[DSIB_ROW_FIRST];
     int64_t pos0 = j->rows[(size_t)first * DSIB_ROW_WORDS + DSIB_ROW_POS];
-    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
-    float *z = j->zs + (size_t)slot * j->max_rows;
-    const float **rp = j->ps + (size_t)slot * j->max_rows;
-    /* The visible rows in canonical order: compressed (ascending), then window (ascending). */
     int64_t nr = 0;
     if (j->comp_ratio > 0) {
         const float *comp = dsib_cpu_state_row(j->comp, sl, 0);
@@ -753,6 +759,14 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
         else
             rp[nr++] = j->kv + (size_t)(first + qp - pos0) * j->ldkv;
     }
+    return nr;
+}
+
+/* One head, the reference order: scores dot_fixed · scale, m = max(sink, scores),
+ * den = exp(sink − m) + Σ_i exp(z_i − m) in row order, o = (Σ_i e_i v_i in row order) / den. */
+static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                             int64_t nr, float *z) {
+    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
     float sink = j->sinks[h];
     float m = sink;
     for (int64_t i = 0; i < nr; i++) {
@@ -770,6 +784,159 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
         for (uint32_t k = 0; k < j->hd; k++) o[k] += e * v[k];
     }
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DSIB_OPS_X86 1
+/* AVX2 (no FMA: every product is rounded before its sum, exactly as the scalar code) */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <immintrin.h>
+
+/* ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): dot_fixed's lane tree. */
+static inline float attn_tree8(__m256 a) {
+    __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
+    __m128 p = _mm_hadd_ps(lo, hi);   /* l0+l1, l2+l3, l4+l5, l6+l7 */
+    __m128 q = _mm_hadd_ps(p, p);     /* (l0+l1)+(l2+l3), (l4+l5)+(l6+l7), ... */
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+/* Four heads h .. h+3 of step row t with the same operations per head as attn_head_scalar
+ * (hd a multiple of 8: dot_fixed's lanes are the 8 lanes of one vector). z: 4 × nr. */
+static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                             int64_t nr, float *z) {
+    const uint32_t hd = j->hd;
+    const float *q0 = j->q + (size_t)t * j->ldq + (size_t)h * hd;
+    const float *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
+    float *z0 = z, *z1 = z + nr, *z2 = z + 2 * nr, *z3 = z + 3 * nr;
+    float m[4];
+    for (int g = 0; g < 4; g++) m[g] = j->sinks[h + (uint32_t)g];
+    int64_t i = 0;
+    for (; i + 2 <= nr; i += 2) { /* two rows × four heads: eight independent chains */
+        const float *ka = rp[i], *kb = rp[i + 1];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (uint32_t c = 0; c < hd; c += 8) {
+            const __m256 x0 = _mm256_loadu_ps(q0 + c), x1 = _mm256_loadu_ps(q1 + c);
+            const __m256 x2 = _mm256_loadu_ps(q2 + c), x3 = _mm256_loadu_ps(q3 + c);
+            const __m256 ya = _mm256_loadu_ps(ka + c), yb = _mm256_loadu_ps(kb + c);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(x0, ya));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(x1, ya));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(x2, ya));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(x3, ya));
+            b0 = _mm256_add_ps(b0, _mm256_mul_ps(x0, yb));
+            b1 = _mm256_add_ps(b1, _mm256_mul_ps(x1, yb));
+            b2 = _mm256_add_ps(b2, _mm256_mul_ps(x2, yb));
+            b3 = _mm256_add_ps(b3, _mm256_mul_ps(x3, yb));
+        }
+        z0[i] = attn_tree8(a0) * j->scale;
+        z1[i] = attn_tree8(a1) * j->scale;
+        z2[i] = attn_tree8(a2) * j->scale;
+        z3[i] = attn_tree8(a3) * j->scale;
+        z0[i + 1] = attn_tree8(b0) * j->scale;
+        z1[i + 1] = attn_tree8(b1) * j->scale;
+        z2[i + 1] = attn_tree8(b2) * j->scale;
+        z3[i + 1] = attn_tree8(b3) * j->scale;
+    }
+    for (; i < nr; i++) {
+        const float *ka = rp[i];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint32_t c = 0; c < hd; c += 8) {
+            const __m256 ya = _mm256_loadu_ps(ka + c);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(q0 + c), ya));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(q1 + c), ya));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(q2 + c), ya));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(q3 + c), ya));
+        }
+        z0[i] = attn_tree8(a0) * j->scale;
+        z1[i] = attn_tree8(a1) * j->scale;
+        z2[i] = attn_tree8(a2) * j->scale;
+        z3[i] = attn_tree8(a3) * j->scale;
+    }
+    /* softmax weights (scalar expf, row order) */
+    float den[4];
+    for (int g = 0; g < 4; g++) {
+        float *zg = z + (size_t)g * nr, mg = m[g];
+        for (int64_t r = 0; r < nr; r++)
+            if (zg[r] > mg) mg = zg[r];
+        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
+        for (int64_t r = 0; r < nr; r++) {
+            float e = expf(zg[r] - mg);
+            dg += e;
+            zg[r] = e;
+        }
+        den[g] = dg;
+    }
+    /* o_g = (Σ_r e_g,r · v_r) / den_g: 16 columns × 4 heads in registers per pass */
+    float *o0 = j->out + (size_t)t * j->ldo + (size_t)h * hd;
+    for (uint32_t c = 0; c < hd; c += 16) {
+        __m256 s00 = _mm256_setzero_ps(), s01 = s00, s10 = s00, s11 = s00;
+        __m256 s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+        for (int64_t r = 0; r < nr; r++) {
+            const float *v = rp[r] + c;
+            const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            const __m256 e0 = _mm256_broadcast_ss(z0 + r), e1 = _mm256_broadcast_ss(z1 + r);
+            const __m256 e2 = _mm256_broadcast_ss(z2 + r), e3 = _mm256_broadcast_ss(z3 + r);
+            s00 = _mm256_add_ps(s00, _mm256_mul_ps(e0, v0));
+            s01 = _mm256_add_ps(s01, _mm256_mul_ps(e0, v1));
+            s10 = _mm256_add_ps(s10, _mm256_mul_ps(e1, v0));
+            s11 = _mm256_add_ps(s11, _mm256_mul_ps(e1, v1));
+            s20 = _mm256_add_ps(s20, _mm256_mul_ps(e2, v0));
+            s21 = _mm256_add_ps(s21, _mm256_mul_ps(e2, v1));
+            s30 = _mm256_add_ps(s30, _mm256_mul_ps(e3, v0));
+            s31 = _mm256_add_ps(s31, _mm256_mul_ps(e3, v1));
+        }
+        const __m256 d0 = _mm256_set1_ps(den[0]), d1 = _mm256_set1_ps(den[1]);
+        const __m256 d2 = _mm256_set1_ps(den[2]), d3 = _mm256_set1_ps(den[3]);
+        float *o1 = o0 + hd, *o2 = o1 + hd, *o3 = o2 + hd;
+        _mm256_storeu_ps(o0 + c, _mm256_div_ps(s00, d0));
+        _mm256_storeu_ps(o0 + c + 8, _mm256_div_ps(s01, d0));
+        _mm256_storeu_ps(o1 + c, _mm256_div_ps(s10, d1));
+        _mm256_storeu_ps(o1 + c + 8, _mm256_div_ps(s11, d1));
+        _mm256_storeu_ps(o2 + c, _mm256_div_ps(s20, d2));
+        _mm256_storeu_ps(o2 + c + 8, _mm256_div_ps(s21, d2));
+        _mm256_storeu_ps(o3 + c, _mm256_div_ps(s30, d3));
+        _mm256_storeu_ps(o3 + c + 8, _mm256_div_ps(s31, d3));
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* x86 */
+
+static void attn_task(void *arg, int64_t task, int32_t slot) {
+    attn_job *j = arg;
+    const uint32_t groups = (j->H + j->hg - 1) / j->hg;
+    uint32_t t = (uint32_t)(task / groups), h0 = (uint32_t)(task % groups) * j->hg;
+    uint32_t h1 = h0 + j->hg < j->H ? h0 + j->hg : j->H;
+    float *z = j->zs + (size_t)slot * 4 * (size_t)j->max_rows;
+    const float **rp = j->ps + (size_t)slot * j->max_rows;
+    int64_t nr = attn_rows(j, t, rp);
+    uint32_t h = h0;
+#ifdef DSIB_OPS_X86
+    if (j->simd)
+        for (; h + 4 <= h1; h += 4) attn_heads4_avx2(j, t, h, rp, nr, z);
+#endif
+    for (; h < h1; h++) attn_head_scalar(j, t, h, rp, nr, z);
+}
+
+/* Which path the SIMD-capable ops take: -1 = by CPU detection, else forced (tests). */
+static _Atomic int32_t g_ops_isa = -1;
+
+void dsib_cpu_ops_force_isa(int32_t isa) { atomic_store(&g_ops_isa, isa); }
+
+int32_t dsib_cpu_ops_isa(void) {
+    int32_t f = atomic_load(&g_ops_isa);
+    if (f >= 0) return f;
+    return dsib_kern_table_get()->isa;
 }
 
 static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uint32_t H,
@@ -811,9 +978,17 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     if (comp_ratio) maxc = j.idx ? topk : maxp / comp_ratio;
     j.max_rows = maxc + window + 1;
     size_t nt = (size_t)dsib_threadpool_n_threads(inst->pool);
-    /* ws: sinks [H], then per thread scores [max_rows] and row pointers [max_rows] */
+    /* the head-group path: 4 heads share each K/V row load (same operations per head) */
+    j.simd = DSIB_OPS_SIMD_OK && dsib_cpu_ops_isa() >= DSIB_ISA_AVX2 && hd % 8 == 0 && H >= 4;
+    j.hg = 1;
+    if (j.simd) {
+        /* heads per task: a multiple of 4, at least 2 tasks per thread where possible */
+        j.hg = 4;
+        while (j.hg * 2 <= H && (uint64_t)n * (H / (j.hg * 2)) >= 2 * nt) j.hg *= 2;
+    }
+    /* ws: sinks [H], then per thread scores [4 × max_rows] and row pointers [max_rows] */
     size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
-    size_t o2 = o1 + ((sizeof(float) * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
+    size_t o2 = o1 + ((sizeof(float) * 4 * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
     uint8_t *ws = dsib_cpu_ws(strm, o2 + sizeof(float *) * (size_t)j.max_rows * nt);
     if (!ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     float *sk = (float *)(void *)ws;
@@ -821,7 +996,7 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     j.ps = (const float **)(void *)(ws + o2);
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
-    dsib_parallel_for(inst->pool, (int64_t)n * H, attn_task, &j);
+    dsib_parallel_for(inst->pool, (int64_t)n * ((H + j.hg - 1) / j.hg), attn_task, &j);
     return DSI_OK;
 }
 

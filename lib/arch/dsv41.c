@@ -87,7 +87,9 @@ static dsi_status be_fail(dsii_error *e, dsi_status s, const char *what, int lay
 }
 #define CK(expr, what, layer)                                                               \
     do {                                                                                    \
+        DSII_PROF_BEGIN();                                                                  \
         dsi_status s_ = (expr);                                                             \
+        DSII_PROF_END(what);                                                                \
         if (s_ != DSI_OK) return be_fail(e, s_, what, layer);                               \
     } while (0)
 

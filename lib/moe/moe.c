@@ -3,7 +3,9 @@
 
 #define CK(call, what)                                                                      \
     do {                                                                                    \
+        DSII_PROF_BEGIN();                                                                  \
         dsi_status st_ = (call);                                                            \
+        DSII_PROF_END(what);                                                                \
         if (st_ != DSI_OK) return dsii_fail(e, st_, "moe: %s failed", what);                \
     } while (0)
 
@@ -20,7 +22,10 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
     CK(ops->moe_experts(strm, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
                         s->routed, D),
        "routed experts");
-    if (!w->sh_gate.buf) return dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D);
+    if (!w->sh_gate.buf) {
+        CK(dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D), "moe copy");
+        return DSI_OK;
+    }
     uint32_t F = (uint32_t)w->sh_gate.ne[1];
     CK(ops->matmul(strm, &w->sh_gate, 0, x, ldx, s->sh_g, F, n), "shared gate");
     CK(ops->matmul(strm, &w->sh_up, 0, x, ldx, s->sh_u, F, n), "shared up");

@@ -15,6 +15,8 @@
 #include "tests/common/filter.h"
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/kernels/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -506,6 +508,98 @@ static void test_attn_sink(void **state) {
     unwrap(vsk);
 }
 
+/* The head-group SIMD path (4 heads share each K/V row load) performs the scalar path's
+ * operations in its order: outputs bit-identical for every head count (groups of 4 plus a
+ * remainder), row count and visible-row count (odd and even: the two-row score tiles), and
+ * both within the double-precision formula's bound. */
+static void test_attn_sink_simd(void **state) {
+    (void)state;
+    if (dsib_cpu_ops_isa() < DSIB_ISA_AVX2) {
+        print_message("skipped: this CPU has no AVX2 (the SIMD path cannot run)\n");
+        skip();
+    }
+    enum { HMAX = 8, HD = 64, WIN = 5, NMAX = 7, RING = 8, NC = 6, K = 3 };
+    static float q[NMAX * HMAX * HD], kv[NMAX * HD], comp[NC * HD], ring[RING * HD];
+    static float out_s[NMAX * HMAX * HD], out_v[NMAX * HMAX * HD];
+    float sinks[HMAX];
+    for (int i = 0; i < NMAX * HMAX * HD; i++) q[i] = 2.0f * frand();
+    for (int i = 0; i < NMAX * HD; i++) kv[i] = frand();
+    for (int i = 0; i < NC * HD; i++) comp[i] = frand();
+    for (int i = 0; i < RING * HD; i++) ring[i] = frand();
+    for (int h = 0; h < HMAX; h++) sinks[h] = frand();
+    int32_t idx[NMAX * K];
+    for (int t = 0; t < NMAX; t++)
+        for (int k = 0; k < K; k++) idx[t * K + k] = (t + k) % 3 == 0 ? -1 : (t * 2 + k) % NC;
+    dsib_view vq = wrap(q, sizeof q), vkv = wrap(kv, sizeof kv), vc = wrap(comp, sizeof comp),
+              vi = wrap(idx, sizeof idx), vs = wrap(out_s, sizeof out_s),
+              vv = wrap(out_v, sizeof out_v), vr = wrap(ring, sizeof ring),
+              vsk = wrap(sinks, sizeof sinks);
+    dsib_state sr = state_of(vr, RING, HD), scomp = state_of(vc, NC, HD);
+    const uint32_t heads[3] = {4, 6, 8};
+    const uint32_t ns[3] = {1, 2, NMAX};
+    int checked = 0;
+    for (int hi = 0; hi < 3; hi++)
+        for (int ni = 0; ni < 3; ni++)
+            for (int pos0 = 0; pos0 <= 6; pos0 += 3) {
+                const uint32_t H = heads[hi], N = ns[ni];
+                dsib_weight wsk = wf32(vsk, H, 1);
+                memset(out_s, 0, sizeof out_s);
+                memset(out_v, 0xff, sizeof out_v);
+                dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR);
+                assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(pos0, N), N, WIN,
+                                                &sr, vkv, HD, 2, &scomp, vi, K, &wsk, 0.125f, vs,
+                                                H * HD),
+                                 DSI_OK);
+                dsib_cpu_ops_force_isa(DSIB_ISA_AVX2);
+                assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(pos0, N), N, WIN,
+                                                &sr, vkv, HD, 2, &scomp, vi, K, &wsk, 0.125f, vv,
+                                                H * HD),
+                                 DSI_OK);
+                dsib_cpu_ops_force_isa(-1);
+                assert_memory_equal(out_s, out_v, sizeof(float) * N * H * HD);
+                /* the formula in double precision (ring rows before pos0, step rows after) */
+                for (uint32_t t = 0; t < N; t++) {
+                    int p = pos0 + (int)t;
+                    const float *rws[K + WIN];
+                    int nr = 0;
+                    for (int k = 0; k < K; k++)
+                        if (idx[t * K + k] >= 0) rws[nr++] = comp + idx[t * K + k] * HD;
+                    for (int qp = p - WIN + 1; qp <= p; qp++) {
+                        if (qp < 0) continue;
+                        rws[nr++] = qp < pos0 ? ring + (qp % RING) * HD : kv + (qp - pos0) * HD;
+                    }
+                    for (uint32_t h = 0; h < H; h++) {
+                        const float *qq = q + (t * H + h) * HD;
+                        double z[K + WIN], m = sinks[h], den, o[HD] = {0};
+                        for (int r = 0; r < nr; r++) {
+                            double d = 0;
+                            for (int i = 0; i < HD; i++) d += (double)qq[i] * rws[r][i];
+                            z[r] = d * 0.125;
+                            if (z[r] > m) m = z[r];
+                        }
+                        den = exp(sinks[h] - m);
+                        for (int r = 0; r < nr; r++) den += exp(z[r] - m);
+                        for (int r = 0; r < nr; r++)
+                            for (int i = 0; i < HD; i++) o[i] += exp(z[r] - m) * rws[r][i];
+                        for (int i = 0; i < HD; i++) {
+                            double ref = o[i] / den;
+                            assert_true(fabs(out_v[(t * H + h) * HD + i] - ref) < 1e-5);
+                        }
+                        checked++;
+                    }
+                }
+            }
+    assert_true(checked > 100);
+    unwrap(vq);
+    unwrap(vkv);
+    unwrap(vc);
+    unwrap(vi);
+    unwrap(vs);
+    unwrap(vv);
+    unwrap(vr);
+    unwrap(vsk);
+}
+
 int main(void) {
     dsit_filter();
     const struct CMUnitTest tests[] = {
@@ -517,6 +611,7 @@ int main(void) {
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_compress_pool_overlap),
         cmocka_unit_test(test_attn_sink),
+        cmocka_unit_test(test_attn_sink_simd),
     };
     return cmocka_run_group_tests_name("v4_ops", tests, setup, teardown);
 }
