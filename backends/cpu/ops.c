@@ -460,21 +460,133 @@ static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t
     return DSI_OK;
 }
 
+/* One row of hc_collapse: o[d] = pre[0]·x0[d] + pre[1]·x1[d] + … (streams in order). */
+static void hc_collapse_row(const float *pre, const float *x, float *o, uint32_t n_hc,
+                            uint32_t D) {
+    for (uint32_t d = 0; d < D; d++) {
+        float a = pre[0] * x[d];
+        for (uint32_t h = 1; h < n_hc; h++) a += pre[h] * x[(size_t)h * D + d];
+        o[d] = a;
+    }
+}
+
+/* One row of hc_post (in place allowed: every column's inputs are read before its outputs
+ * are written): o_j[d] = post[j]·f[d] + Σ_i C[i][j]·r_i[d] (i ascending). */
+static void hc_post_row(const float *post, const float *C, const float *ft, const float *rt,
+                        float *ot, uint32_t n_hc, uint32_t D) {
+    float r[16];
+    for (uint32_t d = 0; d < D; d++) {
+        for (uint32_t i = 0; i < n_hc; i++) r[i] = rt[(size_t)i * D + d];
+        for (uint32_t j = 0; j < n_hc; j++) {
+            float a = post[j] * ft[d];
+            for (uint32_t i = 0; i < n_hc; i++) a += C[i * n_hc + j] * r[i];
+            ot[(size_t)j * D + d] = a;
+        }
+    }
+}
+
+#if DSIB_OPS_SIMD_OK
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <immintrin.h>
+/* The same operations, 8 columns at a time (n_hc = 4, D % 8 == 0). */
+static void hc_collapse_row4_avx2(const float *pre, const float *x, float *o, uint32_t D) {
+    const __m256 p0 = _mm256_set1_ps(pre[0]), p1 = _mm256_set1_ps(pre[1]);
+    const __m256 p2 = _mm256_set1_ps(pre[2]), p3 = _mm256_set1_ps(pre[3]);
+    for (uint32_t d = 0; d < D; d += 8) {
+        __m256 a = _mm256_mul_ps(p0, _mm256_loadu_ps(x + d));
+        a = _mm256_add_ps(a, _mm256_mul_ps(p1, _mm256_loadu_ps(x + D + d)));
+        a = _mm256_add_ps(a, _mm256_mul_ps(p2, _mm256_loadu_ps(x + 2 * (size_t)D + d)));
+        a = _mm256_add_ps(a, _mm256_mul_ps(p3, _mm256_loadu_ps(x + 3 * (size_t)D + d)));
+        _mm256_storeu_ps(o + d, a);
+    }
+}
+static void hc_post_row4_avx2(const float *post, const float *C, const float *ft,
+                              const float *rt, float *ot, uint32_t D) {
+    __m256 c[16], pj[4];
+    for (int i = 0; i < 16; i++) c[i] = _mm256_set1_ps(C[i]);
+    for (int j = 0; j < 4; j++) pj[j] = _mm256_set1_ps(post[j]);
+    for (uint32_t d = 0; d < D; d += 8) {
+        const __m256 f = _mm256_loadu_ps(ft + d);
+        const __m256 r0 = _mm256_loadu_ps(rt + d), r1 = _mm256_loadu_ps(rt + D + d);
+        const __m256 r2 = _mm256_loadu_ps(rt + 2 * (size_t)D + d);
+        const __m256 r3 = _mm256_loadu_ps(rt + 3 * (size_t)D + d);
+        __m256 o[4];
+        for (int j = 0; j < 4; j++) {
+            __m256 a = _mm256_mul_ps(pj[j], f);
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[0 * 4 + j], r0));
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[1 * 4 + j], r1));
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[2 * 4 + j], r2));
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[3 * 4 + j], r3));
+            o[j] = a;
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(ot + (size_t)j * D + d, o[j]);
+    }
+}
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+typedef struct hc_job {
+    const float *a, *b, *cf;
+    float *o;
+    uint32_t lda, ldb, ldc, ldo, n_hc, D;
+    int simd;
+} hc_job;
+
+static int32_t ops_isa_now(void);
+
+static void hc_collapse_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    const hc_job *j = arg;
+    const float *pre = j->cf + (size_t)t * j->ldc, *x = j->a + (size_t)t * j->lda;
+    float *o = j->o + (size_t)t * j->ldo;
+#if DSIB_OPS_SIMD_OK
+    if (j->simd) {
+        hc_collapse_row4_avx2(pre, x, o, j->D);
+        return;
+    }
+#endif
+    hc_collapse_row(pre, x, o, j->n_hc, j->D);
+}
+
+static void hc_post_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    const hc_job *j = arg;
+    const float *post = j->cf + (size_t)t * j->ldc + j->n_hc, *C = post + j->n_hc;
+    const float *ft = j->b + (size_t)t * j->ldb, *rt = j->a + (size_t)t * j->lda;
+    float *ot = j->o + (size_t)t * j->ldo;
+#if DSIB_OPS_SIMD_OK
+    if (j->simd) {
+        hc_post_row4_avx2(post, C, ft, rt, ot, j->D);
+        return;
+    }
+#endif
+    hc_post_row(post, C, ft, rt, ot, j->n_hc, j->D);
+}
+
+/* Rows of the elementwise ops go over the pool only when there are enough of them to pay
+ * for the barrier (prefill); a decoded token runs on the caller. */
+#define OPS_PAR_ROWS 8
+
 static dsi_status op_hc_collapse(dsib_stream *strm, dsib_view X, dsib_view coef, uint32_t ldc,
                                  dsib_view y, uint32_t ldy, uint32_t n, uint32_t n_hc,
                                  uint32_t D) {
-    (void)strm;
-    const float *xs = dsib_cpu_f32(X), *cf = dsib_cpu_f32(coef);
-    float *ys = dsib_cpu_f32(y);
-    for (uint32_t t = 0; t < n; t++) {
-        const float *pre = cf + (size_t)t * ldc, *x = xs + (size_t)t * n_hc * D;
-        float *o = ys + (size_t)t * ldy;
-        for (uint32_t d = 0; d < D; d++) {
-            float a = pre[0] * x[d];
-            for (uint32_t h = 1; h < n_hc; h++) a += pre[h] * x[(size_t)h * D + d];
-            o[d] = a;
-        }
-    }
+    hc_job j = {dsib_cpu_f32(X), NULL, dsib_cpu_f32(coef), dsib_cpu_f32(y), n_hc * D, 0, ldc,
+                ldy, n_hc, D, 0};
+    j.simd = n_hc == 4 && D % 8 == 0 && ops_isa_now() >= DSIB_ISA_AVX2;
+    if (n >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, n, hc_collapse_task, &j);
+    else
+        for (uint32_t t = 0; t < n; t++) hc_collapse_task(&j, t, 0);
     return DSI_OK;
 }
 
@@ -482,22 +594,13 @@ static dsi_status op_hc_post(dsib_stream *strm, dsib_view f, uint32_t ldf, dsib_
                              dsib_view coef, uint32_t ldc, dsib_view Xo, uint32_t n,
                              uint32_t n_hc, uint32_t D) {
     if (n_hc > 16) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    const float *fs = dsib_cpu_f32(f), *rs = dsib_cpu_f32(R), *cf = dsib_cpu_f32(coef);
-    float *xo = dsib_cpu_f32(Xo);
-    for (uint32_t t = 0; t < n; t++) {
-        const float *post = cf + (size_t)t * ldc + n_hc, *C = post + n_hc;
-        const float *ft = fs + (size_t)t * ldf, *rt = rs + (size_t)t * n_hc * D;
-        float *ot = xo + (size_t)t * n_hc * D;
-        float r[16];
-        for (uint32_t d = 0; d < D; d++) {
-            for (uint32_t i = 0; i < n_hc; i++) r[i] = rt[(size_t)i * D + d];
-            for (uint32_t j = 0; j < n_hc; j++) {
-                float a = post[j] * ft[d];
-                for (uint32_t i = 0; i < n_hc; i++) a += C[i * n_hc + j] * r[i];
-                ot[(size_t)j * D + d] = a;
-            }
-        }
-    }
+    hc_job j = {dsib_cpu_f32(R), dsib_cpu_f32(f), dsib_cpu_f32(coef), dsib_cpu_f32(Xo),
+                n_hc * D, ldf, ldc, n_hc * D, n_hc, D, 0};
+    j.simd = n_hc == 4 && D % 8 == 0 && ops_isa_now() >= DSIB_ISA_AVX2;
+    if (n >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, n, hc_post_task, &j);
+    else
+        for (uint32_t t = 0; t < n; t++) hc_post_task(&j, t, 0);
     return DSI_OK;
 }
 
@@ -938,6 +1041,8 @@ int32_t dsib_cpu_ops_isa(void) {
     if (f >= 0) return f;
     return dsib_kern_table_get()->isa;
 }
+
+static int32_t ops_isa_now(void) { return DSIB_OPS_SIMD_OK ? dsib_cpu_ops_isa() : 0; }
 
 static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uint32_t H,
                                uint32_t hd, dsib_view rows, uint32_t n, uint32_t window,

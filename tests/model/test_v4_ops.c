@@ -600,6 +600,57 @@ static void test_attn_sink_simd(void **state) {
     unwrap(vsk);
 }
 
+/* hc_collapse / hc_post: the AVX2 path (8 columns at a time) and the row-parallel prefill
+ * path give the scalar path's bits (n = 1 and n = 9 rows; hc_post in place, as the forward
+ * pass calls it), and hc_post matches its formula in double precision. */
+static void test_hc_simd(void **state) {
+    (void)state;
+    if (dsib_cpu_ops_isa() < DSIB_ISA_AVX2) {
+        print_message("skipped: this CPU has no AVX2 (the SIMD path cannot run)\n");
+        skip();
+    }
+    enum { NHC = 4, D = 64, N = 9, M = NHC * (2 + NHC) };
+    static float X[N * NHC * D], Xs[N * NHC * D], Xv[N * NHC * D], f[N * D], cf[N * M];
+    static float ys[N * D], yv[N * D];
+    for (int i = 0; i < N * NHC * D; i++) X[i] = frand();
+    for (int i = 0; i < N * D; i++) f[i] = frand();
+    for (int i = 0; i < N * M; i++) cf[i] = frand();
+    dsib_view vX = wrap(X, sizeof X), vXs = wrap(Xs, sizeof Xs), vXv = wrap(Xv, sizeof Xv),
+              vf = wrap(f, sizeof f), vc = wrap(cf, sizeof cf), vys = wrap(ys, sizeof ys),
+              vyv = wrap(yv, sizeof yv);
+    const uint32_t ns[2] = {1, N};
+    for (int k = 0; k < 2; k++) {
+        uint32_t n = ns[k];
+        dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR);
+        assert_int_equal(ops->hc_collapse(strm, vX, vc, M, vys, D, n, NHC, D), DSI_OK);
+        memcpy(Xs, X, sizeof X);
+        assert_int_equal(ops->hc_post(strm, vf, D, vXs, vc, M, vXs, n, NHC, D), DSI_OK);
+        dsib_cpu_ops_force_isa(DSIB_ISA_AVX2);
+        assert_int_equal(ops->hc_collapse(strm, vX, vc, M, vyv, D, n, NHC, D), DSI_OK);
+        memcpy(Xv, X, sizeof X);
+        assert_int_equal(ops->hc_post(strm, vf, D, vXv, vc, M, vXv, n, NHC, D), DSI_OK);
+        dsib_cpu_ops_force_isa(-1);
+        assert_memory_equal(ys, yv, sizeof(float) * n * D);
+        assert_memory_equal(Xs, Xv, sizeof(float) * n * NHC * D);
+        for (uint32_t t = 0; t < n; t++)
+            for (int j = 0; j < NHC; j++)
+                for (int d = 0; d < D; d++) {
+                    const float *c = cf + t * M;
+                    double ref = (double)c[NHC + j] * f[t * D + d];
+                    for (int i = 0; i < NHC; i++)
+                        ref += (double)c[2 * NHC + i * NHC + j] * X[(t * NHC + i) * D + d];
+                    assert_true(fabs(Xv[(t * NHC + j) * D + d] - ref) < 1e-5);
+                }
+    }
+    unwrap(vX);
+    unwrap(vXs);
+    unwrap(vXv);
+    unwrap(vf);
+    unwrap(vc);
+    unwrap(vys);
+    unwrap(vyv);
+}
+
 int main(void) {
     dsit_filter();
     const struct CMUnitTest tests[] = {
@@ -612,6 +663,7 @@ int main(void) {
         cmocka_unit_test(test_compress_pool_overlap),
         cmocka_unit_test(test_attn_sink),
         cmocka_unit_test(test_attn_sink_simd),
+        cmocka_unit_test(test_hc_simd),
     };
     return cmocka_run_group_tests_name("v4_ops", tests, setup, teardown);
 }
