@@ -132,6 +132,25 @@ static dsi_status op_matmul_grouped(dsib_stream *strm, const dsib_weight *w, uin
     return DSI_OK;
 }
 
+static dsi_status op_matmul_multi(dsib_stream *strm, const dsib_mm *mm, uint32_t count) {
+    dsib_instance *inst = strm->inst;
+    dsib_matmul_desc d[16];
+    char msg[256];
+    for (uint32_t i0 = 0; i0 < count; i0 += 16) {
+        int32_t nd = count - i0 < 16 ? (int32_t)(count - i0) : 16;
+        for (int32_t i = 0; i < nd; i++) {
+            const dsib_mm *m = &mm[i0 + (uint32_t)i];
+            const dsib_weight *w = m->w;
+            d[i] = (dsib_matmul_desc){w->type, dsib_cpu_wptr(w) + (uint64_t)m->expert * w->nb2,
+                                      (size_t)w->nb1, w->ne[0], w->ne[1], dsib_cpu_f32(m->x),
+                                      m->ldx, dsib_cpu_f32(m->y), m->ldy, m->n};
+        }
+        dsi_status st = dsib_matmul_batch(inst->pool, mm_flags(inst), d, nd, msg, sizeof msg);
+        if (st != DSI_OK) return dsib_cpu_ret(strm, st);
+    }
+    return DSI_OK;
+}
+
 static dsi_status op_get_rows(dsib_stream *strm, const dsib_weight *table, dsib_view ids,
                               dsib_view y, uint32_t ldy, uint32_t n) {
     const int32_t *id = dsib_cpu_i32(ids);
@@ -1263,14 +1282,13 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     dsib_moe_matmul m = {w1->type, dsib_cpu_wptr(w1), (size_t)w1->nb2, (size_t)w1->nb1, D, F,
                          (int32_t)E, ng, ex, offs, xr, yr, dsib_cpu_f32(x), ldx, G, F,
                          mm_flags(inst)};
-    st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
-    if (st != DSI_OK) goto done;
-    m.type = w3->type;
-    m.w_base = dsib_cpu_wptr(w3);
-    m.expert_stride = (size_t)w3->nb2;
-    m.w_row_bytes = (size_t)w3->nb1;
-    m.y = U;
-    st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
+    dsib_moe_matmul mu = m; /* up: the same rows, one job with the gate */
+    mu.type = w3->type;
+    mu.w_base = dsib_cpu_wptr(w3);
+    mu.expert_stride = (size_t)w3->nb2;
+    mu.w_row_bytes = (size_t)w3->nb1;
+    mu.y = U;
+    st = dsib_matmul_moe2(inst->pool, &m, &mu, msg, sizeof msg);
     if (st != DSI_OK) goto done;
     for (size_t s = 0; s < ns; s++) {
         float *gs = G + s * (size_t)F;
@@ -1332,4 +1350,5 @@ const dsib_ops dsib_cpu_ops = {
     .moe_experts = op_moe_experts,
     .swiglu = op_swiglu,
     DSIB_CPU_OPS_V41_INIT
+    .matmul_multi = op_matmul_multi,
 };

@@ -563,6 +563,116 @@ static int argmax(const float *v, int32_t n) {
     return best;
 }
 
+/* ---- where the time goes: per-op step profile and thread-pool statistics ------------------ */
+
+typedef struct test_prof {
+    dsii_prof ops;           /* lib/arch step profile of the timed repetitions */
+    dsib_pool_stats pool;    /* the CPU instance's pool over the same repetitions */
+    int have_pool;
+    double wall_s;           /* wall time of the timed repetitions */
+    double tokens;           /* tokens they evaluated */
+} test_prof;
+
+static dsib_threadpool *ctx_pool(dsi_context *ctx) {
+    dsii_device *d = dsii_context_compute(ctx);
+    if (!d || strcmp(d->name, "cpu") != 0 || !d->inst) return NULL;
+    return d->inst->pool;
+}
+
+static void prof_start(dsi_model *model, dsi_context *ctx, test_prof *tp) {
+    if (model->exec) dsii_exec_set_profile(model->exec, &tp->ops);
+    dsib_threadpool *p = ctx_pool(ctx);
+    if (p) dsib_threadpool_stats_enable(p, 1);
+}
+
+static void prof_stop(dsi_model *model, dsi_context *ctx, test_prof *tp) {
+    if (model->exec) dsii_exec_set_profile(model->exec, NULL);
+    dsib_threadpool *p = ctx_pool(ctx);
+    if (p) {
+        dsib_pool_stats st;
+        dsib_threadpool_stats_get(p, &st);
+        dsib_threadpool_stats_enable(p, 0);
+        tp->pool.jobs += st.jobs;
+        tp->pool.inline_jobs += st.inline_jobs;
+        tp->pool.tasks += st.tasks;
+        tp->pool.helper_tasks += st.helper_tasks;
+        tp->pool.wait_ns += st.wait_ns;
+        tp->pool.pickup_ns += st.pickup_ns;
+        tp->pool.pickups += st.pickups;
+        tp->pool.sleeps += st.sleeps;
+        tp->have_pool = 1;
+    }
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    const dsii_prof_entry *x = a, *y = b;
+    return x->ns < y->ns ? 1 : x->ns > y->ns ? -1 : 0;
+}
+
+/* Prints (or writes as JSON) the profile of one test: per token, the ops sorted by time,
+ * the step's own overhead, the time outside steps, and the pool's barriers. */
+static void prof_report(const char *test, test_prof *tp, int json, int first) {
+    if (tp->tokens <= 0 || tp->wall_s <= 0) return;
+    dsii_prof *p = &tp->ops;
+    qsort(p->e, p->n, sizeof p->e[0], prof_cmp);
+    const double tok = tp->tokens, wall_us = tp->wall_s * 1e6 / tok;
+    double ops_us = 0;
+    for (uint32_t i = 0; i < p->n; i++) ops_us += p->e[i].ns * 1e-3 / tok;
+    const double step_us = p->step_ns * 1e-3 / tok;
+    const dsib_pool_stats *ps = &tp->pool;
+    if (json) {
+        printf("%s\"%s\": {\"tokens\": %.0f, \"wall_us_per_token\": %.2f, \"step_us_per_token\": %.2f, "
+               "\"ops_us_per_token\": %.2f, \"steps\": %llu, \"ops\": [",
+               first ? "" : ", ", test, tok, wall_us, step_us, ops_us, (unsigned long long)p->steps);
+        for (uint32_t i = 0; i < p->n; i++)
+            printf("%s{\"name\": \"%s\", \"calls_per_token\": %.3f, \"us_per_token\": %.3f, "
+                   "\"share\": %.5f}",
+                   i ? ", " : "", p->e[i].name, p->e[i].calls / tok, p->e[i].ns * 1e-3 / tok,
+                   p->e[i].ns * 1e-3 / tok / wall_us);
+        printf("]");
+        if (tp->have_pool)
+            printf(", \"pool\": {\"jobs_per_token\": %.2f, \"inline_per_token\": %.2f, "
+                   "\"tasks_per_job\": %.2f, \"helper_task_share\": %.4f, "
+                   "\"barrier_wait_us_per_token\": %.2f, \"pickup_us_per_job\": %.3f, "
+                   "\"sleeps_per_token\": %.3f}",
+                   ps->jobs / tok, ps->inline_jobs / tok,
+                   ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
+                   ps->tasks ? (double)ps->helper_tasks / ps->tasks : 0.0, ps->wait_ns * 1e-3 / tok,
+                   ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
+        printf("}");
+        return;
+    }
+    printf("\nwhere the time goes (%s, per token, wall time of the timed repetitions): %.1f us per "
+           "token; inside steps %.1f us (%.1f%%), of which ops %.1f us\n",
+           test, wall_us, step_us, 100.0 * step_us / wall_us, ops_us);
+    printf("| op | calls/token | us/token | share |\n| -- | ---: | ---: | ---: |\n");
+    double rest = 0;
+    int shown = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+        double us = p->e[i].ns * 1e-3 / tok;
+        if (shown < 24 && us / wall_us >= 0.002) {
+            printf("| %s | %.2f | %.1f | %.1f%% |\n", p->e[i].name, p->e[i].calls / tok, us,
+                   100.0 * us / wall_us);
+            shown++;
+        } else {
+            rest += us;
+        }
+    }
+    printf("| (other ops) | | %.1f | %.1f%% |\n", rest, 100.0 * rest / wall_us);
+    printf("| (step, outside ops: record / sync / io) | | %.1f | %.1f%% |\n", step_us - ops_us,
+           100.0 * (step_us - ops_us) / wall_us);
+    printf("| (outside steps: API, session, argmax) | | %.1f | %.1f%% |\n", wall_us - step_us,
+           100.0 * (wall_us - step_us) / wall_us);
+    if (tp->have_pool)
+        printf("thread pool: %.1f jobs/token (%.1f tasks each, %.1f%% run by the workers), %.1f "
+               "inline; barrier wait %.1f us/token (%.1f%%); helper pickup %.2f us/job; %.2f worker "
+               "sleeps/token\n",
+               ps->jobs / tok, ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
+               ps->tasks ? 100.0 * ps->helper_tasks / ps->tasks : 0.0, ps->inline_jobs / tok,
+               ps->wait_ns * 1e-3 / tok, 100.0 * ps->wait_ns * 1e-3 / tok / wall_us,
+               ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
+}
+
 /* ---- --sessions: the serving frontier --------------------------------------------------- */
 
 static uint64_t cpu_expert_bytes(dsi_context *ctx) {
@@ -601,6 +711,9 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
            "---------: | -------: | --------: |\n");
     double agg1 = 0, bytes1 = 0;
     int fail = 0;
+    static test_prof prof_reports[16];
+    static char prof_names[16][32];
+    int n_reports = 0;
     for (int bi = 0; bi < nb && !fail; bi++) {
         int B = bs[bi];
         dsi_session *s[64];
@@ -633,8 +746,11 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
         double samples[64];
         int ns = 0;
         uint64_t ebytes = 0;
+        static test_prof sprof;
+        memset(&sprof, 0, sizeof sprof);
         for (int rep = 0; rep < reps + 1 && !fail; rep++) {
             uint64_t e0 = cpu_expert_bytes(ctx);
+            if (rep > 0) prof_start(model, ctx, &sprof);
             double t0 = bench_now();
             for (int step = 0; step < n && !fail; step++) {
                 for (int i = 0; i < B; i++) {
@@ -651,6 +767,9 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
             }
             double dt = bench_now() - t0;
             if (rep == 0) continue; /* warm-up */
+            prof_stop(model, ctx, &sprof);
+            sprof.wall_s += dt;
+            sprof.tokens += (double)n; /* per step */
             samples[ns++] = dt;
             ebytes += cpu_expert_bytes(ctx) - e0;
         }
@@ -670,10 +789,18 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
                    on_cpu ? "" : " est", bound, meas, eff,
                    l->read_gbs > 0 ? 100.0 * eff / l->read_gbs : 0.0);
         }
+        if (!fail && ns > 0) {
+            char name[32];
+            snprintf(name, sizeof name, "B=%d step", B);
+            prof_reports[n_reports] = sprof;
+            snprintf(prof_names[n_reports], sizeof prof_names[0], "%s", name);
+            n_reports++;
+        }
         for (int i = 0; i < B; i++) dsi_session_free(s[i]);
         free(tok);
         free(prompts);
     }
+    for (int i = 0; i < n_reports; i++) prof_report(prof_names[i], &prof_reports[i], 0, 1);
     if (!o->no_limits)
         printf("\nmemory read bandwidth measured in this run: %.2f GB/s\n", l->read_gbs);
     return fail;
@@ -924,116 +1051,6 @@ static int run_ttft(const opts *o, dsi_context *ctx, dsi_model *model, int32_t n
     }
     free(prompt);
     return fail;
-}
-
-/* ---- where the time goes: per-op step profile and thread-pool statistics ------------------ */
-
-typedef struct test_prof {
-    dsii_prof ops;           /* lib/arch step profile of the timed repetitions */
-    dsib_pool_stats pool;    /* the CPU instance's pool over the same repetitions */
-    int have_pool;
-    double wall_s;           /* wall time of the timed repetitions */
-    double tokens;           /* tokens they evaluated */
-} test_prof;
-
-static dsib_threadpool *ctx_pool(dsi_context *ctx) {
-    dsii_device *d = dsii_context_compute(ctx);
-    if (!d || strcmp(d->name, "cpu") != 0 || !d->inst) return NULL;
-    return d->inst->pool;
-}
-
-static void prof_start(dsi_model *model, dsi_context *ctx, test_prof *tp) {
-    if (model->exec) dsii_exec_set_profile(model->exec, &tp->ops);
-    dsib_threadpool *p = ctx_pool(ctx);
-    if (p) dsib_threadpool_stats_enable(p, 1);
-}
-
-static void prof_stop(dsi_model *model, dsi_context *ctx, test_prof *tp) {
-    if (model->exec) dsii_exec_set_profile(model->exec, NULL);
-    dsib_threadpool *p = ctx_pool(ctx);
-    if (p) {
-        dsib_pool_stats st;
-        dsib_threadpool_stats_get(p, &st);
-        dsib_threadpool_stats_enable(p, 0);
-        tp->pool.jobs += st.jobs;
-        tp->pool.inline_jobs += st.inline_jobs;
-        tp->pool.tasks += st.tasks;
-        tp->pool.helper_tasks += st.helper_tasks;
-        tp->pool.wait_ns += st.wait_ns;
-        tp->pool.pickup_ns += st.pickup_ns;
-        tp->pool.pickups += st.pickups;
-        tp->pool.sleeps += st.sleeps;
-        tp->have_pool = 1;
-    }
-}
-
-static int prof_cmp(const void *a, const void *b) {
-    const dsii_prof_entry *x = a, *y = b;
-    return x->ns < y->ns ? 1 : x->ns > y->ns ? -1 : 0;
-}
-
-/* Prints (or writes as JSON) the profile of one test: per token, the ops sorted by time,
- * the step's own overhead, the time outside steps, and the pool's barriers. */
-static void prof_report(const char *test, test_prof *tp, int json, int first) {
-    if (tp->tokens <= 0 || tp->wall_s <= 0) return;
-    dsii_prof *p = &tp->ops;
-    qsort(p->e, p->n, sizeof p->e[0], prof_cmp);
-    const double tok = tp->tokens, wall_us = tp->wall_s * 1e6 / tok;
-    double ops_us = 0;
-    for (uint32_t i = 0; i < p->n; i++) ops_us += p->e[i].ns * 1e-3 / tok;
-    const double step_us = p->step_ns * 1e-3 / tok;
-    const dsib_pool_stats *ps = &tp->pool;
-    if (json) {
-        printf("%s\"%s\": {\"tokens\": %.0f, \"wall_us_per_token\": %.2f, \"step_us_per_token\": %.2f, "
-               "\"ops_us_per_token\": %.2f, \"steps\": %llu, \"ops\": [",
-               first ? "" : ", ", test, tok, wall_us, step_us, ops_us, (unsigned long long)p->steps);
-        for (uint32_t i = 0; i < p->n; i++)
-            printf("%s{\"name\": \"%s\", \"calls_per_token\": %.3f, \"us_per_token\": %.3f, "
-                   "\"share\": %.5f}",
-                   i ? ", " : "", p->e[i].name, p->e[i].calls / tok, p->e[i].ns * 1e-3 / tok,
-                   p->e[i].ns * 1e-3 / tok / wall_us);
-        printf("]");
-        if (tp->have_pool)
-            printf(", \"pool\": {\"jobs_per_token\": %.2f, \"inline_per_token\": %.2f, "
-                   "\"tasks_per_job\": %.2f, \"helper_task_share\": %.4f, "
-                   "\"barrier_wait_us_per_token\": %.2f, \"pickup_us_per_job\": %.3f, "
-                   "\"sleeps_per_token\": %.3f}",
-                   ps->jobs / tok, ps->inline_jobs / tok,
-                   ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
-                   ps->tasks ? (double)ps->helper_tasks / ps->tasks : 0.0, ps->wait_ns * 1e-3 / tok,
-                   ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
-        printf("}");
-        return;
-    }
-    printf("\nwhere the time goes (%s, per token, wall time of the timed repetitions): %.1f us per "
-           "token; inside steps %.1f us (%.1f%%), of which ops %.1f us\n",
-           test, wall_us, step_us, 100.0 * step_us / wall_us, ops_us);
-    printf("| op | calls/token | us/token | share |\n| -- | ---: | ---: | ---: |\n");
-    double rest = 0;
-    int shown = 0;
-    for (uint32_t i = 0; i < p->n; i++) {
-        double us = p->e[i].ns * 1e-3 / tok;
-        if (shown < 24 && us / wall_us >= 0.002) {
-            printf("| %s | %.2f | %.1f | %.1f%% |\n", p->e[i].name, p->e[i].calls / tok, us,
-                   100.0 * us / wall_us);
-            shown++;
-        } else {
-            rest += us;
-        }
-    }
-    printf("| (other ops) | | %.1f | %.1f%% |\n", rest, 100.0 * rest / wall_us);
-    printf("| (step, outside ops: record / sync / io) | | %.1f | %.1f%% |\n", step_us - ops_us,
-           100.0 * (step_us - ops_us) / wall_us);
-    printf("| (outside steps: API, session, argmax) | | %.1f | %.1f%% |\n", wall_us - step_us,
-           100.0 * (wall_us - step_us) / wall_us);
-    if (tp->have_pool)
-        printf("thread pool: %.1f jobs/token (%.1f tasks each, %.1f%% run by the workers), %.1f "
-               "inline; barrier wait %.1f us/token (%.1f%%); helper pickup %.2f us/job; %.2f worker "
-               "sleeps/token\n",
-               ps->jobs / tok, ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
-               ps->tasks ? 100.0 * ps->helper_tasks / ps->tasks : 0.0, ps->inline_jobs / tok,
-               ps->wait_ns * 1e-3 / tok, 100.0 * ps->wait_ns * 1e-3 / tok / wall_us,
-               ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
 }
 
 static int run_model(const opts *o) {
