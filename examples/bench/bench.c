@@ -38,6 +38,7 @@
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
+#include "backends/types.h"
 #include "bench_hw.h"
 #include "api/session_impl.h"
 #include "arch/arch.h"
@@ -352,7 +353,20 @@ static int run_kernels(const opts *o) {
         const double nth = (double)o->t;
         double near_bw_cpu = 0, near_pk_cpu = 0;
         double near_bw = o->no_limits ? 0 : bench_read_bandwidth(pool, target, 3, &near_bw_cpu);
+        dsib_threadpool_stats_enable(pool, 1);
         for (int ntok = 1; ntok <= 4; ntok += 3) {
+            if (ntok == 4) { /* the pool's figures of the cold matvecs (n_tok = 1) */
+                dsib_pool_stats ps;
+                dsib_threadpool_stats_get(pool, &ps);
+                dsib_threadpool_stats_enable(pool, 0);
+                if (!o->json)
+                    fprintf(stderr, "%s cold matvec: %.1f%% of the tasks run by the workers, "
+                            "barrier wait %.1f us per job, helper pickup %.2f us\n",
+                            dsib_type_info_get(type) ? dsib_type_info_get(type)->name : "?",
+                            ps.tasks ? 100.0 * ps.helper_tasks / ps.tasks : 0.0,
+                            ps.jobs ? ps.wait_ns * 1e-3 / ps.jobs : 0.0,
+                            ps.pickups ? ps.pickup_ns * 1e-3 / ps.pickups : 0.0);
+            }
             for (int rep = 0; rep < o->r + 1; rep++) {
                 double t0 = bench_now(), c0 = bench_cpu_seconds();
                 for (size_t m = 0; m < nm; m++)
