@@ -95,6 +95,10 @@ int32_t dsib_cpu_ops_isa(void);
  * Not while ops run. */
 void dsib_cpu_ops_force_isa(int32_t isa);
 
+/* Nonzero: moe_experts runs the routed experts' gate and up as two jobs instead of one
+ * (benchmark A/B only; set while no op runs). */
+extern int dsib_cpu_moe_split;
+
 /* The op table (ops.c). The V4.1 ops plug in without editing ops.c: if
  * backends/cpu/ops_v41.h exists, ops.c includes it and expands its macro
  * DSIB_CPU_OPS_V41_INIT (designated initializers, e.g. `.engram_gate = dsib_cpu_engram_gate,`)

@@ -1216,6 +1216,8 @@ static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_v
     return DSI_OK;
 }
 
+int dsib_cpu_moe_split;
+
 static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view sel,
                                  dsib_view wts, uint32_t k, const dsib_weight *w1,
                                  const dsib_weight *w3, const dsib_weight *w2, float limit,
@@ -1288,7 +1290,12 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     mu.expert_stride = (size_t)w3->nb2;
     mu.w_row_bytes = (size_t)w3->nb1;
     mu.y = U;
-    st = dsib_matmul_moe2(inst->pool, &m, &mu, msg, sizeof msg);
+    if (dsib_cpu_moe_split) { /* benchmark A/B: the two matmuls as two jobs */
+        st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
+        if (st == DSI_OK) st = dsib_matmul_moe(inst->pool, &mu, msg, sizeof msg);
+    } else {
+        st = dsib_matmul_moe2(inst->pool, &m, &mu, msg, sizeof msg);
+    }
     if (st != DSI_OK) goto done;
     for (size_t s = 0; s < ns; s++) {
         float *gs = G + s * (size_t)F;

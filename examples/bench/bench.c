@@ -76,6 +76,7 @@ typedef struct opts {
     int ttft;
     const char *cache_dir;
     const char *ops_isa; /* --ops-isa: force the CPU ops' SIMD path (A/B in one run) */
+    int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
 } opts;
 
 static void usage(FILE *f) {
@@ -96,6 +97,7 @@ static void usage(FILE *f) {
             "               of 256 columns)\n"
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
             "               instead of the one the library picked\n"
+            "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
@@ -160,6 +162,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
+        else if (!strcmp(a, "--no-fuse")) o->no_fuse = 1;
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
@@ -1068,6 +1071,7 @@ static int run_ttft(const opts *o, dsi_context *ctx, dsi_model *model, int32_t n
 }
 
 static int run_model(const opts *o) {
+    if (o->no_fuse) dsii_op_multi_off = dsib_cpu_moe_split = 1;
     if (o->ops_isa) {
         static const char *const names[] = {"scalar", "avx2", "avx512", "avx512vnni"};
         int found = 0;

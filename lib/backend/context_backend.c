@@ -187,10 +187,13 @@ dsi_status dsii_op_matmul_grouped(const dsii_device *d, dsib_stream *s, const ds
     return DSI_OK;
 }
 
+int dsii_op_multi_off; /* dsinfer-bench --no-fuse (A/B): always one matmul per entry */
+
 dsi_status dsii_op_matmul_multi(const dsii_device *d, dsib_stream *s, const dsib_mm *mm,
                                 uint32_t count) {
     const dsib_ops *o = d->be->ops;
-    if (dsib_ops_has(o, DSIB_OP_MATMUL_MULTI)) return o->matmul_multi(s, mm, count);
+    if (!dsii_op_multi_off && dsib_ops_has(o, DSIB_OP_MATMUL_MULTI))
+        return o->matmul_multi(s, mm, count);
     for (uint32_t i = 0; i < count; i++) {
         dsi_status st = o->matmul(s, mm[i].w, mm[i].expert, mm[i].x, mm[i].ldx, mm[i].y,
                                   mm[i].ldy, mm[i].n);
