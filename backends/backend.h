@@ -331,6 +331,17 @@ enum {
  * (i = source stream, j = destination stream). HEAD mode writes pre only. */
 #define DSIB_HC_COEF(n_hc) ((n_hc) * (2 + (n_hc)))
 
+/* One entry of matmul_multi: the arguments of one matmul call. */
+typedef struct dsib_mm {
+    const dsib_weight *w;
+    int32_t expert;
+    dsib_view x;
+    uint32_t ldx;
+    dsib_view y;
+    uint32_t ldy;
+    uint32_t n;
+} dsib_mm;
+
 struct dsib_ops {
     uint32_t struct_size;
     uint32_t reserved;
@@ -544,6 +555,14 @@ struct dsib_ops {
     dsi_status (*engram_gate)(dsib_stream *s, dsib_view X, uint32_t n, uint32_t n_hc,
                               uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
                               const dsib_weight *kw, float eps);
+
+    /* ---- appended (optional; the core falls back to one matmul per entry) ---------------- */
+
+    /* Several independent matmuls of one step at once (e.g. the projections that read the
+     * same normalized input): entry i is exactly matmul(s, mm[i].w, mm[i].expert, mm[i].x,
+     * mm[i].ldx, mm[i].y, mm[i].ldy, mm[i].n) — the same result bits. Outputs must not
+     * overlap each other or any input. A CPU backend runs them as one parallel job. */
+    dsi_status (*matmul_multi)(dsib_stream *s, const dsib_mm *mm, uint32_t count);
 };
 
 /* Op ids for supports_op: the index of the entry in struct dsib_ops (after the two header
@@ -575,6 +594,7 @@ enum {
     DSIB_OP_SWIGLU,
     DSIB_OP_INDEXER_TOPK_V41,
     DSIB_OP_ENGRAM_GATE,
+    DSIB_OP_MATMUL_MULTI,
     DSIB_OP_COUNT
 };
 

@@ -87,6 +87,18 @@ dsi_status dsib_cpu_weight_row(const dsib_weight *w, int32_t expert, int64_t row
 /* Reads element i of a 1-D f32 weight (vec class: F32; F16/BF16 converted). */
 float dsib_cpu_weight_f32(const dsib_weight *w, int64_t i);
 
+/* The ISA path of the ops that have SIMD variants (ops.c; the sink attention): the
+ * kernels' process ISA (DSIB_ISA_*), unless forced. Every path gives the same bits (the
+ * SIMD code performs the scalar code's operations in the scalar code's order). */
+int32_t dsib_cpu_ops_isa(void);
+/* Forces the ops' ISA path (tests, benchmarks): DSIB_ISA_SCALAR .. or −1 for detection.
+ * Not while ops run. */
+void dsib_cpu_ops_force_isa(int32_t isa);
+
+/* Nonzero: moe_experts runs the routed experts' gate and up as two jobs instead of one
+ * (benchmark A/B only; set while no op runs). */
+extern int dsib_cpu_moe_split;
+
 /* The op table (ops.c). The V4.1 ops plug in without editing ops.c: if
  * backends/cpu/ops_v41.h exists, ops.c includes it and expands its macro
  * DSIB_CPU_OPS_V41_INIT (designated initializers, e.g. `.engram_gate = dsib_cpu_engram_gate,`)

@@ -23,8 +23,15 @@
 #endif
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DSIB_OPS_SIMD_OK 1
+#else
+#define DSIB_OPS_SIMD_OK 0
+#endif
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -118,6 +125,25 @@ static dsi_status op_matmul_grouped(dsib_stream *strm, const dsib_weight *w, uin
             d[i] = (dsib_matmul_desc){w->type, dsib_cpu_wptr(w) + (uint64_t)g * (uint64_t)R * w->nb1,
                                       (size_t)w->nb1, K, R, dsib_cpu_f32(x) + (size_t)g * K, ldx,
                                       dsib_cpu_f32(y) + (size_t)g * R, ldy, n};
+        }
+        dsi_status st = dsib_matmul_batch(inst->pool, mm_flags(inst), d, nd, msg, sizeof msg);
+        if (st != DSI_OK) return dsib_cpu_ret(strm, st);
+    }
+    return DSI_OK;
+}
+
+static dsi_status op_matmul_multi(dsib_stream *strm, const dsib_mm *mm, uint32_t count) {
+    dsib_instance *inst = strm->inst;
+    dsib_matmul_desc d[16];
+    char msg[256];
+    for (uint32_t i0 = 0; i0 < count; i0 += 16) {
+        int32_t nd = count - i0 < 16 ? (int32_t)(count - i0) : 16;
+        for (int32_t i = 0; i < nd; i++) {
+            const dsib_mm *m = &mm[i0 + (uint32_t)i];
+            const dsib_weight *w = m->w;
+            d[i] = (dsib_matmul_desc){w->type, dsib_cpu_wptr(w) + (uint64_t)m->expert * w->nb2,
+                                      (size_t)w->nb1, w->ne[0], w->ne[1], dsib_cpu_f32(m->x),
+                                      m->ldx, dsib_cpu_f32(m->y), m->ldy, m->n};
         }
         dsi_status st = dsib_matmul_batch(inst->pool, mm_flags(inst), d, nd, msg, sizeof msg);
         if (st != DSI_OK) return dsib_cpu_ret(strm, st);
@@ -453,21 +479,133 @@ static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t
     return DSI_OK;
 }
 
+/* One row of hc_collapse: o[d] = pre[0]·x0[d] + pre[1]·x1[d] + … (streams in order). */
+static void hc_collapse_row(const float *pre, const float *x, float *o, uint32_t n_hc,
+                            uint32_t D) {
+    for (uint32_t d = 0; d < D; d++) {
+        float a = pre[0] * x[d];
+        for (uint32_t h = 1; h < n_hc; h++) a += pre[h] * x[(size_t)h * D + d];
+        o[d] = a;
+    }
+}
+
+/* One row of hc_post (in place allowed: every column's inputs are read before its outputs
+ * are written): o_j[d] = post[j]·f[d] + Σ_i C[i][j]·r_i[d] (i ascending). */
+static void hc_post_row(const float *post, const float *C, const float *ft, const float *rt,
+                        float *ot, uint32_t n_hc, uint32_t D) {
+    float r[16];
+    for (uint32_t d = 0; d < D; d++) {
+        for (uint32_t i = 0; i < n_hc; i++) r[i] = rt[(size_t)i * D + d];
+        for (uint32_t j = 0; j < n_hc; j++) {
+            float a = post[j] * ft[d];
+            for (uint32_t i = 0; i < n_hc; i++) a += C[i * n_hc + j] * r[i];
+            ot[(size_t)j * D + d] = a;
+        }
+    }
+}
+
+#if DSIB_OPS_SIMD_OK
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <immintrin.h>
+/* The same operations, 8 columns at a time (n_hc = 4, D % 8 == 0). */
+static void hc_collapse_row4_avx2(const float *pre, const float *x, float *o, uint32_t D) {
+    const __m256 p0 = _mm256_set1_ps(pre[0]), p1 = _mm256_set1_ps(pre[1]);
+    const __m256 p2 = _mm256_set1_ps(pre[2]), p3 = _mm256_set1_ps(pre[3]);
+    for (uint32_t d = 0; d < D; d += 8) {
+        __m256 a = _mm256_mul_ps(p0, _mm256_loadu_ps(x + d));
+        a = _mm256_add_ps(a, _mm256_mul_ps(p1, _mm256_loadu_ps(x + D + d)));
+        a = _mm256_add_ps(a, _mm256_mul_ps(p2, _mm256_loadu_ps(x + 2 * (size_t)D + d)));
+        a = _mm256_add_ps(a, _mm256_mul_ps(p3, _mm256_loadu_ps(x + 3 * (size_t)D + d)));
+        _mm256_storeu_ps(o + d, a);
+    }
+}
+static void hc_post_row4_avx2(const float *post, const float *C, const float *ft,
+                              const float *rt, float *ot, uint32_t D) {
+    __m256 c[16], pj[4];
+    for (int i = 0; i < 16; i++) c[i] = _mm256_set1_ps(C[i]);
+    for (int j = 0; j < 4; j++) pj[j] = _mm256_set1_ps(post[j]);
+    for (uint32_t d = 0; d < D; d += 8) {
+        const __m256 f = _mm256_loadu_ps(ft + d);
+        const __m256 r0 = _mm256_loadu_ps(rt + d), r1 = _mm256_loadu_ps(rt + D + d);
+        const __m256 r2 = _mm256_loadu_ps(rt + 2 * (size_t)D + d);
+        const __m256 r3 = _mm256_loadu_ps(rt + 3 * (size_t)D + d);
+        __m256 o[4];
+        for (int j = 0; j < 4; j++) {
+            __m256 a = _mm256_mul_ps(pj[j], f);
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[0 * 4 + j], r0));
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[1 * 4 + j], r1));
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[2 * 4 + j], r2));
+            a = _mm256_add_ps(a, _mm256_mul_ps(c[3 * 4 + j], r3));
+            o[j] = a;
+        }
+        for (int j = 0; j < 4; j++) _mm256_storeu_ps(ot + (size_t)j * D + d, o[j]);
+    }
+}
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+typedef struct hc_job {
+    const float *a, *b, *cf;
+    float *o;
+    uint32_t lda, ldb, ldc, ldo, n_hc, D;
+    int simd;
+} hc_job;
+
+static int32_t ops_isa_now(void);
+
+static void hc_collapse_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    const hc_job *j = arg;
+    const float *pre = j->cf + (size_t)t * j->ldc, *x = j->a + (size_t)t * j->lda;
+    float *o = j->o + (size_t)t * j->ldo;
+#if DSIB_OPS_SIMD_OK
+    if (j->simd) {
+        hc_collapse_row4_avx2(pre, x, o, j->D);
+        return;
+    }
+#endif
+    hc_collapse_row(pre, x, o, j->n_hc, j->D);
+}
+
+static void hc_post_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    const hc_job *j = arg;
+    const float *post = j->cf + (size_t)t * j->ldc + j->n_hc, *C = post + j->n_hc;
+    const float *ft = j->b + (size_t)t * j->ldb, *rt = j->a + (size_t)t * j->lda;
+    float *ot = j->o + (size_t)t * j->ldo;
+#if DSIB_OPS_SIMD_OK
+    if (j->simd) {
+        hc_post_row4_avx2(post, C, ft, rt, ot, j->D);
+        return;
+    }
+#endif
+    hc_post_row(post, C, ft, rt, ot, j->n_hc, j->D);
+}
+
+/* Rows of the elementwise ops go over the pool only when there are enough of them to pay
+ * for the barrier (prefill); a decoded token runs on the caller. */
+#define OPS_PAR_ROWS 8
+
 static dsi_status op_hc_collapse(dsib_stream *strm, dsib_view X, dsib_view coef, uint32_t ldc,
                                  dsib_view y, uint32_t ldy, uint32_t n, uint32_t n_hc,
                                  uint32_t D) {
-    (void)strm;
-    const float *xs = dsib_cpu_f32(X), *cf = dsib_cpu_f32(coef);
-    float *ys = dsib_cpu_f32(y);
-    for (uint32_t t = 0; t < n; t++) {
-        const float *pre = cf + (size_t)t * ldc, *x = xs + (size_t)t * n_hc * D;
-        float *o = ys + (size_t)t * ldy;
-        for (uint32_t d = 0; d < D; d++) {
-            float a = pre[0] * x[d];
-            for (uint32_t h = 1; h < n_hc; h++) a += pre[h] * x[(size_t)h * D + d];
-            o[d] = a;
-        }
-    }
+    hc_job j = {dsib_cpu_f32(X), NULL, dsib_cpu_f32(coef), dsib_cpu_f32(y), n_hc * D, 0, ldc,
+                ldy, n_hc, D, 0};
+    j.simd = n_hc == 4 && D % 8 == 0 && ops_isa_now() >= DSIB_ISA_AVX2;
+    if (n >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, n, hc_collapse_task, &j);
+    else
+        for (uint32_t t = 0; t < n; t++) hc_collapse_task(&j, t, 0);
     return DSI_OK;
 }
 
@@ -475,22 +613,13 @@ static dsi_status op_hc_post(dsib_stream *strm, dsib_view f, uint32_t ldf, dsib_
                              dsib_view coef, uint32_t ldc, dsib_view Xo, uint32_t n,
                              uint32_t n_hc, uint32_t D) {
     if (n_hc > 16) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    const float *fs = dsib_cpu_f32(f), *rs = dsib_cpu_f32(R), *cf = dsib_cpu_f32(coef);
-    float *xo = dsib_cpu_f32(Xo);
-    for (uint32_t t = 0; t < n; t++) {
-        const float *post = cf + (size_t)t * ldc + n_hc, *C = post + n_hc;
-        const float *ft = fs + (size_t)t * ldf, *rt = rs + (size_t)t * n_hc * D;
-        float *ot = xo + (size_t)t * n_hc * D;
-        float r[16];
-        for (uint32_t d = 0; d < D; d++) {
-            for (uint32_t i = 0; i < n_hc; i++) r[i] = rt[(size_t)i * D + d];
-            for (uint32_t j = 0; j < n_hc; j++) {
-                float a = post[j] * ft[d];
-                for (uint32_t i = 0; i < n_hc; i++) a += C[i * n_hc + j] * r[i];
-                ot[(size_t)j * D + d] = a;
-            }
-        }
-    }
+    hc_job j = {dsib_cpu_f32(R), dsib_cpu_f32(f), dsib_cpu_f32(coef), dsib_cpu_f32(Xo),
+                n_hc * D, ldf, ldc, n_hc * D, n_hc, D, 0};
+    j.simd = n_hc == 4 && D % 8 == 0 && ops_isa_now() >= DSIB_ISA_AVX2;
+    if (n >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, n, hc_post_task, &j);
+    else
+        for (uint32_t t = 0; t < n; t++) hc_post_task(&j, t, 0);
     return DSI_OK;
 }
 
@@ -714,25 +843,24 @@ typedef struct attn_job {
     const float *q, *kv, *sinks;
     const dsib_state *ring, *comp;
     const int32_t *rows, *idx;
-    float *out, *zs;
-    const float **ps;
+    float *zs;                       /* per slot: 4 × max_rows scores */
+    const float **ps;                /* per slot: max_rows row pointers */
+    float *out;
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
+    uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
+    int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
     int64_t max_rows;
     float scale;
 } attn_job;
 
-static void attn_task(void *arg, int64_t task, int32_t slot) {
-    attn_job *j = arg;
-    uint32_t t = (uint32_t)(task / j->H), h = (uint32_t)(task % j->H);
+/* The visible rows of step row t in canonical order: compressed (ascending), then window
+ * (ascending). */
+static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp) {
     const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
     int64_t p = r[DSIB_ROW_POS];
     uint32_t sl = (uint32_t)r[DSIB_ROW_SLOT];
     int64_t first = r[DSIB_ROW_FIRST];
     int64_t pos0 = j->rows[(size_t)first * DSIB_ROW_WORDS + DSIB_ROW_POS];
-    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
-    float *z = j->zs + (size_t)slot * j->max_rows;
-    const float **rp = j->ps + (size_t)slot * j->max_rows;
-    /* The visible rows in canonical order: compressed (ascending), then window (ascending). */
     int64_t nr = 0;
     if (j->comp_ratio > 0) {
         const float *comp = dsib_cpu_state_row(j->comp, sl, 0);
@@ -753,6 +881,14 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
         else
             rp[nr++] = j->kv + (size_t)(first + qp - pos0) * j->ldkv;
     }
+    return nr;
+}
+
+/* One head, the reference order: scores dot_fixed · scale, m = max(sink, scores),
+ * den = exp(sink − m) + Σ_i exp(z_i − m) in row order, o = (Σ_i e_i v_i in row order) / den. */
+static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                             int64_t nr, float *z) {
+    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
     float sink = j->sinks[h];
     float m = sink;
     for (int64_t i = 0; i < nr; i++) {
@@ -771,6 +907,161 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
     }
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DSIB_OPS_X86 1
+/* AVX2 (no FMA: every product is rounded before its sum, exactly as the scalar code) */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <immintrin.h>
+
+/* ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): dot_fixed's lane tree. */
+static inline float attn_tree8(__m256 a) {
+    __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
+    __m128 p = _mm_hadd_ps(lo, hi);   /* l0+l1, l2+l3, l4+l5, l6+l7 */
+    __m128 q = _mm_hadd_ps(p, p);     /* (l0+l1)+(l2+l3), (l4+l5)+(l6+l7), ... */
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+/* Four heads h .. h+3 of step row t with the same operations per head as attn_head_scalar
+ * (hd a multiple of 8: dot_fixed's lanes are the 8 lanes of one vector). z: 4 × nr. */
+static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                             int64_t nr, float *z) {
+    const uint32_t hd = j->hd;
+    const float *q0 = j->q + (size_t)t * j->ldq + (size_t)h * hd;
+    const float *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
+    float *z0 = z, *z1 = z + nr, *z2 = z + 2 * nr, *z3 = z + 3 * nr;
+    float m[4];
+    for (int g = 0; g < 4; g++) m[g] = j->sinks[h + (uint32_t)g];
+    int64_t i = 0;
+    for (; i + 2 <= nr; i += 2) { /* two rows × four heads: eight independent chains */
+        const float *ka = rp[i], *kb = rp[i + 1];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (uint32_t c = 0; c < hd; c += 8) {
+            const __m256 x0 = _mm256_loadu_ps(q0 + c), x1 = _mm256_loadu_ps(q1 + c);
+            const __m256 x2 = _mm256_loadu_ps(q2 + c), x3 = _mm256_loadu_ps(q3 + c);
+            const __m256 ya = _mm256_loadu_ps(ka + c), yb = _mm256_loadu_ps(kb + c);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(x0, ya));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(x1, ya));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(x2, ya));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(x3, ya));
+            b0 = _mm256_add_ps(b0, _mm256_mul_ps(x0, yb));
+            b1 = _mm256_add_ps(b1, _mm256_mul_ps(x1, yb));
+            b2 = _mm256_add_ps(b2, _mm256_mul_ps(x2, yb));
+            b3 = _mm256_add_ps(b3, _mm256_mul_ps(x3, yb));
+        }
+        z0[i] = attn_tree8(a0) * j->scale;
+        z1[i] = attn_tree8(a1) * j->scale;
+        z2[i] = attn_tree8(a2) * j->scale;
+        z3[i] = attn_tree8(a3) * j->scale;
+        z0[i + 1] = attn_tree8(b0) * j->scale;
+        z1[i + 1] = attn_tree8(b1) * j->scale;
+        z2[i + 1] = attn_tree8(b2) * j->scale;
+        z3[i + 1] = attn_tree8(b3) * j->scale;
+    }
+    for (; i < nr; i++) {
+        const float *ka = rp[i];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (uint32_t c = 0; c < hd; c += 8) {
+            const __m256 ya = _mm256_loadu_ps(ka + c);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(q0 + c), ya));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(q1 + c), ya));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(q2 + c), ya));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(q3 + c), ya));
+        }
+        z0[i] = attn_tree8(a0) * j->scale;
+        z1[i] = attn_tree8(a1) * j->scale;
+        z2[i] = attn_tree8(a2) * j->scale;
+        z3[i] = attn_tree8(a3) * j->scale;
+    }
+    /* softmax weights (scalar expf, row order) */
+    float den[4];
+    for (int g = 0; g < 4; g++) {
+        float *zg = z + (size_t)g * nr, mg = m[g];
+        for (int64_t r = 0; r < nr; r++)
+            if (zg[r] > mg) mg = zg[r];
+        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
+        for (int64_t r = 0; r < nr; r++) {
+            float e = expf(zg[r] - mg);
+            dg += e;
+            zg[r] = e;
+        }
+        den[g] = dg;
+    }
+    /* o_g = (Σ_r e_g,r · v_r) / den_g: 16 columns × 4 heads in registers per pass */
+    float *o0 = j->out + (size_t)t * j->ldo + (size_t)h * hd;
+    for (uint32_t c = 0; c < hd; c += 16) {
+        __m256 s00 = _mm256_setzero_ps(), s01 = s00, s10 = s00, s11 = s00;
+        __m256 s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+        for (int64_t r = 0; r < nr; r++) {
+            const float *v = rp[r] + c;
+            const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+            const __m256 e0 = _mm256_broadcast_ss(z0 + r), e1 = _mm256_broadcast_ss(z1 + r);
+            const __m256 e2 = _mm256_broadcast_ss(z2 + r), e3 = _mm256_broadcast_ss(z3 + r);
+            s00 = _mm256_add_ps(s00, _mm256_mul_ps(e0, v0));
+            s01 = _mm256_add_ps(s01, _mm256_mul_ps(e0, v1));
+            s10 = _mm256_add_ps(s10, _mm256_mul_ps(e1, v0));
+            s11 = _mm256_add_ps(s11, _mm256_mul_ps(e1, v1));
+            s20 = _mm256_add_ps(s20, _mm256_mul_ps(e2, v0));
+            s21 = _mm256_add_ps(s21, _mm256_mul_ps(e2, v1));
+            s30 = _mm256_add_ps(s30, _mm256_mul_ps(e3, v0));
+            s31 = _mm256_add_ps(s31, _mm256_mul_ps(e3, v1));
+        }
+        const __m256 d0 = _mm256_set1_ps(den[0]), d1 = _mm256_set1_ps(den[1]);
+        const __m256 d2 = _mm256_set1_ps(den[2]), d3 = _mm256_set1_ps(den[3]);
+        float *o1 = o0 + hd, *o2 = o1 + hd, *o3 = o2 + hd;
+        _mm256_storeu_ps(o0 + c, _mm256_div_ps(s00, d0));
+        _mm256_storeu_ps(o0 + c + 8, _mm256_div_ps(s01, d0));
+        _mm256_storeu_ps(o1 + c, _mm256_div_ps(s10, d1));
+        _mm256_storeu_ps(o1 + c + 8, _mm256_div_ps(s11, d1));
+        _mm256_storeu_ps(o2 + c, _mm256_div_ps(s20, d2));
+        _mm256_storeu_ps(o2 + c + 8, _mm256_div_ps(s21, d2));
+        _mm256_storeu_ps(o3 + c, _mm256_div_ps(s30, d3));
+        _mm256_storeu_ps(o3 + c + 8, _mm256_div_ps(s31, d3));
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* x86 */
+
+static void attn_task(void *arg, int64_t task, int32_t slot) {
+    attn_job *j = arg;
+    const uint32_t groups = (j->H + j->hg - 1) / j->hg;
+    uint32_t t = (uint32_t)(task / groups), h0 = (uint32_t)(task % groups) * j->hg;
+    uint32_t h1 = h0 + j->hg < j->H ? h0 + j->hg : j->H;
+    float *z = j->zs + (size_t)slot * 4 * (size_t)j->max_rows;
+    const float **rp = j->ps + (size_t)slot * j->max_rows;
+    int64_t nr = attn_rows(j, t, rp);
+    uint32_t h = h0;
+#ifdef DSIB_OPS_X86
+    if (j->simd)
+        for (; h + 4 <= h1; h += 4) attn_heads4_avx2(j, t, h, rp, nr, z);
+#endif
+    for (; h < h1; h++) attn_head_scalar(j, t, h, rp, nr, z);
+}
+
+/* Which path the SIMD-capable ops take: -1 = by CPU detection, else forced (tests). */
+static _Atomic int32_t g_ops_isa = -1;
+
+void dsib_cpu_ops_force_isa(int32_t isa) { atomic_store(&g_ops_isa, isa); }
+
+int32_t dsib_cpu_ops_isa(void) {
+    int32_t f = atomic_load(&g_ops_isa);
+    if (f >= 0) return f;
+    return dsib_kern_table_get()->isa;
+}
+
+static int32_t ops_isa_now(void) { return DSIB_OPS_SIMD_OK ? dsib_cpu_ops_isa() : 0; }
 
 static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uint32_t H,
                                uint32_t hd, dsib_view rows, uint32_t n, uint32_t window,
@@ -811,9 +1102,17 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     if (comp_ratio) maxc = j.idx ? topk : maxp / comp_ratio;
     j.max_rows = maxc + window + 1;
     size_t nt = (size_t)dsib_threadpool_n_threads(inst->pool);
-    /* ws: sinks [H], then per thread scores [max_rows] and row pointers [max_rows] */
+    /* the head-group path: 4 heads share each K/V row load (same operations per head) */
+    j.simd = DSIB_OPS_SIMD_OK && dsib_cpu_ops_isa() >= DSIB_ISA_AVX2 && hd % 8 == 0 && H >= 4;
+    j.hg = 1;
+    if (j.simd) {
+        /* heads per task: a multiple of 4, at least 2 tasks per thread where possible */
+        j.hg = 4;
+        while (j.hg * 2 <= H && (uint64_t)n * (H / (j.hg * 2)) >= 2 * nt) j.hg *= 2;
+    }
+    /* ws: sinks [H], then per thread scores [4 × max_rows] and row pointers [max_rows] */
     size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
-    size_t o2 = o1 + ((sizeof(float) * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
+    size_t o2 = o1 + ((sizeof(float) * 4 * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
     uint8_t *ws = dsib_cpu_ws(strm, o2 + sizeof(float *) * (size_t)j.max_rows * nt);
     if (!ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     float *sk = (float *)(void *)ws;
@@ -821,7 +1120,7 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     j.ps = (const float **)(void *)(ws + o2);
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
-    dsib_parallel_for(inst->pool, (int64_t)n * H, attn_task, &j);
+    dsib_parallel_for(inst->pool, (int64_t)n * ((H + j.hg - 1) / j.hg), attn_task, &j);
     return DSI_OK;
 }
 
@@ -917,6 +1216,8 @@ static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_v
     return DSI_OK;
 }
 
+int dsib_cpu_moe_split;
+
 static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view sel,
                                  dsib_view wts, uint32_t k, const dsib_weight *w1,
                                  const dsib_weight *w3, const dsib_weight *w2, float limit,
@@ -983,14 +1284,18 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     dsib_moe_matmul m = {w1->type, dsib_cpu_wptr(w1), (size_t)w1->nb2, (size_t)w1->nb1, D, F,
                          (int32_t)E, ng, ex, offs, xr, yr, dsib_cpu_f32(x), ldx, G, F,
                          mm_flags(inst)};
-    st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
-    if (st != DSI_OK) goto done;
-    m.type = w3->type;
-    m.w_base = dsib_cpu_wptr(w3);
-    m.expert_stride = (size_t)w3->nb2;
-    m.w_row_bytes = (size_t)w3->nb1;
-    m.y = U;
-    st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
+    dsib_moe_matmul mu = m; /* up: the same rows, one job with the gate */
+    mu.type = w3->type;
+    mu.w_base = dsib_cpu_wptr(w3);
+    mu.expert_stride = (size_t)w3->nb2;
+    mu.w_row_bytes = (size_t)w3->nb1;
+    mu.y = U;
+    if (dsib_cpu_moe_split) { /* benchmark A/B: the two matmuls as two jobs */
+        st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
+        if (st == DSI_OK) st = dsib_matmul_moe(inst->pool, &mu, msg, sizeof msg);
+    } else {
+        st = dsib_matmul_moe2(inst->pool, &m, &mu, msg, sizeof msg);
+    }
     if (st != DSI_OK) goto done;
     for (size_t s = 0; s < ns; s++) {
         float *gs = G + s * (size_t)F;
@@ -1052,4 +1357,5 @@ const dsib_ops dsib_cpu_ops = {
     .moe_experts = op_moe_experts,
     .swiglu = op_swiglu,
     DSIB_CPU_OPS_V41_INIT
+    .matmul_multi = op_matmul_multi,
 };

@@ -45,6 +45,8 @@ typedef struct dsib_job {
     atomic_llong next;   /* next unclaimed task */
     atomic_llong done;   /* finished tasks */
     atomic_int slots;    /* next slot id for a helper (the submitter is 0) */
+    uint64_t t_submit;   /* statistics on: submission time, else 0 */
+    atomic_int picked;   /* statistics: a helper has started on it */
     int refs;            /* helpers inside the job (pool mutex) */
     int linked;          /* in the open list (pool mutex) */
     int waiting;         /* submitter sleeps on cv_done (pool mutex) */
@@ -65,6 +67,9 @@ struct dsib_threadpool {
     int n_sleeping;       /* workers in cv_wait (pool mutex) */
     int stop;             /* (pool mutex) */
     dsib_pool_alloc alloc;
+    atomic_int stats_on;
+    atomic_ullong st_jobs, st_inline, st_tasks, st_helper_tasks, st_wait_ns, st_pickup_ns,
+        st_pickups, st_sleeps;
 };
 
 static uint64_t pool_now_ns(void) {
@@ -87,14 +92,46 @@ static void set_msg(char *msg, size_t msg_size, const char *text) {
     if (msg && msg_size) snprintf(msg, msg_size, "%s", text);
 }
 
-/* Runs tasks of `j` until none are left to claim. */
-static void job_run(dsib_job *j, int32_t slot) {
+/* Runs tasks of `j` until none are left to claim; returns how many it ran. */
+static int64_t job_run(dsib_job *j, int32_t slot) {
+    int64_t ran = 0;
     for (;;) {
         long long t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (t >= j->n_tasks) break;
         j->fn(j->arg, (int64_t)t, slot);
         atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+        ran++;
     }
+    return ran;
+}
+
+#define STAT_ADD(p, field, v) atomic_fetch_add_explicit(&(p)->field, (unsigned long long)(v), memory_order_relaxed)
+
+void dsib_threadpool_stats_enable(dsib_threadpool *p, int on) {
+    if (!p) return;
+    atomic_store(&p->stats_on, 0);
+    atomic_store(&p->st_jobs, 0);
+    atomic_store(&p->st_inline, 0);
+    atomic_store(&p->st_tasks, 0);
+    atomic_store(&p->st_helper_tasks, 0);
+    atomic_store(&p->st_wait_ns, 0);
+    atomic_store(&p->st_pickup_ns, 0);
+    atomic_store(&p->st_pickups, 0);
+    atomic_store(&p->st_sleeps, 0);
+    atomic_store(&p->stats_on, on ? 1 : 0);
+}
+
+void dsib_threadpool_stats_get(dsib_threadpool *p, dsib_pool_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!p) return;
+    out->jobs = atomic_load(&p->st_jobs);
+    out->inline_jobs = atomic_load(&p->st_inline);
+    out->tasks = atomic_load(&p->st_tasks);
+    out->helper_tasks = atomic_load(&p->st_helper_tasks);
+    out->wait_ns = atomic_load(&p->st_wait_ns);
+    out->pickup_ns = atomic_load(&p->st_pickup_ns);
+    out->pickups = atomic_load(&p->st_pickups);
+    out->sleeps = atomic_load(&p->st_sleeps);
 }
 
 /* An open job with unclaimed tasks, or NULL (pool mutex held). */
@@ -148,6 +185,7 @@ static void *worker_main(void *arg) {
             if (seen || p->stop) continue;
             j = pool_pick(p);
             if (!j) {
+                if (atomic_load_explicit(&p->stats_on, memory_order_relaxed)) STAT_ADD(p, st_sleeps, 1);
                 p->n_sleeping++;
                 pthread_cond_wait(&p->cv_work, &p->mu);
                 p->n_sleeping--;
@@ -158,7 +196,12 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
 
         int32_t slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
-        job_run(j, slot);
+        if (j->t_submit && atomic_exchange_explicit(&j->picked, 1, memory_order_relaxed) == 0) {
+            STAT_ADD(p, st_pickup_ns, pool_now_ns() - j->t_submit);
+            STAT_ADD(p, st_pickups, 1);
+        }
+        int64_t ran = job_run(j, slot);
+        if (j->t_submit) STAT_ADD(p, st_helper_tasks, ran);
 
         pthread_mutex_lock(&p->mu);
         pool_unlink(p, j); /* nothing left to claim */
@@ -271,9 +314,11 @@ void dsib_threadpool_dealloc(dsib_threadpool *p, void *ptr) {
 void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, void *arg) {
     if (n_tasks <= 0 || !fn) return;
     if (!p || p->n_workers == 0 || n_tasks == 1) {
+        if (p && atomic_load_explicit(&p->stats_on, memory_order_relaxed)) STAT_ADD(p, st_inline, 1);
         for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
         return;
     }
+    const int stats = atomic_load_explicit(&p->stats_on, memory_order_relaxed);
     dsib_job j;
     j.fn = fn;
     j.arg = arg;
@@ -284,6 +329,8 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     j.refs = 0;
     j.waiting = 0;
     j.prev = NULL;
+    j.t_submit = stats ? pool_now_ns() : 0;
+    atomic_init(&j.picked, 0);
 
     pthread_mutex_lock(&p->mu);
     j.nextj = p->head;
@@ -295,6 +342,7 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     pthread_mutex_unlock(&p->mu);
 
     job_run(&j, 0);
+    const uint64_t t_own = stats ? pool_now_ns() : 0;
 
     /* Every task is claimed; wait (spin, then sleep) for the helpers' tasks to finish. */
     uint64_t t0 = 0;
@@ -322,4 +370,9 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
         pthread_cond_wait(&p->cv_done, &p->mu);
     }
     pthread_mutex_unlock(&p->mu);
+    if (stats) {
+        STAT_ADD(p, st_wait_ns, pool_now_ns() - t_own);
+        STAT_ADD(p, st_jobs, 1);
+        STAT_ADD(p, st_tasks, n_tasks);
+    }
 }

@@ -65,4 +65,23 @@ void dsib_threadpool_dealloc(dsib_threadpool *pool, void *ptr);
  * must not be called from inside a task (no nesting). */
 void dsib_parallel_for(dsib_threadpool *pool, int64_t n_tasks, dsib_task_fn fn, void *arg);
 
+/* Statistics (dsinfer-bench's profile), counted only while enabled:
+ *   jobs          submissions that went to the workers (n_tasks > 1, workers present)
+ *   inline_jobs   submissions run on the caller alone (n_tasks <= 1 or no workers)
+ *   tasks         tasks of the worker jobs; helper_tasks: those the workers ran
+ *   wait_ns       time submitters waited, after their own last task, for helpers' tasks
+ *                 (the barrier at the end of each job)
+ *   pickup_ns     time from a submission to the first helper starting on it (summed over
+ *                 the jobs a helper joined: `pickups`)
+ *   sleeps        times a worker went to sleep on the condition variable (each costs a
+ *                 wake-up later) */
+typedef struct dsib_pool_stats {
+    uint64_t jobs, inline_jobs, tasks, helper_tasks, wait_ns, pickup_ns, pickups, sleeps;
+} dsib_pool_stats;
+
+/* Enables (1) or disables (0) the statistics and resets them. [thread-safe] */
+void dsib_threadpool_stats_enable(dsib_threadpool *pool, int on);
+/* Current statistics (zeros for a NULL pool). [thread-safe] */
+void dsib_threadpool_stats_get(dsib_threadpool *pool, dsib_pool_stats *out);
+
 #endif /* DSIB_CPU_THREADPOOL_H */

@@ -38,8 +38,10 @@
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/threadpool.h"
+#include "backends/types.h"
 #include "bench_hw.h"
 #include "api/session_impl.h"
+#include "arch/arch.h"
 #include "model/model.h"
 #include "quant/quant.h"
 
@@ -71,6 +73,8 @@ typedef struct opts {
     long long shape_out, shape_in; /* --kernels --shape OUTxIN (default 2048x4096) */
     int ttft;
     const char *cache_dir;
+    const char *ops_isa; /* --ops-isa: force the CPU ops' SIMD path (A/B in one run) */
+    int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
 } opts;
 
 static void usage(FILE *f) {
@@ -91,6 +95,8 @@ static void usage(FILE *f) {
             "               of 256 columns)\n"
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
             "               instead of the one the library picked\n"
+            "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
+            "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
@@ -154,6 +160,8 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
+        else if (!strcmp(a, "--no-fuse")) o->no_fuse = 1;
+        else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
             fprintf(stderr, "dsinfer-bench: unknown argument %s\n", a);
@@ -346,7 +354,20 @@ static int run_kernels(const opts *o) {
         const double nth = (double)o->t;
         double near_bw_cpu = 0, near_pk_cpu = 0;
         double near_bw = o->no_limits ? 0 : bench_read_bandwidth(pool, target, 3, &near_bw_cpu);
+        dsib_threadpool_stats_enable(pool, 1);
         for (int ntok = 1; ntok <= 4; ntok += 3) {
+            if (ntok == 4) { /* the pool's figures of the cold matvecs (n_tok = 1) */
+                dsib_pool_stats ps;
+                dsib_threadpool_stats_get(pool, &ps);
+                dsib_threadpool_stats_enable(pool, 0);
+                if (!o->json)
+                    fprintf(stderr, "%s cold matvec: %.1f%% of the tasks run by the workers, "
+                            "barrier wait %.1f us per job, helper pickup %.2f us\n",
+                            dsib_type_info_get(type) ? dsib_type_info_get(type)->name : "?",
+                            ps.tasks ? 100.0 * ps.helper_tasks / ps.tasks : 0.0,
+                            ps.jobs ? ps.wait_ns * 1e-3 / ps.jobs : 0.0,
+                            ps.pickups ? ps.pickup_ns * 1e-3 / ps.pickups : 0.0);
+            }
             for (int rep = 0; rep < o->r + 1; rep++) {
                 double t0 = bench_now(), c0 = bench_cpu_seconds();
                 for (size_t m = 0; m < nm; m++)
@@ -557,6 +578,116 @@ static int argmax(const float *v, int32_t n) {
     return best;
 }
 
+/* ---- where the time goes: per-op step profile and thread-pool statistics ------------------ */
+
+typedef struct test_prof {
+    dsii_prof ops;           /* lib/arch step profile of the timed repetitions */
+    dsib_pool_stats pool;    /* the CPU instance's pool over the same repetitions */
+    int have_pool;
+    double wall_s;           /* wall time of the timed repetitions */
+    double tokens;           /* tokens they evaluated */
+} test_prof;
+
+static dsib_threadpool *ctx_pool(dsi_context *ctx) {
+    dsii_device *d = dsii_context_compute(ctx);
+    if (!d || strcmp(d->name, "cpu") != 0 || !d->inst) return NULL;
+    return d->inst->pool;
+}
+
+static void prof_start(dsi_model *model, dsi_context *ctx, test_prof *tp) {
+    if (model->exec) dsii_exec_set_profile(model->exec, &tp->ops);
+    dsib_threadpool *p = ctx_pool(ctx);
+    if (p) dsib_threadpool_stats_enable(p, 1);
+}
+
+static void prof_stop(dsi_model *model, dsi_context *ctx, test_prof *tp) {
+    if (model->exec) dsii_exec_set_profile(model->exec, NULL);
+    dsib_threadpool *p = ctx_pool(ctx);
+    if (p) {
+        dsib_pool_stats st;
+        dsib_threadpool_stats_get(p, &st);
+        dsib_threadpool_stats_enable(p, 0);
+        tp->pool.jobs += st.jobs;
+        tp->pool.inline_jobs += st.inline_jobs;
+        tp->pool.tasks += st.tasks;
+        tp->pool.helper_tasks += st.helper_tasks;
+        tp->pool.wait_ns += st.wait_ns;
+        tp->pool.pickup_ns += st.pickup_ns;
+        tp->pool.pickups += st.pickups;
+        tp->pool.sleeps += st.sleeps;
+        tp->have_pool = 1;
+    }
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    const dsii_prof_entry *x = a, *y = b;
+    return x->ns < y->ns ? 1 : x->ns > y->ns ? -1 : 0;
+}
+
+/* Prints (or writes as JSON) the profile of one test: per token, the ops sorted by time,
+ * the step's own overhead, the time outside steps, and the pool's barriers. */
+static void prof_report(const char *test, test_prof *tp, int json, int first) {
+    if (tp->tokens <= 0 || tp->wall_s <= 0) return;
+    dsii_prof *p = &tp->ops;
+    qsort(p->e, p->n, sizeof p->e[0], prof_cmp);
+    const double tok = tp->tokens, wall_us = tp->wall_s * 1e6 / tok;
+    double ops_us = 0;
+    for (uint32_t i = 0; i < p->n; i++) ops_us += p->e[i].ns * 1e-3 / tok;
+    const double step_us = p->step_ns * 1e-3 / tok;
+    const dsib_pool_stats *ps = &tp->pool;
+    if (json) {
+        printf("%s\"%s\": {\"tokens\": %.0f, \"wall_us_per_token\": %.2f, \"step_us_per_token\": %.2f, "
+               "\"ops_us_per_token\": %.2f, \"steps\": %llu, \"ops\": [",
+               first ? "" : ", ", test, tok, wall_us, step_us, ops_us, (unsigned long long)p->steps);
+        for (uint32_t i = 0; i < p->n; i++)
+            printf("%s{\"name\": \"%s\", \"calls_per_token\": %.3f, \"us_per_token\": %.3f, "
+                   "\"share\": %.5f}",
+                   i ? ", " : "", p->e[i].name, p->e[i].calls / tok, p->e[i].ns * 1e-3 / tok,
+                   p->e[i].ns * 1e-3 / tok / wall_us);
+        printf("]");
+        if (tp->have_pool)
+            printf(", \"pool\": {\"jobs_per_token\": %.2f, \"inline_per_token\": %.2f, "
+                   "\"tasks_per_job\": %.2f, \"helper_task_share\": %.4f, "
+                   "\"barrier_wait_us_per_token\": %.2f, \"pickup_us_per_job\": %.3f, "
+                   "\"sleeps_per_token\": %.3f}",
+                   ps->jobs / tok, ps->inline_jobs / tok,
+                   ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
+                   ps->tasks ? (double)ps->helper_tasks / ps->tasks : 0.0, ps->wait_ns * 1e-3 / tok,
+                   ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
+        printf("}");
+        return;
+    }
+    printf("\nwhere the time goes (%s, per token, wall time of the timed repetitions): %.1f us per "
+           "token; inside steps %.1f us (%.1f%%), of which ops %.1f us\n",
+           test, wall_us, step_us, 100.0 * step_us / wall_us, ops_us);
+    printf("| op | calls/token | us/token | share |\n| -- | ---: | ---: | ---: |\n");
+    double rest = 0;
+    int shown = 0;
+    for (uint32_t i = 0; i < p->n; i++) {
+        double us = p->e[i].ns * 1e-3 / tok;
+        if (shown < 24 && us / wall_us >= 0.002) {
+            printf("| %s | %.2f | %.1f | %.1f%% |\n", p->e[i].name, p->e[i].calls / tok, us,
+                   100.0 * us / wall_us);
+            shown++;
+        } else {
+            rest += us;
+        }
+    }
+    printf("| (other ops) | | %.1f | %.1f%% |\n", rest, 100.0 * rest / wall_us);
+    printf("| (step, outside ops: record / sync / io) | | %.1f | %.1f%% |\n", step_us - ops_us,
+           100.0 * (step_us - ops_us) / wall_us);
+    printf("| (outside steps: API, session, argmax) | | %.1f | %.1f%% |\n", wall_us - step_us,
+           100.0 * (wall_us - step_us) / wall_us);
+    if (tp->have_pool)
+        printf("thread pool: %.1f jobs/token (%.1f tasks each, %.1f%% run by the workers), %.1f "
+               "inline; barrier wait %.1f us/token (%.1f%%); helper pickup %.2f us/job; %.2f worker "
+               "sleeps/token\n",
+               ps->jobs / tok, ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
+               ps->tasks ? 100.0 * ps->helper_tasks / ps->tasks : 0.0, ps->inline_jobs / tok,
+               ps->wait_ns * 1e-3 / tok, 100.0 * ps->wait_ns * 1e-3 / tok / wall_us,
+               ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
+}
+
 /* ---- --sessions: the serving frontier --------------------------------------------------- */
 
 static uint64_t cpu_expert_bytes(dsi_context *ctx) {
@@ -595,6 +726,9 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
            "---------: | -------: | --------: |\n");
     double agg1 = 0, bytes1 = 0;
     int fail = 0;
+    static test_prof prof_reports[16];
+    static char prof_names[16][32];
+    int n_reports = 0;
     for (int bi = 0; bi < nb && !fail; bi++) {
         int B = bs[bi];
         dsi_session *s[64];
@@ -627,8 +761,11 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
         double samples[64];
         int ns = 0;
         uint64_t ebytes = 0;
+        static test_prof sprof;
+        memset(&sprof, 0, sizeof sprof);
         for (int rep = 0; rep < reps + 1 && !fail; rep++) {
             uint64_t e0 = cpu_expert_bytes(ctx);
+            if (rep > 0) prof_start(model, ctx, &sprof);
             double t0 = bench_now();
             for (int step = 0; step < n && !fail; step++) {
                 for (int i = 0; i < B; i++) {
@@ -645,6 +782,9 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
             }
             double dt = bench_now() - t0;
             if (rep == 0) continue; /* warm-up */
+            prof_stop(model, ctx, &sprof);
+            sprof.wall_s += dt;
+            sprof.tokens += (double)n; /* per step */
             samples[ns++] = dt;
             ebytes += cpu_expert_bytes(ctx) - e0;
         }
@@ -664,10 +804,18 @@ static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const
                    on_cpu ? "" : " est", bound, meas, eff,
                    l->read_gbs > 0 ? 100.0 * eff / l->read_gbs : 0.0);
         }
+        if (!fail && ns > 0) {
+            char name[32];
+            snprintf(name, sizeof name, "B=%d step", B);
+            prof_reports[n_reports] = sprof;
+            snprintf(prof_names[n_reports], sizeof prof_names[0], "%s", name);
+            n_reports++;
+        }
         for (int i = 0; i < B; i++) dsi_session_free(s[i]);
         free(tok);
         free(prompts);
     }
+    for (int i = 0; i < n_reports; i++) prof_report(prof_names[i], &prof_reports[i], 0, 1);
     if (!o->no_limits)
         printf("\nmemory read bandwidth measured in this run: %.2f GB/s\n", l->read_gbs);
     return fail;
@@ -921,6 +1069,17 @@ static int run_ttft(const opts *o, dsi_context *ctx, dsi_model *model, int32_t n
 }
 
 static int run_model(const opts *o) {
+    if (o->no_fuse) dsii_op_multi_off = dsib_cpu_moe_split = 1;
+    if (o->ops_isa) {
+        static const char *const names[] = {"scalar", "avx2", "avx512", "avx512vnni"};
+        int found = 0;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(o->ops_isa, names[i])) dsib_cpu_ops_force_isa(i), found = 1;
+        if (!found) {
+            fprintf(stderr, "dsinfer-bench: --ops-isa: unknown path '%s'\n", o->ops_isa);
+            return 2;
+        }
+    }
     dsib_threadpool *pool = NULL;
     char msg[256];
     limits l;
@@ -1001,6 +1160,8 @@ static int run_model(const opts *o) {
     }
 
     test_result tests[2];
+    static test_prof profs[2];
+    memset(profs, 0, sizeof profs);
     int n_tests = 0;
     int fail = 0;
     /* pp: a prompt of p tokens from an empty timeline */
@@ -1009,8 +1170,10 @@ static int run_model(const opts *o) {
         memset(t, 0, sizeof *t);
         snprintf(t->name, sizeof t->name, "pp%d", o->p);
         t->n_prompt = o->p;
+        test_prof *tp = &profs[n_tests - 1];
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
+            if (rep > 0) prof_start(model, ctx, tp);
             double t0 = bench_now(), c0 = bench_cpu_seconds();
             if (dsi_session_sync(s, prompt, (size_t)o->p, NULL) != DSI_OK) {
                 fprintf(stderr, "dsinfer-bench: sync: %s\n", dsi_session_last_error(s));
@@ -1018,6 +1181,11 @@ static int run_model(const opts *o) {
                 break;
             }
             double dt = bench_now() - t0;
+            if (rep > 0) {
+                prof_stop(model, ctx, tp);
+                tp->wall_s += dt;
+                tp->tokens += o->p;
+            }
             if (rep > 0 && t->n_samples < 64) {
                 t->samples[t->n_samples++] = o->p / dt;
                 t->wall_s += dt;
@@ -1032,9 +1200,11 @@ static int run_model(const opts *o) {
         memset(t, 0, sizeof *t);
         snprintf(t->name, sizeof t->name, "tg%d", o->n);
         t->n_gen = o->n;
+        test_prof *tp = &profs[n_tests - 1];
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
             dsi_token tok = prompt[0];
+            if (rep > 0) prof_start(model, ctx, tp);
             double t0 = bench_now(), c0 = bench_cpu_seconds();
             for (int i = 0; i < o->n; i++) {
                 if (dsi_session_append(s, &tok, 1) != DSI_OK) {
@@ -1047,6 +1217,11 @@ static int run_model(const opts *o) {
                 if (dsi_session_logits(s, &lg, &n) == DSI_OK && lg) tok = argmax(lg, n);
             }
             double dt = bench_now() - t0;
+            if (rep > 0) {
+                prof_stop(model, ctx, tp);
+                tp->wall_s += dt;
+                tp->tokens += o->n;
+            }
             if (rep > 0 && !fail && t->n_samples < 64) {
                 t->samples[t->n_samples++] = o->n / dt;
                 t->wall_s += dt;
@@ -1154,6 +1329,9 @@ static int run_model(const opts *o) {
             printf("null");
         printf(", \"gflops_per_cpu_time\": %.3f, \"frac_fma_peak_per_cpu_time\": %.4f}",
                pp_gflops_cpu, fpk_cpu);
+        printf(", \"profile\": {");
+        for (int i = 0; i < n_tests; i++) prof_report(tests[i].name, &profs[i], 1, i == 0);
+        printf("}");
         printf(", \"ok\": %s}\n", fail ? "false" : "true");
     } else {
         printf("| model | type | size | params | backend | threads | test | t/s | cpu share |\n");
@@ -1195,6 +1373,7 @@ static int run_model(const opts *o) {
                    "GFLOP/s = %.1f%%\n",
                    o->t, l.read_gbs_cpu, l.fma_gflops_cpu, eff_gbs_cpu, 100.0 * fbw_cpu,
                    pp_gflops_cpu, 100.0 * fpk_cpu);
+        for (int i = 0; i < n_tests; i++) prof_report(tests[i].name, &profs[i], 0, 1);
     }
     free(prompt);
     dsi_session_free(s);

@@ -233,7 +233,13 @@ struct dsii_exec {
     uint32_t n_pools, cap_pools;
     struct dsii_sched *sched;    /* lib/sched, NULL unless coalescing is on */
     int32_t n_vocab;
+    dsii_prof *prof;             /* step profile (dsinfer-bench), NULL = off */
 };
+
+/* Attaches a step profile (base.h) to the model's execution side, or detaches it (NULL):
+ * every following step adds its ops' times, its own wall time and rows to it. Only while
+ * no step runs; steps must then be serialised by the caller. */
+void dsii_exec_set_profile(dsii_exec *ex, dsii_prof *prof);
 
 /* Creates the execution side of a loaded model (weights bound/uploaded now): installs
  * model->exec. A no-op (DSI_OK, exec NULL) for architectures without a forward pass.

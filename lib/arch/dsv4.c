@@ -369,7 +369,9 @@ typedef struct v4_step {
 
 #define CK(call, what)                                                                      \
     do {                                                                                    \
+        DSII_PROF_BEGIN();                                                                  \
         dsi_status s_ = (call);                                                             \
+        DSII_PROF_END(what);                                                                \
         if (s_ != DSI_OK) return dsii_fail(e, s_, "dsv4: layer %u: %s failed", il, what);   \
     } while (0)
 

@@ -87,7 +87,9 @@ static dsi_status be_fail(dsii_error *e, dsi_status s, const char *what, int lay
 }
 #define CK(expr, what, layer)                                                               \
     do {                                                                                    \
+        DSII_PROF_BEGIN();                                                                  \
         dsi_status s_ = (expr);                                                             \
+        DSII_PROF_END(what);                                                                \
         if (s_ != DSI_OK) return be_fail(e, s_, what, layer);                               \
     } while (0)
 
@@ -477,15 +479,12 @@ static dsi_status compressor(const v41_step *P, uint32_t il, dsii_error *e) {
     const uint32_t hd = hp->head_dim, ID = hp->idx_head_dim, r = lh->compress_ratio, n = P->n;
     int il_ = (int)il;
 
-    CK(o->matmul(S, &w->comp_kv, 0, SV(P, v->o_xn), hp->n_embd, SV(P, v->o_ckv), hd, n),
-       "matmul comp_kv", il_);
+    /* comp_kv (and comp_gate) ran with the layer's other projections of xn (attention) */
     dsib_view pooled = SV(P, v->o_ckv); /* ratio 1: one token per group, no gate */
     dsib_state rk, rs, comp = ST(P, w->c_comp), keys = ST(P, w->c_keys);
     if (r > 1) {
         rk = ST(P, w->c_ckv);
         rs = ST(P, w->c_csc);
-        CK(o->matmul(S, &w->comp_gate, 0, SV(P, v->o_xn), hp->n_embd, SV(P, v->o_csc), hd, n),
-           "matmul comp_gate", il_);
         CK(o->compress_pool(S, &rk, &rs, SV(P, v->o_ckv), SV(P, v->o_csc), hd, P->rows, n, r, 0,
                             hd, SV(P, v->o_pool), hd),
            "compress_pool", il_);
@@ -523,13 +522,10 @@ static dsi_status indexer(const v41_step *P, uint32_t il, dsii_error *e) {
     const v41_lane *v = P->v;
     const uint32_t IH = hp->idx_n_head, ID = hp->idx_head_dim, n = P->n;
     int il_ = (int)il;
-    CK(o->matmul(S, &w->idx_q_b, 0, SV(P, v->o_qr), hp->q_lora_rank, SV(P, v->o_iq), IH * ID, n),
-       "matmul idx_q_b", il_);
+    /* idx_q_b (from qr) and idx_proj (from xn) ran with the attention's projections */
     CK(o->rope_tail(S, SV(P, v->o_iq), IH * ID, n, IH, ID, P->rows, 0, &w->rope, 0), "rope iq", il_);
     CK(o->fake_quant(S, SV(P, v->o_iq), IH * ID, n, 0, IH * ID, 32, DSIB_FQ_E2M1_UE8M0, P->fq),
        "fake_quant iq", il_);
-    CK(o->matmul(S, &w->idx_proj, 0, SV(P, v->o_xn), hp->n_embd, SV(P, v->o_iw), IH, n),
-       "matmul idx_proj", il_);
     const float wscale = (float)(1.0 / sqrt((double)ID) / sqrt((double)IH));
     CK(o->scale(S, SV(P, v->o_iw), IH, n, IH, wscale), "scale iw", il_);
     if (lh->key_src < 0 || (uint32_t)lh->key_src >= hp->n_layer ||
@@ -558,26 +554,48 @@ static dsi_status attention(const v41_step *P, uint32_t il, dsii_error *e) {
     const uint32_t n = P->n;
     int il_ = (int)il;
 
+    uint32_t ratio = lh->compress_ratio;
+    const int kv_src = ratio > 0 && lh->is_kv_source, idx_src = ratio > 0 && lh->is_index_source;
+    /* Every projection of xn at once (one parallel job on the CPU; the same results as one
+     * matmul each): wq_a, wkv, and the compressor's (KV source) / the indexer's head weights
+     * (index source). */
+    dsib_mm mx[5];
+    uint32_t nmx = 0;
+    mx[nmx++] = (dsib_mm){&w->q_a, 0, SV(P, v->o_xn), D, SV(P, v->o_qr), Q, n};
+    mx[nmx++] = (dsib_mm){&w->kv, 0, SV(P, v->o_xn), D, SV(P, v->o_kv), hd, n};
+    if (kv_src) {
+        mx[nmx++] = (dsib_mm){&w->comp_kv, 0, SV(P, v->o_xn), D, SV(P, v->o_ckv), hd, n};
+        if (ratio > 1)
+            mx[nmx++] = (dsib_mm){&w->comp_gate, 0, SV(P, v->o_xn), D, SV(P, v->o_csc), hd, n};
+    }
+    if (idx_src)
+        mx[nmx++] = (dsib_mm){&w->idx_proj, 0, SV(P, v->o_xn), D, SV(P, v->o_iw),
+                              hp->idx_n_head, n};
+    CK(dsii_op_matmul_multi(P->dev, S, mx, nmx), "matmuls of xn (q_a, kv, compressor, idx_proj)",
+       il_);
     /* Q: RMSNorm(wq_a x, q_norm) → wq_b → RoPE; no per-head q norm in V4.1 */
-    CK(o->matmul(S, &w->q_a, 0, SV(P, v->o_xn), D, SV(P, v->o_qr), Q, n), "matmul q_a", il_);
     CK(o->rms_norm(S, SV(P, v->o_qr), Q, SV(P, v->o_qr), Q, n, Q, &w->q_a_norm, hp->rms_eps),
        "rms_norm q", il_);
-    CK(o->matmul(S, &w->q_b, 0, SV(P, v->o_qr), Q, SV(P, v->o_q), H * hd, n), "matmul q_b", il_);
+    dsib_mm mq[2];
+    uint32_t nmq = 0;
+    mq[nmq++] = (dsib_mm){&w->q_b, 0, SV(P, v->o_qr), Q, SV(P, v->o_q), H * hd, n};
+    if (idx_src)
+        mq[nmq++] = (dsib_mm){&w->idx_q_b, 0, SV(P, v->o_qr), Q, SV(P, v->o_iq),
+                              hp->idx_n_head * hp->idx_head_dim, n};
+    CK(dsii_op_matmul_multi(P->dev, S, mq, nmq), "matmuls of qr (q_b, idx_q_b)", il_);
     CK(o->rope_tail(S, SV(P, v->o_q), H * hd, n, H, hd, P->rows, 0, &w->rope, 0), "rope q", il_);
     /* window KV: RMSNorm(wkv x), RoPE, FP8 over the whole head in blocks of 32 */
-    CK(o->matmul(S, &w->kv, 0, SV(P, v->o_xn), D, SV(P, v->o_kv), hd, n), "matmul kv", il_);
     CK(o->rms_norm(S, SV(P, v->o_kv), hd, SV(P, v->o_kv), hd, n, hd, &w->kv_norm, hp->rms_eps),
        "rms_norm kv", il_);
     CK(o->rope_tail(S, SV(P, v->o_kv), hd, n, 1, hd, P->rows, 0, &w->rope, 0), "rope kv", il_);
     CK(o->fake_quant(S, SV(P, v->o_kv), hd, n, 0, hd, 32, DSIB_FQ_E4M3_UE8M0, P->fq),
        "fake_quant kv", il_);
 
-    uint32_t ratio = lh->compress_ratio;
-    if (ratio > 0 && lh->is_kv_source) {
+    if (kv_src) {
         dsi_status s = compressor(P, il, e);
         if (s != DSI_OK) return s;
     }
-    if (ratio > 0 && lh->is_index_source) {
+    if (idx_src) {
         dsi_status s = indexer(P, il, e);
         if (s != DSI_OK) return s;
     }

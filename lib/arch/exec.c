@@ -348,8 +348,30 @@ static dsi_status run_recorded(dsii_lane *l, dsii_kv_pool *pool, const dsii_step
     return DSI_OK;
 }
 
+void dsii_exec_set_profile(dsii_exec *ex, dsii_prof *prof) {
+    if (ex) ex->prof = prof;
+}
+
+static dsi_status exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_step *seqs,
+                            uint32_t n_seqs, dsii_error *e);
+
 dsi_status dsii_exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_step *seqs,
                           uint32_t n_seqs, dsii_error *e) {
+    dsii_prof *prof = l->ex->prof;
+    if (!prof) return exec_step(l, pool, seqs, n_seqs, e);
+    dsii_prof *saved = dsii_prof_cur;
+    dsii_prof_cur = prof;
+    uint64_t t0 = dsii_time_ns();
+    dsi_status st = exec_step(l, pool, seqs, n_seqs, e);
+    prof->step_ns += dsii_time_ns() - t0;
+    prof->steps++;
+    for (uint32_t i = 0; i < n_seqs; i++) prof->rows += seqs[i].n;
+    dsii_prof_cur = saved;
+    return st;
+}
+
+static dsi_status exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_step *seqs,
+                            uint32_t n_seqs, dsii_error *e) {
     dsii_exec *ex = l->ex;
     dsii_arch_params pp;
     dsii_exec_pool_params(pool, &pp);
@@ -385,7 +407,11 @@ dsi_status dsii_exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_step 
         }
     }
     dsi_status st = DSI_OK;
-    if (ex->arch->prepare) st = ex->arch->prepare(ex->am, l, seqs, n_seqs, n, e);
+    if (ex->arch->prepare) {
+        DSII_PROF_BEGIN();
+        st = ex->arch->prepare(ex->am, l, seqs, n_seqs, n, e);
+        DSII_PROF_END("step inputs (host: Engram hashes and rows)");
+    }
     if (st != DSI_OK) return st;
     dsii_step_shape sh = {n, n_out, (pp.flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) ? DSIB_FQ_NO_ROUND : 0u};
     dsii_kv_pool_lock(pool);
@@ -398,6 +424,7 @@ dsi_status dsii_exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_step 
     l->steps++;
     if (st != DSI_OK) return st;
     /* logits rows in output order */
+    DSII_PROF_BEGIN();
     const float *lg = (const float *)(const void *)(l->io_host + l->io_logits);
     size_t V = (size_t)ex->n_vocab;
     o = 0;
@@ -407,5 +434,6 @@ dsi_status dsii_exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_step 
         if (k && q->logits) memcpy(q->logits, lg + (size_t)o * V, sizeof(float) * k * V);
         o += k;
     }
+    DSII_PROF_END("logits copy-out");
     return DSI_OK;
 }

@@ -133,13 +133,14 @@ static const char *const k_op_names[DSIB_OP_COUNT] = {
     "matmul", "matmul_grouped", "get_rows", "rms_norm", "add", "scale", "copy", "copy_rows",
     "gather_rows", "rope_tail", "store_rows", "fake_quant", "hadamard", "hc_expand", "hc_mix",
     "hc_collapse", "hc_post", "compress_pool", "indexer_topk", "attn_sink", "add_rows_periodic",
-    "moe_route", "moe_experts", "swiglu", "indexer_topk_v41", "engram_gate"};
+    "moe_route", "moe_experts", "swiglu", "indexer_topk_v41", "engram_gate", "matmul_multi"};
 
 /* Ops the core can compose from others (op → the ops the composition needs). */
 static int composable(const dsib_ops *o, uint32_t op) {
     switch (op) {
     case DSIB_OP_MATMUL_GROUPED: return dsib_ops_has(o, DSIB_OP_MATMUL);
     case DSIB_OP_COPY_ROWS: return dsib_ops_has(o, DSIB_OP_COPY);
+    case DSIB_OP_MATMUL_MULTI: return dsib_ops_has(o, DSIB_OP_MATMUL);
     default: return 0;
     }
 }
@@ -181,6 +182,21 @@ dsi_status dsii_op_matmul_grouped(const dsii_device *d, dsib_stream *s, const ds
         dsib_view xg = {x.buf, x.offset + (uint64_t)g * (uint64_t)K * sizeof(float)};
         dsib_view yg = {y.buf, y.offset + (uint64_t)g * (uint64_t)R * sizeof(float)};
         dsi_status st = o->matmul(s, &wg, 0, xg, ldx, yg, ldy, n);
+        if (st != DSI_OK) return st;
+    }
+    return DSI_OK;
+}
+
+int dsii_op_multi_off; /* dsinfer-bench --no-fuse (A/B): always one matmul per entry */
+
+dsi_status dsii_op_matmul_multi(const dsii_device *d, dsib_stream *s, const dsib_mm *mm,
+                                uint32_t count) {
+    const dsib_ops *o = d->be->ops;
+    if (!dsii_op_multi_off && dsib_ops_has(o, DSIB_OP_MATMUL_MULTI))
+        return o->matmul_multi(s, mm, count);
+    for (uint32_t i = 0; i < count; i++) {
+        dsi_status st = o->matmul(s, mm[i].w, mm[i].expert, mm[i].x, mm[i].ldx, mm[i].y,
+                                  mm[i].ldy, mm[i].n);
         if (st != DSI_OK) return st;
     }
     return DSI_OK;

@@ -53,6 +53,11 @@ dsi_status dsii_device_check_type(const dsii_device *d, uint32_t op, int32_t typ
 dsi_status dsii_op_matmul_grouped(const dsii_device *d, dsib_stream *s, const dsib_weight *w,
                                   uint32_t groups, dsib_view x, uint32_t ldx, dsib_view y,
                                   uint32_t ldy, uint32_t n);
+/* matmul_multi where the backend has it, else one matmul per entry (same results); nonzero
+ * dsii_op_multi_off forces the latter (benchmark A/B only; set while no step runs). */
+extern int dsii_op_multi_off;
+dsi_status dsii_op_matmul_multi(const dsii_device *d, dsib_stream *s, const dsib_mm *mm,
+                                uint32_t count);
 dsi_status dsii_op_copy_rows(const dsii_device *d, dsib_stream *s, dsib_view src, uint32_t lds,
                              dsib_view dst, uint32_t ldd, uint32_t rows, uint32_t width);
 

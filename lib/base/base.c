@@ -188,6 +188,32 @@ uint64_t dsii_time_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+_Thread_local dsii_prof *dsii_prof_cur;
+
+void dsii_prof_end(uint64_t t0, const char *name) {
+    dsii_prof *p = dsii_prof_cur;
+    if (!t0 || !p) return;
+    uint64_t dt = dsii_time_ns() - t0;
+    uint32_t i = 0;
+    for (; i < p->n; i++)
+        if (p->e[i].name == name) break;
+    if (i == p->n)
+        for (i = 0; i < p->n; i++)
+            if (strcmp(p->e[i].name, name) == 0) break;
+    if (i == p->n) {
+        if (p->n == DSII_PROF_MAX) {
+            p->dropped++;
+            return;
+        }
+        p->e[p->n].name = name;
+        p->e[p->n].ns = 0;
+        p->e[p->n].calls = 0;
+        p->n++;
+    }
+    p->e[i].ns += dt;
+    p->e[i].calls++;
+}
+
 int32_t dsii_cpu_count(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;

@@ -91,6 +91,32 @@ uint64_t dsii_time_ns(void);
 /* Number of online CPUs (>= 1). */
 int32_t dsii_cpu_count(void);
 
+/* ---- step profile (dsinfer-bench) ------------------------------------------------------
+ * Wall time per named op of a forward step. The forward passes wrap every backend call in
+ * DSII_PROF_BEGIN / DSII_PROF_END with the call's static name ("matmul q_a", "attn_sink",
+ * ...); the exec installs the model's profile as the stepping thread's current one for the
+ * duration of a step (dsii_exec_step) when one is attached (dsii_exec_set_profile). With no
+ * profile attached the cost is one thread-local load per op. On the CPU ops run when they
+ * are issued, so the figures are the ops' own times; on GPU backends they are record times.
+ * A profile is filled by one stepping thread at a time (the caller serialises steps). */
+#define DSII_PROF_MAX 160
+typedef struct dsii_prof_entry {
+    const char *name;      /* static string (pointer compared first, then contents) */
+    uint64_t ns, calls;
+} dsii_prof_entry;
+typedef struct dsii_prof {
+    dsii_prof_entry e[DSII_PROF_MAX];
+    uint32_t n;
+    uint64_t dropped;      /* calls whose name did not fit */
+    uint64_t steps, step_ns, rows; /* steps, their wall time, their rows */
+} dsii_prof;
+extern _Thread_local dsii_prof *dsii_prof_cur;
+static inline uint64_t dsii_prof_begin(void) { return dsii_prof_cur ? dsii_time_ns() : 0; }
+/* Adds now − t0 to `name` of the current profile (nothing when t0 is 0). */
+void dsii_prof_end(uint64_t t0, const char *name);
+#define DSII_PROF_BEGIN() uint64_t dsii_prof_t0_ = dsii_prof_begin()
+#define DSII_PROF_END(name) dsii_prof_end(dsii_prof_t0_, (name))
+
 /* Reads the options struct a caller passed, honouring its struct_size: copies the covered
  * prefix over `defaults_and_out` (which holds the defaults on entry). Returns
  * DSI_ERR_INVALID_ARGUMENT (recorded in `e`) if `src` is non-NULL and its struct_size is 0,

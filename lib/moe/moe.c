@@ -3,7 +3,9 @@
 
 #define CK(call, what)                                                                      \
     do {                                                                                    \
+        DSII_PROF_BEGIN();                                                                  \
         dsi_status st_ = (call);                                                            \
+        DSII_PROF_END(what);                                                                \
         if (st_ != DSI_OK) return dsii_fail(e, st_, "moe: %s failed", what);                \
     } while (0)
 
@@ -12,7 +14,14 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
                             uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e) {
     const dsib_ops *ops = dev->be->ops;
     uint32_t E = w->n_expert, k = w->k;
-    CK(ops->matmul(strm, &w->gate_inp, 0, x, ldx, s->logits, E, n), "router matmul");
+    const int shared = w->sh_gate.buf != NULL;
+    const uint32_t SF = shared ? (uint32_t)w->sh_gate.ne[1] : 0;
+    /* the router and the shared expert's gate and up all read x: one call (one parallel job
+     * on the CPU; the same results as one matmul each) */
+    dsib_mm mm[3] = {{&w->gate_inp, 0, x, ldx, s->logits, E, n},
+                     {&w->sh_gate, 0, x, ldx, s->sh_g, SF, n},
+                     {&w->sh_up, 0, x, ldx, s->sh_u, SF, n}};
+    CK(dsii_op_matmul_multi(dev, strm, mm, shared ? 3u : 1u), "router + shared gate/up matmuls");
     CK(ops->moe_route(strm, s->logits, E, E, k, w->bias.buf ? &w->bias : NULL,
                       w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n,
                       s->sel, s->wts),
@@ -20,10 +29,11 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
     CK(ops->moe_experts(strm, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
                         s->routed, D),
        "routed experts");
-    if (!w->sh_gate.buf) return dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D);
-    uint32_t F = (uint32_t)w->sh_gate.ne[1];
-    CK(ops->matmul(strm, &w->sh_gate, 0, x, ldx, s->sh_g, F, n), "shared gate");
-    CK(ops->matmul(strm, &w->sh_up, 0, x, ldx, s->sh_u, F, n), "shared up");
+    if (!w->sh_gate.buf) {
+        CK(dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D), "moe copy");
+        return DSI_OK;
+    }
+    uint32_t F = SF;
     CK(ops->swiglu(strm, s->sh_g, F, s->sh_u, F, s->sh_g, F, n, F, w->limit_shared), "swiglu");
     CK(ops->matmul(strm, &w->sh_down, 0, s->sh_g, F, s->sh_out, D, n), "shared down");
     CK(ops->add(strm, s->routed, D, s->sh_out, D, out, ldo, n, D), "add");

@@ -15,6 +15,8 @@
 #include "tests/common/filter.h"
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/kernels/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -506,6 +508,149 @@ static void test_attn_sink(void **state) {
     unwrap(vsk);
 }
 
+/* The head-group SIMD path (4 heads share each K/V row load) performs the scalar path's
+ * operations in its order: outputs bit-identical for every head count (groups of 4 plus a
+ * remainder), row count and visible-row count (odd and even: the two-row score tiles), and
+ * both within the double-precision formula's bound. */
+static void test_attn_sink_simd(void **state) {
+    (void)state;
+    if (dsib_cpu_ops_isa() < DSIB_ISA_AVX2) {
+        print_message("skipped: this CPU has no AVX2 (the SIMD path cannot run)\n");
+        skip();
+    }
+    enum { HMAX = 8, HD = 64, WIN = 5, NMAX = 7, RING = 8, NC = 6, K = 3 };
+    static float q[NMAX * HMAX * HD], kv[NMAX * HD], comp[NC * HD], ring[RING * HD];
+    static float out_s[NMAX * HMAX * HD], out_v[NMAX * HMAX * HD];
+    float sinks[HMAX];
+    for (int i = 0; i < NMAX * HMAX * HD; i++) q[i] = 2.0f * frand();
+    for (int i = 0; i < NMAX * HD; i++) kv[i] = frand();
+    for (int i = 0; i < NC * HD; i++) comp[i] = frand();
+    for (int i = 0; i < RING * HD; i++) ring[i] = frand();
+    for (int h = 0; h < HMAX; h++) sinks[h] = frand();
+    int32_t idx[NMAX * K];
+    for (int t = 0; t < NMAX; t++)
+        for (int k = 0; k < K; k++) idx[t * K + k] = (t + k) % 3 == 0 ? -1 : (t * 2 + k) % NC;
+    dsib_view vq = wrap(q, sizeof q), vkv = wrap(kv, sizeof kv), vc = wrap(comp, sizeof comp),
+              vi = wrap(idx, sizeof idx), vs = wrap(out_s, sizeof out_s),
+              vv = wrap(out_v, sizeof out_v), vr = wrap(ring, sizeof ring),
+              vsk = wrap(sinks, sizeof sinks);
+    dsib_state sr = state_of(vr, RING, HD), scomp = state_of(vc, NC, HD);
+    const uint32_t heads[3] = {4, 6, 8};
+    const uint32_t ns[3] = {1, 2, NMAX};
+    int checked = 0;
+    for (int hi = 0; hi < 3; hi++)
+        for (int ni = 0; ni < 3; ni++)
+            for (int pos0 = 0; pos0 <= 6; pos0 += 3) {
+                const uint32_t H = heads[hi], N = ns[ni];
+                dsib_weight wsk = wf32(vsk, H, 1);
+                memset(out_s, 0, sizeof out_s);
+                memset(out_v, 0xff, sizeof out_v);
+                dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR);
+                assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(pos0, N), N, WIN,
+                                                &sr, vkv, HD, 2, &scomp, vi, K, &wsk, 0.125f, vs,
+                                                H * HD),
+                                 DSI_OK);
+                dsib_cpu_ops_force_isa(DSIB_ISA_AVX2);
+                assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(pos0, N), N, WIN,
+                                                &sr, vkv, HD, 2, &scomp, vi, K, &wsk, 0.125f, vv,
+                                                H * HD),
+                                 DSI_OK);
+                dsib_cpu_ops_force_isa(-1);
+                assert_memory_equal(out_s, out_v, sizeof(float) * N * H * HD);
+                /* the formula in double precision (ring rows before pos0, step rows after) */
+                for (uint32_t t = 0; t < N; t++) {
+                    int p = pos0 + (int)t;
+                    const float *rws[K + WIN];
+                    int nr = 0;
+                    for (int k = 0; k < K; k++)
+                        if (idx[t * K + k] >= 0) rws[nr++] = comp + idx[t * K + k] * HD;
+                    for (int qp = p - WIN + 1; qp <= p; qp++) {
+                        if (qp < 0) continue;
+                        rws[nr++] = qp < pos0 ? ring + (qp % RING) * HD : kv + (qp - pos0) * HD;
+                    }
+                    for (uint32_t h = 0; h < H; h++) {
+                        const float *qq = q + (t * H + h) * HD;
+                        double z[K + WIN], m = sinks[h], den, o[HD] = {0};
+                        for (int r = 0; r < nr; r++) {
+                            double d = 0;
+                            for (int i = 0; i < HD; i++) d += (double)qq[i] * rws[r][i];
+                            z[r] = d * 0.125;
+                            if (z[r] > m) m = z[r];
+                        }
+                        den = exp(sinks[h] - m);
+                        for (int r = 0; r < nr; r++) den += exp(z[r] - m);
+                        for (int r = 0; r < nr; r++)
+                            for (int i = 0; i < HD; i++) o[i] += exp(z[r] - m) * rws[r][i];
+                        for (int i = 0; i < HD; i++) {
+                            double ref = o[i] / den;
+                            assert_true(fabs(out_v[(t * H + h) * HD + i] - ref) < 1e-5);
+                        }
+                        checked++;
+                    }
+                }
+            }
+    assert_true(checked > 100);
+    unwrap(vq);
+    unwrap(vkv);
+    unwrap(vc);
+    unwrap(vi);
+    unwrap(vs);
+    unwrap(vv);
+    unwrap(vr);
+    unwrap(vsk);
+}
+
+/* hc_collapse / hc_post: the AVX2 path (8 columns at a time) and the row-parallel prefill
+ * path give the scalar path's bits (n = 1 and n = 9 rows; hc_post in place, as the forward
+ * pass calls it), and hc_post matches its formula in double precision. */
+static void test_hc_simd(void **state) {
+    (void)state;
+    if (dsib_cpu_ops_isa() < DSIB_ISA_AVX2) {
+        print_message("skipped: this CPU has no AVX2 (the SIMD path cannot run)\n");
+        skip();
+    }
+    enum { NHC = 4, D = 64, N = 9, M = NHC * (2 + NHC) };
+    static float X[N * NHC * D], Xs[N * NHC * D], Xv[N * NHC * D], f[N * D], cf[N * M];
+    static float ys[N * D], yv[N * D];
+    for (int i = 0; i < N * NHC * D; i++) X[i] = frand();
+    for (int i = 0; i < N * D; i++) f[i] = frand();
+    for (int i = 0; i < N * M; i++) cf[i] = frand();
+    dsib_view vX = wrap(X, sizeof X), vXs = wrap(Xs, sizeof Xs), vXv = wrap(Xv, sizeof Xv),
+              vf = wrap(f, sizeof f), vc = wrap(cf, sizeof cf), vys = wrap(ys, sizeof ys),
+              vyv = wrap(yv, sizeof yv);
+    const uint32_t ns[2] = {1, N};
+    for (int k = 0; k < 2; k++) {
+        uint32_t n = ns[k];
+        dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR);
+        assert_int_equal(ops->hc_collapse(strm, vX, vc, M, vys, D, n, NHC, D), DSI_OK);
+        memcpy(Xs, X, sizeof X);
+        assert_int_equal(ops->hc_post(strm, vf, D, vXs, vc, M, vXs, n, NHC, D), DSI_OK);
+        dsib_cpu_ops_force_isa(DSIB_ISA_AVX2);
+        assert_int_equal(ops->hc_collapse(strm, vX, vc, M, vyv, D, n, NHC, D), DSI_OK);
+        memcpy(Xv, X, sizeof X);
+        assert_int_equal(ops->hc_post(strm, vf, D, vXv, vc, M, vXv, n, NHC, D), DSI_OK);
+        dsib_cpu_ops_force_isa(-1);
+        assert_memory_equal(ys, yv, sizeof(float) * n * D);
+        assert_memory_equal(Xs, Xv, sizeof(float) * n * NHC * D);
+        for (uint32_t t = 0; t < n; t++)
+            for (int j = 0; j < NHC; j++)
+                for (int d = 0; d < D; d++) {
+                    const float *c = cf + t * M;
+                    double ref = (double)c[NHC + j] * f[t * D + d];
+                    for (int i = 0; i < NHC; i++)
+                        ref += (double)c[2 * NHC + i * NHC + j] * X[(t * NHC + i) * D + d];
+                    assert_true(fabs(Xv[(t * NHC + j) * D + d] - ref) < 1e-5);
+                }
+    }
+    unwrap(vX);
+    unwrap(vXs);
+    unwrap(vXv);
+    unwrap(vf);
+    unwrap(vc);
+    unwrap(vys);
+    unwrap(vyv);
+}
+
 int main(void) {
     dsit_filter();
     const struct CMUnitTest tests[] = {
@@ -517,6 +662,8 @@ int main(void) {
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_compress_pool_overlap),
         cmocka_unit_test(test_attn_sink),
+        cmocka_unit_test(test_attn_sink_simd),
+        cmocka_unit_test(test_hc_simd),
     };
     return cmocka_run_group_tests_name("v4_ops", tests, setup, teardown);
 }

@@ -442,7 +442,8 @@ static void quant_task(void *arg, int64_t task, int32_t slot) {
 static void act_quantize_rows(dsib_threadpool *pool, int32_t isa, const act_rows *a,
                               const float *x, int64_t xs, int64_t rows) {
     quant_job j = {quantizer_for(isa), a, x, xs, rows, 4};
-    if (rows <= 2) {
+    /* a few rows (decode, a token's routed experts) cost less than waking the pool */
+    if (rows <= 2 || rows * a->n_in <= 16384) {
         j.per_task = rows;
         quant_task(&j, 0, 0);
         return;
@@ -551,9 +552,24 @@ typedef struct moe_job {
     act_rows act;
 } moe_job;
 
+/* Several MoE matmuls in one parallel_for: tasks [first[i], first[i+1]) are job i's. */
+typedef struct moe_multi {
+    const moe_job *jobs;
+    int32_t n;
+    int64_t first[3];
+} moe_multi;
+
+static void moe_task_one(const moe_job *j, int64_t task);
+
 static void moe_task(void *arg, int64_t task, int32_t slot) {
     (void)slot;
-    const moe_job *j = arg;
+    const moe_multi *mm = arg;
+    int32_t i = 0;
+    while (i + 1 < mm->n && task >= mm->first[i + 1]) i++;
+    moe_task_one(&mm->jobs[i], task - mm->first[i]);
+}
+
+static void moe_task_one(const moe_job *j, int64_t task) {
     const dsib_moe_matmul *m = j->m;
     int64_t g = task / j->chunks, c = task % j->chunks;
     int64_t s0 = m->slot_offs[g], s1 = m->slot_offs[g + 1];
@@ -587,8 +603,7 @@ static void moe_task(void *arg, int64_t task, int32_t slot) {
     }
 }
 
-dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char *msg,
-                           size_t msg_size) {
+static dsi_status moe_check(const dsib_moe_matmul *m, char *msg, size_t msg_size) {
     if (!m) return DSI_ERR_INVALID_ARGUMENT;
     dsi_status st = dsib_kern_check(m->type, m->n_in, m->n_out, m->w_row_bytes, m->x_stride,
                                     m->y_stride, msg, msg_size);
@@ -613,42 +628,94 @@ dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char
         }
     }
     if (!m->w_base || !m->x || !m->y) return DSI_ERR_INVALID_ARGUMENT;
-    moe_job j;
-    memset(&j, 0, sizeof j);
-    j.isa = process_isa();
-    j.m = m;
-    /* Tasks are sized for the whole step's work, so many experts × few rows each still
-     * balance over the threads. */
-    int32_t nt = dsib_threadpool_n_threads(pool);
-    j.rows = rows_per_task(m->w_row_bytes, m->n_out * m->n_groups, nt);
-    if (j.rows > m->n_out) j.rows = m->n_out;
-    j.chunks = (m->n_out + j.rows - 1) / j.rows;
-    act_scratch s;
-    s.pool = pool;
-    s.heap = NULL;
-    const int32_t fmt = dsib_kern_act_format(m->type, m->flags);
-    if (fmt != DSIB_ACT_F32 && m->n_in > 0) {
-        /* every x row a slot reads: rows [0, max + 1) */
-        const int64_t n_slots = m->slot_offs[m->n_groups];
-        int64_t n_rows = 0;
-        for (int64_t sl = 0; sl < n_slots; sl++) {
-            const int64_t r = m->x_rows ? m->x_rows[sl] : sl;
-            if (r < 0) {
-                if (msg && msg_size) snprintf(msg, msg_size, "cpu moe matmul: negative x row");
-                return DSI_ERR_INVALID_ARGUMENT;
-            }
-            if (r + 1 > n_rows) n_rows = r + 1;
+    const int64_t n_slots = m->slot_offs[m->n_groups];
+    for (int64_t sl = 0; sl < n_slots && m->x_rows; sl++)
+        if (m->x_rows[sl] < 0) {
+            if (msg && msg_size) snprintf(msg, msg_size, "cpu moe matmul: negative x row");
+            return DSI_ERR_INVALID_ARGUMENT;
         }
-        if (!act_alloc(&s, fmt, m->n_in, n_rows, &j.act)) {
+    return DSI_OK;
+}
+
+/* Every x row some slot of m reads: rows [0, max + 1). */
+static int64_t moe_x_rows(const dsib_moe_matmul *m) {
+    const int64_t n_slots = m->slot_offs[m->n_groups];
+    int64_t n_rows = 0;
+    for (int64_t sl = 0; sl < n_slots; sl++) {
+        const int64_t r = m->x_rows ? m->x_rows[sl] : sl;
+        if (r + 1 > n_rows) n_rows = r + 1;
+    }
+    return n_rows;
+}
+
+/* Runs ms[0 .. n) (n <= 2, all checked, non-empty) in one parallel_for; descriptors with the
+ * same input rows and activation format share one quantisation. */
+static dsi_status moe_run(dsib_threadpool *pool, const dsib_moe_matmul *const *ms, int32_t n,
+                          char *msg, size_t msg_size) {
+    moe_job jobs[2];
+    moe_multi mm;
+    memset(jobs, 0, sizeof jobs);
+    mm.jobs = jobs;
+    mm.n = n;
+    mm.first[0] = 0;
+    int32_t nt = dsib_threadpool_n_threads(pool);
+    int64_t total_rows = 0;
+    for (int32_t i = 0; i < n; i++) total_rows += ms[i]->n_out * ms[i]->n_groups;
+    act_scratch s[2];
+    for (int32_t i = 0; i < n; i++) {
+        const dsib_moe_matmul *m = ms[i];
+        moe_job *j = &jobs[i];
+        j->isa = process_isa();
+        j->m = m;
+        /* Tasks are sized for the whole step's work, so many experts × few rows each still
+         * balance over the threads. */
+        j->rows = rows_per_task(m->w_row_bytes, total_rows, nt);
+        if (j->rows > m->n_out) j->rows = m->n_out;
+        j->chunks = (m->n_out + j->rows - 1) / j->rows;
+        mm.first[i + 1] = mm.first[i] + j->chunks * m->n_groups;
+        s[i].pool = pool;
+        s[i].heap = NULL;
+        const int32_t fmt = dsib_kern_act_format(m->type, m->flags);
+        if (fmt == DSIB_ACT_F32 || m->n_in <= 0) continue;
+        j->qfn = qrows_for(kern_type_get(m->type), j->isa);
+        if (i > 0 && jobs[0].qfn && jobs[0].act.fmt == fmt && ms[0]->x == m->x &&
+            ms[0]->x_stride == m->x_stride && ms[0]->x_rows == m->x_rows &&
+            ms[0]->n_in == m->n_in && moe_x_rows(ms[0]) == moe_x_rows(m)) {
+            j->act = jobs[0].act; /* the same rows, quantised once */
+            continue;
+        }
+        const int64_t n_rows = moe_x_rows(m);
+        if (!act_alloc(&s[i], fmt, m->n_in, n_rows, &j->act)) {
+            for (int32_t k = 0; k <= i; k++) scratch_release(&s[k]);
             if (msg && msg_size) snprintf(msg, msg_size, "cpu moe matmul: out of memory");
             return DSI_ERR_OUT_OF_HOST_MEMORY;
         }
-        act_quantize_rows(pool, j.isa, &j.act, m->x, m->x_stride, n_rows);
-        j.qfn = qrows_for(kern_type_get(m->type), j.isa);
+        act_quantize_rows(pool, j->isa, &j->act, m->x, m->x_stride, n_rows);
     }
-    dsib_parallel_for(pool, j.chunks * m->n_groups, moe_task, &j);
-    scratch_release(&s);
+    dsib_parallel_for(pool, mm.first[n], moe_task, &mm);
+    for (int32_t i = 0; i < n; i++) scratch_release(&s[i]);
     return DSI_OK;
+}
+
+dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char *msg,
+                           size_t msg_size) {
+    dsi_status st = moe_check(m, msg, msg_size);
+    if (st != DSI_OK) return st;
+    if (m->n_groups == 0 || m->n_out == 0) return DSI_OK;
+    return moe_run(pool, &m, 1, msg, msg_size);
+}
+
+dsi_status dsib_matmul_moe2(dsib_threadpool *pool, const dsib_moe_matmul *a,
+                            const dsib_moe_matmul *b, char *msg, size_t msg_size) {
+    dsi_status st = moe_check(a, msg, msg_size);
+    if (st == DSI_OK) st = moe_check(b, msg, msg_size);
+    if (st != DSI_OK) return st;
+    const dsib_moe_matmul *ms[2];
+    int32_t n = 0;
+    if (a->n_groups > 0 && a->n_out > 0) ms[n++] = a;
+    if (b->n_groups > 0 && b->n_out > 0) ms[n++] = b;
+    if (n == 0) return DSI_OK;
+    return moe_run(pool, ms, n, msg, msg_size);
 }
 
 /* ---- batches of independent matmuls ---------------------------------------------------- */

@@ -229,6 +229,11 @@ typedef struct dsib_moe_matmul {
 
 dsi_status dsib_matmul_moe(dsib_threadpool *pool, const dsib_moe_matmul *m, char *msg,
                            size_t msg_size);
+/* Two MoE matmuls (e.g. the experts' gate and up) in ONE parallel_for (one barrier); when
+ * both read the same x rows in the same activation format they are quantised once. Each
+ * result equals dsib_matmul_moe of that descriptor alone. Outputs must not overlap. */
+dsi_status dsib_matmul_moe2(dsib_threadpool *pool, const dsib_moe_matmul *a,
+                            const dsib_moe_matmul *b, char *msg, size_t msg_size);
 
 /*
  * Several independent matmuls in ONE parallel_for (one barrier instead of n): e.g. the
