@@ -43,7 +43,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("-o", required=True)
-    ap.add_argument("--prompts", type=int, default=600)
+    ap.add_argument("--prompts", type=int, default=1000)
     ap.add_argument("--new", type=int, default=160, help="greedy tokens per sequence")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--bible", default=None, help="saved `bible -f Gen1:1-Rev22:21` output")

@@ -194,7 +194,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--lam", type=float, default=1.0, help="weight of the expected accepted length")
     ap.add_argument("--val-frac", type=float, default=0.1)
-    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
