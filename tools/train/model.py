@@ -886,6 +886,16 @@ class Model(nn.Module):
         (slot 0: first_tok; slot i: draft/teacher token i) for the Markov head.
         Returns logits [N,S,V], confidence logits [N,S]."""
         cfg = self.cfg
+        W = cfg.window
+        N = anchor.shape[0]
+        cpos = anchor.view(N, 1) - W + torch.arange(W).view(1, W)        # [N,W]
+        mx = main_x[batch_idx.view(N, 1), cpos.clamp_min(0)]              # [N,W,D]
+        return self.dspark_rows(mx, first_tok, anchor, prev_ids, detach_shared)
+
+    def dspark_rows(self, mx, first_tok, anchor, prev_ids, detach_shared=True):
+        """dspark() on the gathered context rows: mx [N,W,D] = main_x of positions
+        anchor-W .. anchor-1 (rows of negative positions are ignored: masked)."""
+        cfg = self.cfg
         S, W, D = cfg.dspark_block, cfg.window, cfg.dim
         N = anchor.shape[0]
         emb = self.embed.detach() if detach_shared else self.embed
@@ -899,7 +909,6 @@ class Model(nn.Module):
         cpos = anchor.view(N, 1) - W + torch.arange(W).view(1, W)        # [N,W]
         cvalid = cpos >= 0
         cpos_c = cpos.clamp_min(0)
-        mx = main_x[batch_idx.view(N, 1), cpos_c]                         # [N,W,D]
         for blk in self.drafts:
             ckv = blk.attn.kv_row(mx, cpos_c, self.fake_round)
             X, pre_mix = self.draft_block_v41(blk, X, pre_mix, ckv, cpos_c, cvalid, dpos, ids)

@@ -82,9 +82,43 @@ def smoke():
             print("%s: held-out loss checkpoint %.4f, exported GGUF %.4f" % (arch, float(la), float(lb)))
             if not np.isfinite(float(la)) or abs(float(la) - float(lb)) > 0.02 * float(la):
                 raise SystemExit("FAIL: exported model differs from the checkpoint")
+            drafts_only(w, arch, gguf, x.numpy(), mk)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("smoke: ok")
+
+
+def drafts_only(w, arch, gguf, chunks, mk):
+    """make_model.sh --drafts-only's steps on the smoke model: train_drafts.py (3 steps on a
+    stand-in corpus: two held-out chunks whose tail counts as the greedy part), export, and
+    splice_drafts.py, whose output must keep every backbone byte of the starting file and
+    carry the retrained draft tensors."""
+    import numpy as np
+    import ggufmap
+    import splice_drafts
+    corpus = os.path.join(w, "greedy.npz")
+    np.savez(corpus, tokens=chunks.reshape(-1).astype(np.int32),
+             offsets=np.arange(0, chunks.size + 1, chunks.shape[1]), greedy_start=np.full(len(chunks), 24),
+             kind=np.zeros(len(chunks), np.int8))
+    run([sys.executable, os.path.join(HERE, "train_drafts.py"), "--arch", arch, "--work", w, "--corpus",
+         corpus, "--steps", "3", "--batch", "16", "--val-frac", "0.5", "--eval-every", "3"])
+    new = os.path.join(w, "drafts.gguf")
+    run([sys.executable, os.path.join(HERE, "export.py"), "--arch", arch, "--work", w, "--mkmodel", mk, "-o", new])
+    out = os.path.join(w, "spliced.gguf")
+    run([sys.executable, os.path.join(HERE, "splice_drafts.py"), "--base", gguf, "--new", new, "-o", out])
+    a, b = ggufmap.GGUF(gguf), ggufmap.GGUF(out)
+    if a.buf[:a.data] != b.buf[:b.data] or len(a.buf) != len(b.buf):
+        raise SystemExit("FAIL: splice_drafts changed the header")
+    moved = 0
+    for name, (s, e) in splice_drafts.ranges(a).items():
+        ra, rb = a.buf[s:e], b.buf[s:e]
+        if name.startswith("mtp."):
+            moved += ra != rb
+        elif ra != rb:
+            raise SystemExit("FAIL: splice_drafts changed backbone tensor %s" % name)
+    if moved == 0:
+        raise SystemExit("FAIL: no draft tensor changed after train_drafts.py")
+    print("%s: drafts-only: backbone kept, %d draft tensors retrained" % (arch, moved))
 
 
 def agreement():
