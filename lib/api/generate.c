@@ -168,14 +168,14 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
     double ema = kspec;              /* accepted drafts per verify step (adaptive length) */
     int spec_on = kspec > 0;
     /* AUTO: speculate only while it is faster, measured in this call (the output does not
-     * depend on it: every path is exact). Phases of loop iterations: 0 spec probe (8), 1
-     * plain probe (4) — then the faster mode runs: 2 spec run (64) or 3 plain run (64) —
-     * 2 → 1 (measure plain again), 3 → 0 (try speculation again). Rates are tokens per
-     * nanosecond of whole iterations (draft + verify + acceptance + delivery, or one plain
-     * step + delivery). */
+     * depend on it: every path is exact). Phases of loop iterations: 0 spec probe (4), 1
+     * plain probe (4) — then the faster mode runs: 2 spec run (64) or 3 plain run (64,
+     * doubled each time speculation loses again, at most 1024) — 2 → 1 (measure plain
+     * again), 3 → 0 (try speculation again). Rates are tokens per nanosecond of whole
+     * iterations (draft + verify + acceptance + delivery, or one plain step + delivery). */
     const int autom = spec_on && s->spec_mode == DSII_SPEC_AUTO;
     int aphase = 0, alow = 0;
-    uint32_t aleft = 8;
+    uint32_t aleft = 4, aback = 64;
     double a_ns[2] = {0, 0}, a_tok[2] = {0, 0}; /* [0] plain, [1] speculative iterations */
     if (spec_on) {
         allL = dsii_malloc(s->ctx, (size_t)(kspec + 1) * (size_t)s->n_vocab * sizeof(float));
@@ -385,12 +385,14 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
                     aphase = 1, aleft = 4, spec_on = 0;
                     a_ns[0] = a_tok[0] = 0;
                 } else if (aphase == 3) { /* try speculation again */
-                    aphase = 0, aleft = 8, spec_on = 1;
+                    aphase = 0, aleft = 4, spec_on = 1;
                     a_ns[1] = a_tok[1] = 0;
                 } else { /* the faster mode for the next 64 iterations */
                     const int spec_faster = a_tok[1] > 0 && a_ns[0] > 0 &&
                                             a_tok[1] * a_ns[0] > a_tok[0] * a_ns[1];
-                    aphase = spec_faster ? 2 : 3, aleft = 64, spec_on = spec_faster;
+                    aphase = spec_faster ? 2 : 3, spec_on = spec_faster;
+                    aleft = spec_faster ? 64u : aback;
+                    aback = spec_faster ? 64u : aback < 1024u ? 2 * aback : 1024u;
                     if (spec_faster) a_ns[1] = a_tok[1] = 0;
                 }
             }
