@@ -274,7 +274,7 @@ static void greedy_identical(void **state) {
         assert_true(on.r.n_spec_steps > 0);
         acc_own += on.r.n_accepted;
         drafted_own += on.r.n_drafted;
-        if (p < 2) { /* AUTO: switches between speculative and plain decoding by measured
+        if (p == 0) { /* AUTO: switches between speculative and plain decoding by measured
                       * speed (lib/api/generate.c) — whatever it picks, the same output */
             run_gen(f, DSI_SPEC_AUTO, NULL, prompt, n, NCTX, GEN, NULL, 0, 0, 0, &on);
             snprintf(what, sizeof what, "%s prompt %d (auto)", f->file, p);
@@ -661,7 +661,9 @@ static void shared_steps(void **state) {
     dsi_session_free(o);
     free(d1);
     free(d2);
-    /* coalesced: 4 threads, speculation on */
+    /* coalesced: 4 threads, speculation on (host-side scheduling: on the CPU; the tapped
+     * batch lane itself is what the batched case above checks on every backend) */
+    if (strcmp(g_backend, "cpu") != 0) return;
     enum { NJ = 4 };
     static par_job ser[NJ], par[NJ];
     for (int i = 0; i < NJ; i++) {
@@ -669,7 +671,7 @@ static void shared_steps(void **state) {
         ser[i].f = f;
         ser[i].m = f->m;
         ser[i].np = 6 + 7 * (size_t)i;
-        ser[i].max = strcmp(g_backend, "cpu") || f->trained ? 24 : 48; /* CI time */
+        ser[i].max = 24; /* CI time */
         mt_tokens(ser[i].prompt, ser[i].np, V, 31u * (uint32_t)i + 5u);
         ser[i].s = session(f->m, NCTX, DSI_SPEC_ON);
         par_main(&ser[i]);
