@@ -801,8 +801,8 @@ DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessio
 
 /* since 0.3 — dsi_session_options.spec: speculative decoding in dsi_session_generate
  * (docs/spec.md). ON fails session creation with UNSUPPORTED when the model has no usable
- * draft blocks; AUTO uses them when present and stops speculating within a call when the
- * drafts are rarely accepted. */
+ * draft blocks; AUTO uses them when present and, within a call, speculates only while it
+ * measures faster than plain decoding (and stops when the drafts are rarely accepted). */
 #define DSI_SPEC_OFF 0u
 #define DSI_SPEC_ON 1u
 #define DSI_SPEC_AUTO 2u

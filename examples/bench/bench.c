@@ -11,7 +11,7 @@
  *
  * --spec: speculative decoding (lib/spec) against plain decoding in the same run: greedy
  * dsi_session_generate of -n tokens from a text prompt (several prompts, r repetitions),
- * speculation off and on alternately; reported: tokens/s of both, mean accepted drafts per
+ * speculation off, on and auto in turn; reported: tokens/s of each, mean accepted drafts per
  * verify step and tokens per step (measured), the output identity, and where the time goes
  * — one-token step, verify step of 1 + k rows, draft call — each timed alone.
  *   dsinfer-bench -m FILE --ttft 4096 [--cache-dir DIR] [-r 3] [-t THREADS]
@@ -70,6 +70,7 @@ typedef struct opts {
     int spec;
     const char *prompt;
     int draft_max;
+    int spec_steps;        /* --spec-steps: only the step costs (no generation runs) */
     long long shape_out, shape_in; /* --kernels --shape OUTxIN (default 2048x4096) */
     int ttft;
     const char *cache_dir;
@@ -106,6 +107,7 @@ static void usage(FILE *f) {
             "  --spec       speculative vs plain greedy decoding (models with draft blocks)\n"
             "  --prompt T   --spec: the first prompt (four built-in ones follow)\n"
             "  --draft-max N --spec: drafts per step (default: the block's)\n"
+            "  --spec-steps --spec without the generation runs: only the step costs and bytes\n"
             "  --ttft N     time to first token of an N-token prompt: cold, from the disk\n"
             "               prompt cache, from a snapshot file (-r repetitions of the warm ones)\n"
             "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n");
@@ -157,6 +159,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--spec")) o->spec = 1;
         else if (!strcmp(a, "--prompt")) { NEEDV; o->prompt = v; }
         else if (!strcmp(a, "--draft-max")) { NEEDV; o->draft_max = atoi(v); }
+        else if (!strcmp(a, "--spec-steps")) { o->spec = 1; o->spec_steps = 1; }
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
@@ -837,7 +840,8 @@ static dsi_session *spec_session(dsi_model *model, uint32_t n_ctx, uint32_t spec
     return s;
 }
 
-static int run_spec(const opts *o, dsi_model *model, int32_t nv) {
+static int run_spec(const opts *o, dsi_context *ctx, dsi_model *model, int32_t nv, double tok_bytes,
+                    const double *cat_bytes) {
     const char *texts[5] = {o->prompt ? o->prompt : "In the beginning God created the heaven and the earth.",
                             "And the LORD spake unto Moses, saying,",
                             "Blessed are the poor in spirit: for theirs is the kingdom of heaven.",
@@ -848,20 +852,20 @@ static int run_spec(const opts *o, dsi_model *model, int32_t nv) {
     dsi_sampler_options sopt;
     dsi_sampler_options_init(&sopt);
     sopt.temperature = 0.0f;
-    double ms[2] = {0, 0};
-    uint64_t gen[2] = {0, 0}, steps = 0, drafted = 0, accepted = 0;
+    double ms[3] = {0, 0, 0};
+    uint64_t gen[3] = {0, 0, 0}, steps = 0, drafted = 0, accepted = 0, asteps = 0, aacc = 0;
     int identical = 1, fail = 0;
-    static dsi_token out[2][4096];
-    size_t nout[2] = {0, 0};
-    for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
+    static dsi_token out[3][4096];
+    size_t nout[3] = {0, 0, 0};
+    for (int rep = 0; rep < (o->spec_steps ? 0 : o->r + 1) && !fail; rep++) {
         for (int pi = 0; pi < n_prompts && !fail; pi++) {
             dsi_token prompt[256];
             size_t np = 0;
             if (dsi_tokenize(model, texts[pi], strlen(texts[pi]), 0, prompt, 256, &np) != DSI_OK || np == 0) {
                 for (np = 0; np < 16; np++) prompt[np] = (dsi_token)((np * 7919u + (size_t)pi) % (size_t)nv);
             }
-            for (int mode = 0; mode < 2 && !fail; mode++) {
-                dsi_session *s = spec_session(model, n_ctx, mode ? DSI_SPEC_ON : DSI_SPEC_OFF, o->draft_max);
+            for (int mode = 0; mode < 3 && !fail; mode++) { /* off, on, auto */
+                dsi_session *s = spec_session(model, n_ctx, mode == 2 ? DSI_SPEC_AUTO : mode ? DSI_SPEC_ON : DSI_SPEC_OFF, o->draft_max);
                 if (!s) return 1;
                 dsi_sampler *smp = NULL;
                 dsi_sampler_create(&sopt, &smp);
@@ -880,7 +884,10 @@ static int run_spec(const opts *o, dsi_model *model, int32_t nv) {
                 if (rep > 0) { /* the first round warms up */
                     ms[mode] += r.decode_ms;
                     gen[mode] += r.n_generated;
-                    if (mode) {
+                    if (mode == 2) {
+                        asteps += r.n_spec_steps;
+                        aacc += r.n_accepted;
+                    } else if (mode) {
                         steps += r.n_spec_steps;
                         drafted += r.n_drafted;
                         accepted += r.n_accepted;
@@ -889,54 +896,88 @@ static int run_spec(const opts *o, dsi_model *model, int32_t nv) {
                 dsi_sampler_free(smp);
                 dsi_session_free(s);
             }
-            if (nout[0] != nout[1] || memcmp(out[0], out[1], nout[0] * sizeof(dsi_token)) != 0) identical = 0;
+            for (int m = 1; m < 3; m++)
+                if (nout[0] != nout[m] || memcmp(out[0], out[m], nout[0] * sizeof(dsi_token)) != 0) identical = 0;
         }
     }
     if (fail) return 1;
-    /* where the time goes: one-token step, verify step (1 + k rows), draft call, alone */
+    /* where the time goes: one-token step, verify step (1 + k rows), draft call, alone —
+     * interleaved, so that the machine's load drifts into all three alike; the routed-expert
+     * bytes each step read come from the CPU backend's counter (each selected expert once per
+     * step, whatever the rows that chose it) */
     dsi_session *s = spec_session(model, n_ctx, DSI_SPEC_ON, o->draft_max);
     if (!s) return 1;
     dsi_token base[64];
     for (int i = 0; i < 64; i++) base[i] = (dsi_token)((i * 7919) % nv);
     dsi_session_sync(s, base, 48, NULL);
     uint32_t k = (uint32_t)(o->draft_max > 0 ? o->draft_max : (int)s->draft_max);
-    const int R = 20;
+    const int R = o->spec_steps ? (o->r > 0 ? 4 * o->r : 20) : 20;
     double t_one = 0, t_ver = 0, t_draft = 0;
+    uint64_t eb_one = 0, eb_ver = 0, eb_draft = 0;
     float *buf = malloc(sizeof(float) * (size_t)nv * (k + 1));
     dsi_token ids[16];
     size_t nd = 0;
-    for (int i = 0; i < R && buf; i++) {
+    for (int i = -1; i < R && buf; i++) { /* i = -1 warms up */
+        uint64_t e0 = cpu_expert_bytes(ctx);
         double t0 = bench_now();
         dsi_session_append(s, base + 48, 1);
-        t_one += bench_now() - t0;
+        double d1 = bench_now() - t0;
+        uint64_t e1 = cpu_expert_bytes(ctx);
         dsii_session_rewind(s, 48);
         t0 = bench_now();
         dsii_session_append_all_logits(s, base + 48, k + 1, buf);
-        t_ver += bench_now() - t0;
+        double d2 = bench_now() - t0;
+        uint64_t e2 = cpu_expert_bytes(ctx);
         dsii_session_rewind(s, 48);
         t0 = bench_now();
         dsi_session_draft(s, base[48], ids, NULL, 16, &nd);
-        t_draft += bench_now() - t0;
+        double d3 = bench_now() - t0;
+        uint64_t e3 = cpu_expert_bytes(ctx);
+        if (i < 0) continue;
+        t_one += d1, t_ver += d2, t_draft += d3;
+        eb_one += e1 - e0, eb_ver += e2 - e1, eb_draft += e3 - e2;
     }
     free(buf);
     dsi_session_free(s);
-    double ts_off = gen[0] / (ms[0] / 1e3), ts_on = gen[1] / (ms[1] / 1e3);
-    double acc = steps ? (double)accepted / (double)steps : 0;
-    double tps = steps ? (double)gen[1] / (double)steps : 0;
-    printf("| mode | tokens | t/s | accepted / step | tokens / step |\n| ---- | ---: | --: | --: | --: |\n");
-    printf("| plain | %llu | %.2f | - | 1 |\n", (unsigned long long)gen[0], ts_off);
-    printf("| spec (draft max %u) | %llu | %.2f | %.3f (%llu of %llu drafted) | %.3f |\n", k,
-           (unsigned long long)gen[1], ts_on, acc, (unsigned long long)accepted,
-           (unsigned long long)drafted, tps);
-    printf("\nspeed-up %.3fx; output identical to plain decoding: %s (%d prompts x %d tokens x %d reps)\n",
-           ts_on / ts_off, identical ? "yes" : "NO", n_prompts, n, o->r);
-    printf("step times (each alone, mean of %d): one-token step %.2f ms, verify step of %u rows %.2f ms "
-           "(%.2fx), draft call %.2f ms\n", R, 1e3 * t_one / R, k + 1, 1e3 * t_ver / R,
-           t_ver / t_one, 1e3 * t_draft / R);
-    printf("bound from these: a spec step costs draft + verify = %.2f ms for %.3f tokens -> %.1f t/s "
-           "(plain %.1f t/s at %.2f ms / token)\n", 1e3 * (t_draft + t_ver) / R, tps,
-           tps / ((t_draft + t_ver) / R), R / t_one, 1e3 * t_one / R);
-    return identical ? 0 : 1;
+    if (!o->spec_steps) {
+        double ts_off = gen[0] / (ms[0] / 1e3), ts_on = gen[1] / (ms[1] / 1e3);
+        double acc = steps ? (double)accepted / (double)steps : 0;
+        double tps = steps ? (double)gen[1] / (double)steps : 0;
+        printf("| mode | tokens | t/s | accepted / step | tokens / step |\n| ---- | ---: | --: | --: | --: |\n");
+        printf("| plain | %llu | %.2f | - | 1 |\n", (unsigned long long)gen[0], ts_off);
+        printf("| spec (draft max %u) | %llu | %.2f | %.3f (%llu of %llu drafted) | %.3f |\n", k,
+               (unsigned long long)gen[1], ts_on, acc, (unsigned long long)accepted,
+               (unsigned long long)drafted, tps);
+        double ts_auto = gen[2] / (ms[2] / 1e3);
+        printf("| auto (speculates while faster) | %llu | %.2f | %llu verify steps, %llu accepted | - |\n",
+               (unsigned long long)gen[2], ts_auto, (unsigned long long)asteps, (unsigned long long)aacc);
+        printf("\nspeed-up %.3fx (auto %.3fx); output identical to plain decoding: %s (%d prompts x %d "
+               "tokens x %d reps)\n", ts_on / ts_off, ts_auto / ts_off, identical ? "yes" : "NO",
+               n_prompts, n, o->r);
+        printf("bound from the step times below: a spec step costs draft + verify = %.2f ms for %.3f "
+               "tokens -> %.1f t/s (plain %.1f t/s at %.2f ms / token)\n",
+               1e3 * (t_draft + t_ver) / R, tps, tps / ((t_draft + t_ver) / R), R / t_one,
+               1e3 * t_one / R);
+    }
+    printf("step times (each alone, interleaved, mean of %d): one-token step %.2f ms, verify step of "
+           "%u rows %.2f ms (%.2fx), draft call %.2f ms (%.2fx)\n", R, 1e3 * t_one / R, k + 1,
+           1e3 * t_ver / R, t_ver / t_one, 1e3 * t_draft / R, t_draft / t_one);
+    /* weight bytes: shared tensors once per step, per-row parts per row, the routed experts
+     * as counted (CPU); the verify step's bound is the one-token step's time scaled by the
+     * bytes ratio (same run, same machine state) */
+    int on_cpu = strcmp(dsi_context_backend(ctx), "cpu") == 0;
+    double shared = tok_bytes - cat_bytes[C_ROUTED] - g_per_row_bytes;
+    double e1 = on_cpu ? (double)eb_one / R : cat_bytes[C_ROUTED];
+    double ev = on_cpu ? (double)eb_ver / R : cat_bytes[C_ROUTED] * (k + 1);
+    double b1 = shared + g_per_row_bytes + e1, bv = shared + (k + 1) * g_per_row_bytes + ev;
+    printf("weights read: one-token step %.1f MiB (routed experts %.1f), verify step %.1f MiB "
+           "(routed experts %.1f = %.2fx one token's%s), draft call routed experts %.1f MiB\n",
+           b1 / 1048576.0, e1 / 1048576.0, bv / 1048576.0, ev / 1048576.0, e1 > 0 ? ev / e1 : 0.0,
+           on_cpu ? "" : ", estimated", (double)eb_draft / R / 1048576.0);
+    double bound = b1 > 0 ? bv / b1 : 0;
+    printf("verify step: bytes bound %.2fx a one-token step, measured %.2fx -> %.2fx the bound "
+           "(target <= 1.15)\n", bound, t_ver / t_one, bound > 0 ? (t_ver / t_one) / bound : 0.0);
+    return o->spec_steps || identical ? 0 : 1;
 }
 
 /* ---- --ttft: persistence ------------------------------------------------------------------ */
@@ -1118,7 +1159,7 @@ static int run_model(const opts *o) {
     const double tok_bytes = cost.bytes, tok_flops = cost.flops;
     const double *cat_bytes = cost.cat;
     if (o->spec) {
-        int rc = run_spec(o, model, info.n_vocab);
+        int rc = run_spec(o, ctx, model, info.n_vocab, tok_bytes, cat_bytes);
         dsib_threadpool_free(pool);
         dsi_model_free(model);
         dsi_context_free(ctx);

@@ -129,15 +129,17 @@ DSI_API dsi_status dsi_session_append_batch(size_t n, dsi_session *const *sessio
             dsii_kv_pool *pool = P[idx[a]].s->seq.pool;
             dsii_seq_step grp[DSII_SCHED_SEQS];
             uint32_t gi[DSII_SCHED_SEQS] = {idx[a]}, ng = 0;
+            int taps = 0;
             for (uint32_t b = a; b < nq && ng < DSII_SCHED_SEQS; b++) {
                 if (taken[b] || P[idx[b]].s->seq.pool != pool) continue;
+                taps |= P[idx[b]].s->seq.taps != 0;
                 grp[ng] = steps[b];
                 gi[ng++] = idx[b];
                 taken[b] = 1;
             }
             dsii_error e;
             dsii_error_clear(&e);
-            dsi_status st = dsii_sched_step(P[gi[0]].s->ex, pool, grp, ng, &e);
+            dsi_status st = dsii_sched_step(P[gi[0]].s->ex, pool, grp, ng, taps, &e);
             for (uint32_t g = 0; g < ng; g++) {
                 part *p = &P[gi[g]];
                 dsi_session *s = p->s;

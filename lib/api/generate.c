@@ -167,6 +167,16 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
     dsi_token pending = -1;          /* next token drawn from a residual (rejection) */
     double ema = kspec;              /* accepted drafts per verify step (adaptive length) */
     int spec_on = kspec > 0;
+    /* AUTO: speculate only while it is faster, measured in this call (the output does not
+     * depend on it: every path is exact). Phases of loop iterations: 0 spec probe (4), 1
+     * plain probe (4) — then the faster mode runs: 2 spec run (64) or 3 plain run (64,
+     * doubled each time speculation loses again, at most 1024) — 2 → 1 (measure plain
+     * again), 3 → 0 (try speculation again). Rates are tokens per nanosecond of whole
+     * iterations (draft + verify + acceptance + delivery, or one plain step + delivery). */
+    const int autom = spec_on && s->spec_mode == DSII_SPEC_AUTO;
+    int aphase = 0, alow = 0;
+    uint32_t aleft = 4, aback = 64;
+    double a_ns[2] = {0, 0}, a_tok[2] = {0, 0}; /* [0] plain, [1] speculative iterations */
     if (spec_on) {
         allL = dsii_malloc(s->ctx, (size_t)(kspec + 1) * (size_t)s->n_vocab * sizeof(float));
         if (!allL) {
@@ -175,6 +185,7 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
         }
     }
     for (;;) {
+        const uint64_t it0 = dsii_time_ns();
         if (r.n_generated >= (uint64_t)o.max_tokens) { r.finish_reason = DSI_FINISH_LENGTH; break; }
         if (dsii_session_take_cancel(s)) {
             st = dsii_session_fail(s, DSI_ERR_CANCELLED, "dsi_session_generate: cancelled after %llu tokens",
@@ -282,7 +293,7 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
             n_run = 1 + a;
             if (s->spec_mode == DSII_SPEC_AUTO && r.n_spec_steps >= 8 &&
                 (double)r.n_accepted < 0.25 * (double)r.n_spec_steps)
-                spec_on = 0; /* drafts rarely accepted: plain decoding for the rest */
+                spec_on = 0, alow = 1; /* drafts rarely accepted: plain decoding for the rest */
         }
 
         int done = 0;
@@ -365,6 +376,27 @@ DSI_API dsi_status dsi_session_generate(dsi_session *s, dsi_sampler *smp,
             }
         }
         if (done) break;
+        if (autom && !alow) {
+            const int sp = k > 0;
+            a_ns[sp] += (double)(dsii_time_ns() - it0);
+            a_tok[sp] += (double)n_run;
+            if (--aleft == 0) {
+                if (aphase == 0 || aphase == 2) { /* measure plain decoding */
+                    aphase = 1, aleft = 4, spec_on = 0;
+                    a_ns[0] = a_tok[0] = 0;
+                } else if (aphase == 3) { /* try speculation again */
+                    aphase = 0, aleft = 4, spec_on = 1;
+                    a_ns[1] = a_tok[1] = 0;
+                } else { /* the faster mode for the next 64 iterations */
+                    const int spec_faster = a_tok[1] > 0 && a_ns[0] > 0 &&
+                                            a_tok[1] * a_ns[0] > a_tok[0] * a_ns[1];
+                    aphase = spec_faster ? 2 : 3, spec_on = spec_faster;
+                    aleft = spec_faster ? 64u : aback;
+                    aback = spec_faster ? 64u : aback < 1024u ? 2 * aback : 1024u;
+                    if (spec_faster) a_ns[1] = a_tok[1] = 0;
+                }
+            }
+        }
     }
     dsii_free(s->ctx, allL);
     r.decode_ms = ms_since(t1);

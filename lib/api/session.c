@@ -158,8 +158,8 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
         uint32_t lf = (opt.flags & DSII_SESSION_FLAG_NO_CAPTURE) ? DSII_LANE_NO_CAPTURE : 0;
         if (spec) lf |= DSII_LANE_TAPS;
         st = dsii_lane_create(ex, rows, max_out, n_ctx, lf, &s->seq.lane, &e);
-        /* own steps only: shared (coalesced) steps do not feed the draft rings */
-        if (spec) s->seq.own_steps = 1;
+        /* shared (coalesced, batched) steps that carry it run on a tapped batch lane */
+        if (spec) s->seq.taps = 1;
     }
     if (st != DSI_OK) {
         if (s->seq.pool) dsii_kv_pool_release(s->seq.pool, s->seq.slot);

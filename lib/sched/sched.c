@@ -20,6 +20,7 @@ typedef struct dsii_sched_req {
 
 typedef struct batch_lane {
     dsii_kv_pool *pool;
+    int taps;                    /* a DSII_LANE_TAPS lane (steps with speculating sequences) */
     dsii_lane *lane;
     pthread_mutex_t mu;          /* one step at a time on this lane */
 } batch_lane;
@@ -31,7 +32,7 @@ struct dsii_sched {
     pthread_cond_t cv;
     dsii_sched_req *head, *tail;
     int busy;                    /* a caller is running a shared step */
-    batch_lane *lanes[16];
+    batch_lane *lanes[32];
     uint32_t n_lanes;
     uint64_t steps, rows;
 };
@@ -87,21 +88,26 @@ void dsii_sched_stats(const dsii_exec *ex, uint64_t *steps, uint64_t *rows) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The batch lane of a pool (created on first use). */
-static batch_lane *lane_for(dsii_sched *s, dsii_kv_pool *pool, dsii_error *e) {
+/* The batch lane of a pool (created on first use); `taps`: the lane that also feeds the
+ * draft blocks' rings (lib/spec), used for steps that carry a speculating sequence — the
+ * taps write only the stepped sequences' own draft-state components, so the other
+ * sequences of such a step are unaffected (their rings are just written too). */
+static batch_lane *lane_for(dsii_sched *s, dsii_kv_pool *pool, int taps, dsii_error *e) {
     pthread_mutex_lock(&s->mu);
     batch_lane *bl = NULL;
     for (uint32_t i = 0; i < s->n_lanes && !bl; i++)
-        if (s->lanes[i]->pool == pool) bl = s->lanes[i];
+        if (s->lanes[i]->pool == pool && s->lanes[i]->taps == taps) bl = s->lanes[i];
     if (!bl && s->n_lanes < sizeof s->lanes / sizeof s->lanes[0]) {
         dsii_arch_params pp;
         dsii_exec_pool_params(pool, &pp);
         bl = dsii_calloc(s->ex->ctx, 1, sizeof *bl);
         dsi_status st = bl ? DSI_OK : dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
         if (st == DSI_OK)
-            st = dsii_lane_create(s->ex, DSII_SCHED_ROWS, DSII_SCHED_SEQS, pp.n_ctx, 0, &bl->lane, e);
+            st = dsii_lane_create(s->ex, DSII_SCHED_ROWS, DSII_SCHED_SEQS, pp.n_ctx,
+                                  taps ? DSII_LANE_TAPS : 0u, &bl->lane, e);
         if (st == DSI_OK) {
             bl->pool = pool;
+            bl->taps = taps;
             pthread_mutex_init(&bl->mu, NULL);
             s->lanes[s->n_lanes++] = bl;
         } else {
@@ -120,10 +126,10 @@ static uint32_t out_rows(const dsii_seq_step *q) {
 }
 
 dsi_status dsii_sched_step(dsii_exec *ex, dsii_kv_pool *pool, const dsii_seq_step *seqs,
-                           uint32_t n_seqs, dsii_error *e) {
+                           uint32_t n_seqs, int taps, dsii_error *e) {
     dsii_sched *s = sched_get(ex, e);
     if (!s) return e->status;
-    batch_lane *bl = lane_for(s, pool, e);
+    batch_lane *bl = lane_for(s, pool, taps != 0, e);
     if (!bl) return e->status;
     dsi_status st = DSI_OK;
     pthread_mutex_lock(&bl->mu);
@@ -164,6 +170,7 @@ static void lead(dsii_sched *s) {
     dsii_seq_step steps[DSII_SCHED_SEQS];
     dsii_sched_req *taken[DSII_SCHED_SEQS];
     uint32_t nt = 0, rows = 0, outs = 0;
+    int taps = 0;
     dsii_kv_pool *pool = NULL;
     dsii_sched_req **pp = &s->head, *last = NULL;
     while (*pp) {
@@ -181,6 +188,7 @@ static void lead(dsii_sched *s) {
             *pp = r->next;
             taken[nt] = r;
             steps[nt] = q;
+            taps |= r->q->taps != 0;
             nt++;
             rows += r->n;
             outs += out_rows(&q);
@@ -195,7 +203,7 @@ static void lead(dsii_sched *s) {
     pthread_mutex_unlock(&s->mu);
     dsii_error err;
     dsii_error_clear(&err);
-    dsi_status st = dsii_sched_step(s->ex, pool, steps, nt, &err);
+    dsi_status st = dsii_sched_step(s->ex, pool, steps, nt, taps, &err);
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < nt; i++) {
         taken[i]->status = st;

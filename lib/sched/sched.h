@@ -33,7 +33,10 @@ typedef struct dsii_seq {
     dsii_lane *lane;             /* its own steps */
     const dsi_token *tokens;     /* its timeline */
     atomic_int *cancel;          /* nonzero: stop before the next step */
-    int32_t own_steps;           /* 1: never coalesced (its lane feeds draft rings, lib/spec) */
+    int32_t own_steps;           /* 1: never coalesced */
+    int32_t taps;                /* 1: its steps feed the draft blocks (lib/spec): its own lane
+                                    is a DSII_LANE_TAPS lane, and shared steps that carry it
+                                    run on the pool's tapped batch lane */
 } dsii_seq;
 
 typedef struct dsii_sched dsii_sched;
@@ -57,9 +60,10 @@ dsi_status dsii_sched_eval(dsii_seq *q, uint32_t pos, uint32_t n, int32_t which,
                            dsii_error *e);
 
 /* One step over `n_seqs` sequences of `pool` (rows and outputs may exceed one batch lane:
- * the call then runs several steps). */
+ * the call then runs several steps). taps: one of them speculates (its rows must feed the
+ * draft blocks' rings: the pool's tapped batch lane is used). */
 dsi_status dsii_sched_step(dsii_exec *ex, dsii_kv_pool *pool, const dsii_seq_step *seqs,
-                           uint32_t n_seqs, dsii_error *e);
+                           uint32_t n_seqs, int taps, dsii_error *e);
 
 /* Counters of the model's scheduler (tests, bench): shared steps run and the rows they
  * carried. Zeros when coalescing is off. */
