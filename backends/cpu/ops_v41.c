@@ -8,6 +8,7 @@
  */
 #include "backends/cpu/ops_v41.h"
 #include "backends/cpu/cpu_impl.h"
+#include "quant/statepack.h"
 
 #include <math.h>
 #include <string.h>
@@ -147,9 +148,17 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
 
     const float *q = a->q + (size_t)t * a->ldq;
     const float *wt = a->w + (size_t)t * a->ldw;
-    const float *keys = dsib_cpu_state_row(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
+    const uint8_t *keys = dsib_cpu_state_bytes(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
+    const uint64_t krb = dsib_cpu_state_rb(a->keys);
+    const int packed = a->keys->format != DSIB_STATE_F32;
+    float kbuf[DSIB_CPU_MAX_KEY];
     for (uint32_t c = 0; c < nvis; c++) {
-        const float *k = keys + (size_t)c * a->keys->ld;
+        const float *k = (const float *)(const void *)(keys + (uint64_t)c * krb);
+        if (packed) { /* one key, decoded once for every head (statepack.h: exact) */
+            dsii_sp_unpack_row(a->keys->format, a->hd, a->keys->qcols, a->keys->block,
+                               keys + (uint64_t)c * krb, kbuf);
+            k = kbuf;
+        }
         float s = 0.0f;
         for (uint32_t hh = 0; hh < a->heads; hh++) {
             const float *qh = q + (size_t)hh * a->hd;
@@ -208,7 +217,9 @@ dsi_status dsib_cpu_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ld
     if (!q.buf || !w.buf || !idx.buf || ratio == 0 ||
         ((cand_in.buf || cand_out.buf) && (cand_block == 0 || cand_k == 0)))
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    dsi_status st = dsib_cpu_state_check(keys, hd);
+    dsi_status st = dsib_cpu_state_check_packed(keys, hd);
+    if (st == DSI_OK && keys->format != DSIB_STATE_F32 && hd > DSIB_CPU_MAX_KEY)
+        st = DSI_ERR_UNSUPPORTED;
     if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, keys->slots);
     if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     int64_t maxp = 0;
