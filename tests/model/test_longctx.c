@@ -33,6 +33,7 @@
 #include "dsinfer.h"
 #include "model_test_util.h"
 #include "tests/common/skip.h"
+#include "tests/common/filter.h"
 
 #include "api/session_impl.h"
 #include "arch/arch.h"
@@ -436,6 +437,7 @@ static void test_memory(void **state) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0);
+    dsit_filter();
     if (!mt_model_path("tiny-v4.gguf", NULL) && !mt_model_path("tiny-v41.gguf", NULL))
         return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
     const struct CMUnitTest tests[] = {
