@@ -83,30 +83,22 @@ static int stored_rows(const dsii_kv_comp *c, uint32_t L, uint32_t P, uint32_t *
 
 /* ---- packed rows (issue 19: FP8 / FP4 state, lib/quant/statepack.h) ----------------------- */
 
-/* The form a component's rows take in a snapshot: its declared quantised form when the
- * session's rows are on the grids (rounding on), else f32 — the same bytes whether the pool
- * stores them packed (CPU) or f32 (other backends), so snapshots stay backend-independent. */
+/* The form a component's rows take in a snapshot: the form the pool stores them in (packed
+ * on the CPU with the rounding on, f32 elsewhere). A loader converts to its own pool's form
+ * (packed rows unpack exactly; f32 rows pack exactly when they lie on the grids, which
+ * validation checks), so images of every backend load everywhere. */
 typedef struct snap_form {
     int32_t format;
     uint32_t qcols, block, row_bytes;
 } snap_form;
 
-static snap_form form_of(const dsii_kv_comp *c, uint32_t state_flags) {
-    snap_form f = {DSIB_STATE_F32, 0, 0, c->ld * 4u};
-    if (c->format != DSIB_STATE_F32) {
-        f.format = c->format;
-        f.qcols = c->qcols;
-        f.block = c->block;
-    } else if (c->decl_format != DSIB_STATE_F32 && !(state_flags & DSI_SESSION_FLAG_NO_FAKE_QUANT)) {
-        f.format = c->decl_format;
-        f.qcols = c->decl_qcols;
-        f.block = c->decl_block;
-    }
-    if (f.format != DSIB_STATE_F32) f.row_bytes = dsii_sp_row_bytes(f.format, c->ld, f.qcols, f.block);
+static snap_form form_of(const dsii_kv_comp *c) {
+    snap_form f = {c->format, c->qcols, c->block, c->row_bytes};
     return f;
 }
 
-/* n rows from the pool's stored form (c) into form f (host, in place is not allowed).
+/* n rows of component c from the form (from_fmt, from_q, from_b) into form `to` (host; not in
+ * place; tmp: c->ld floats).
  * Returns 0, or 1 when a row was not on f's grid (it cannot be stored exactly). */
 static int rows_convert(const dsii_kv_comp *c, int32_t from_fmt, uint32_t from_q,
                         uint32_t from_b, const uint8_t *src, const snap_form *to, uint8_t *dst,
@@ -176,13 +168,9 @@ static dsi_status plan_sizes(const dsii_snap_src *src, uint64_t *total, uint64_t
             return dsii_fail(e, DSI_ERR_INTERNAL,
                              "snapshot: a prefix of %u tokens is no longer in the state of %u",
                              L, P);
-        snap_form fm = form_of(&l->c[i], src->id.state_flags);
-        uint64_t b = (uint64_t)c * fm.row_bytes;
+        uint64_t b = (uint64_t)c * form_of(&l->c[i]).row_bytes;
         sb += b;
-        /* buffer: the pool's rows, then (when the forms differ) the converted rows */
-        uint64_t need = (uint64_t)c * l->c[i].row_bytes;
-        if (fm.format != l->c[i].format) need += b;
-        if (need > mc) mc = need;
+        if (b > mc) mc = b;
     }
     const uint64_t sec = DSII_SNAP_SECTION_HEAD + DSII_SNAP_SECTION_TAIL;
     *total = DSII_SNAP_HEADER_BYTES + DSII_SNAP_N_SECTIONS * sec + (uint64_t)L * 4 +
@@ -262,7 +250,7 @@ dsi_status dsii_snap_write(const dsii_snap_src *src, dsii_snap_write_fn write, v
         put32(b + 12, c->ratio);
         put32(b + 16, f);
         put32(b + 20, cnt);
-        snap_form fm = form_of(c, src->id.state_flags);
+        snap_form fm = form_of(c);
         put32(b + 24, (uint32_t)fm.format);
         put32(b + 28, fm.qcols);
         put32(b + 32, fm.block);
@@ -272,14 +260,7 @@ dsi_status dsii_snap_write(const dsii_snap_src *src, dsii_snap_write_fn write, v
 
     dsi_status st = DSI_OK;
     uint8_t *buf = max_comp ? dsii_malloc(ctx, (size_t)max_comp) : NULL;
-    uint32_t max_ld = 1;
-    for (uint32_t i = 0; i < l->n; i++) max_ld = l->c[i].ld > max_ld ? l->c[i].ld : max_ld;
-    float *tmp = dsii_malloc(ctx, (size_t)max_ld * sizeof(float));
-    if ((max_comp && !buf) || !tmp) {
-        dsii_free(ctx, buf);
-        dsii_free(ctx, tmp);
-        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "snapshot: out of host memory");
-    }
+    if (max_comp && !buf) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "snapshot: out of host memory");
     sec_begin(&w, TAG_STATE, state_bytes);
     for (uint32_t i = 0; i < l->n && st == DSI_OK && !w.failed; i++) {
         const dsii_kv_comp *c = &l->c[i];
@@ -296,21 +277,10 @@ dsi_status dsii_snap_write(const dsii_snap_src *src, dsii_snap_write_fn write, v
         } else {
             st = dsii_kv_rows_read(src->pool, src->slot, i, 0, cnt, buf, e);
         }
-        snap_form fm = form_of(c, src->id.state_flags);
-        if (st == DSI_OK && fm.format != c->format) {
-            /* f32 pool rows of a packed form (rounding on, e.g. a Vulkan pool): pack them */
-            uint8_t *cv = buf + (size_t)cnt * rb;
-            if (rows_convert(c, c->format, c->qcols, c->block, buf, &fm, cv, cnt, tmp))
-                st = dsii_fail(e, DSI_ERR_INTERNAL,
-                               "snapshot: state component %u has a row off its FP8/FP4 grid", i);
-            else sec_data(&w, cv, (size_t)cnt * fm.row_bytes);
-        } else if (st == DSI_OK) {
-            sec_data(&w, buf, (size_t)cnt * rb);
-        }
+        if (st == DSI_OK) sec_data(&w, buf, (size_t)cnt * rb); /* the pool's own form */
     }
     sec_end(&w);
     dsii_free(ctx, buf);
-    dsii_free(ctx, tmp);
     if (st != DSI_OK) return st;
     if (w.failed)
         return dsii_fail(e, DSI_ERR_IO, "snapshot: the writer failed after %llu of %llu bytes",

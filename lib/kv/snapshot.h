@@ -5,7 +5,8 @@
  *
  * The format is backend-independent: state rows are stored by position (rings, oldest
  * first) and by row index (row arrays, only the rows the prefix completed), as little-endian
- * f32, whatever the pool's capacity (n_ctx), rewind margin or device. A snapshot therefore
+ * f32 or packed FP8 / FP4 rows (version 2), whatever the pool's capacity (n_ctx), rewind
+ * margin or device. A snapshot therefore
  * restores into a session of any n_ctx >= its length on any backend.
  *
  * Loading is two-phase: dsii_snap_validate checks every byte (magic, version, header and
@@ -28,8 +29,9 @@
 #define DSII_SNAP_SECTION_HEAD 16u   /* tag, reserved, length */
 #define DSII_SNAP_SECTION_TAIL 8u    /* xxh3-64 of head + payload */
 /* Layout entries (u32 each). Version 1: kind, rows, ld, ratio, first, count (rows f32).
- * Version 2 appends the rows' stored form: format (DSIB_STATE_*), qcols, block — packed
- * rows (lib/quant/statepack.h) are written as such whatever the pool stores. */
+ * Version 2 appends the rows' stored form: format (DSIB_STATE_*), qcols, block — rows are
+ * written in the saving pool's form (packed, lib/quant/statepack.h, or f32) and converted
+ * to the loading pool's. */
 #define DSII_SNAP_LAYOUT_ENTRY_V1 24u
 #define DSII_SNAP_LAYOUT_ENTRY 36u
 /* Oldest version this library reads (docs/snapshots.md "Versions"). */
