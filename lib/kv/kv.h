@@ -16,7 +16,7 @@
  *
  * Pool. A pool holds the state of up to `cap` sequences ("slots") of one layout in ONE
  * backend buffer, component-major: component c of slot s, row r is at
- *   base_c + ((s · rows_c) + r) · ld_c floats,
+ *   base_c + ((s · arows_c) + r) · row_bytes_c bytes (arows_c: rows allocated per slot now),
  * which is exactly the dsib_state view the ops take (backends/backend.h), so one op call
  * serves rows of any number of sequences. Slots are acquired per sequence (a session) and
  * released when it ends; a full pool doubles its capacity (new buffer, device-side copy of
@@ -24,11 +24,11 @@
  * their owners). Steps hold the pool's shared lock while they use its buffer; growth takes
  * it exclusively.
  *
- * Later users plug in here:
- *   - packed state (FP8 / FP4 rows, §3.8 deployment layout): a component gets a format
- *     (dsib_state.format) and a byte row size; ops that read it dequantise on the fly;
- *   - million-token contexts: components get paged (slot → page table), so a slot grows
- *     as its sequence grows; the layout/pool API below (acquire, reserve, state views) stays;
+ * Packed state (issue 19): a component declares its rows' quantised form
+ * (dsii_kv_set_format); a layout with `packed` set stores them as FP8 / FP4 codes + block
+ * scales (dsib_state.format, row_bytes; lib/quant/statepack.h), which the ops read in place.
+ * Lazy state: row arrays are allocated for the positions the pool's sequences reach
+ * (dsii_kv_pool_reserve), not for n_ctx. Other users:
  *   - snapshots: dsii_kv_slot_export / import copy one slot's rows (every component);
  *   - speculative rollback: the frontier moves back (within the margin, no device work);
  *   - forks (beam / prefix sharing): dsii_kv_slot_copy.
