@@ -525,7 +525,8 @@ dsi_status dsii_session_fill_synthetic(dsi_session *s, const dsi_token *tok, uin
     if (D) memcpy(s->tokens, tok, (size_t)D * sizeof(dsi_token));
     s->n_tokens = D;
     s->has_logits = 0;
-    s->exact_from = D;
+    s->exact_from = 0; /* every ring row holds a (synthetic) row: rewinds within the margin
+                          stay cheap, so the bench can step back to D */
     if (s->spec) dsii_spec_rewound(s->spec, 0);
     return DSI_OK;
 }
