@@ -763,26 +763,23 @@ typedef struct attn_job {
     float *out, *zs;
     const float **ps;
     uint8_t *fs;         /* per row of ps: 0 f32, 1 packed ring row, 2 packed compressed row */
+    int64_t pre_n;       /* >= 0: one-row step, its rows listed (packed ones decoded) below */
+    const float **pre_rp;
+    uint8_t *pre_fm;
+    float *pre_dec;      /* [pre_n][hd] decoded rows */
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
     int64_t max_rows;
     float scale;
 } attn_job;
 
-static void attn_task(void *arg, int64_t task, int32_t slot) {
-    attn_job *j = arg;
-    uint32_t t = (uint32_t)(task / j->H), h = (uint32_t)(task % j->H);
+/* The visible rows of step row t in canonical order: compressed (ascending), then window
+ * (ascending); fm[i]: 0 f32 row, 1 packed ring row, 2 packed compressed row. */
+static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp, uint8_t *fm) {
     const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
     int64_t p = r[DSIB_ROW_POS];
     uint32_t sl = (uint32_t)r[DSIB_ROW_SLOT];
     int64_t first = r[DSIB_ROW_FIRST];
     int64_t pos0 = j->rows[(size_t)first * DSIB_ROW_WORDS + DSIB_ROW_POS];
-    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
-    float *z = j->zs + (size_t)slot * j->max_rows;
-    const float **rp = j->ps + (size_t)slot * j->max_rows;
-    uint8_t *fm = j->fs + (size_t)slot * j->max_rows;
-    const dsib_state *sts[3] = {NULL, j->ring, j->comp};
-    /* The visible rows in canonical order: compressed (ascending), then window (ascending).
-     * Packed rows (statepack.h) are read in place, decoded 8 values at a time. */
     int64_t nr = 0;
     if (j->comp_ratio > 0) {
         const uint8_t *comp = dsib_cpu_state_bytes(j->comp, sl, 0);
@@ -815,6 +812,27 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
             fm[nr] = 0;
             rp[nr++] = j->kv + (size_t)(first + qp - pos0) * j->ldkv;
         }
+    }
+    return nr;
+}
+
+static void attn_task(void *arg, int64_t task, int32_t slot) {
+    attn_job *j = arg;
+    uint32_t t = (uint32_t)(task / j->H), h = (uint32_t)(task % j->H);
+    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
+    float *z = j->zs + (size_t)slot * j->max_rows;
+    const float **rp = j->ps + (size_t)slot * j->max_rows;
+    uint8_t *fm = j->fs + (size_t)slot * j->max_rows;
+    const dsib_state *sts[3] = {NULL, j->ring, j->comp};
+    /* Packed rows (statepack.h) are read in place, decoded 8 values at a time — or, for a
+     * one-row step, decoded once for every head beforehand (j->pre_n) */
+    int64_t nr;
+    if (j->pre_n >= 0) {
+        nr = j->pre_n;
+        rp = j->pre_rp;
+        fm = j->pre_fm;
+    } else {
+        nr = attn_rows(j, t, rp, fm);
     }
     float sink = j->sinks[h];
     float m = sink;
@@ -899,6 +917,32 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     j.fs = ws + o3;
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
+    j.pre_n = -1;
+    if (n == 1 && (ring->format != DSIB_STATE_F32 || (comp_ratio && comp->format != DSIB_STATE_F32))) {
+        /* decode: every head reads the same rows: decode the packed ones once (exact,
+         * statepack.h; a fixed number of rows: top-k + window) */
+        size_t q1 = ((sizeof(float *) * (size_t)j.max_rows) + 63) & ~(size_t)63;
+        size_t q2 = q1 + (((size_t)j.max_rows + 63) & ~(size_t)63);
+        size_t base = (o3 + (size_t)j.max_rows * nt + 63) & ~(size_t)63;
+        uint8_t *all = dsib_cpu_ws(strm, base + q2 + sizeof(float) * (size_t)j.max_rows * hd);
+        uint8_t *pw = all ? all + base : NULL; /* too small a workspace: heads decode */
+        if (pw) {
+            j.pre_rp = (const float **)(void *)pw;
+            j.pre_fm = pw + q1;
+            j.pre_dec = (float *)(void *)(pw + q2);
+            j.pre_n = attn_rows(&j, 0, j.pre_rp, j.pre_fm);
+            const dsib_state *sts[3] = {NULL, ring, comp_ratio ? comp : NULL};
+            for (int64_t i = 0; i < j.pre_n; i++) {
+                if (!j.pre_fm[i]) continue;
+                const dsib_state *ps = sts[j.pre_fm[i]];
+                float *d = j.pre_dec + (size_t)i * hd;
+                dsii_sp_unpack_row(ps->format, hd, ps->qcols, ps->block,
+                                   (const uint8_t *)(const void *)j.pre_rp[i], d);
+                j.pre_rp[i] = d;
+                j.pre_fm[i] = 0;
+            }
+        }
+    }
     dsib_parallel_for(inst->pool, (int64_t)n * H, attn_task, &j);
     return DSI_OK;
 }

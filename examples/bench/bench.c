@@ -1037,7 +1037,15 @@ static int run_depth(const opts *o, dsi_context *ctx, dsi_model *model, const ds
     int fail = 0;
     for (int di = 0; di < nd && !fail; di++) {
         uint32_t D = dv[di];
-        uint32_t n_ctx = D + (uint32_t)pp + (uint32_t)tg + 16;
+        const uint32_t extra = (uint32_t)pp + (uint32_t)tg + 16;
+        uint32_t n_ctx = D + extra;
+        if (train && n_ctx > train && D <= train && train > extra) {
+            /* the trained context itself: the deepest depth that leaves room for the tests */
+            printf("| (%u: %u = the trained context less the %u tested tokens) | | | | | | | | |\n",
+                   D, train - extra, extra);
+            D = train - extra;
+            n_ctx = train;
+        }
         if (train && n_ctx > train) {
             printf("| %u | (beyond the trained context %u) | | | | | | | |\n", D, train);
             continue;
