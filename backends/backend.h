@@ -283,18 +283,33 @@ typedef struct dsib_weight {
 } dsib_weight;
 
 /* Per-sequence state in a pool (lib/kv): slot s, row r is at
- *   buf + offset + ((uint64)s · rows + r) · ld · 4 bytes
+ *   buf + offset + ((uint64)s · rows + r) · row_bytes
  * — a ring (row = position mod rows) or an array of rows (e.g. row = compressed group).
- * `format` DSIB_STATE_F32 only for now; packed rows (FP8 / FP4) and paged pools are future
- * formats a backend declines with DSI_ERR_UNSUPPORTED until it implements them. */
-enum { DSIB_STATE_F32 = 0 };
+ * A row holds `ld` values:
+ *  - DSIB_STATE_F32: ld f32 values (row_bytes = ld · 4; 0 is read as ld · 4);
+ *  - packed formats (lib/quant/statepack.h has the byte layout): the first `qcols` values
+ *    quantised in blocks of `block` (codes, then one scale byte per block), then the
+ *    ld − qcols remaining values as f32. Values decode exactly to the f32 numbers the
+ *    fake-quant recipe of the same grid produced (model-spec §10.1), so ops reading a packed
+ *    row compute with the same numbers as from an f32 row; store_rows packs.
+ * A backend that does not implement a format declines it with DSI_ERR_UNSUPPORTED. */
+enum {
+    DSIB_STATE_F32 = 0,
+    DSIB_STATE_E4M3_UE8M0 = 1,  /* FP8 E4M3 + UE8M0 scales (window KV, V4 compressed KV) */
+    DSIB_STATE_E2M1_UE8M0 = 2,  /* FP4 E2M1 + UE8M0 scales (index keys) */
+    DSIB_STATE_E2M1_E4M3 = 3    /* FP4 E2M1 + E4M3 scales (V4.1 compressed KV) */
+};
 typedef struct dsib_state {
     dsib_buffer *buf;
     uint64_t offset;              /* bytes: slot 0, row 0 */
     uint32_t slots;               /* slots in the pool: step rows name slots < slots */
     uint32_t rows;                /* rows per slot (ring length or capacity) */
-    uint32_t ld;                  /* floats per row */
+    uint32_t ld;                  /* values per row */
     int32_t format;               /* DSIB_STATE_* */
+    uint32_t row_bytes;           /* bytes per row (F32: ld · 4, or 0 meaning that) */
+    uint32_t qcols;               /* packed: quantised values at the start of a row */
+    uint32_t block;               /* packed: values per scale */
+    uint32_t reserved;
 } dsib_state;
 
 /* Tail RoPE parameters (model-spec §3.9). The rotated slice is the LAST n_rot dims of each

@@ -779,6 +779,12 @@ DSI_API dsi_status dsi_session_generate(dsi_session *session, dsi_sampler *sampl
  * debugging switch: replayed steps give identical logits). */
 #define DSI_SESSION_FLAG_NO_CAPTURE (1u << 16)
 
+/* since 0.3 — dsi_session_options.flags: keep the session's state as f32 rows even where
+ * the backend stores it packed (FP8 / FP4 codes with their block scales; docs/internals.md
+ * "State layout"). The logits are bit-identical either way (the stored numbers are the
+ * same); a verification switch that costs about 4× the state memory. */
+#define DSI_SESSION_FLAG_F32_STATE (1u << 17)
+
 /* since 0.2 — [per-handle: every session listed] Advances `n` sessions of ONE model by one
  * call each: session i evaluates tokens[i][0 .. n_tokens[i]) appended to its timeline (one
  * decode token, or a prefill chunk of any length), and afterwards holds the logits of its

@@ -208,8 +208,11 @@ static size_t workspace_bytes(const dsib_stream_desc *d, int32_t nt) {
     size_t K = d->max_topk;
     size_t ns = (size_t)d->max_rows * k;
     size_t need = 0, v;
-    /* attn_sink: sinks [H] + per thread 4 × 2P scores and 2P row pointers */
-    v = al64(H * 4) + T * al64(2 * P * (4 * sizeof(float) + sizeof(float *))) + 64;
+    /* attn_sink: sinks [H] + per thread 4 × 2P scores, 2P row pointers and 2P row formats
+     * (packed state); a one-row step's decoded rows use what is left, if enough (else its
+     * heads read the packed rows in place) */
+    v = al64(H * 4) + T * al64(2 * P * (4 * sizeof(float) + sizeof(float *))) +
+        T * al64(2 * P) + 64;
     if (v > need) need = v;
     /* indexer_topk: per thread P scores; indexer_topk_v41: + a heap of 2K (id, score) */
     v = T * al64(P * 4 + 2 * K * 8 + 64);

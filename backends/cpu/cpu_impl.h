@@ -69,13 +69,27 @@ static inline const int32_t *dsib_cpu_row(dsib_view rows, uint32_t t) {
 /* Checks step rows against n and a slot count (0: not checked): positions >= 0, each
  * sequence's rows contiguous at consecutive positions. DSI_OK or INVALID_ARGUMENT. */
 dsi_status dsib_cpu_rows_check(dsib_view rows, uint32_t n, uint32_t slots);
-/* Row r of slot `slot` of a state view. */
-static inline float *dsib_cpu_state_row(const dsib_state *st, uint32_t slot, uint64_t r) {
-    return (float *)(void *)(st->buf->ptr + st->offset) +
-           ((uint64_t)slot * st->rows + r) * st->ld;
+/* Widest packed index key the indexers decode on the stack (released shapes: 128). */
+#define DSIB_CPU_MAX_KEY 1024u
+
+/* Bytes per row of a state view (row_bytes 0 = ld f32 values). */
+static inline uint64_t dsib_cpu_state_rb(const dsib_state *st) {
+    return st->row_bytes ? st->row_bytes : (uint64_t)st->ld * 4u;
 }
-/* INVALID_ARGUMENT / UNSUPPORTED for a state view the CPU cannot use. */
+/* First byte of row r of slot `slot` of a state view (any format). */
+static inline uint8_t *dsib_cpu_state_bytes(const dsib_state *st, uint32_t slot, uint64_t r) {
+    return st->buf->ptr + st->offset + ((uint64_t)slot * st->rows + r) * dsib_cpu_state_rb(st);
+}
+/* Row r of slot `slot` of an f32 state view. */
+static inline float *dsib_cpu_state_row(const dsib_state *st, uint32_t slot, uint64_t r) {
+    return (float *)(void *)dsib_cpu_state_bytes(st, slot, r);
+}
+/* INVALID_ARGUMENT / UNSUPPORTED for a state view the CPU cannot use: f32 rows of at least
+ * `width` values. */
 dsi_status dsib_cpu_state_check(const dsib_state *st, uint32_t width);
+/* The same for ops that read / write packed rows too (lib/quant/statepack.h): f32 rows of
+ * at least `width` values, or packed rows of exactly `width` values. */
+dsi_status dsib_cpu_state_check_packed(const dsib_state *st, uint32_t width);
 
 /* Host allocation through the instance's allocator (size 0 → 1 byte). */
 void *dsib_cpu_malloc(dsib_instance *inst, size_t size);

@@ -12,6 +12,7 @@
 #include "backends/rope.h"
 #include "quant/fp.h"
 #include "quant/quant.h"
+#include "quant/statepack.h"
 
 #if defined(__has_include)
 #if __has_include("backends/cpu/ops_v41.h")
@@ -45,6 +46,20 @@ static inline float dot_fixed(const float *a, const float *b, uint32_t n) {
     for (; i + 8 <= n; i += 8)
         for (uint32_t j = 0; j < 8; j++) l[j] += a[i + j] * b[i + j];
     for (; i < n; i++) l[0] += a[i] * b[i];
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* dot_fixed(a, row) for a packed state row (lib/quant/statepack.h): the row's values are
+ * decoded 8 at a time into registers and enter the very same lanes in the same order, so
+ * the result is bit-identical to dot_fixed over the unpacked row. n % 8 == 0. */
+static inline float dot_fixed_packed(const float *a, const uint8_t *row, const dsib_state *st,
+                                     uint32_t n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float b[8];
+    for (uint32_t i = 0; i + 8 <= n; i += 8) {
+        dsii_sp_decode8(st->format, st->qcols, st->block, row, i, b);
+        for (uint32_t j = 0; j < 8; j++) l[j] += a[i + j] * b[j];
+    }
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
@@ -256,14 +271,30 @@ dsi_status dsib_cpu_rows_check(dsib_view rows, uint32_t n, uint32_t slots) {
     return DSI_OK;
 }
 
-dsi_status dsib_cpu_state_check(const dsib_state *st, uint32_t width) {
+static dsi_status state_check(const dsib_state *st, uint32_t width, int packed_ok) {
     if (!st || !st->buf || st->rows == 0 || st->slots == 0 || st->ld < width)
         return DSI_ERR_INVALID_ARGUMENT;
-    if (st->format != DSIB_STATE_F32) return DSI_ERR_UNSUPPORTED;
-    uint64_t bytes = (uint64_t)st->slots * st->rows * st->ld * sizeof(float);
+    if (st->format != DSIB_STATE_F32) {
+        if (!packed_ok || st->format < 0 || st->format > DSIB_STATE_E2M1_E4M3)
+            return DSI_ERR_UNSUPPORTED;
+        if (st->ld != width || !dsii_sp_valid(st->format, st->ld, st->qcols, st->block) ||
+            st->row_bytes != dsii_sp_row_bytes(st->format, st->ld, st->qcols, st->block))
+            return DSI_ERR_INVALID_ARGUMENT;
+    } else if (st->row_bytes != 0 && st->row_bytes != (uint64_t)st->ld * 4u) {
+        return DSI_ERR_INVALID_ARGUMENT;
+    }
+    uint64_t bytes = (uint64_t)st->slots * st->rows * dsib_cpu_state_rb(st);
     if (st->offset > st->buf->size || bytes > st->buf->size - st->offset)
         return DSI_ERR_INVALID_ARGUMENT;
     return DSI_OK;
+}
+
+dsi_status dsib_cpu_state_check(const dsib_state *st, uint32_t width) {
+    return state_check(st, width, 0);
+}
+
+dsi_status dsib_cpu_state_check_packed(const dsib_state *st, uint32_t width) {
+    return state_check(st, width, 1);
 }
 
 /* ---- positions --------------------------------------------------------------------------- */
@@ -304,7 +335,7 @@ static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, 
                                 uint32_t ratio, uint32_t flags) {
     if (n == 0) return DSI_OK;
     int ring = (flags & DSIB_STORE_RING) != 0;
-    dsi_status st = dsib_cpu_state_check(dst, width);
+    dsi_status st = dsib_cpu_state_check_packed(dst, width);
     if (st == DSI_OK && (ratio == 0 || (ring && ratio != 1) || (flags & ~DSIB_STORE_RING)))
         st = DSI_ERR_INVALID_ARGUMENT;
     if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, dst->slots);
@@ -329,8 +360,13 @@ static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, 
             if ((p + 1) % ratio != 0) continue;
             row = (uint64_t)((p + 1) / ratio - 1);
         }
-        memcpy(dsib_cpu_state_row(dst, (uint32_t)r[DSIB_ROW_SLOT], row), s + (size_t)t * lds,
-               (size_t)width * sizeof(float));
+        if (dst->format == DSIB_STATE_F32)
+            memcpy(dsib_cpu_state_row(dst, (uint32_t)r[DSIB_ROW_SLOT], row), s + (size_t)t * lds,
+                   (size_t)width * sizeof(float));
+        else /* packed: exact for rows on the grid (fake-quant output), statepack.h */
+            (void)dsii_sp_pack_row(dst->format, dst->ld, dst->qcols, dst->block,
+                                   s + (size_t)t * lds,
+                                   dsib_cpu_state_bytes(dst, (uint32_t)r[DSIB_ROW_SLOT], row));
     }
     return DSI_OK;
 }
@@ -789,9 +825,17 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     }
     float *sc = j->scratch + (size_t)slot * j->max_rows;
     const float *q = j->q + (size_t)t * j->ldq, *w = j->w + (size_t)t * j->ldw;
-    const float *keys = dsib_cpu_state_row(j->keys, (uint32_t)r[DSIB_ROW_SLOT], 0);
+    const uint8_t *keys = dsib_cpu_state_bytes(j->keys, (uint32_t)r[DSIB_ROW_SLOT], 0);
+    const uint64_t krb = dsib_cpu_state_rb(j->keys);
+    const int packed = j->keys->format != DSIB_STATE_F32;
+    float kbuf[DSIB_CPU_MAX_KEY];
     for (int64_t c = 0; c < nvis; c++) {
-        const float *k = keys + (size_t)c * j->keys->ld;
+        const float *k = (const float *)(const void *)(keys + (uint64_t)c * krb);
+        if (packed) { /* one key, decoded once for every head (statepack.h: exact) */
+            dsii_sp_unpack_row(j->keys->format, j->hd, j->keys->qcols, j->keys->block,
+                               keys + (uint64_t)c * krb, kbuf);
+            k = kbuf;
+        }
         float s = 0.0f;
         for (uint32_t h = 0; h < j->heads; h++) {
             const float *qh = q + (size_t)h * j->hd;
@@ -821,7 +865,9 @@ static dsi_status op_indexer_topk(dsib_stream *strm, dsib_view q, uint32_t ldq, 
     dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
     dsi_status st = ratio == 0 || topk == 0 ? DSI_ERR_INVALID_ARGUMENT : DSI_OK;
-    if (st == DSI_OK) st = dsib_cpu_state_check(keys, hd);
+    if (st == DSI_OK) st = dsib_cpu_state_check_packed(keys, hd);
+    if (st == DSI_OK && keys->format != DSIB_STATE_F32 && hd > DSIB_CPU_MAX_KEY)
+        st = DSI_ERR_UNSUPPORTED;
     if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, keys->slots);
     if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     int64_t maxp = rows_max_pos(rows, n);
@@ -846,6 +892,11 @@ typedef struct attn_job {
     float *zs;                       /* per slot: 4 × max_rows scores */
     const float **ps;                /* per slot: max_rows row pointers */
     float *out;
+    uint8_t *fs;         /* per slot: max_rows row formats: 0 f32, 1 packed ring, 2 packed comp */
+    int64_t pre_n;       /* >= 0: one-row step, its rows listed (packed ones decoded) below */
+    const float **pre_rp;
+    uint8_t *pre_fm;
+    float *pre_dec;      /* [pre_n][hd] decoded rows */
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
     uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
     int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
@@ -854,8 +905,8 @@ typedef struct attn_job {
 } attn_job;
 
 /* The visible rows of step row t in canonical order: compressed (ascending), then window
- * (ascending). */
-static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp) {
+ * (ascending); fm[i]: 0 f32 row, 1 packed ring row, 2 packed compressed row. */
+static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp, uint8_t *fm) {
     const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
     int64_t p = r[DSIB_ROW_POS];
     uint32_t sl = (uint32_t)r[DSIB_ROW_SLOT];
@@ -863,23 +914,36 @@ static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp) {
     int64_t pos0 = j->rows[(size_t)first * DSIB_ROW_WORDS + DSIB_ROW_POS];
     int64_t nr = 0;
     if (j->comp_ratio > 0) {
-        const float *comp = dsib_cpu_state_row(j->comp, sl, 0);
+        const uint8_t *comp = dsib_cpu_state_bytes(j->comp, sl, 0);
+        const uint64_t crb = dsib_cpu_state_rb(j->comp);
+        const uint8_t cf = j->comp->format != DSIB_STATE_F32 ? 2 : 0;
         if (j->idx) {
             const int32_t *ix = j->idx + (size_t)t * j->topk;
             for (uint32_t k = 0; k < j->topk; k++)
-                if (ix[k] >= 0) rp[nr++] = comp + (size_t)ix[k] * j->comp->ld;
+                if (ix[k] >= 0) {
+                    fm[nr] = cf;
+                    rp[nr++] = (const float *)(const void *)(comp + (uint64_t)ix[k] * crb);
+                }
         } else {
             int64_t nv = (p + 1) / j->comp_ratio;
-            for (int64_t c = 0; c < nv; c++) rp[nr++] = comp + (size_t)c * j->comp->ld;
+            for (int64_t c = 0; c < nv; c++) {
+                fm[nr] = cf;
+                rp[nr++] = (const float *)(const void *)(comp + (uint64_t)c * crb);
+            }
         }
     }
     int64_t w0 = p - (int64_t)j->window + 1;
     if (w0 < 0) w0 = 0;
+    const uint8_t rf = j->ring->format != DSIB_STATE_F32 ? 1 : 0;
     for (int64_t qp = w0; qp <= p; qp++) {
-        if (qp < pos0)
-            rp[nr++] = dsib_cpu_state_row(j->ring, sl, (uint64_t)qp % j->ring->rows);
-        else
+        if (qp < pos0) {
+            fm[nr] = rf;
+            rp[nr++] = (const float *)(const void *)dsib_cpu_state_bytes(
+                j->ring, sl, (uint64_t)qp % j->ring->rows);
+        } else {
+            fm[nr] = 0;
             rp[nr++] = j->kv + (size_t)(first + qp - pos0) * j->ldkv;
+        }
     }
     return nr;
 }
@@ -1034,6 +1098,44 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
 #endif
 #endif /* x86 */
 
+/* One head of step row t whose visible rows include packed ones (fm[i] != 0, statepack.h):
+ * read in place, decoded 8 values at a time into the lanes the f32 path uses, so the result
+ * is bit-identical to attn_head_scalar on f32 storage. */
+static void attn_head_packed(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                             const uint8_t *fm, int64_t nr, float *z) {
+    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
+    const dsib_state *sts[3] = {NULL, j->ring, j->comp};
+    float sink = j->sinks[h];
+    float m = sink;
+    for (int64_t i = 0; i < nr; i++) {
+        float d = fm[i] ? dot_fixed_packed(q, (const uint8_t *)(const void *)rp[i], sts[fm[i]], j->hd)
+                        : dot_fixed(q, rp[i], j->hd);
+        d *= j->scale;
+        z[i] = d;
+        if (d > m) m = d;
+    }
+    float den = expf(sink - m);
+    float *o = j->out + (size_t)t * j->ldo + (size_t)h * j->hd;
+    for (uint32_t i = 0; i < j->hd; i++) o[i] = 0.0f;
+    for (int64_t i = 0; i < nr; i++) {
+        float e = expf(z[i] - m);
+        den += e;
+        if (fm[i]) {
+            const dsib_state *ps = sts[fm[i]];
+            const uint8_t *row = (const uint8_t *)(const void *)rp[i];
+            float b[8];
+            for (uint32_t k = 0; k < j->hd; k += 8) {
+                dsii_sp_decode8(ps->format, ps->qcols, ps->block, row, k, b);
+                for (uint32_t u = 0; u < 8; u++) o[k + u] += e * b[u];
+            }
+        } else {
+            const float *v = rp[i];
+            for (uint32_t k = 0; k < j->hd; k++) o[k] += e * v[k];
+        }
+    }
+    for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
+}
+
 static void attn_task(void *arg, int64_t task, int32_t slot) {
     attn_job *j = arg;
     const uint32_t groups = (j->H + j->hg - 1) / j->hg;
@@ -1041,8 +1143,21 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
     uint32_t h1 = h0 + j->hg < j->H ? h0 + j->hg : j->H;
     float *z = j->zs + (size_t)slot * 4 * (size_t)j->max_rows;
     const float **rp = j->ps + (size_t)slot * j->max_rows;
-    int64_t nr = attn_rows(j, t, rp);
+    int64_t nr;
     uint32_t h = h0;
+    if (j->pre_n >= 0) { /* one-row step: its rows were listed and decoded once for all heads */
+        nr = j->pre_n;
+        rp = j->pre_rp;
+    } else {
+        uint8_t *fm = j->fs + (size_t)slot * j->max_rows;
+        nr = attn_rows(j, t, rp, fm);
+        int any = 0;
+        for (int64_t i = 0; i < nr && !any; i++) any = fm[i] != 0;
+        if (any) {
+            for (; h < h1; h++) attn_head_packed(j, t, h, rp, fm, nr, z);
+            return;
+        }
+    }
 #ifdef DSIB_OPS_X86
     if (j->simd)
         for (; h + 4 <= h1; h += 4) attn_heads4_avx2(j, t, h, rp, nr, z);
@@ -1071,9 +1186,9 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
                                dsib_view out, uint32_t ldo) {
     dsib_instance *inst = strm->inst;
     if (n == 0) return DSI_OK;
-    dsi_status st = dsib_cpu_state_check(ring, hd);
+    dsi_status st = dsib_cpu_state_check_packed(ring, hd);
     if (st == DSI_OK && ring->rows < window) st = DSI_ERR_INVALID_ARGUMENT;
-    if (st == DSI_OK && comp_ratio) st = dsib_cpu_state_check(comp, hd);
+    if (st == DSI_OK && comp_ratio) st = dsib_cpu_state_check_packed(comp, hd);
     if (st == DSI_OK && comp_ratio && comp->slots != ring->slots) st = DSI_ERR_INVALID_ARGUMENT;
     if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, ring->slots);
     if (st != DSI_OK) return dsib_cpu_ret(strm, st);
@@ -1110,16 +1225,54 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
         j.hg = 4;
         while (j.hg * 2 <= H && (uint64_t)n * (H / (j.hg * 2)) >= 2 * nt) j.hg *= 2;
     }
-    /* ws: sinks [H], then per thread scores [4 × max_rows] and row pointers [max_rows] */
+    const int packed = ring->format != DSIB_STATE_F32 ||
+                       (comp_ratio && comp->format != DSIB_STATE_F32);
+    /* ws: sinks [H], then per thread scores [4 × max_rows], row pointers [max_rows] and row
+     * formats [max_rows] */
     size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
     size_t o2 = o1 + ((sizeof(float) * 4 * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
-    uint8_t *ws = dsib_cpu_ws(strm, o2 + sizeof(float *) * (size_t)j.max_rows * nt);
+    size_t o3 = o2 + ((sizeof(float *) * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
+    size_t o4 = o3 + (((size_t)j.max_rows * nt + 63) & ~(size_t)63);
+    uint8_t *ws = dsib_cpu_ws(strm, o4);
     if (!ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     float *sk = (float *)(void *)ws;
     j.zs = (float *)(void *)(ws + o1);
     j.ps = (const float **)(void *)(ws + o2);
+    j.fs = ws + o3;
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
+    j.pre_n = -1;
+    if (n == 1 && packed) {
+        /* decode: every head reads the same rows: decode the packed ones once (exact,
+         * statepack.h; a fixed number of rows: top-k + window) */
+        size_t q1 = ((sizeof(float *) * (size_t)j.max_rows) + 63) & ~(size_t)63;
+        size_t q2 = q1 + (((size_t)j.max_rows + 63) & ~(size_t)63);
+        size_t base = (o4 + 63) & ~(size_t)63;
+        uint8_t *all = dsib_cpu_ws(strm, base + q2 + sizeof(float) * (size_t)j.max_rows * hd);
+        uint8_t *pw = all ? all + base : NULL; /* too small a workspace: each task decodes */
+        if (pw) {
+            /* dsib_cpu_ws may have moved the workspace: re-point the per-slot arrays */
+            sk = (float *)(void *)all;
+            j.zs = (float *)(void *)(all + o1);
+            j.ps = (const float **)(void *)(all + o2);
+            j.fs = all + o3;
+            j.sinks = sk;
+            j.pre_rp = (const float **)(void *)pw;
+            j.pre_fm = pw + q1;
+            j.pre_dec = (float *)(void *)(pw + q2);
+            j.pre_n = attn_rows(&j, 0, j.pre_rp, j.pre_fm);
+            const dsib_state *sts[3] = {NULL, ring, comp_ratio ? comp : NULL};
+            for (int64_t i = 0; i < j.pre_n; i++) {
+                if (!j.pre_fm[i]) continue;
+                const dsib_state *ps = sts[j.pre_fm[i]];
+                float *d = j.pre_dec + (size_t)i * hd;
+                dsii_sp_unpack_row(ps->format, hd, ps->qcols, ps->block,
+                                   (const uint8_t *)(const void *)j.pre_rp[i], d);
+                j.pre_rp[i] = d;
+                j.pre_fm[i] = 0;
+            }
+        }
+    }
     dsib_parallel_for(inst->pool, (int64_t)n * ((H + j.hg - 1) / j.hg), attn_task, &j);
     return DSI_OK;
 }

@@ -8,6 +8,7 @@
  */
 #include "backends/cpu/ops_v41.h"
 #include "backends/cpu/cpu_impl.h"
+#include "quant/statepack.h"
 
 #include <math.h>
 #include <string.h>
@@ -125,6 +126,46 @@ typedef struct idx_args {
     size_t ws_per;
 } idx_args;
 
+/* score[c] for c in [c0, c1): Σ_h relu(q[h]·k_c)·w[h] (h ascending; each dot in index
+ * order, f32). Eight keys at a time, transposed into a tile so the eight independent dots
+ * run side by side (vectorisable) — each key's own operation sequence is unchanged. Packed
+ * keys (statepack.h) are decoded into the tile exactly. */
+static void score_keys(const idx_args *a, const float *q, const float *wt, const uint8_t *keys,
+                       uint32_t c0, uint32_t c1, float *score) {
+    const uint32_t hd = a->hd;
+    const uint64_t krb = dsib_cpu_state_rb(a->keys);
+    const int packed = a->keys->format != DSIB_STATE_F32;
+    float kt[DSIB_CPU_MAX_KEY * 8], kb[DSIB_CPU_MAX_KEY];
+    for (uint32_t c = c0; c < c1; c += 8) {
+        uint32_t m = c1 - c < 8 ? c1 - c : 8;
+        for (uint32_t l = 0; l < 8; l++) {
+            if (l >= m) {
+                for (uint32_t i = 0; i < hd; i++) kt[i * 8 + l] = 0.0f;
+                continue;
+            }
+            const uint8_t *kr = keys + (uint64_t)(c + l) * krb;
+            const float *k = (const float *)(const void *)kr;
+            if (packed) {
+                dsii_sp_unpack_row(a->keys->format, hd, a->keys->qcols, a->keys->block, kr, kb);
+                k = kb;
+            }
+            for (uint32_t i = 0; i < hd; i++) kt[i * 8 + l] = k[i];
+        }
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (uint32_t hh = 0; hh < a->heads; hh++) {
+            const float *qh = q + (size_t)hh * hd;
+            float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t i = 0; i < hd; i++) {
+                const float qi = qh[i];
+                const float *kr = kt + (size_t)i * 8;
+                for (uint32_t l = 0; l < 8; l++) d[l] += qi * kr[l];
+            }
+            for (uint32_t l = 0; l < 8; l++) s[l] += (d[l] > 0.0f ? d[l] : 0.0f) * wt[hh];
+        }
+        for (uint32_t l = 0; l < m; l++) score[c + l] = s[l];
+    }
+}
+
 static void idx_task(void *arg, int64_t t, int32_t slot) {
     idx_args *a = (idx_args *)arg;
     const int32_t *row = a->rows + (size_t)t * DSIB_ROW_WORDS;
@@ -147,17 +188,20 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
 
     const float *q = a->q + (size_t)t * a->ldq;
     const float *wt = a->w + (size_t)t * a->ldw;
-    const float *keys = dsib_cpu_state_row(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
-    for (uint32_t c = 0; c < nvis; c++) {
-        const float *k = keys + (size_t)c * a->keys->ld;
-        float s = 0.0f;
-        for (uint32_t hh = 0; hh < a->heads; hh++) {
-            const float *qh = q + (size_t)hh * a->hd;
-            float d = 0.0f;
-            for (uint32_t i = 0; i < a->hd; i++) d += qh[i] * k[i];
-            s += (d > 0.0f ? d : 0.0f) * wt[hh];
+    const uint8_t *keys = dsib_cpu_state_bytes(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
+    if (a->cand_in && !cout) {
+        /* masked index source: only the positions of its candidate blocks can be chosen, so
+         * only they are scored (the others are −inf whatever their keys) — the scan is the
+         * candidate blocks' size, not the depth */
+        const int32_t *cin = a->cand_in + (size_t)t * a->cand_k;
+        for (uint32_t j = 0; j < a->cand_k && cin[j] >= 0; j++) {
+            uint64_t c0 = (uint64_t)cin[j] * a->cand_block, c1 = c0 + a->cand_block;
+            if (c0 >= nvis) continue;
+            if (c1 > nvis) c1 = nvis;
+            score_keys(a, q, wt, keys, (uint32_t)c0, (uint32_t)c1, score);
         }
-        score[c] = s;
+    } else {
+        score_keys(a, q, wt, keys, 0, nvis, score);
     }
 
     /* Candidate blocks (§4.3): block max, newest block forced +inf, top cand_k by score
@@ -208,7 +252,8 @@ dsi_status dsib_cpu_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ld
     if (!q.buf || !w.buf || !idx.buf || ratio == 0 ||
         ((cand_in.buf || cand_out.buf) && (cand_block == 0 || cand_k == 0)))
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    dsi_status st = dsib_cpu_state_check(keys, hd);
+    dsi_status st = dsib_cpu_state_check_packed(keys, hd);
+    if (st == DSI_OK && hd > DSIB_CPU_MAX_KEY) st = DSI_ERR_UNSUPPORTED;
     if (st == DSI_OK) st = dsib_cpu_rows_check(rows, n, keys->slots);
     if (st != DSI_OK) return dsib_cpu_ret(strm, st);
     int64_t maxp = 0;

@@ -44,6 +44,7 @@
 #include "arch/arch.h"
 #include "model/model.h"
 #include "quant/quant.h"
+#include "quant/statepack.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -66,7 +67,7 @@ typedef struct opts {
     int no_limits;
     int exact;
     const char *sessions;
-    int n_given;
+    int n_given, p_given;
     int spec;
     const char *prompt;
     int draft_max;
@@ -76,6 +77,8 @@ typedef struct opts {
     const char *cache_dir;
     const char *ops_isa; /* --ops-isa: force the CPU ops' SIMD path (A/B in one run) */
     int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
+    const char *depths;    /* -d 0,4096,...: decode / prefill at context depths */
+    int real_depth;        /* -d: prefill the depth for real instead of synthetic state */
 } opts;
 
 static void usage(FILE *f) {
@@ -110,7 +113,13 @@ static void usage(FILE *f) {
             "  --spec-steps --spec without the generation runs: only the step costs and bytes\n"
             "  --ttft N     time to first token of an N-token prompt: cold, from the disk\n"
             "               prompt cache, from a snapshot file (-r repetitions of the warm ones)\n"
-            "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n");
+            "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n"
+            "  -d LIST      context depths, e.g. 0,4096,16384,65536 (llama-bench's -d): decode\n"
+            "               (-n, default 32) and prefill (-p, at most 256, default 128) tokens/s\n"
+            "               at each depth, decode time split (indexer scan / attention / rest),\n"
+            "               state bytes per token; the depth's state is synthetic (random rows\n"
+            "               on the FP8/FP4 grids, nothing evaluated) unless --real-depth\n"
+            "  --real-depth -d: prefill each depth for real (slow: the whole prompt)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -135,7 +144,7 @@ static int parse(int argc, char **argv, opts *o) {
         i++;                                                                              \
     } while (0)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDV; o->model = v; }
-        else if (!strcmp(a, "-p")) { NEEDV; o->p = atoi(v); }
+        else if (!strcmp(a, "-p")) { NEEDV; o->p = atoi(v); o->p_given = 1; }
         else if (!strcmp(a, "-n")) { NEEDV; o->n = atoi(v); o->n_given = 1; }
         else if (!strcmp(a, "-r")) { NEEDV; o->r = atoi(v); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDV; o->t = atoi(v); }
@@ -155,6 +164,8 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
         else if (!strcmp(a, "--ttft")) { NEEDV; o->ttft = atoi(v); }
         else if (!strcmp(a, "--cache-dir")) { NEEDV; o->cache_dir = v; }
+        else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) { NEEDV; o->depths = v; }
+        else if (!strcmp(a, "--real-depth")) o->real_depth = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--spec")) o->spec = 1;
         else if (!strcmp(a, "--prompt")) { NEEDV; o->prompt = v; }
@@ -1109,6 +1120,213 @@ static int run_ttft(const opts *o, dsi_context *ctx, dsi_model *model, int32_t n
     return fail;
 }
 
+/* ---- -d: context depths (issue 19; docs/internals.md "Depth") ----------------------------- */
+
+/* Timing wrappers of the ops whose cost grows with depth (the indexer's scan) or is fixed by
+ * it (attention over top-k + window rows). Only meaningful on a backend whose ops run when
+ * called (the CPU); elsewhere the split is not reported. */
+static const dsib_backend *g_depth_orig;
+static dsib_backend g_depth_be;
+static struct dsib_ops g_depth_ops;
+static double g_t_idx, g_t_attn;
+
+static dsi_status w_indexer_topk(dsib_stream *s, dsib_view q, uint32_t ldq, dsib_view w,
+                                 uint32_t ldw, const dsib_state *keys, uint32_t heads,
+                                 uint32_t hd, dsib_view rows, uint32_t n, uint32_t ratio,
+                                 uint32_t topk, dsib_view idx) {
+    double t0 = bench_now();
+    dsi_status st = g_depth_orig->ops->indexer_topk(s, q, ldq, w, ldw, keys, heads, hd, rows, n,
+                                                    ratio, topk, idx);
+    g_t_idx += bench_now() - t0;
+    return st;
+}
+static dsi_status w_indexer_topk_v41(dsib_stream *s, dsib_view q, uint32_t ldq, dsib_view w,
+                                     uint32_t ldw, const dsib_state *keys, uint32_t heads,
+                                     uint32_t hd, dsib_view rows, uint32_t n, uint32_t ratio,
+                                     uint32_t topk, dsib_view idx, dsib_view cand_in,
+                                     dsib_view cand_out, uint32_t cand_block, uint32_t cand_k) {
+    double t0 = bench_now();
+    dsi_status st = g_depth_orig->ops->indexer_topk_v41(s, q, ldq, w, ldw, keys, heads, hd, rows,
+                                                        n, ratio, topk, idx, cand_in, cand_out,
+                                                        cand_block, cand_k);
+    g_t_idx += bench_now() - t0;
+    return st;
+}
+static dsi_status w_attn_sink(dsib_stream *s, dsib_view q, uint32_t ldq, uint32_t H, uint32_t hd,
+                              dsib_view rows, uint32_t n, uint32_t window,
+                              const dsib_state *ring, dsib_view kv, uint32_t ldkv,
+                              uint32_t comp_ratio, const dsib_state *comp, dsib_view idx,
+                              uint32_t topk, const dsib_weight *sinks, float scale,
+                              dsib_view out, uint32_t ldo) {
+    double t0 = bench_now();
+    dsi_status st = g_depth_orig->ops->attn_sink(s, q, ldq, H, hd, rows, n, window, ring, kv,
+                                                 ldkv, comp_ratio, comp, idx, topk, sinks, scale,
+                                                 out, ldo);
+    g_t_attn += bench_now() - t0;
+    return st;
+}
+
+/* Bytes per token of context of the compressed rows + index keys at the released shapes
+ * (model-spec §3.8, §4.8), stored as libdsinfer stores them (lib/quant/statepack.h). */
+static void released_bpt(double *v4_packed, double *v4_f32, double *v41_packed, double *v41_f32) {
+    double crow = dsii_sp_row_bytes(DSII_SP_E4M3_UE8M0, 512, 448, 64); /* + 64 RoPE dims f32 */
+    double key = dsii_sp_row_bytes(DSII_SP_E2M1_UE8M0, 128, 128, 32);
+    *v4_packed = 21.0 * (crow + key) / 4 + 20.0 * crow / 128;
+    *v4_f32 = 21.0 * (512 + 128) * 4 / 4 + 20.0 * 512 * 4 / 128;
+    double c41 = dsii_sp_row_bytes(DSII_SP_E2M1_E4M3, 512, 512, 16);
+    *v41_packed = 3.0 * (c41 + key) / 2 + (c41 + key);
+    *v41_f32 = 3.0 * (512 + 128) * 4 / 2 + (512 + 128) * 4;
+}
+
+static int run_depth(const opts *o, dsi_context *ctx, dsi_model *model, const dsi_model_info *info) {
+    int pp = o->p_given ? o->p : 128, tg = o->n_given ? o->n : 32;
+    if (pp > 256 || tg > 256) {
+        fprintf(stderr, "dsinfer-bench: -d: -p and -n at most 256 (the exact-rewind margin)\n");
+        return 2;
+    }
+    uint32_t dv[16];
+    int nd = 0;
+    for (const char *q = o->depths; *q && nd < 16;) {
+        char *end = NULL;
+        long v = strtol(q, &end, 10);
+        if (end == q || v < 0 || v > (1L << 30)) {
+            fprintf(stderr, "dsinfer-bench: -d wants a list of depths, e.g. 0,4096,16384\n");
+            return 2;
+        }
+        dv[nd++] = (uint32_t)v;
+        q = *end == ',' ? end + 1 : end;
+    }
+    dsii_device *dev = dsii_context_compute(ctx);
+    int split = dev && !strcmp(dev->name, "cpu");
+    if (split) {
+        g_depth_orig = dev->be;
+        g_depth_be = *dev->be;
+        memset(&g_depth_ops, 0, sizeof g_depth_ops);
+        size_t osz = dev->be->ops->struct_size < sizeof g_depth_ops ? dev->be->ops->struct_size
+                                                                    : sizeof g_depth_ops;
+        memcpy(&g_depth_ops, dev->be->ops, osz);
+        if (g_depth_ops.indexer_topk) g_depth_ops.indexer_topk = w_indexer_topk;
+        if (g_depth_ops.indexer_topk_v41) g_depth_ops.indexer_topk_v41 = w_indexer_topk_v41;
+        if (g_depth_ops.attn_sink) g_depth_ops.attn_sink = w_attn_sink;
+        g_depth_be.ops = &g_depth_ops;
+        dev->be = &g_depth_be;
+    }
+    const int32_t nv = info->n_vocab;
+    const uint32_t train = (uint32_t)info->n_ctx_train;
+    const char *mname = info->name[0] ? info->name : info->arch_name;
+    printf("context depths: %s, %s, %d threads, pp%d and tg%d at each depth (%d repetitions), "
+           "depth state %s\n\n",
+           mname, dsi_context_backend(ctx), o->t, pp, tg, o->r,
+           o->real_depth ? "prefilled" : "synthetic (random rows on the grids)");
+    printf("| depth | pp t/s | tg t/s | tg ms/token | indexer ms | attention ms | rest ms | "
+           "state B/token | state at depth MiB |\n");
+    printf("| ----: | -----: | -----: | ----------: | ---------: | -----------: | ------: | "
+           "------------: | -----------------: |\n");
+    double tg0 = 0;
+    int fail = 0;
+    for (int di = 0; di < nd && !fail; di++) {
+        uint32_t D = dv[di];
+        const uint32_t extra = (uint32_t)pp + (uint32_t)tg + 16;
+        uint32_t n_ctx = D + extra;
+        if (train && n_ctx > train && D <= train && train > extra) {
+            /* the trained context itself: the deepest depth that leaves room for the tests */
+            printf("| (%u: %u = the trained context less the %u tested tokens) | | | | | | | | |\n",
+                   D, train - extra, extra);
+            D = train - extra;
+            n_ctx = train;
+        }
+        if (train && n_ctx > train) {
+            printf("| %u | (beyond the trained context %u) | | | | | | | |\n", D, train);
+            continue;
+        }
+        dsi_session_options so;
+        dsi_session_options_init(&so);
+        so.n_ctx = n_ctx;
+        dsi_session *s = NULL;
+        if (dsi_session_create(model, &so, &s) != DSI_OK) {
+            printf("| %u | session: %s | | | | | | | |\n", D, dsi_last_error());
+            continue;
+        }
+        size_t ntok = (size_t)D + (size_t)pp + (size_t)tg;
+        dsi_token *tok = malloc(sizeof *tok * ntok);
+        uint64_t rng = 99 + D;
+        for (size_t i = 0; i < ntok; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            tok[i] = (dsi_token)((rng >> 33) % (uint64_t)(nv > 16 ? nv - 16 : nv));
+        }
+        dsii_error e;
+        dsii_error_clear(&e);
+        dsi_status st = o->real_depth ? dsi_session_sync(s, tok, D, NULL)
+                                      : dsii_session_fill_synthetic(s, tok, D, 7 + D, &e);
+        if (st != DSI_OK) {
+            printf("| %u | fill: %s | | | | | | | |\n", D,
+                   o->real_depth ? dsi_session_last_error(s) : e.msg);
+            fail = 1;
+        }
+        test_result tp, tt;
+        memset(&tp, 0, sizeof tp);
+        memset(&tt, 0, sizeof tt);
+        double ti = 0, ta = 0;
+        for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
+            /* back to depth D (an exact rewind: no work but the last token at most) */
+            if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
+            if (!D) dsi_session_reset(s);
+            double t0 = bench_now();
+            if (!fail && dsi_session_append(s, tok + D, (size_t)pp) != DSI_OK) fail = 1;
+            double dt = bench_now() - t0;
+            if (rep > 0 && tp.n_samples < 64) tp.samples[tp.n_samples++] = pp / dt;
+            if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
+            if (!D) dsi_session_reset(s);
+            g_t_idx = g_t_attn = 0;
+            t0 = bench_now();
+            for (int i = 0; i < tg && !fail; i++)
+                if (dsi_session_append(s, tok + D + i, 1) != DSI_OK) fail = 1;
+            dt = bench_now() - t0;
+            if (rep > 0 && tt.n_samples < 64) {
+                tt.samples[tt.n_samples++] = tg / dt;
+                ti += g_t_idx;
+                ta += g_t_attn;
+            }
+        }
+        if (fail) {
+            printf("| %u | failed: %s | | | | | | | |\n", D, dsi_session_last_error(s));
+        } else {
+            mean_sd(tp.samples, tp.n_samples, &tp.mean, &tp.sd);
+            mean_sd(tt.samples, tt.n_samples, &tt.mean, &tt.sd);
+            if (D == 0) tg0 = tt.mean;
+            dsii_state_info si;
+            dsii_session_state_info(s, &si);
+            double ms = 1e3 / tt.mean, nrep = tt.n_samples * (double)tg;
+            char sp_i[32] = "n/a", sp_a[32] = "n/a", sp_r[32] = "n/a";
+            if (split) {
+                snprintf(sp_i, sizeof sp_i, "%.2f", 1e3 * ti / nrep);
+                snprintf(sp_a, sizeof sp_a, "%.2f", 1e3 * ta / nrep);
+                snprintf(sp_r, sizeof sp_r, "%.2f", ms - 1e3 * (ti + ta) / nrep);
+            }
+            printf("| %u | %.2f ± %.2f | %.2f ± %.2f | %.2f | %s | %s | %s | %.1f%s | %.2f |\n", D,
+                   tp.mean, tp.sd, tt.mean, tt.sd, ms, sp_i, sp_a, sp_r, si.bytes_per_token,
+                   si.packed ? " (packed)" : " (f32)", si.pool_bytes / 1048576.0);
+            if (D > 0 && tg0 > 0)
+                printf("|  | | decode depth-0 / depth-%u = %.2fx | | | | | | |\n", D, tg0 / tt.mean);
+        }
+        dsi_session_free(s);
+        free(tok);
+    }
+    if (split) dev->be = g_depth_orig;
+    double a, b, c, d;
+    released_bpt(&a, &b, &c, &d);
+    printf("\nstate bytes per token of context at the released shapes (compressed KV rows + index "
+           "keys; model-spec §3.8, §4.8):\n");
+    printf("| model | libdsinfer packed | libdsinfer f32 | deployment / lower bound | vLLM |\n");
+    printf("| ----- | ---------------: | -------------: | -----------------------: | ---: |\n");
+    printf("| V4 Flash | %.1f | %.0f | 3514 (RoPE dims bf16, §3.8) | - |\n", a, b);
+    printf("| V4.1 Flash | %.1f | %.0f | 890 (§4.8) | ~890 |\n", c, d);
+    printf("(V4 keeps its 64 RoPE dims in f32: the forward pass never rounds them, so a bf16 copy "
+           "would change the numbers)\nthe machine is shared: load average %.2f\n",
+           loadavg1());
+    return fail;
+}
+
 static int run_model(const opts *o) {
     if (o->no_fuse) dsii_op_multi_off = dsib_cpu_moe_split = 1;
     if (o->ops_isa) {
@@ -1167,6 +1385,13 @@ static int run_model(const opts *o) {
     }
     if (o->ttft > 0) {
         int rc = run_ttft(o, ctx, model, info.n_vocab);
+        dsib_threadpool_free(pool);
+        dsi_model_free(model);
+        dsi_context_free(ctx);
+        return rc;
+    }
+    if (o->depths) {
+        int rc = run_depth(o, ctx, model, &info);
         dsib_threadpool_free(pool);
         dsi_model_free(model);
         dsi_context_free(ctx);

@@ -283,6 +283,9 @@ static dsi_status load_image(dsi_session *s, const uint8_t *buf, size_t n, const
                 want[i])
                 return dsii_fail(e, DSI_ERR_STATE_MISMATCH, "cache entry holds other tokens");
     }
+    /* lazy state (lib/kv): room for the image's rows before anything is written */
+    st = dsii_kv_pool_reserve(s->seq.pool, v.n_tokens, e);
+    if (st != DSI_OK) return st;
     /* --- validated: from here on the session changes --- */
     uint32_t ef = 0;
     st = dsii_snap_apply(&v, s->seq.pool, s->seq.slot, &ef, e);

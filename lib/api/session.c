@@ -11,6 +11,7 @@
 #include "api/session_impl.h"
 #include "base/context_impl.h"
 #include "model/model.h"
+#include "quant/statepack.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -54,7 +55,8 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
     dsi_session_options_init(&opt);
     if (dsii_read_options(&opt, sizeof opt, user_opt, "dsi_session_options", &e) != DSI_OK)
         return dsii_thread_fail(e.status, "%s", e.msg);
-    if (opt.flags & ~(uint32_t)(DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_NO_CAPTURE))
+    if (opt.flags & ~(uint32_t)(DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_NO_CAPTURE |
+                                DSII_SESSION_FLAG_F32_STATE))
         return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
                                 "dsi_session_options.flags has unknown bits 0x%x", opt.flags);
     if (opt.spec > DSII_SPEC_AUTO)
@@ -130,7 +132,7 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
     s->ex = ex;
     s->params.n_ctx = n_ctx;
     s->params.n_batch = n_batch;
-    s->params.flags = opt.flags & DSI_SESSION_FLAG_NO_FAKE_QUANT;
+    s->params.flags = opt.flags & (DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_F32_STATE);
     s->params.rewind_margin = DSII_DEFAULT_MARGIN;
     s->margin = DSII_DEFAULT_MARGIN;
     s->n_vocab = (int32_t)hp->n_vocab;
@@ -145,6 +147,8 @@ DSI_API dsi_status dsi_session_create(dsi_model *model, const dsi_session_option
     s->seq.tokens = s->tokens;
     s->seq.cancel = &s->cancel;
     if (st == DSI_OK) st = dsii_exec_pool(ex, &s->params, &s->seq.pool, &e);
+    if (st == DSI_OK) st = dsii_exec_state_check(ex, s->seq.pool, &e);
+    if (st != DSI_OK) s->seq.pool = NULL;
     if (st == DSI_OK) st = dsii_kv_pool_acquire(s->seq.pool, &s->seq.slot, &e);
     if (st != DSI_OK) s->seq.pool = NULL;
     if (st == DSI_OK) {
@@ -460,5 +464,69 @@ DSI_API dsi_status dsi_session_draft(dsi_session *s, dsi_token next, dsi_token *
                                       NULL, &k, &e);
     if (st != DSI_OK) return session_fail_e(s, &e);
     *n_drafts = k;
+    return DSI_OK;
+}
+
+void dsii_session_state_info(dsi_session *s, dsii_state_info *out) {
+    memset(out, 0, sizeof *out);
+    if (!s || !s->seq.pool) return;
+    const dsii_kv_layout *l = dsii_kv_pool_layout(s->seq.pool);
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->c[i].format != DSIB_STATE_F32) out->packed = 1;
+    out->bytes_per_token = dsii_kv_bytes_per_token(l);
+    out->ring_bytes = dsii_kv_ring_bytes(l);
+    out->full_bytes = l->slot_bytes;
+    out->pool_bytes = dsii_kv_pool_bytes(s->seq.pool);
+    out->pool_positions = dsii_kv_pool_positions(s->seq.pool);
+    dsii_kv_pool_lock(s->seq.pool);
+    out->pool_slots = dsii_kv_pool_slots(s->seq.pool);
+    dsii_kv_pool_unlock(s->seq.pool);
+}
+
+dsi_status dsii_session_fill_synthetic(dsi_session *s, const dsi_token *tok, uint32_t D,
+                                       uint64_t seed, dsii_error *e) {
+    if (D > s->params.n_ctx || (D && !tok))
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT, "synthetic depth %u > n_ctx %u", D,
+                         s->params.n_ctx);
+    dsi_status st = dsii_kv_pool_reserve(s->seq.pool, D, e);
+    if (st != DSI_OK) return st;
+    const dsii_kv_layout *l = dsii_kv_pool_layout(s->seq.pool);
+    uint32_t max_ld = 1, max_rb = 4;
+    for (uint32_t i = 0; i < l->n; i++) {
+        if (l->c[i].ld > max_ld) max_ld = l->c[i].ld;
+        if (l->c[i].row_bytes > max_rb) max_rb = l->c[i].row_bytes;
+    }
+    const uint32_t chunk = 256;
+    float *v = dsii_malloc(s->ctx, (size_t)max_ld * sizeof(float));
+    uint8_t *rows = dsii_malloc(s->ctx, (size_t)max_rb * chunk);
+    if (!v || !rows) st = dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (uint32_t i = 0; st == DSI_OK && i < l->n; i++) {
+        const dsii_kv_comp *c = &l->c[i];
+        uint32_t n = c->kind == DSII_KV_RING ? c->rows
+                     : c->ratio             ? D / c->ratio
+                                            : 0;
+        for (uint32_t r0 = 0; st == DSI_OK && r0 < n; r0 += chunk) {
+            uint32_t k = n - r0 < chunk ? n - r0 : chunk;
+            for (uint32_t r = 0; r < k; r++) {
+                for (uint32_t j = 0; j < c->ld; j++) {
+                    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                    v[j] = (float)((int64_t)(x >> 40) - (1 << 23)) * 0x1p-23f;
+                }
+                (void)dsii_sp_pack_row(c->format, c->ld, c->qcols, c->block, v,
+                                       rows + (size_t)r * c->row_bytes);
+            }
+            st = dsii_kv_rows_write(s->seq.pool, s->seq.slot, i, r0, k, rows, e);
+        }
+    }
+    dsii_free(s->ctx, v);
+    dsii_free(s->ctx, rows);
+    if (st != DSI_OK) return st;
+    if (D) memcpy(s->tokens, tok, (size_t)D * sizeof(dsi_token));
+    s->n_tokens = D;
+    s->has_logits = 0;
+    s->exact_from = 0; /* every ring row holds a (synthetic) row: rewinds within the margin
+                          stay cheap, so the bench can step back to D */
+    if (s->spec) dsii_spec_rewound(s->spec, 0);
     return DSI_OK;
 }

@@ -107,4 +107,24 @@ void dsii_pcache_free(dsi_session *s);
 dsi_status dsii_session_fail(dsi_session *s, dsi_status st, const char *fmt, ...)
     DSII_PRINTF(3, 4);
 
+/* The session's state layout and what its pool holds now (tests, dsinfer-bench;
+ * docs/internals.md "State layout"). */
+typedef struct dsii_state_info {
+    int32_t packed;            /* 1: some components store FP8 / FP4 rows */
+    double bytes_per_token;    /* row arrays: bytes per position of context (grows) */
+    uint64_t ring_bytes;       /* rings: fixed per session */
+    uint64_t full_bytes;       /* one slot at n_ctx (what creation checks against the budget) */
+    uint64_t pool_bytes;       /* the pool's buffer now (all its slots) */
+    uint64_t pool_positions;   /* positions its row arrays hold now */
+    uint32_t pool_slots;
+} dsii_state_info;
+void dsii_session_state_info(dsi_session *s, dsii_state_info *out);
+
+/* dsinfer-bench -d: puts the session at depth D without evaluating: the timeline becomes
+ * tok[0 .. D), every state row a prefix of D tokens holds gets pseudo-random values (packed
+ * rows on their grids), no logits. The next steps then cost what they cost at depth D (the
+ * indexer scans D / ratio rows of varied scores); their numbers mean nothing. */
+dsi_status dsii_session_fill_synthetic(dsi_session *s, const dsi_token *tok, uint32_t D,
+                                       uint64_t seed, dsii_error *e);
+
 #endif /* DSI_SESSION_IMPL_H */

@@ -221,6 +221,11 @@ void dsii_lane_free(dsii_lane *l);
 
 /* ---- the model's execution side ------------------------------------------------------------- */
 
+/* Experimental session flag (dsinfer.h DSI_SESSION_FLAG_F32_STATE): keep the state as f32
+ * rows even where the device stores it packed. Defined here too so the core builds without
+ * the experimental section. Part of the pool key. */
+#define DSII_SESSION_FLAG_F32_STATE (1u << 17)
+
 struct dsii_exec {
     dsi_model *model;
     const dsi_context *ctx;
@@ -234,6 +239,8 @@ struct dsii_exec {
     struct dsii_sched *sched;    /* lib/sched, NULL unless coalescing is on */
     int32_t n_vocab;
     dsii_prof *prof;             /* step profile (dsinfer-bench), NULL = off */
+    uint64_t state_budget;       /* bytes one session's state may take; 0 = the compute
+                                    device's memory (tests set it lower) */
 };
 
 /* Attaches a step profile (base.h) to the model's execution side, or detaches it (NULL):
@@ -250,6 +257,10 @@ dsi_status dsii_exec_create(dsi_model *m, dsii_error *e);
  * session with the same n_ctx, margin and flags). */
 dsi_status dsii_exec_pool(dsii_exec *ex, const dsii_arch_params *p, dsii_kv_pool **out,
                           dsii_error *e);
+/* Whether one session of `pool` can hold its state at full n_ctx: OUT_OF_DEVICE_MEMORY
+ * naming the bytes needed and the budget (ex->state_budget, else the compute device's
+ * memory), or the largest component region against the device's largest binding. */
+dsi_status dsii_exec_state_check(const dsii_exec *ex, const dsii_kv_pool *pool, dsii_error *e);
 /* Parameters a pool was created for. */
 void dsii_exec_pool_params(const dsii_kv_pool *pool, dsii_arch_params *p);
 

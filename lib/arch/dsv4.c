@@ -264,13 +264,19 @@ static dsi_status v4_state_layout(const dsii_arch_model *am, uint32_t n_ctx, dsi
         dsii_kv_compressor c;
         if (dsii_kv_add(l, DSII_KV_RING, hp->window + l->margin, hp->head_dim) != L->c_win)
             goto bad;
+        /* the rows' quantised forms (§3.4, §3.8, §10.1): window KV and compressed KV rows
+         * FP8 on the nope dims (blocks of 64, UE8M0; the RoPE dims stay f32), index keys
+         * FP4 (blocks of 32, UE8M0) */
+        dsii_kv_set_format(l, L->c_win, DSIB_STATE_E4M3_UE8M0, hp->nope_dim, V4_KV_FQ_BLOCK);
         if (L->ratio > 0) {
             dsii_kv_add_compressor(l, L->ratio, L->ratio == 4, hp->head_dim, n_ctx, &c);
             if (c.kv != L->comp.kv || c.out != L->comp.out) goto bad;
+            dsii_kv_set_format(l, c.out, DSIB_STATE_E4M3_UE8M0, hp->nope_dim, V4_KV_FQ_BLOCK);
         }
         if (L->has_idx) {
             dsii_kv_add_compressor(l, 4, 1, hp->idx_head_dim, n_ctx, &c);
             if (c.kv != L->icomp.kv || c.out != L->icomp.out) goto bad;
+            dsii_kv_set_format(l, c.out, DSIB_STATE_E2M1_UE8M0, hp->idx_head_dim, V4_IDX_FQ_BLOCK);
         }
     }
     if (am->has_mtp) {

@@ -162,10 +162,16 @@ static void add_components(dsii_arch_model *am, dsii_kv_layout *l, uint32_t n_ct
         const dsii_layer_hparams *lh = &hp->layer[i];
         uint32_t ids[5] = {0, 0, 0, 0, 0};
         ids[0] = dsii_kv_add(l, DSII_KV_RING, hp->window + l->margin, hp->head_dim);
+        /* quantised forms (§4.3, §4.8, §10.1): window KV FP8 over the whole row (blocks of 32,
+         * UE8M0), compressed KV FP4 with E4M3 scales (blocks of 16), index keys FP4 (blocks
+         * of 32, UE8M0) */
+        dsii_kv_set_format(l, ids[0], DSIB_STATE_E4M3_UE8M0, hp->head_dim, 32);
         if (lh->compress_ratio > 0 && lh->is_kv_source) {
             uint32_t rows = (n_ctx + 1) / lh->compress_ratio + 1;
             ids[1] = dsii_kv_add(l, DSII_KV_ROWS, rows, hp->head_dim);
             ids[2] = dsii_kv_add(l, DSII_KV_ROWS, rows, hp->idx_head_dim);
+            dsii_kv_set_format(l, ids[1], DSIB_STATE_E2M1_E4M3, hp->head_dim, 16);
+            dsii_kv_set_format(l, ids[2], DSIB_STATE_E2M1_UE8M0, hp->idx_head_dim, 32);
             /* one compressed row / index key per completed group (store_rows ratio) */
             dsii_kv_set_ratio(l, ids[1], lh->compress_ratio);
             dsii_kv_set_ratio(l, ids[2], lh->compress_ratio);
@@ -193,6 +199,7 @@ static void add_components(dsii_arch_model *am, dsii_kv_layout *l, uint32_t n_ct
     for (uint32_t st = 0; st < am->n_stage; st++) {
         uint32_t id = dsii_kv_add(l, DSII_KV_RING, hp->window + DSII_DRAFT_RING_EXTRA + l->margin,
                                   hp->head_dim);
+        dsii_kv_set_format(l, id, DSIB_STATE_E4M3_UE8M0, hp->head_dim, 32);
         if (set_ids) am->dl[st].c_ring = id;
         if (check && am->dl[st].c_ring != id) *mismatch = 1;
     }

@@ -149,8 +149,10 @@ dsi_status dsii_exec_create(dsi_model *m, dsii_error *e) {
 
 static uint64_t pool_key(const dsii_arch_params *p) {
     uint32_t margin = p->rewind_margin ? p->rewind_margin : DSII_DEFAULT_MARGIN;
-    uint32_t flags = p->flags & DSI_SESSION_FLAG_NO_FAKE_QUANT;
-    return (uint64_t)p->n_ctx | ((uint64_t)(margin & 0xFFFF) << 32) | ((uint64_t)flags << 48);
+    /* key bits 48: NO_FAKE_QUANT, 49: F32_STATE */
+    uint64_t flags = ((p->flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) ? 1u : 0u) |
+                     ((p->flags & DSII_SESSION_FLAG_F32_STATE) ? 2u : 0u);
+    return (uint64_t)p->n_ctx | ((uint64_t)(margin & 0xFFFF) << 32) | (flags << 48);
 }
 
 void dsii_exec_pool_params(const dsii_kv_pool *pool, dsii_arch_params *p) {
@@ -158,7 +160,8 @@ void dsii_exec_pool_params(const dsii_kv_pool *pool, dsii_arch_params *p) {
     memset(p, 0, sizeof *p);
     p->n_ctx = (uint32_t)k;
     p->rewind_margin = (uint32_t)(k >> 32) & 0xFFFF;
-    p->flags = (uint32_t)(k >> 48);
+    p->flags = (((k >> 48) & 1u) ? DSI_SESSION_FLAG_NO_FAKE_QUANT : 0u) |
+               (((k >> 48) & 2u) ? DSII_SESSION_FLAG_F32_STATE : 0u);
 }
 
 dsi_status dsii_exec_pool(dsii_exec *ex, const dsii_arch_params *p, dsii_kv_pool **out,
@@ -187,6 +190,11 @@ dsi_status dsii_exec_pool(dsii_exec *ex, const dsii_arch_params *p, dsii_kv_pool
     }
     dsii_kv_layout l;
     dsii_kv_layout_init(&l, ex->ctx, margin);
+    /* Packed state (FP8 / FP4 rows, docs/internals.md "State layout"): only with the
+     * rounding on (the stored rows are then on the grids, so packing is exact) and on a
+     * device whose ops read packed rows (the CPU backend; others keep f32 rows). */
+    l.packed = !(p->flags & (DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_F32_STATE)) &&
+               strcmp(ex->dev->name, "cpu") == 0;
     if (st == DSI_OK) st = ex->arch->state_layout(ex->am, p->n_ctx, &l, e);
     dsii_kv_pool *pool = NULL;
     if (st == DSI_OK) st = dsii_kv_pool_create(ex->dev, &l, key, &pool, e);
@@ -195,6 +203,32 @@ dsi_status dsii_exec_pool(dsii_exec *ex, const dsii_arch_params *p, dsii_kv_pool
     pthread_mutex_unlock(&ex->lock);
     *out = pool;
     return st;
+}
+
+dsi_status dsii_exec_state_check(const dsii_exec *ex, const dsii_kv_pool *pool, dsii_error *e) {
+    const dsii_kv_layout *l = dsii_kv_pool_layout(pool);
+    dsii_arch_params pp;
+    dsii_exec_pool_params(pool, &pp);
+    uint64_t need = l->slot_bytes; /* every row array at n_ctx, every ring */
+    uint64_t budget = ex->state_budget ? ex->state_budget : ex->dev->desc.memory_total;
+    if (budget && need > budget)
+        return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
+                         "session state for n_ctx %u needs %llu bytes (%.1f bytes/token of "
+                         "compressed rows + %llu bytes of rings), the %s budget is %llu bytes",
+                         pp.n_ctx, (unsigned long long)need, dsii_kv_bytes_per_token(l),
+                         (unsigned long long)dsii_kv_ring_bytes(l), ex->dev->name,
+                         (unsigned long long)budget);
+    uint64_t maxb = ex->dev->desc.max_buffer_size;
+    for (uint32_t i = 0; maxb && i < l->n; i++) {
+        uint64_t b = (uint64_t)l->c[i].rows * l->c[i].row_bytes;
+        if (b > maxb)
+            return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
+                             "session state for n_ctx %u: component %u needs %llu bytes in one "
+                             "binding, the %s device allows %llu",
+                             pp.n_ctx, i, (unsigned long long)b, ex->dev->name,
+                             (unsigned long long)maxb);
+    }
+    return DSI_OK;
 }
 
 /* ---- lanes ------------------------------------------------------------------------------------- */
@@ -406,7 +440,12 @@ static dsi_status exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_ste
                 outi[o++] = (int32_t)t;
         }
     }
-    dsi_status st = DSI_OK;
+    /* lazy state: the row arrays must hold every position this step touches */
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < n_seqs; i++)
+        if ((uint64_t)seqs[i].pos + seqs[i].n > end) end = (uint64_t)seqs[i].pos + seqs[i].n;
+    dsi_status st = dsii_kv_pool_reserve(pool, end, e);
+    if (st != DSI_OK) return st;
     if (ex->arch->prepare) {
         DSII_PROF_BEGIN();
         st = ex->arch->prepare(ex->am, l, seqs, n_seqs, n, e);

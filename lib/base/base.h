@@ -110,7 +110,11 @@ typedef struct dsii_prof {
     uint64_t dropped;      /* calls whose name did not fit */
     uint64_t steps, step_ns, rows; /* steps, their wall time, their rows */
 } dsii_prof;
+#ifdef __cplusplus /* C++ hosts of this header (the CUDA module's host-side tests) */
+extern thread_local dsii_prof *dsii_prof_cur;
+#else
 extern _Thread_local dsii_prof *dsii_prof_cur;
+#endif
 static inline uint64_t dsii_prof_begin(void) { return dsii_prof_cur ? dsii_time_ns() : 0; }
 /* Adds now − t0 to `name` of the current profile (nothing when t0 is 0). */
 void dsii_prof_end(uint64_t t0, const char *name);

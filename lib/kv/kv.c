@@ -4,6 +4,7 @@
 
 #include "backend/device.h"
 #include "backends/backend.h"
+#include "quant/statepack.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -40,10 +41,52 @@ uint32_t dsii_kv_add(dsii_kv_layout *l, uint32_t kind, uint32_t rows, uint32_t l
     c->rows = rows ? rows : 1;
     c->ld = ld ? ld : 1;
     c->ratio = 0;
+    c->format = DSIB_STATE_F32;
+    c->qcols = c->block = 0;
+    c->row_bytes = c->ld * (uint32_t)sizeof(float);
+    c->decl_format = DSIB_STATE_F32;
+    c->decl_qcols = c->decl_block = 0;
     /* 64-byte aligned component regions: keep every slot's part a multiple of 64 bytes */
-    uint64_t b = (uint64_t)c->rows * c->ld * sizeof(float);
+    uint64_t b = (uint64_t)c->rows * c->row_bytes;
     l->slot_bytes += (b + 63) & ~(uint64_t)63;
     return l->n++;
+}
+
+void dsii_kv_set_format(dsii_kv_layout *l, uint32_t id, int32_t format, uint32_t qcols,
+                        uint32_t block) {
+    if (l->status != DSI_OK || id >= l->n) return;
+    dsii_kv_comp *c = &l->c[id];
+    if (!dsii_sp_valid(format, c->ld, qcols, block)) {
+        l->status = DSI_ERR_INTERNAL;
+        return;
+    }
+    c->decl_format = format;
+    c->decl_qcols = qcols;
+    c->decl_block = block;
+    if (!l->packed) return;
+    uint64_t b = (uint64_t)c->rows * c->row_bytes;
+    l->slot_bytes -= (b + 63) & ~(uint64_t)63;
+    c->format = format;
+    c->qcols = qcols;
+    c->block = block;
+    c->row_bytes = dsii_sp_row_bytes(format, c->ld, qcols, block);
+    b = (uint64_t)c->rows * c->row_bytes;
+    l->slot_bytes += (b + 63) & ~(uint64_t)63;
+}
+
+double dsii_kv_bytes_per_token(const dsii_kv_layout *l) {
+    double b = 0.0;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->c[i].kind == DSII_KV_ROWS && l->c[i].ratio)
+            b += (double)l->c[i].row_bytes / l->c[i].ratio;
+    return b;
+}
+
+uint64_t dsii_kv_ring_bytes(const dsii_kv_layout *l) {
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->c[i].kind == DSII_KV_RING) b += (uint64_t)l->c[i].rows * l->c[i].row_bytes;
+    return b;
 }
 
 void dsii_kv_set_ratio(dsii_kv_layout *l, uint32_t id, uint32_t ratio) {
@@ -73,22 +116,37 @@ struct dsii_kv_pool {
     pthread_mutex_t slots_lock; /* used[] */
     dsib_buffer *buf;
     uint64_t *base;             /* [n comps] byte offset of each component region */
+    uint32_t *arows;            /* [n comps] rows per slot allocated now (<= layout rows) */
+    uint64_t pcap;              /* positions every slot's row arrays can hold now */
+    uint64_t bytes;             /* size of buf */
     uint32_t cap;               /* slots */
     uint32_t generation;
     uint8_t *used;
 };
 
-static uint64_t region_bytes(const dsii_kv_comp *c, uint32_t slots) {
-    uint64_t b = (uint64_t)slots * c->rows * c->ld * sizeof(float);
+/* Rows per slot of component c when the row arrays hold `pcap` positions: row arrays with a
+ * ratio grow with the timeline (lazy state: a long-context session pays for the positions it
+ * uses), rings and ratio-less arrays are allocated whole. */
+static uint32_t alloc_rows(const dsii_kv_comp *c, uint64_t pcap) {
+    if (c->kind != DSII_KV_ROWS || c->ratio == 0) return c->rows;
+    uint64_t r = pcap / c->ratio + 2;
+    return r < c->rows ? (uint32_t)r : c->rows;
+}
+
+static uint64_t region_bytes(const dsii_kv_comp *c, uint32_t rows, uint32_t slots) {
+    uint64_t b = (uint64_t)slots * rows * c->row_bytes;
     return (b + 255) & ~(uint64_t)255;
 }
 
-/* Offsets of every component region for `slots` slots; returns the total size. */
-static uint64_t plan(const dsii_kv_layout *l, uint32_t slots, uint64_t *base) {
+/* Offsets and rows of every component region for `slots` slots and `pcap` positions;
+ * returns the total size. */
+static uint64_t plan(const dsii_kv_layout *l, uint32_t slots, uint64_t pcap, uint64_t *base,
+                     uint32_t *rows) {
     uint64_t off = 0;
     for (uint32_t i = 0; i < l->n; i++) {
+        rows[i] = alloc_rows(&l->c[i], pcap);
         base[i] = off;
-        off += region_bytes(&l->c[i], slots);
+        off += region_bytes(&l->c[i], rows[i], slots);
     }
     return off ? off : 256;
 }
@@ -103,9 +161,11 @@ dsi_status dsii_kv_pool_create(dsii_device *dev, dsii_kv_layout *layout, uint64_
     }
     dsii_kv_pool *p = dsii_calloc(ctx, 1, sizeof *p);
     uint64_t *base = dsii_calloc(ctx, layout->n ? layout->n : 1, sizeof *base);
-    if (!p || !base) {
+    uint32_t *arows = dsii_calloc(ctx, layout->n ? layout->n : 1, sizeof *arows);
+    if (!p || !base || !arows) {
         dsii_free(ctx, p);
         dsii_free(ctx, base);
+        dsii_free(ctx, arows);
         dsii_kv_layout_free(layout);
         return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "state pool: out of host memory");
     }
@@ -114,6 +174,8 @@ dsi_status dsii_kv_pool_create(dsii_device *dev, dsii_kv_layout *layout, uint64_
     memset(layout, 0, sizeof *layout);
     p->key = key;
     p->base = base;
+    p->arows = arows;
+    p->pcap = DSII_KV_INITIAL_POSITIONS;
     pthread_rwlock_init(&p->rw, NULL);
     pthread_mutex_init(&p->slots_lock, NULL);
     *out = p;
@@ -125,6 +187,7 @@ void dsii_kv_pool_free(dsii_kv_pool *p) {
     const dsi_context *ctx = p->layout.ctx;
     if (p->buf) p->dev->be->buffer_free(p->dev->inst, p->buf);
     dsii_free(ctx, p->base);
+    dsii_free(ctx, p->arows);
     dsii_free(ctx, p->used);
     pthread_rwlock_destroy(&p->rw);
     pthread_mutex_destroy(&p->slots_lock);
@@ -135,31 +198,35 @@ void dsii_kv_pool_free(dsii_kv_pool *p) {
 uint64_t dsii_kv_pool_key(const dsii_kv_pool *p) { return p->key; }
 const dsii_kv_layout *dsii_kv_pool_layout(const dsii_kv_pool *p) { return &p->layout; }
 
-/* Grows to `ncap` slots: a new buffer, every component region copied on the device, a new
- * generation. Called with the exclusive lock held. */
-static dsi_status grow(dsii_kv_pool *p, uint32_t ncap, dsii_error *e) {
+/* Re-lays the pool out for `ncap` slots and row arrays of `npcap` positions: a new buffer,
+ * every component region copied on the device (slot by slot when its rows per slot change),
+ * a new generation. Called with the exclusive lock held. */
+static dsi_status relayout(dsii_kv_pool *p, uint32_t ncap, uint64_t npcap, dsii_error *e) {
     const dsi_context *ctx = p->layout.ctx;
     const dsib_backend *be = p->dev->be;
-    uint64_t *nb = dsii_calloc(ctx, p->layout.n ? p->layout.n : 1, sizeof *nb);
+    uint32_t nc = p->layout.n ? p->layout.n : 1;
+    uint64_t *nb = dsii_calloc(ctx, nc, sizeof *nb);
+    uint32_t *nr = dsii_calloc(ctx, nc, sizeof *nr);
     uint8_t *nu = dsii_calloc(ctx, ncap, 1);
-    if (!nb || !nu) {
+    if (!nb || !nu || !nr) {
         dsii_free(ctx, nb);
+        dsii_free(ctx, nr);
         dsii_free(ctx, nu);
         return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "state pool: out of host memory");
     }
-    uint64_t size = plan(&p->layout, ncap, nb);
+    uint64_t size = plan(&p->layout, ncap, npcap, nb, nr);
     dsib_buffer *buf = NULL;
     dsib_error be_err = {{0}};
     dsi_status st = be->buffer_alloc(p->dev->inst, size, DSIB_BUFFER_STATE, &buf, &be_err);
     if (st != DSI_OK) {
         dsii_free(ctx, nb);
+        dsii_free(ctx, nr);
         dsii_free(ctx, nu);
-        return dsii_fail(e, st, "state pool: allocating %u slots (%llu bytes): %s", ncap,
-                         (unsigned long long)size, be_err.msg);
+        return dsii_fail(e, st, "state pool: allocating %u slots of %llu positions (%llu bytes): %s",
+                         ncap, (unsigned long long)npcap, (unsigned long long)size, be_err.msg);
     }
     if (p->buf && p->cap) {
-        /* the old slots keep their indices: region i of the new buffer starts with the old
-         * region i (slot-major inside a region) */
+        /* the old slots keep their indices (slot-major inside a region) */
         dsib_stream *s = NULL;
         dsib_stream_desc sd;
         memset(&sd, 0, sizeof sd);
@@ -167,29 +234,94 @@ static dsi_status grow(dsii_kv_pool *p, uint32_t ncap, dsii_error *e) {
         st = be->stream_create(p->dev->inst, &sd, &s, &be_err);
         for (uint32_t i = 0; st == DSI_OK && i < p->layout.n; i++) {
             const dsii_kv_comp *c = &p->layout.c[i];
-            uint64_t bytes = (uint64_t)p->cap * c->rows * c->ld * sizeof(float);
-            dsib_view src = {p->buf, p->base[i]}, dst = {buf, nb[i]};
-            st = p->dev->be->ops->copy(s, src, dst, bytes);
+            uint32_t keep = p->arows[i] < nr[i] ? p->arows[i] : nr[i];
+            if (nr[i] == p->arows[i]) {
+                uint64_t bytes = (uint64_t)p->cap * p->arows[i] * c->row_bytes;
+                dsib_view src = {p->buf, p->base[i]}, dst = {buf, nb[i]};
+                st = be->ops->copy(s, src, dst, bytes);
+            } else {
+                for (uint32_t k = 0; st == DSI_OK && k < p->cap; k++) {
+                    dsib_view src = {p->buf, p->base[i] + (uint64_t)k * p->arows[i] * c->row_bytes};
+                    dsib_view dst = {buf, nb[i] + (uint64_t)k * nr[i] * c->row_bytes};
+                    st = be->ops->copy(s, src, dst, (uint64_t)keep * c->row_bytes);
+                }
+            }
         }
         if (st == DSI_OK) st = be->sync(s, &be_err);
-        be->stream_destroy(s);
+        if (s) be->stream_destroy(s);
         if (st != DSI_OK) {
             be->buffer_free(p->dev->inst, buf);
             dsii_free(ctx, nb);
+            dsii_free(ctx, nr);
             dsii_free(ctx, nu);
             return dsii_fail(e, st, "state pool: copying %u slots: %s", p->cap, be_err.msg);
         }
-        memcpy(nu, p->used, p->cap);
+        memcpy(nu, p->used, p->cap < ncap ? p->cap : ncap);
         be->buffer_free(p->dev->inst, p->buf);
     }
     dsii_free(ctx, p->base);
+    dsii_free(ctx, p->arows);
     dsii_free(ctx, p->used);
     p->buf = buf;
     p->base = nb;
+    p->arows = nr;
     p->used = nu;
     p->cap = ncap;
+    p->pcap = npcap;
+    p->bytes = size;
     p->generation++;
     return DSI_OK;
+}
+
+static dsi_status grow(dsii_kv_pool *p, uint32_t ncap, dsii_error *e) {
+    return relayout(p, ncap, p->pcap, e);
+}
+
+/* Largest position count any row array of the layout can hold (n_ctx). */
+static uint64_t full_positions(const dsii_kv_layout *l) {
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->c[i].kind == DSII_KV_ROWS && l->c[i].ratio) {
+            uint64_t q = (uint64_t)l->c[i].rows * l->c[i].ratio;
+            if (q > m) m = q;
+        }
+    return m;
+}
+
+dsi_status dsii_kv_pool_reserve(dsii_kv_pool *p, uint64_t n_pos, dsii_error *e) {
+    uint64_t need = n_pos + DSII_KV_RESERVE_SLACK;
+    pthread_rwlock_rdlock(&p->rw);
+    int ok = p->pcap >= need || p->pcap >= full_positions(&p->layout);
+    pthread_rwlock_unlock(&p->rw);
+    if (ok) return DSI_OK;
+    pthread_rwlock_wrlock(&p->rw);
+    dsi_status st = DSI_OK;
+    if (p->pcap < need && p->pcap < full_positions(&p->layout)) {
+        /* geometric growth by 1/8 (at least DSII_KV_GROW_MIN positions): at most 12.5 % +
+         * a constant over what the deepest sequence uses, O(total) copying overall */
+        uint64_t step = p->pcap / 8 > DSII_KV_GROW_MIN ? p->pcap / 8 : DSII_KV_GROW_MIN;
+        uint64_t np = p->pcap + step;
+        if (np < need) np = need;
+        np = (np + DSII_KV_GROW_MIN - 1) / DSII_KV_GROW_MIN * DSII_KV_GROW_MIN;
+        if (p->buf && p->cap) st = relayout(p, p->cap, np, e);
+        else p->pcap = np; /* no buffer yet: the first acquire allocates this size */
+    }
+    pthread_rwlock_unlock(&p->rw);
+    return st;
+}
+
+uint64_t dsii_kv_pool_bytes(dsii_kv_pool *p) {
+    pthread_rwlock_rdlock(&p->rw);
+    uint64_t b = p->buf ? p->bytes : 0;
+    pthread_rwlock_unlock(&p->rw);
+    return b;
+}
+
+uint64_t dsii_kv_pool_positions(dsii_kv_pool *p) {
+    pthread_rwlock_rdlock(&p->rw);
+    uint64_t b = p->pcap;
+    pthread_rwlock_unlock(&p->rw);
+    return b;
 }
 
 dsi_status dsii_kv_pool_acquire(dsii_kv_pool *p, uint32_t *slot, dsii_error *e) {
@@ -241,15 +373,17 @@ void dsii_kv_pool_state(const dsii_kv_pool *p, uint32_t comp, dsib_state *out) {
     out->buf = p->buf;
     out->offset = p->base[comp];
     out->slots = p->cap;
-    out->rows = c->rows;
+    out->rows = p->arows[comp];
     out->ld = c->ld;
-    out->format = DSIB_STATE_F32;
+    out->format = c->format;
+    out->row_bytes = c->row_bytes;
+    out->qcols = c->qcols;
+    out->block = c->block;
 }
 
 uint64_t dsii_kv_slot_bytes(const dsii_kv_pool *p) {
     uint64_t b = 0;
-    for (uint32_t i = 0; i < p->layout.n; i++)
-        b += (uint64_t)p->layout.c[i].rows * p->layout.c[i].ld * sizeof(float);
+    for (uint32_t i = 0; i < p->layout.n; i++) b += (uint64_t)p->arows[i] * p->layout.c[i].row_bytes;
     return b;
 }
 
@@ -261,7 +395,7 @@ static dsi_status slot_io(dsii_kv_pool *p, uint32_t slot, uint8_t *host, int out
     if (slot >= p->cap) st = dsii_fail(e, DSI_ERR_INVALID_ARGUMENT, "state pool: no slot %u", slot);
     for (uint32_t i = 0; st == DSI_OK && i < p->layout.n; i++) {
         const dsii_kv_comp *c = &p->layout.c[i];
-        uint64_t bytes = (uint64_t)c->rows * c->ld * sizeof(float);
+        uint64_t bytes = (uint64_t)p->arows[i] * c->row_bytes;
         uint64_t off = p->base[i] + (uint64_t)slot * bytes;
         st = out ? p->dev->be->download(p->dev->inst, p->buf, off, host, bytes, &be_err)
                  : p->dev->be->upload(p->dev->inst, p->buf, off, host, bytes, &be_err);
@@ -286,15 +420,15 @@ static dsi_status rows_io(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_
     dsii_kv_pool_lock(p);
     dsi_status st = DSI_OK;
     dsib_error be_err = {{0}};
-    if (slot >= p->cap || comp >= p->layout.n || row0 > p->layout.c[comp].rows ||
-        n > p->layout.c[comp].rows - row0) {
+    if (slot >= p->cap || comp >= p->layout.n || row0 > p->arows[comp] ||
+        n > p->arows[comp] - row0) {
         st = dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                        "state pool: rows %u+%u of component %u slot %u out of range", row0, n,
                        comp, slot);
     } else {
         const dsii_kv_comp *c = &p->layout.c[comp];
-        uint64_t rb = (uint64_t)c->ld * sizeof(float);
-        uint64_t off = p->base[comp] + ((uint64_t)slot * c->rows + row0) * rb;
+        uint64_t rb = c->row_bytes;
+        uint64_t off = p->base[comp] + ((uint64_t)slot * p->arows[comp] + row0) * rb;
         uint64_t bytes = (uint64_t)n * rb;
         st = out ? p->dev->be->download(p->dev->inst, p->buf, off, host, bytes, &be_err)
                  : p->dev->be->upload(p->dev->inst, p->buf, off, host, bytes, &be_err);

@@ -16,7 +16,7 @@
  *
  * Pool. A pool holds the state of up to `cap` sequences ("slots") of one layout in ONE
  * backend buffer, component-major: component c of slot s, row r is at
- *   base_c + ((s · rows_c) + r) · ld_c floats,
+ *   base_c + ((s · arows_c) + r) · row_bytes_c bytes (arows_c: rows allocated per slot now),
  * which is exactly the dsib_state view the ops take (backends/backend.h), so one op call
  * serves rows of any number of sequences. Slots are acquired per sequence (a session) and
  * released when it ends; a full pool doubles its capacity (new buffer, device-side copy of
@@ -24,11 +24,11 @@
  * their owners). Steps hold the pool's shared lock while they use its buffer; growth takes
  * it exclusively.
  *
- * Later users plug in here:
- *   - packed state (FP8 / FP4 rows, §3.8 deployment layout): a component gets a format
- *     (dsib_state.format) and a byte row size; ops that read it dequantise on the fly;
- *   - million-token contexts: components get paged (slot → page table), so a slot grows
- *     as its sequence grows; the layout/pool API below (acquire, reserve, state views) stays;
+ * Packed state (issue 19): a component declares its rows' quantised form
+ * (dsii_kv_set_format); a layout with `packed` set stores them as FP8 / FP4 codes + block
+ * scales (dsib_state.format, row_bytes; lib/quant/statepack.h), which the ops read in place.
+ * Lazy state: row arrays are allocated for the positions the pool's sequences reach
+ * (dsii_kv_pool_reserve), not for n_ctx. Other users:
  *   - snapshots: dsii_kv_slot_export / import copy one slot's rows (every component);
  *   - speculative rollback: the frontier moves back (within the margin, no device work);
  *   - forks (beam / prefix sharing): dsii_kv_slot_copy.
@@ -47,7 +47,12 @@ enum { DSII_KV_RING = 0, DSII_KV_ROWS = 1 };
 typedef struct dsii_kv_comp {
     uint32_t kind;     /* DSII_KV_RING / DSII_KV_ROWS */
     uint32_t rows;     /* rows per slot */
-    uint32_t ld;       /* floats per row */
+    uint32_t ld;       /* values per row */
+    int32_t format;    /* DSIB_STATE_* (lib/quant/statepack.h): F32 unless the layout packs */
+    uint32_t qcols, block; /* packed formats: quantised values per row, values per scale */
+    uint32_t row_bytes;    /* bytes per row (F32: ld · 4) */
+    int32_t decl_format;   /* the declared quantised form (even when stored f32) */
+    uint32_t decl_qcols, decl_block;
     uint32_t ratio;    /* DSII_KV_ROWS: positions per row (row w is written by position
                           (w+1)·ratio − 1, so a prefix of P tokens has P / ratio valid rows);
                           0 = unknown (snapshots then keep every row). Rings: 0. */
@@ -57,6 +62,8 @@ typedef struct dsii_kv_layout {
     dsii_kv_comp *c;
     uint32_t n, cap;
     uint32_t margin;       /* exact-rewind margin (tokens) the rings were sized with */
+    int packed;            /* set before the architecture fills the layout: components whose
+                              format it declares (dsii_kv_set_format) are stored packed */
     uint64_t slot_bytes;   /* bytes of one slot (all components) */
     const dsi_context *ctx;
     dsi_status status;     /* first failure of an add (out of host memory) */
@@ -70,6 +77,14 @@ uint32_t dsii_kv_add(dsii_kv_layout *l, uint32_t kind, uint32_t rows, uint32_t l
 /* Declares that row-array component `id` holds one row per `ratio` positions (snapshots
  * keep only a prefix's valid rows). */
 void dsii_kv_set_ratio(dsii_kv_layout *l, uint32_t id, uint32_t ratio);
+
+/* Declares the quantised form of a component's rows: every row stored into it is the
+ * output of the fake-quant recipe of `format`'s grid on its first `qcols` values in blocks
+ * of `block` (model-spec §10.1). With l->packed the component is stored packed (FP8 / FP4
+ * codes + scales, lib/quant/statepack.h; bit-exact); otherwise it stays f32 (the
+ * declaration is still recorded in `decl_*` so snapshots can pack). */
+void dsii_kv_set_format(dsii_kv_layout *l, uint32_t id, int32_t format, uint32_t qcols,
+                        uint32_t block);
 
 /* Token-row compressor state for ratio r (§3.4): the overlapping compressor (CSA, r = 4,
  * coff = 2) reads the previous group as well, so its rings span 2r positions, otherwise r.
@@ -101,6 +116,20 @@ const dsii_kv_layout *dsii_kv_pool_layout(const dsii_kv_pool *p);
 dsi_status dsii_kv_pool_acquire(dsii_kv_pool *p, uint32_t *slot, dsii_error *e);
 void dsii_kv_pool_release(dsii_kv_pool *p, uint32_t slot);
 
+/* Lazy state: row arrays are allocated for the positions the pool's sequences reach, not
+ * for n_ctx. Before a step that writes or reads positions < n_pos, the pool must hold them:
+ * dsii_kv_pool_reserve grows every slot's row arrays (exclusive lock, device copy, new
+ * generation) by at least 1/8 (and DSII_KV_GROW_MIN positions), so a sequence at depth D
+ * holds at most bytes/token · (1.125 · D + DSII_KV_GROW_MIN + slack) + rings. [thread-safe;
+ * not while the caller holds the shared lock] */
+#define DSII_KV_INITIAL_POSITIONS 1024u
+#define DSII_KV_GROW_MIN 1024u
+#define DSII_KV_RESERVE_SLACK 256u /* drafts read / write a few positions past a step */
+dsi_status dsii_kv_pool_reserve(dsii_kv_pool *p, uint64_t n_pos, dsii_error *e);
+/* Bytes of the pool's buffer now (0 before the first slot), positions its arrays hold. */
+uint64_t dsii_kv_pool_bytes(dsii_kv_pool *p);
+uint64_t dsii_kv_pool_positions(dsii_kv_pool *p);
+
 /* Steps: hold the shared lock while recording and running work on the pool's buffer.
  * The views stay valid (same generation) until the lock is released. */
 void dsii_kv_pool_lock(dsii_kv_pool *p);
@@ -112,13 +141,20 @@ uint32_t dsii_kv_pool_slots(const dsii_kv_pool *p);      /* capacity, under the 
 struct dsib_state;
 void dsii_kv_pool_state(const dsii_kv_pool *p, uint32_t comp, struct dsib_state *out);
 
+/* State bytes per token of context of a layout: the row arrays' bytes per position
+ * (Σ row_bytes / ratio) — what grows with the context; rings are a constant. */
+double dsii_kv_bytes_per_token(const dsii_kv_layout *l);
+/* Bytes of the rings of one slot (independent of n_ctx). */
+uint64_t dsii_kv_ring_bytes(const dsii_kv_layout *l);
+
 /* Bytes of one slot; export / import every component of a slot to / from host memory of
  * that size (snapshots; blocking; the slot's sequence must not be running). */
 uint64_t dsii_kv_slot_bytes(const dsii_kv_pool *p);
 dsi_status dsii_kv_slot_export(dsii_kv_pool *p, uint32_t slot, void *dst, dsii_error *e);
 dsi_status dsii_kv_slot_import(dsii_kv_pool *p, uint32_t slot, const void *src, dsii_error *e);
 
-/* Rows [row0, row0 + n) of component `comp` of `slot` to / from host memory (n · ld floats;
+/* Rows [row0, row0 + n) of component `comp` of `slot` to / from host memory (n · row_bytes
+ * bytes, the component's stored form;
  * blocking; the slot's sequence must not be running). Snapshots (lib/kv/snapshot.h) copy
  * only the rows a prefix needs with these. INVALID_ARGUMENT when the range is outside. */
 dsi_status dsii_kv_rows_read(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_t row0,

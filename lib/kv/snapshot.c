@@ -1,6 +1,9 @@
 /* lib/kv/snapshot.c — the snapshot format (snapshot.h, docs/snapshots.md). */
 #include "kv/snapshot.h"
 
+#include "backends/backend.h"
+#include "quant/statepack.h"
+
 /* xxHash from Debian's libxxhash-dev, inlined: no link dependency and no XXH_* symbol in
  * the library's exports. */
 #define XXH_INLINE_ALL
@@ -78,6 +81,38 @@ static int stored_rows(const dsii_kv_comp *c, uint32_t L, uint32_t P, uint32_t *
     return 1;
 }
 
+/* ---- packed rows (issue 19: FP8 / FP4 state, lib/quant/statepack.h) ----------------------- */
+
+/* The form a component's rows take in a snapshot: the form the pool stores them in (packed
+ * on the CPU with the rounding on, f32 elsewhere). A loader converts to its own pool's form
+ * (packed rows unpack exactly; f32 rows pack exactly when they lie on the grids, which
+ * validation checks), so images of every backend load everywhere. */
+typedef struct snap_form {
+    int32_t format;
+    uint32_t qcols, block, row_bytes;
+} snap_form;
+
+static snap_form form_of(const dsii_kv_comp *c) {
+    snap_form f = {c->format, c->qcols, c->block, c->row_bytes};
+    return f;
+}
+
+/* n rows of component c from the form (from_fmt, from_q, from_b) into form `to` (host; not in
+ * place; tmp: c->ld floats).
+ * Returns 0, or 1 when a row was not on f's grid (it cannot be stored exactly). */
+static int rows_convert(const dsii_kv_comp *c, int32_t from_fmt, uint32_t from_q,
+                        uint32_t from_b, const uint8_t *src, const snap_form *to, uint8_t *dst,
+                        uint32_t n, float *tmp) {
+    uint32_t frb = dsii_sp_row_bytes(from_fmt, c->ld, from_q, from_b);
+    int bad = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        dsii_sp_unpack_row(from_fmt, c->ld, from_q, from_b, src + (size_t)r * frb, tmp);
+        bad |= dsii_sp_pack_row(to->format, c->ld, to->qcols, to->block, tmp,
+                                dst + (size_t)r * to->row_bytes);
+    }
+    return bad;
+}
+
 /* ---- writing ------------------------------------------------------------------------------- */
 
 typedef struct wr {
@@ -133,7 +168,7 @@ static dsi_status plan_sizes(const dsii_snap_src *src, uint64_t *total, uint64_t
             return dsii_fail(e, DSI_ERR_INTERNAL,
                              "snapshot: a prefix of %u tokens is no longer in the state of %u",
                              L, P);
-        uint64_t b = (uint64_t)c * l->c[i].ld * sizeof(float);
+        uint64_t b = (uint64_t)c * form_of(&l->c[i]).row_bytes;
         sb += b;
         if (b > mc) mc = b;
     }
@@ -215,6 +250,10 @@ dsi_status dsii_snap_write(const dsii_snap_src *src, dsii_snap_write_fn write, v
         put32(b + 12, c->ratio);
         put32(b + 16, f);
         put32(b + 20, cnt);
+        snap_form fm = form_of(c);
+        put32(b + 24, (uint32_t)fm.format);
+        put32(b + 28, fm.qcols);
+        put32(b + 32, fm.block);
         sec_data(&w, b, sizeof b);
     }
     sec_end(&w);
@@ -228,7 +267,7 @@ dsi_status dsii_snap_write(const dsii_snap_src *src, dsii_snap_write_fn write, v
         uint32_t f = 0, cnt = 0;
         stored_rows(c, L, P, &f, &cnt);
         if (cnt == 0) continue;
-        size_t rb = (size_t)c->ld * sizeof(float);
+        size_t rb = c->row_bytes;
         if (c->kind == DSII_KV_RING) {
             /* positions f .. f+cnt−1 oldest first: at most two contiguous pieces */
             uint32_t r0 = f % c->rows, n1 = c->rows - r0 < cnt ? c->rows - r0 : cnt;
@@ -238,7 +277,7 @@ dsi_status dsii_snap_write(const dsii_snap_src *src, dsii_snap_write_fn write, v
         } else {
             st = dsii_kv_rows_read(src->pool, src->slot, i, 0, cnt, buf, e);
         }
-        if (st == DSI_OK) sec_data(&w, buf, (size_t)cnt * rb);
+        if (st == DSI_OK) sec_data(&w, buf, (size_t)cnt * rb); /* the pool's own form */
     }
     sec_end(&w);
     dsii_free(ctx, buf);
@@ -261,6 +300,7 @@ static uint64_t max_bytes(const dsii_snap_target *t, uint32_t n_tokens, uint32_t
     const uint64_t sec = DSII_SNAP_SECTION_HEAD + DSII_SNAP_SECTION_TAIL;
     uint64_t b = DSII_SNAP_HEADER_BYTES + 4 * sec + (uint64_t)n_tokens * 4 +
                  (uint64_t)t->id.n_vocab * 4 + (uint64_t)n_comps * DSII_SNAP_LAYOUT_ENTRY;
+    /* rows: f32 is the largest form any version writes */
     for (uint32_t i = 0; i < t->layout->n; i++) {
         const dsii_kv_comp *c = &t->layout->c[i];
         uint64_t rows = c->kind == DSII_KV_RING ? n_tokens : c->rows;
@@ -282,6 +322,10 @@ dsi_status dsii_snap_check_header(const uint8_t *h, size_t n, const dsii_snap_ta
                          DSII_SNAP_VERSION);
     if (ver == 0)
         return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot format version 0 is invalid");
+    if (ver < DSII_SNAP_VERSION_MIN)
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED,
+                         "snapshot format version %u is older than this library reads (%u..%u)",
+                         ver, DSII_SNAP_VERSION_MIN, DSII_SNAP_VERSION);
     if (n < DSII_SNAP_HEADER_BYTES)
         return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot truncated: %zu bytes, the header alone is %u",
                          n, DSII_SNAP_HEADER_BYTES);
@@ -333,6 +377,8 @@ dsi_status dsii_snap_validate(const uint8_t *buf, size_t n, const dsii_snap_targ
         return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot has %llu bytes after its end",
                          (unsigned long long)(n - total));
     v->buf = buf;
+    v->version = get32(buf + 8);
+    v->entry_bytes = v->version >= 2 ? DSII_SNAP_LAYOUT_ENTRY : DSII_SNAP_LAYOUT_ENTRY_V1;
     v->n_tokens = get32(buf + 44);
     v->has_logits = get32(buf + 48);
     v->n_comps = get32(buf + 52);
@@ -370,7 +416,7 @@ dsi_status dsii_snap_validate(const uint8_t *buf, size_t n, const dsii_snap_targ
     if (len[1] != (v->has_logits ? (uint64_t)t->id.n_vocab * 4 : 0))
         return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot: logits section size %llu",
                          (unsigned long long)len[1]);
-    if (len[2] != (uint64_t)v->n_comps * DSII_SNAP_LAYOUT_ENTRY)
+    if (len[2] != (uint64_t)v->n_comps * v->entry_bytes)
         return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot: layout section size %llu",
                          (unsigned long long)len[2]);
     v->tokens = payload[0];
@@ -388,7 +434,7 @@ dsi_status dsii_snap_validate(const uint8_t *buf, size_t n, const dsii_snap_targ
     const dsii_kv_layout *tl = t->layout;
     uint64_t state = 0;
     for (uint32_t i = 0; i < v->n_comps; i++) {
-        const uint8_t *p = v->layout + (size_t)i * DSII_SNAP_LAYOUT_ENTRY;
+        const uint8_t *p = v->layout + (size_t)i * v->entry_bytes;
         uint32_t kind = get32(p), ld = get32(p + 8), ratio = get32(p + 12);
         uint32_t first = get32(p + 16), count = get32(p + 20);
         const dsii_kv_comp *c = &tl->c[i];
@@ -397,6 +443,19 @@ dsi_status dsii_snap_validate(const uint8_t *buf, size_t n, const dsii_snap_targ
                              "snapshot: state component %u (kind %u, %u floats, ratio %u) differs "
                              "from this session's (kind %u, %u floats, ratio %u)",
                              i, kind, ld, ratio, c->kind, c->ld, c->ratio);
+        uint32_t fmt = 0, qc = 0, bl = 0;
+        if (v->version >= 2) fmt = get32(p + 24), qc = get32(p + 28), bl = get32(p + 32);
+        /* the rows' form: f32, or exactly the component's declared packed form */
+        if (fmt != DSIB_STATE_F32 &&
+            (fmt != (uint32_t)c->decl_format || qc != c->decl_qcols || bl != c->decl_block))
+            return dsii_fail(e, DSI_ERR_STATE_MISMATCH,
+                             "snapshot: state component %u is stored as format %u (%u values in "
+                             "blocks of %u), this session's rows are format %d (%u in blocks of %u)",
+                             i, fmt, qc, bl, (int)c->decl_format, c->decl_qcols, c->decl_block);
+        if (fmt == DSIB_STATE_F32 && (qc || bl))
+            return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot: component %u: f32 rows with a block", i);
+        uint64_t erb = fmt == DSIB_STATE_F32 ? (uint64_t)ld * 4u
+                                             : dsii_sp_row_bytes((int32_t)fmt, ld, qc, bl);
         if (kind == DSII_KV_RING) {
             uint32_t span = c->rows > tl->margin ? c->rows - tl->margin : c->rows;
             uint32_t need = v->n_tokens < span ? v->n_tokens : span;
@@ -413,11 +472,34 @@ dsi_status dsii_snap_validate(const uint8_t *buf, size_t n, const dsii_snap_targ
                                  "(<= %u)",
                                  i, count, first, want, c->rows);
         }
-        state += (uint64_t)count * ld * sizeof(float);
+        if (len[3] < state || (uint64_t)count * erb > len[3] - state)
+            return dsii_fail(e, DSI_ERR_BAD_FORMAT,
+                             "snapshot: state section %llu bytes, too short for component %u",
+                             (unsigned long long)len[3], i);
+        /* f32 rows into a packed pool: every row must be on the grid (checked before
+         * anything is written, so apply cannot fail on it) */
+        if (fmt == DSIB_STATE_F32 && c->format != DSIB_STATE_F32) {
+            float *tmp = dsii_malloc(tl->ctx, (size_t)ld * 4 + c->row_bytes);
+            if (!tmp) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "snapshot: out of host memory");
+            int bad = 0;
+            for (uint32_t r = 0; r < count && !bad; r++) {
+                memcpy(tmp, payload[3] + state + (size_t)r * erb, (size_t)ld * 4);
+                bad = dsii_sp_pack_row(c->format, ld, c->qcols, c->block, tmp,
+                                       (uint8_t *)(tmp + ld));
+            }
+            dsii_free(tl->ctx, tmp);
+            if (bad)
+                return dsii_fail(e, DSI_ERR_STATE_MISMATCH,
+                                 "snapshot: state component %u has f32 rows off the FP8/FP4 grid "
+                                 "this session stores packed (a snapshot taken without rounding?)",
+                                 i);
+        }
+        state += (uint64_t)count * erb;
     }
     if (state != len[3])
         return dsii_fail(e, DSI_ERR_BAD_FORMAT, "snapshot: state section %llu bytes, layout says %llu",
                          (unsigned long long)len[3], (unsigned long long)state);
+    v->state_bytes = state;
     return DSI_OK;
 }
 
@@ -426,11 +508,34 @@ dsi_status dsii_snap_apply(const dsii_snap_view *v, dsii_kv_pool *pool, uint32_t
     const dsii_kv_layout *tl = dsii_kv_pool_layout(pool);
     const uint8_t *src = v->state;
     uint32_t L = v->n_tokens, ef = 0;
+    uint8_t *cv = NULL; /* rows converted to the pool's stored form */
+    float *tmp = NULL;
     for (uint32_t i = 0; i < v->n_comps; i++) {
-        const uint8_t *p = v->layout + (size_t)i * DSII_SNAP_LAYOUT_ENTRY;
+        const uint8_t *p = v->layout + (size_t)i * v->entry_bytes;
         uint32_t first = get32(p + 16), count = get32(p + 20);
         const dsii_kv_comp *c = &tl->c[i];
-        size_t rb = (size_t)c->ld * sizeof(float);
+        int32_t fmt = v->version >= 2 ? (int32_t)get32(p + 24) : DSIB_STATE_F32;
+        uint32_t qc = v->version >= 2 ? get32(p + 28) : 0, bl = v->version >= 2 ? get32(p + 32) : 0;
+        size_t erb = dsii_sp_row_bytes(fmt, c->ld, qc, bl);
+        const uint8_t *rows = src;
+        src += (size_t)count * erb;
+        size_t rb = c->row_bytes;
+        if (fmt != c->format && count) {
+            /* packed snapshot rows into an f32 pool, or f32 rows into a packed pool (exact:
+             * validate checked them) */
+            dsii_free(tl->ctx, cv);
+            dsii_free(tl->ctx, tmp);
+            cv = dsii_malloc(tl->ctx, (size_t)count * rb);
+            tmp = dsii_malloc(tl->ctx, (size_t)c->ld * 4);
+            if (!cv || !tmp) {
+                dsii_free(tl->ctx, cv);
+                dsii_free(tl->ctx, tmp);
+                return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "snapshot: out of host memory");
+            }
+            snap_form to = {c->format, c->qcols, c->block, c->row_bytes};
+            (void)rows_convert(c, fmt, qc, bl, rows, &to, cv, count, tmp);
+            rows = cv;
+        }
         dsi_status st = DSI_OK;
         if (c->kind == DSII_KV_RING) {
             /* the last min(count, rows) positions go to their rows pos mod rows */
@@ -440,7 +545,7 @@ dsi_status dsii_snap_apply(const dsii_snap_view *v, dsii_kv_pool *pool, uint32_t
                 f += skip;
             }
             uint32_t cnt = count - skip;
-            const uint8_t *s = src + (size_t)skip * rb;
+            const uint8_t *s = rows + (size_t)skip * rb;
             uint32_t r0 = f % c->rows, n1 = c->rows - r0 < cnt ? c->rows - r0 : cnt;
             st = dsii_kv_rows_write(pool, slot, i, r0, n1, s, e);
             if (st == DSI_OK && cnt > n1)
@@ -449,11 +554,16 @@ dsi_status dsii_snap_apply(const dsii_snap_view *v, dsii_kv_pool *pool, uint32_t
             if (f > 0 && f + span > ef) ef = f + span;
             (void)first;
         } else if (count) {
-            st = dsii_kv_rows_write(pool, slot, i, 0, count, src, e);
+            st = dsii_kv_rows_write(pool, slot, i, 0, count, rows, e);
         }
-        if (st != DSI_OK) return st;
-        src += (size_t)count * rb;
+        if (st != DSI_OK) {
+            dsii_free(tl->ctx, cv);
+            dsii_free(tl->ctx, tmp);
+            return st;
+        }
     }
+    dsii_free(tl->ctx, cv);
+    dsii_free(tl->ctx, tmp);
     if (exact_from) *exact_from = ef;
     return DSI_OK;
 }

@@ -5,7 +5,8 @@
  *
  * The format is backend-independent: state rows are stored by position (rings, oldest
  * first) and by row index (row arrays, only the rows the prefix completed), as little-endian
- * f32, whatever the pool's capacity (n_ctx), rewind margin or device. A snapshot therefore
+ * f32 or packed FP8 / FP4 rows (version 2), whatever the pool's capacity (n_ctx), rewind
+ * margin or device. A snapshot therefore
  * restores into a session of any n_ctx >= its length on any backend.
  *
  * Loading is two-phase: dsii_snap_validate checks every byte (magic, version, header and
@@ -23,11 +24,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DSII_SNAP_VERSION 1u
+#define DSII_SNAP_VERSION 2u
 #define DSII_SNAP_HEADER_BYTES 128u
 #define DSII_SNAP_SECTION_HEAD 16u   /* tag, reserved, length */
 #define DSII_SNAP_SECTION_TAIL 8u    /* xxh3-64 of head + payload */
-#define DSII_SNAP_LAYOUT_ENTRY 24u   /* kind, rows, ld, ratio, first, count (u32 each) */
+/* Layout entries (u32 each). Version 1: kind, rows, ld, ratio, first, count (rows f32).
+ * Version 2 appends the rows' stored form: format (DSIB_STATE_*), qcols, block — rows are
+ * written in the saving pool's form (packed, lib/quant/statepack.h, or f32) and converted
+ * to the loading pool's. */
+#define DSII_SNAP_LAYOUT_ENTRY_V1 24u
+#define DSII_SNAP_LAYOUT_ENTRY 36u
+/* Oldest version this library reads (docs/snapshots.md "Versions"). */
+#define DSII_SNAP_VERSION_MIN 1u
 #define DSII_SNAP_N_SECTIONS 4u
 
 /* Identity of the model + numerics a state belongs to. */
@@ -82,8 +90,11 @@ typedef struct dsii_snap_view {
     uint32_t n_comps;
     const uint8_t *tokens;     /* n_tokens little-endian int32 */
     const uint8_t *logits;     /* n_vocab f32 or NULL */
-    const uint8_t *layout;     /* n_comps entries */
+    const uint8_t *layout;     /* n_comps entries of entry_bytes */
     const uint8_t *state;      /* the rows */
+    uint32_t version;          /* format version of the image */
+    uint32_t entry_bytes;      /* DSII_SNAP_LAYOUT_ENTRY(_V1) */
+    uint64_t state_bytes;      /* bytes of the rows */
 } dsii_snap_view;
 
 /* Validates a complete image of `n` bytes against `t`; touches nothing. */

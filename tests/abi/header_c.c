@@ -29,6 +29,7 @@ CHECK(session_flag_no_fake_quant, DSI_SESSION_FLAG_NO_FAKE_QUANT == 1u);
 #if defined(DSI_EXPERIMENTAL)
 CHECK(model_flag_coalesce, DSI_MODEL_FLAG_COALESCE == 1u);
 CHECK(session_flag_no_capture, DSI_SESSION_FLAG_NO_CAPTURE == (1u << 16));
+CHECK(session_flag_f32_state, DSI_SESSION_FLAG_F32_STATE == (1u << 17));
 CHECK(model_flags_distinct, (DSI_MODEL_FLAG_COALESCE &
                              (DSI_MODEL_FLAG_VERIFY_FILE | DSI_MODEL_FLAG_RESIDENT)) == 0);
 CHECK(session_flags_distinct, (DSI_SESSION_FLAG_NO_CAPTURE & DSI_SESSION_FLAG_NO_FAKE_QUANT) == 0);

@@ -49,7 +49,7 @@ static inline dsib_view bt_view(const bt_buf *pb, int side, uint64_t byte_off) {
 /* A state view over a buffer: `slots` slots of `rows` rows of `ld` floats. */
 static inline dsib_state bt_state(const bt_buf *pb, int side, uint32_t slots, uint32_t rows,
                                   uint32_t ld) {
-    dsib_state s = {pb->b[side], BT_GUARD, slots, rows, ld, DSIB_STATE_F32};
+    dsib_state s = {pb->b[side], BT_GUARD, slots, rows, ld, DSIB_STATE_F32, 0, 0, 0, 0};
     return s;
 }
 /* Step rows: `nseq` sequences, sequence i in slot slots[i] at positions pos0[i] ..

@@ -377,18 +377,18 @@ static void test_copies(void **state) {
      * only its last 16 are written), then two sequences of 3 and 2 rows in other slots */
     bt_buf ring = rbuf(3 * 16 * 60, 0, 0);
     bt_buf r1 = rows1(1, 13, 19);
-    RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(a), 50, 19, V(r1), &(dsib_state){ring.b[S], BT_GUARD, 3, 16, 60, 0}, 50, 1, DSIB_STORE_RING));
+    RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(a), 50, 19, V(r1), &(dsib_state){ring.b[S], BT_GUARD, 3, 16, 60, 0, 0, 0, 0, 0}, 50, 1, DSIB_STORE_RING));
     st_ok(st);
     check_f32("store_rows ring (n > ring)", &ring, ring.bytes / 4, 0);
     int32_t sl[2] = {2, 0}, p0[2] = {40, 7}, cnt[2] = {3, 2};
     bt_buf r2;
     assert_int_equal(bt_rows_new(g_s, &r2, 2, sl, p0, cnt), 5);
-    RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(a), 50, 5, V(r2), &(dsib_state){ring.b[S], BT_GUARD, 3, 16, 60, 0}, 50, 1, DSIB_STORE_RING));
+    RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(a), 50, 5, V(r2), &(dsib_state){ring.b[S], BT_GUARD, 3, 16, 60, 0, 0, 0, 0, 0}, 50, 1, DSIB_STORE_RING));
     st_ok(st);
     check_f32("store_rows ring, two sequences", &ring, ring.bytes / 4, 0);
     /* groups of 4: rows at positions 3, 7 (slot 1) and 11 complete groups 0, 1, 2 */
     bt_buf grp = rbuf(2 * 8 * 50, 0, 0), r3 = rows1(1, 2, 10);
-    RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(a), 50, 10, V(r3), &(dsib_state){grp.b[S], BT_GUARD, 2, 8, 50, 0}, 50, 4, 0));
+    RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(a), 50, 10, V(r3), &(dsib_state){grp.b[S], BT_GUARD, 2, 8, 50, 0, 0, 0, 0, 0}, 50, 4, 0));
     st_ok(st);
     check_f32("store_rows groups of 4", &grp, grp.bytes / 4, 0);
     int32_t ix[5] = {7, 0, 3, 3, 19};
@@ -541,8 +541,8 @@ static void test_compress_pool(void **state) {
         bt_buf kv = rbuf(n * ldc, -1, 1), sc = rbuf(n * ldc, -3, 3), out = rbuf(n * (hd + 2) + 1, 7, 7);
         bt_buf rw = rows1(1, cs[i].pos0, (int32_t)n);
         dsi_status st[2];
-        RUN_BOTH(st, OPS(S)->compress_pool(g_s[S].strm, &(dsib_state){rk.b[S], BT_GUARD, 2, ring_len, ldr, 0},
-                                           &(dsib_state){rs.b[S], BT_GUARD, 2, ring_len, ldr, 0},
+        RUN_BOTH(st, OPS(S)->compress_pool(g_s[S].strm, &(dsib_state){rk.b[S], BT_GUARD, 2, ring_len, ldr, 0, 0, 0, 0, 0},
+                                           &(dsib_state){rs.b[S], BT_GUARD, 2, ring_len, ldr, 0, 0, 0, 0, 0},
                                            V(kv), V(sc), ldc, V(rw), n, r, cs[i].overlap, hd,
                                            V(out), hd + 2));
         st_ok(st);
@@ -578,7 +578,7 @@ static void test_indexer(void **state) {
         bt_buf idx = ibuf(init, (size_t)n * topk), rw = rows1(1, (int32_t)cs[i].pos0, (int32_t)n);
         dsi_status st[2];
         RUN_BOTH(st, OPS(S)->indexer_topk(g_s[S].strm, V(q), H * hd, V(w), H,
-                                          &(dsib_state){k.b[S], BT_GUARD, 2, rows, hd, 0}, H, hd,
+                                          &(dsib_state){k.b[S], BT_GUARD, 2, rows, hd, 0, 0, 0, 0, 0}, H, hd,
                                           V(rw), n, ratio, topk, V(idx)));
         st_ok(st);
         check_i32("indexer_topk", &idx, (size_t)n * topk);
@@ -615,9 +615,9 @@ static void test_attn_sink(void **state) {
         tw sinks = mkweight_f32(sk, 4);
         dsi_status st[2];
         RUN_BOTH(st, OPS(S)->attn_sink(g_s[S].strm, V(q), H * hd, H, hd, V(rw), n, window,
-                                       &(dsib_state){ring.b[S], BT_GUARD, 3, ring_len, hd, 0},
+                                       &(dsib_state){ring.b[S], BT_GUARD, 3, ring_len, hd, 0, 0, 0, 0, 0},
                                        V(kv), hd + 4, cs[i].ratio,
-                                       &(dsib_state){comp.b[S], BT_GUARD, 3, ncomp, hd, 0},
+                                       &(dsib_state){comp.b[S], BT_GUARD, 3, ncomp, hd, 0, 0, 0, 0, 0},
                                        cs[i].use_idx ? V(idx) : (dsib_view){NULL, 0}, topk,
                                        &sinks.w[S], 1.0f / sqrtf((float)hd), V(out), H * hd));
         st_ok(st);
@@ -725,7 +725,7 @@ static void test_indexer_v41(void **state) {
         dsib_view none = {NULL, 0};
         dsi_status st[2];
         RUN_BOTH(st, OPS(S)->indexer_topk_v41(g_s[S].strm, V(q), H * hd, V(w), H,
-                                              &(dsib_state){k.b[S], BT_GUARD, 1, rows, hd, 0}, H,
+                                              &(dsib_state){k.b[S], BT_GUARD, 1, rows, hd, 0, 0, 0, 0, 0}, H,
                                               hd, V(rw), n, cs[i].ratio, topk, V(idx),
                                               cs[i].mode == 2 ? V(ci) : none,
                                               cs[i].mode == 1 ? V(co) : none, cs[i].cb, ck));

@@ -58,12 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (v.n_tokens > 64) abort();
         dsii_snap_tokens(&v, tok);
         dsii_snap_logits(&v, 50, lg);
-        uint64_t s = 0;
-        for (uint32_t i = 0; i < v.n_comps; i++) {
-            const uint8_t *p = v.layout + (size_t)i * DSII_SNAP_LAYOUT_ENTRY;
-            uint32_t ld = (uint32_t)p[8] | (uint32_t)p[9] << 8, cnt = (uint32_t)p[20] | (uint32_t)p[21] << 8;
-            s += (uint64_t)ld * cnt * 4;
-        }
+        uint64_t s = v.state_bytes;
         volatile uint8_t x = 0;
         for (uint64_t i = 0; i < s; i++) x ^= v.state[i];
         (void)x;

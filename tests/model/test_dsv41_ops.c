@@ -166,7 +166,7 @@ static void run_indexer_case(uint32_t ratio, uint32_t topk, uint32_t cb, uint32_
         row1[t][DSIB_ROW_FIRST] = 0, row1[t][DSIB_ROW_COUNT] = 1;
     }
     dsib_buffer *br = wrap(rows, sizeof rows), *br1 = wrap(row1, sizeof row1);
-    dsib_state sk = {bk, 0, 1, ROWS, HD, DSIB_STATE_F32};
+    dsib_state sk = {bk, 0, 1, ROWS, HD, DSIB_STATE_F32, 0, 0, 0, 0};
     /* candidate source: whole step at once … */
     dsib_view vq = {bq, 0}, vw = {bw, 0}, vi = {bi, 0}, vc = {bc, 0}, vr = {br, 0};
     assert_int_equal(o->indexer_topk_v41(strm, vq, H * HD, vw, H, &sk, H, HD, vr, N, ratio,

@@ -88,7 +88,7 @@ static dsib_view rows_at(int32_t pos0, uint32_t n) {
 
 /* One slot of state over a wrapped array: `rows` rows of `ld` floats. */
 static dsib_state state_of(dsib_view v, uint32_t rows, uint32_t ld) {
-    dsib_state s = {v.buf, v.offset, 1, rows, ld, DSIB_STATE_F32};
+    dsib_state s = {v.buf, v.offset, 1, rows, ld, DSIB_STATE_F32, 0, 0, 0, 0};
     return s;
 }
 

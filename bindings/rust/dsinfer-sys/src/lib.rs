@@ -138,6 +138,8 @@ pub const DSI_MODEL_FLAG_RESIDENT: u32 = 1 << 2;
 // Experimental section of the header (DSI_EXPERIMENTAL; since 0.2).
 pub const DSI_MODEL_FLAG_COALESCE: u32 = 1 << 0;
 pub const DSI_SESSION_FLAG_NO_CAPTURE: u32 = 1 << 16;
+// since 0.3
+pub const DSI_SESSION_FLAG_F32_STATE: u32 = 1 << 17;
 
 pub const DSI_LOAD_STAGE_HEADER: i32 = 0;
 pub const DSI_LOAD_STAGE_VALIDATE: i32 = 1;
