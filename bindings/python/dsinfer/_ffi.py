@@ -176,7 +176,8 @@ class model_options(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("access", ctypes.c_int32),
                 ("progress_fn", PROGRESS_FN), ("progress_user_data", ctypes.c_void_p),
                 ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                ("draft_path", ctypes.c_char_p)]
+                ("draft_path", ctypes.c_char_p),
+                ("place", ctypes.c_void_p)]  # experimental dsi_place_options * (NULL)
 
 
 class reader(Struct):

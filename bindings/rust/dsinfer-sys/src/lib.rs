@@ -159,6 +159,8 @@ pub struct dsi_model_options {
     pub reserved: u32,
     /// since 0.2: a second GGUF holding the draft blocks; NULL = none
     pub draft_path: *const c_char,
+    /// since 0.3, experimental: memory tiers (`dsi_place_options *`); NULL = all resident
+    pub place: *const c_void,
 }
 
 #[repr(C)]
