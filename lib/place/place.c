@@ -378,18 +378,23 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
                          pl->device_bytes, dev->name, pl->device_budget);
     if (pl->n_experts_streamed) {
         uint64_t avail = pl->host_budget - pl->owned_bytes;
-        uint64_t need = (uint64_t)pl->max_k * pl->expert_unit_bytes;
+        uint64_t fixed = 0, per_slot = 0;
+        dsii_xtier_cost(pl->n_experts_streamed, &fixed, &per_slot);
+        uint64_t need = fixed + (uint64_t)pl->max_k * (pl->expert_unit_bytes + per_slot);
         if (avail < need)
             return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY,
                              "placement: streaming experts needs at least %" PRIu64 " bytes of host memory (resident "
-                             "weights %" PRIu64 " + %u expert slots of %" PRIu64 "), the host budget is %" PRIu64,
-                             pl->owned_bytes + need, pl->owned_bytes, pl->max_k, pl->expert_unit_bytes,
+                             "weights %" PRIu64 " + %u expert slots of %" PRIu64 " + %" PRIu64 " of bookkeeping), "
+                             "the host budget is %" PRIu64,
+                             pl->owned_bytes + need, pl->owned_bytes, pl->max_k, pl->expert_unit_bytes, fixed,
                              pl->host_budget);
-        uint64_t slots = avail / pl->expert_unit_bytes;
+        pl->tier_fixed = fixed;
+        uint64_t slots = (avail - fixed) / (pl->expert_unit_bytes + per_slot);
         if (slots > pl->n_experts_streamed) slots = pl->n_experts_streamed;
         if (slots > (1u << 20)) slots = 1u << 20;
         pl->cache_slots = (uint32_t)slots;
         pl->cache_bytes = slots * pl->expert_unit_bytes;
+        pl->tier_bytes = fixed + slots * per_slot;
     }
     atomic_store(&pl->host_used, pl->owned_bytes);
     atomic_store(&pl->host_peak, pl->owned_bytes);
@@ -421,7 +426,7 @@ DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *
         f.device_budget = pl->device_budget;
         f.host_budget = pl->host_budget;
         f.device_bytes = pl->device_bytes;
-        f.host_bytes = pl->owned_bytes + pl->cache_bytes;
+        f.host_bytes = pl->owned_bytes + pl->cache_bytes + pl->tier_bytes;
         f.disk_bytes = pl->disk_bytes;
         f.mapped_bytes = pl->mapped_bytes;
         f.expert_cache_bytes = pl->cache_bytes;

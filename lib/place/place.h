@@ -72,6 +72,7 @@ typedef struct dsii_place {
     uint32_t max_k;               /* largest k of the streamed layers */
     uint32_t cache_slots;
     uint64_t cache_bytes;
+    uint64_t tier_fixed, tier_bytes; /* the expert tier's bookkeeping (host) */
     uint64_t owned_bytes;         /* pread-owned resident weights (host) */
     uint64_t mapped_bytes;
     uint64_t device_bytes, host_bytes, disk_bytes;
@@ -119,6 +120,10 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
 void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm, int32_t layer,
                         dsib_view x, uint32_t ldx, dsib_view ids, uint32_t n, dsib_view logits,
                         dsib_view sel, dsib_view wts);
+
+/* Host bytes of the tier's own bookkeeping beside the cache: `fixed` plus `per_slot` per
+ * slot, for `total_experts` streamed (layer, expert) pairs (counted in the host budget). */
+void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot);
 
 /* Slots of the model's expert cache (0: none); lanes size their workspace for them. */
 uint32_t dsii_xtier_slots(const dsi_model *m);

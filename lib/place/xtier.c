@@ -20,6 +20,7 @@
  * Locking: one mutex + condition variable; reads run outside the lock on slots marked
  * LOADING (nobody else evicts or reads them); a slot in use by a step is pinned.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "place/place.h"
 
 #include "arch/arch.h"
@@ -424,6 +425,12 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
     return DSI_OK;
 }
 
+void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot) {
+    /* the struct, the per-layer maps and counts, the cache's alignment slack */
+    *fixed = sizeof(dsii_xtier) + total_experts * (sizeof(int32_t) + sizeof(uint32_t)) + 4096 + 64 * 128;
+    *per_slot = sizeof(xslot);
+}
+
 /* ---- creation ------------------------------------------------------------------------------- */
 
 dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
@@ -481,7 +488,7 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     if (!xt->mem)
         return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory for the %llu-byte cache",
                          (unsigned long long)pl->cache_bytes);
-    host_add(pl, pl->cache_bytes);
+    host_add(pl, pl->cache_bytes + pl->tier_bytes);
     (void)extra;
     dsib_error be_err = {{0}};
     dsi_status st = dev->be->buffer_wrap_host(dev->inst, xt->mem, pl->cache_bytes, DSIB_BUFFER_WEIGHTS,
@@ -508,7 +515,7 @@ void dsii_place_exec_fini(dsi_model *m) {
     if (xt->buf) xt->dev->be->buffer_free(xt->dev->inst, xt->buf);
     if (xt->mem) {
         dsii_free_aligned(m->ctx, xt->mem);
-        atomic_fetch_sub(&pl->host_used, pl->cache_bytes);
+        atomic_fetch_sub(&pl->host_used, pl->cache_bytes + pl->tier_bytes);
     }
     for (uint32_t l = 0; l < xt->n_layer; l++) {
         dsii_free(m->ctx, xt->L[l].map);
