@@ -960,7 +960,9 @@ typedef struct dsi_place_class {
     uint32_t tier;             /* DSI_TIER_* of most of its bytes */
     uint32_t n_tensors;
     uint64_t bytes;            /* bytes of its tensors as stored */
-    uint64_t device_bytes, host_bytes, disk_bytes; /* split by tier */
+    uint64_t device_bytes;     /* split by tier */
+    uint64_t host_bytes;
+    uint64_t disk_bytes;
 } dsi_place_class;
 
 #define DSI_PLACE_MAX_CLASSES 8
@@ -979,7 +981,7 @@ typedef struct dsi_place_info {
     uint32_t cache_policy;         /* DSI_CACHE_* */
     uint32_t n_experts_streamed;   /* (layer, expert) pairs in the disk tier */
     uint32_t n_classes;
-    dsi_place_class classes[DSI_PLACE_MAX_CLASSES];
+    dsi_place_class classes[8]; /* DSI_PLACE_MAX_CLASSES */
     /* live counters since the load (every session of the model) */
     uint64_t cache_hits;           /* expert uses found in the cache */
     uint64_t cache_misses;         /* expert uses that waited for a read */
