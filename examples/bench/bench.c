@@ -73,7 +73,11 @@ typedef struct opts {
     long long shape_out, shape_in; /* --kernels --shape OUTxIN (default 2048x4096) */
     int ttft;
     const char *cache_dir;
+    int place, p_given;
+    const char *place_csv;
 } opts;
+
+int run_place(const char *path, int threads, int p, int n, const char *csv); /* bench_place.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -104,7 +108,13 @@ static void usage(FILE *f) {
             "  --draft-max N --spec: drafts per step (default: the block's)\n"
             "  --ttft N     time to first token of an N-token prompt: cold, from the disk\n"
             "               prompt cache, from a snapshot file (-r repetitions of the warm ones)\n"
-            "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n");
+            "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n"
+            "  --place      memory tiers (docs/placement.md): decode t/s, expert bytes read per\n"
+            "               token and hit rate per placement (resident; experts streamed with\n"
+            "               100/50/25/10/0 %% cached, LRU / LFU), and the disk's sequential read\n"
+            "               bandwidth, in one run (-p default 32, -n default 32 here)\n"
+            "  --place-csv F  --place, and one CSV row per placement into F\n"
+            "               (tools/plot_placement.py draws PNG plots from it)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -129,7 +139,9 @@ static int parse(int argc, char **argv, opts *o) {
         i++;                                                                              \
     } while (0)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDV; o->model = v; }
-        else if (!strcmp(a, "-p")) { NEEDV; o->p = atoi(v); }
+        else if (!strcmp(a, "-p")) { NEEDV; o->p = atoi(v); o->p_given = 1; }
+        else if (!strcmp(a, "--place")) o->place = 1;
+        else if (!strcmp(a, "--place-csv")) { NEEDV; o->place = 1; o->place_csv = v; }
         else if (!strcmp(a, "-n")) { NEEDV; o->n = atoi(v); o->n_given = 1; }
         else if (!strcmp(a, "-r")) { NEEDV; o->r = atoi(v); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDV; o->t = atoi(v); }
@@ -1208,5 +1220,12 @@ static int run_model(const opts *o) {
 int main(int argc, char **argv) {
     opts o;
     if (parse(argc, argv, &o) != 0) return 2;
+    if (o.place) {
+        if (!o.model) {
+            fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");
+            return 2;
+        }
+        return run_place(o.model, o.t, o.p_given ? o.p : 32, o.n_given ? o.n : 32, o.place_csv);
+    }
     return o.kernels ? run_kernels(&o) : run_model(&o);
 }
