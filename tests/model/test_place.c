@@ -18,7 +18,9 @@
  *     logits bit for bit;
  *  5. cancel: a slow reader (every read sleeps) and a one-step prefill: dsi_session_cancel
  *     from another thread stops the step inside its reads (CANCELLED, not the completed
- *     step), promptly, with the timeline at 0; the prompt then evaluates to the reference.
+ *     step), promptly, with the timeline at 0; the prompt then evaluates to the reference;
+ *  6. threads: four sessions on four threads share one streamed model (k slots: they wait
+ *     for each other's pinned slots; and 10 %), each bit-identical to its resident run.
  *
  * Skips (77) only without the tiny models / dsinfer-mkmodel.
  */
@@ -653,6 +655,71 @@ static void cancel(void **state) {
     dsi_context_free(ctx);
 }
 
+/* ---- 6. several sessions on threads share one cache ------------------------------------------ */
+
+typedef struct tjob {
+    dsi_model *m;
+    const dsi_token *toks;
+    int32_t V;
+    float *out;
+} tjob;
+
+static void *tjob_main(void *arg) {
+    tjob *j = arg;
+    j->out = run(j->m, j->toks, j->V);
+    return NULL;
+}
+
+static void threads(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        plan_facts f;
+        facts(ctx, path, &f);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        enum { NT = 4 };
+        dsi_token toks[NT][NTOK];
+        float *ref[NT];
+        for (int t = 0; t < NT; t++) {
+            mt_tokens(toks[t], NTOK, V, 31u * (uint32_t)t + 5u);
+            ref[t] = run(m, toks[t], V);
+            assert_non_null(ref[t]);
+        }
+        dsi_model_free(m);
+        /* k slots for 4 concurrent sessions (they wait for each other's slots), and 10 % */
+        const double fr[2] = {0.0, 0.1};
+        for (int c = 0; c < 2; c++) {
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_EXPERTS_STREAMED;
+            po.host_budget = budget_for(&f, fr[c], 2);
+            po.cache_policy = c ? DSI_CACHE_LFU : DSI_CACHE_LRU;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            pthread_t th[NT];
+            tjob jobs[NT];
+            for (int t = 0; t < NT; t++) {
+                jobs[t] = (tjob){m, toks[t], V, NULL};
+                assert_int_equal(pthread_create(&th[t], NULL, tjob_main, &jobs[t]), 0);
+            }
+            for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+            for (int t = 0; t < NT; t++) {
+                assert_non_null(jobs[t].out);
+                assert_memory_equal(jobs[t].out, ref[t], sizeof(float) * NTOK * (size_t)V);
+                free(jobs[t].out);
+            }
+            dsi_model_free(m);
+        }
+        for (int t = 0; t < NT; t++) free(ref[t]);
+        dsi_context_free(ctx);
+    }
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0);
     const char *p0 = mt_model_path("tiny-v4.gguf", NULL); /* a static buffer */
@@ -662,7 +729,7 @@ int main(void) {
     if (!g_models[0] && !g_models[1]) return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
-        cmocka_unit_test(cancel),      cmocka_unit_test(budget),
+        cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
