@@ -948,6 +948,8 @@ typedef struct dsi_place_options {
     const char *overrides;
     uint32_t cache_policy;     /* DSI_CACHE_*; default LRU */
     uint32_t flags;            /* DSI_PLACE_FLAG_* */
+    uint64_t engram_cache_bytes; /* a row cache for Engram tables in the disk tier (part of
+                                    the host budget); 0 = none */
 } dsi_place_options;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest (policy AUTO, auto budgets). */
@@ -994,6 +996,10 @@ typedef struct dsi_place_info {
     uint64_t cpu_experts;          /* (layer, expert) groups computed by the CPU instance */
     uint64_t device_experts;       /* ... by the GPU instance */
     uint64_t host_peak;            /* peak library-owned host bytes of the plan's tiers */
+    uint64_t engram_cache_bytes;   /* the Engram row cache (part of host_bytes) */
+    uint64_t engram_hits;          /* Engram rows found in the row cache */
+    uint64_t engram_misses;        /* Engram rows read from the file */
+    uint64_t engram_bytes_read;
 } dsi_place_info;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest. */

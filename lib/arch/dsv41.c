@@ -300,9 +300,12 @@ static dsi_status v41_model_create(dsi_model *model, dsii_wtable *wt, dsii_arch_
                 s = dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: engram table missing");
                 goto fail;
             }
-            if (t->lazy || !t->data)
+            if (t->lazy || !t->data) {
                 s = dsii_engram_table_file(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            dsii_gguf_file(model->gguf), t->file_offset, e);
+                /* memory tiers: its row cache, when the plan has one (lib/place) */
+                if (s == DSI_OK) s = dsii_place_engram_cache(model, j, &am->etab[j], e);
+            }
             else
                 s = dsii_engram_table_host(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            t->data, e);

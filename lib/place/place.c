@@ -349,6 +349,13 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
         for (int j = 0; j < 3; j++)
             if (!mmap) m->tensors[x[j] - m->tensors].lazy = 1;
     }
+    /* the Engram row cache covers the disk-tier tables */
+    for (uint32_t g = 0; g < hp->engram.n_layer; g++) {
+        uint32_t l = hp->engram.layer_ids[g];
+        const dsii_tensor *t = l < hp->n_layer ? m->w.layer[l].engram_embd : NULL;
+        if (t && t->lazy) pl->n_engram_disk++;
+    }
+    pl->engram_cache_bytes = pl->n_engram_disk ? o.engram_cache_bytes : 0;
     /* views follow their parents */
     for (uint32_t i = 0; i < m->n_tensors; i++) {
         const dsii_tensor *t = &m->tensors[i];
@@ -371,13 +378,18 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
                          "placement: the resident weights need %" PRIu64 " bytes of host memory, the host budget is %" PRIu64
                          " (stream the routed experts: DSI_PLACE_EXPERTS_STREAMED, or DSI_ACCESS_MMAP)",
                          pl->owned_bytes, pl->host_budget);
+    if (pl->engram_cache_bytes > pl->host_budget - pl->owned_bytes)
+        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY,
+                         "placement: the resident weights (%" PRIu64 " bytes) and the Engram row cache (%" PRIu64
+                         ") exceed the host budget %" PRIu64,
+                         pl->owned_bytes, pl->engram_cache_bytes, pl->host_budget);
     if (!pl->cpu_compute && pl->device_bytes > pl->device_budget)
         return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
                          "placement: the weights need %" PRIu64 " bytes on %s, the device budget is %" PRIu64
                          " (experts outside the device need hybrid steps, not implemented yet)",
                          pl->device_bytes, dev->name, pl->device_budget);
     if (pl->n_experts_streamed) {
-        uint64_t avail = pl->host_budget - pl->owned_bytes;
+        uint64_t avail = pl->host_budget - pl->owned_bytes - pl->engram_cache_bytes;
         uint64_t fixed = 0, per_slot = 0;
         dsii_xtier_cost(pl->n_experts_streamed, &fixed, &per_slot);
         uint64_t need = fixed + (uint64_t)pl->max_k * (pl->expert_unit_bytes + per_slot);
@@ -396,6 +408,9 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
         pl->cache_bytes = slots * pl->expert_unit_bytes;
         pl->tier_bytes = fixed + slots * per_slot;
     }
+    if (pl->engram_cache_bytes)
+        dsii_log(m->ctx, DSI_LOG_INFO, "placement: Engram row cache %" PRIu64 " bytes over %u tables",
+                 pl->engram_cache_bytes, pl->n_engram_disk);
     atomic_store(&pl->host_used, pl->owned_bytes);
     atomic_store(&pl->host_peak, pl->owned_bytes);
     dsii_log(m->ctx, DSI_LOG_INFO,
@@ -426,7 +441,11 @@ DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *
         f.device_budget = pl->device_budget;
         f.host_budget = pl->host_budget;
         f.device_bytes = pl->device_bytes;
-        f.host_bytes = pl->owned_bytes + pl->cache_bytes + pl->tier_bytes;
+        f.host_bytes = pl->owned_bytes + pl->cache_bytes + pl->tier_bytes + pl->engram_cache_bytes;
+        f.engram_cache_bytes = pl->engram_cache_bytes;
+        f.engram_hits = atomic_load(&((dsii_place *)(uintptr_t)pl)->engram_hits);
+        f.engram_misses = atomic_load(&((dsii_place *)(uintptr_t)pl)->engram_misses);
+        f.engram_bytes_read = atomic_load(&((dsii_place *)(uintptr_t)pl)->engram_bytes_read);
         f.disk_bytes = pl->disk_bytes;
         f.mapped_bytes = pl->mapped_bytes;
         f.expert_cache_bytes = pl->cache_bytes;

@@ -79,6 +79,10 @@ typedef struct dsii_place {
     uint64_t class_bytes[DSII_PC_COUNT][3];
     uint32_t class_tensors[DSII_PC_COUNT];
     dsii_xtier *xt;               /* created with the execution side (NULL: nothing streamed) */
+    uint64_t engram_cache_bytes;  /* planned Engram row cache (over the disk-tier tables) */
+    uint32_t n_engram_disk;       /* Engram tables in the disk tier */
+    struct dsii_engram_cache *ecache[16];
+    atomic_ullong engram_hits, engram_misses, engram_bytes_read;
     /* counters */
     atomic_ullong hits, misses, prefetches, prefetch_hits, bytes_read, bytes_uploaded, read_ns,
         steps, cpu_experts, device_experts, host_used, host_peak;
@@ -127,6 +131,12 @@ void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot
 
 /* Slots of the model's expert cache (0: none); lanes size their workspace for them. */
 uint32_t dsii_xtier_slots(const dsi_model *m);
+
+/* Attaches the plan's row cache to Engram table `j` (a disk-tier table; lib/arch/dsv41.c);
+ * nothing when the plan has none. */
+struct dsii_engram_table;
+dsi_status dsii_place_engram_cache(dsi_model *m, uint32_t j, struct dsii_engram_table *t,
+                                   dsii_error *e);
 
 /* Counts one evaluation step (lib/arch/exec.c). */
 void dsii_place_count_step(dsi_model *m);

@@ -24,6 +24,7 @@
 #include "place/place.h"
 
 #include "arch/arch.h"
+#include "engram/engram.h"
 #include "model/model.h"
 #include "moe/moe.h"
 
@@ -501,8 +502,54 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     return DSI_OK;
 }
 
+dsi_status dsii_place_engram_cache(dsi_model *m, uint32_t j, dsii_engram_table *t, dsii_error *e) {
+    dsii_place *pl = m ? m->place : NULL;
+    t->cache = NULL;
+    if (!pl || !pl->engram_cache_bytes || j >= 16 || !t->row_bytes) return DSI_OK;
+    if (pl->ecache[j]) {
+        t->cache = pl->ecache[j];
+        return DSI_OK;
+    }
+    uint64_t share = pl->engram_cache_bytes / pl->n_engram_disk;
+    uint64_t rows = share / (t->row_bytes + sizeof(uint64_t));
+    if (rows > t->n_rows) rows = t->n_rows;
+    if (rows == 0) return DSI_OK;
+    dsii_engram_cache *c = dsii_calloc(m->ctx, 1, sizeof *c);
+    if (!c) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    c->tag = dsii_calloc(m->ctx, (size_t)rows, sizeof *c->tag);
+    c->data = dsii_malloc(m->ctx, (size_t)(rows * t->row_bytes));
+    if (!c->tag || !c->data) {
+        dsii_free(m->ctx, c->tag);
+        dsii_free(m->ctx, c->data);
+        dsii_free(m->ctx, c);
+        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "Engram row cache: out of host memory");
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->n_rows = rows;
+    c->hits = &pl->engram_hits;
+    c->misses = &pl->engram_misses;
+    c->bytes_read = &pl->engram_bytes_read;
+    pl->ecache[j] = c;
+    t->cache = c;
+    host_add(pl, rows * (t->row_bytes + sizeof(uint64_t)));
+    return DSI_OK;
+}
+
+static void engram_caches_free(dsi_model *m, dsii_place *pl) {
+    for (int j = 0; j < 16; j++) {
+        dsii_engram_cache *c = pl->ecache[j];
+        if (!c) continue;
+        pthread_mutex_destroy(&c->mu);
+        dsii_free(m->ctx, c->tag);
+        dsii_free(m->ctx, c->data);
+        dsii_free(m->ctx, c);
+        pl->ecache[j] = NULL;
+    }
+}
+
 void dsii_place_exec_fini(dsi_model *m) {
     dsii_place *pl = m ? m->place : NULL;
+    if (pl) engram_caches_free(m, pl);
     dsii_xtier *xt = pl ? pl->xt : NULL;
     if (!xt) return;
     if (xt->th_on) {

@@ -5,7 +5,8 @@
  *     decode steps) are bit-identical between the default all-resident load and the
  *     routed experts streamed from the file with 100 %, 50 %, 10 % and 0 % (the minimum: k
  *     slots) of them cached — LRU and LFU, read-ahead on and off, pread and mmap access;
- *     and a per-layer override (only layers 1–3 streamed). The plan and the counters agree
+ *     and a per-layer override (only layers 1–3 streamed); tiny-v41's Engram tables in the
+ *     file with a row cache, and made resident by an override in pread mode. The plan and the counters agree
  *     with the placement (slots, streamed experts, hits + misses, bytes read);
  *  2. bad options: each gives its dsi_status and a message naming the problem, no model;
  *  3. budget: tiny-moe (routed experts ~85 % of its bytes), loaded with a host budget
@@ -266,6 +267,58 @@ static void identity(void **state) {
             assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
             free(got);
             dsi_model_free(m);
+        }
+        /* Engram tiers (tiny-v41): tables in the file with a row cache (alongside streamed
+         * experts), and tables resident through an override in pread mode */
+        if (mi == 1) {
+            /* a repeating prompt: its n-grams recur, so the row cache has hits */
+            dsi_token rt[NTOK];
+            for (int i = 0; i < NTOK; i++) rt[i] = toks[i % 5];
+            m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+            assert_non_null(m);
+            float *rref = run(m, rt, V);
+            assert_non_null(rref);
+            dsi_model_free(m);
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_EXPERTS_STREAMED;
+            po.engram_cache_bytes = 64 * 1024;
+            po.host_budget = budget_for(&f, 0.5, 2) + po.engram_cache_bytes;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            float *got = run(m, rt, V);
+            assert_non_null(got);
+            info_of(m, &pi);
+            printf("# %s: Engram on disk, %llu-byte row cache: hits %llu misses %llu read %llu bytes\n", path,
+                   (unsigned long long)pi.engram_cache_bytes, (unsigned long long)pi.engram_hits,
+                   (unsigned long long)pi.engram_misses, (unsigned long long)pi.engram_bytes_read);
+            assert_int_equal(pi.engram_cache_bytes, po.engram_cache_bytes);
+            assert_true(pi.engram_misses > 0);
+            assert_true(pi.engram_hits > 0); /* prefill + decode re-read rows */
+            assert_true(pi.host_peak <= po.host_budget);
+            for (uint32_t c = 0; c < pi.n_classes; c++)
+                if (strcmp(pi.classes[c].name, "engram") == 0) assert_true(pi.classes[c].disk_bytes > 0);
+            assert_memory_equal(got, rref, sizeof(float) * NTOK * (size_t)V);
+            free(got);
+            dsi_model_free(m);
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_ALL_RESIDENT;
+            po.overrides = "*engram*=device";
+            po.host_budget = (uint64_t)1 << 40;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            info_of(m, &pi);
+            for (uint32_t c = 0; c < pi.n_classes; c++)
+                if (strcmp(pi.classes[c].name, "engram") == 0) {
+                    assert_int_equal(pi.classes[c].disk_bytes, 0);
+                    assert_int_equal(pi.classes[c].tier, DSI_TIER_DEVICE);
+                }
+            got = run(m, rt, V);
+            assert_non_null(got);
+            assert_memory_equal(got, rref, sizeof(float) * NTOK * (size_t)V);
+            free(got);
+            dsi_model_free(m);
+            free(rref);
         }
         free(ref);
         dsi_context_free(ctx);

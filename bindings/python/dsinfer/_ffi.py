@@ -275,7 +275,7 @@ class place_options(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("policy", ctypes.c_uint32),
                 ("device_budget", ctypes.c_uint64), ("host_budget", ctypes.c_uint64),
                 ("overrides", ctypes.c_char_p), ("cache_policy", ctypes.c_uint32),
-                ("flags", ctypes.c_uint32)]
+                ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64)]
 
 
 class place_class(Struct):
@@ -298,7 +298,9 @@ class place_info(Struct):
                 ("bytes_read", ctypes.c_uint64), ("bytes_uploaded", ctypes.c_uint64),
                 ("read_ns", ctypes.c_uint64), ("steps", ctypes.c_uint64),
                 ("cpu_experts", ctypes.c_uint64), ("device_experts", ctypes.c_uint64),
-                ("host_peak", ctypes.c_uint64)]
+                ("host_peak", ctypes.c_uint64), ("engram_cache_bytes", ctypes.c_uint64),
+                ("engram_hits", ctypes.c_uint64), ("engram_misses", ctypes.c_uint64),
+                ("engram_bytes_read", ctypes.c_uint64)]
 
 
 # Opaque handles are plain void pointers.

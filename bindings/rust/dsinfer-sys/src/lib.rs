@@ -413,6 +413,7 @@ pub struct dsi_place_options {
     pub overrides: *const c_char,
     pub cache_policy: u32,
     pub flags: u32,
+    pub engram_cache_bytes: u64,
 }
 
 #[repr(C)]
@@ -455,6 +456,10 @@ pub struct dsi_place_info {
     pub cpu_experts: u64,
     pub device_experts: u64,
     pub host_peak: u64,
+    pub engram_cache_bytes: u64,
+    pub engram_hits: u64,
+    pub engram_misses: u64,
+    pub engram_bytes_read: u64,
 }
 
 extern "C" {
