@@ -33,7 +33,17 @@ mkdir -p "$out"
 passed=0 failed=0 skipped=0
 failures=() skips=()
 
-stage() { printf '\n=== %s ===\n' "$*"; }
+# Each stage header also closes the previous stage with its wall time, and the summary lists
+# them all (where CI time goes: it must stay well under 60 minutes on 2 cores).
+stage_name="" stage_t=$(date +%s) stage_times=()
+stage() {
+  local now; now=$(date +%s)
+  if [ -n "$stage_name" ]; then
+    stage_times+=("$((now - stage_t)) s  $stage_name"); echo "[time] $((now - stage_t)) s: $stage_name"
+  fi
+  stage_name=$*; stage_t=$now
+  printf '\n=== %s ===\n' "$*"
+}
 skip_stage() { # name reason
   skipped=$((skipped + 1)); skips+=("$1: $2"); echo "[$1] skipped: $2"
 }
@@ -97,6 +107,8 @@ bash scripts/setup-deps.sh || { echo "setup failed"; echo "0 passed, 1 failed"; 
 # load; only the CUDA device stays optional (no GPU in CI).
 export DSI_REQUIRE_VULKAN=${DSI_REQUIRE_VULKAN:-1} DSI_REQUIRE_PYTHON=${DSI_REQUIRE_PYTHON:-1}
 export DSI_REQUIRE_UNICODE_DATA=${DSI_REQUIRE_UNICODE_DATA:-1} DSI_REQUIRE_MODELS=${DSI_REQUIRE_MODELS:-1}
+# setup-deps.sh installs python3-torch and bible-kjv for tools/train's tests
+export DSI_REQUIRE_TRAIN=${DSI_REQUIRE_TRAIN:-1}
 cuda_cmake=() cuda_meson=()
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export DSI_REQUIRE_CUDA_TOOLKIT=${DSI_REQUIRE_CUDA_TOOLKIT:-1}
@@ -333,6 +345,7 @@ fi
 
 t1=$(date +%s)
 stage "summary ($((t1 - t0)) s)"
+for f in "${stage_times[@]}"; do echo "TIME: $f"; done
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
 for f in "${skips[@]}"; do echo "SKIPPED: $f"; done
 why=""

@@ -50,9 +50,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#ifndef DSI_BENCH_GIT
-#define DSI_BENCH_GIT "unknown"
-#endif
+#include "bench_git.h" /* DSI_BENCH_GIT: git describe of the tree, refreshed at every build */
 
 typedef struct opts {
     const char *model;

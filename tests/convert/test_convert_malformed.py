@@ -14,14 +14,15 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("DSI_BUILD_DIR", "")
 CONV = os.environ.get("DSI_CONVERT") or os.path.join(BUILD, "bin", "dsinfer-convert")
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from skip import absent  # noqa: E402
+
 if not os.access(CONV, os.X_OK):
-    print("SKIP: %s not built (DSI_BUILD_DIR)" % CONV)
-    sys.exit(77)
+    absent("MODELS", "%s not built (DSI_BUILD_DIR)" % CONV)
 try:
     import numpy  # noqa: F401
 except ImportError:
-    print("SKIP: python3-numpy missing")
-    sys.exit(77)
+    absent("PYTHON", "python3-numpy missing")
 
 failed = 0
 

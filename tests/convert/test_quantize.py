@@ -20,11 +20,12 @@ import struct
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from skip import absent  # noqa: E402
 try:
     import numpy as np
 except ImportError:
-    print("SKIP: python3-numpy missing")
-    sys.exit(77)
+    absent("PYTHON", "python3-numpy missing")
 
 from toolcheck import check, deq, finish, gr, run, tool
 

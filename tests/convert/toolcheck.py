@@ -4,9 +4,15 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "common"))
+from skip import absent  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError:
+    absent("PYTHON", "python3-numpy missing")
+
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import gguf_reader as gr  # noqa: E402,F401
 
@@ -15,12 +21,11 @@ failed = 0
 
 
 def tool(*parts, env=None):
-    """Path of a built tool: $env (Meson sets it) or BUILD/parts... (CMake's layout); exits 77
-    (skip) when it is not there."""
+    """Path of a built tool: $env (Meson sets it) or BUILD/parts... (CMake's layout); a skip
+    (tests/common/skip.py, MODELS) when it is not there."""
     p = os.environ.get(env) if env and os.environ.get(env) else os.path.join(BUILD, *parts)
     if not os.access(p, os.X_OK):
-        print("SKIP: %s not built (DSI_BUILD_DIR)" % p)
-        sys.exit(77)
+        absent("MODELS", "%s not built (DSI_BUILD_DIR)" % p)
     return p
 
 

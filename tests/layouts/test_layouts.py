@@ -18,11 +18,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from skip import absent  # noqa: E402
 try:
     import numpy as np
 except ImportError:
-    print("SKIP: python3-numpy missing")
-    sys.exit(77)
+    absent("PYTHON", "python3-numpy missing")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("DSI_BUILD_DIR", "")
@@ -31,8 +32,7 @@ CMP = os.environ.get("DSI_LAYOUT_CMP") or os.path.join(BUILD, "tests", "dsi_layo
 LOGITS = os.environ.get("DSI_LOGITS") or os.path.join(BUILD, "tests", "dsi_logits")
 for p in (MK, CMP, LOGITS):
     if not p or not os.access(p, os.X_OK):
-        print("SKIP: helper %r not built (DSI_MKMODEL / DSI_BUILD_DIR)" % p)
-        sys.exit(77)
+        absent("MODELS", "helper %r not built (DSI_MKMODEL / DSI_BUILD_DIR)" % p)
 
 failed = 0
 
