@@ -289,6 +289,8 @@ enum {
 typedef int32_t (*dsi_progress_fn)(int32_t stage, uint64_t done, uint64_t total,
                                    void *user_data);
 
+struct dsi_place_options; /* experimental section */
+
 typedef struct dsi_model_options {
     uint32_t struct_size;
     int32_t access;               /* DSI_ACCESS_MMAP (default) or DSI_ACCESS_PREAD */
@@ -301,6 +303,11 @@ typedef struct dsi_model_options {
      * file (docs/model-files.md §4.3). NULL: none. Opened with the same access mode
      * (DSI_ACCESS_PREAD for reader-loaded models); the path is not kept after loading. */
     const char *draft_path;
+    /* since 0.3, experimental (dsi_place_options in the experimental section; docs/placement.md):
+     * memory tiers — where each class of tensors lives (device / host RAM / streamed from
+     * disk) under device and host budgets. NULL: every tensor resident, as before. The
+     * struct is read during the load only. */
+    const struct dsi_place_options *place;
 } dsi_model_options;
 
 /* [thread-safe] Fills `opt` with defaults. */
@@ -909,6 +916,105 @@ DSI_API void dsi_prompt_cache_stats_init(dsi_prompt_cache_stats *stats);
 /* since 0.2 — [per-handle] The session's prompt-cache counters (zero when off). */
 DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
                                                   dsi_prompt_cache_stats *stats);
+
+/* ---- since 0.3 — memory tiers (docs/placement.md) ------------------------------------- */
+
+/* dsi_place_options.policy */
+#define DSI_PLACE_AUTO 0u             /* all resident when it fits the budgets, else experts streamed */
+#define DSI_PLACE_ALL_RESIDENT 1u     /* every tensor resident on the compute device */
+#define DSI_PLACE_EXPERTS_HOST 2u     /* routed experts in host RAM (the CPU device: resident) */
+#define DSI_PLACE_EXPERTS_STREAMED 3u /* routed experts read from the file into a bounded cache */
+
+/* dsi_place_options.cache_policy: replacement in the expert cache */
+#define DSI_CACHE_LRU 0u              /* least recently used (default) */
+#define DSI_CACHE_LFU 1u              /* least frequently used (ties: least recent) */
+
+/* dsi_place_options.flags */
+#define DSI_PLACE_FLAG_NO_PREFETCH (1u << 0) /* no read-ahead of the next layer's experts */
+
+/* Tiers (dsi_place_class.tier) */
+#define DSI_TIER_DEVICE 0u            /* the compute device's memory (the CPU: host RAM, in use in place) */
+#define DSI_TIER_HOST 1u              /* host RAM next to a GPU */
+#define DSI_TIER_DISK 2u              /* the model file, read on demand (through a cache) */
+
+typedef struct dsi_place_options {
+    uint32_t struct_size;
+    uint32_t policy;           /* DSI_PLACE_*; default AUTO */
+    uint64_t device_budget;    /* bytes of device memory for weights; 0 = auto (the device's
+                                  free memory; the CPU device: the host budget applies) */
+    uint64_t host_budget;      /* bytes of library-owned host memory for weights and caches
+                                  (pread-owned weights, the expert cache); 0 = auto (half of
+                                  the physical memory). Mapped pages (DSI_ACCESS_MMAP) are
+                                  page cache, not counted (reported as mapped_bytes). */
+    /* Per-tensor overrides, llama.cpp -ot style: "PATTERN=TIER[,PATTERN=TIER...]", PATTERN a
+     * glob on GGUF tensor names ('*', '?', '[0-9]' classes), TIER one of "device", "host",
+     * "disk"; the first matching pattern wins. "disk" is valid for routed experts and Engram
+     * tables only; the three expert tensors of a layer share one tier. NULL: none. Copied
+     * during the load. */
+    const char *overrides;
+    uint32_t cache_policy;     /* DSI_CACHE_*; default LRU */
+    uint32_t flags;            /* DSI_PLACE_FLAG_* */
+    uint64_t engram_cache_bytes; /* a row cache for Engram tables in the disk tier (part of
+                                    the host budget); 0 = none */
+} dsi_place_options;
+
+/* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest (policy AUTO, auto budgets). */
+DSI_API void dsi_place_options_init(dsi_place_options *opt);
+
+/* One class of tensors in a plan. */
+typedef struct dsi_place_class {
+    char name[32];             /* "embeddings", "attention", "router", "experts", "shared_experts",
+                                  "engram", "draft", "other" */
+    uint32_t tier;             /* DSI_TIER_* of most of its bytes */
+    uint32_t n_tensors;
+    uint64_t bytes;            /* bytes of its tensors as stored */
+    uint64_t device_bytes;     /* split by tier */
+    uint64_t host_bytes;
+    uint64_t disk_bytes;
+} dsi_place_class;
+
+#define DSI_PLACE_MAX_CLASSES 8
+
+typedef struct dsi_place_info {
+    uint32_t struct_size;
+    uint32_t policy;               /* the policy the plan was made with (AUTO resolved) */
+    uint64_t device_budget;        /* effective budgets (bytes) */
+    uint64_t host_budget;
+    uint64_t device_bytes;         /* weights planned on the device (CPU device: in host RAM) */
+    uint64_t host_bytes;           /* library-owned host memory of the plan (owned weights + caches) */
+    uint64_t disk_bytes;           /* weights left in the file, read on demand */
+    uint64_t mapped_bytes;         /* weights used in place from the mapping (page cache) */
+    uint64_t expert_cache_bytes;   /* the expert cache (part of host_bytes) */
+    uint32_t expert_cache_slots;   /* experts it holds */
+    uint32_t cache_policy;         /* DSI_CACHE_* */
+    uint32_t n_experts_streamed;   /* (layer, expert) pairs in the disk tier */
+    uint32_t n_classes;
+    dsi_place_class classes[8]; /* DSI_PLACE_MAX_CLASSES */
+    /* live counters since the load (every session of the model) */
+    uint64_t cache_hits;           /* expert uses found in the cache */
+    uint64_t cache_misses;         /* expert uses that waited for a read */
+    uint64_t prefetches;           /* experts read ahead of their layer */
+    uint64_t prefetch_hits;        /* uses of an expert that a read-ahead brought in */
+    uint64_t bytes_read;           /* bytes read from the file by the tiers */
+    uint64_t bytes_uploaded;       /* bytes copied to the device by the tiers */
+    uint64_t read_ns;              /* time spent in those reads (all threads) */
+    uint64_t steps;                /* evaluation steps of the model's sessions */
+    uint64_t cpu_experts;          /* (layer, expert) groups computed by the CPU instance */
+    uint64_t device_experts;       /* ... by the GPU instance */
+    uint64_t host_peak;            /* peak library-owned host bytes of the plan's tiers */
+    uint64_t engram_cache_bytes;   /* the Engram row cache (part of host_bytes) */
+    uint64_t engram_hits;          /* Engram rows found in the row cache */
+    uint64_t engram_misses;        /* Engram rows read from the file */
+    uint64_t engram_bytes_read;
+} dsi_place_info;
+
+/* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest. */
+DSI_API void dsi_place_info_init(dsi_place_info *info);
+
+/* since 0.3 — [thread-safe] The model's placement plan and live counters (counters are read
+ * without stopping running sessions: each is exact, together they are a near snapshot).
+ * INVALID_ARGUMENT for NULL arguments or a bad struct_size. */
+DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *info);
 
 #endif /* DSI_EXPERIMENTAL */
 

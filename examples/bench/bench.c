@@ -79,7 +79,11 @@ typedef struct opts {
     int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
     const char *depths;    /* -d 0,4096,...: decode / prefill at context depths */
     int real_depth;        /* -d: prefill the depth for real instead of synthetic state */
+    int place;
+    const char *place_csv;
 } opts;
+
+int run_place(const char *path, int threads, int p, int n, const char *csv); /* bench_place.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -119,7 +123,13 @@ static void usage(FILE *f) {
             "               at each depth, decode time split (indexer scan / attention / rest),\n"
             "               state bytes per token; the depth's state is synthetic (random rows\n"
             "               on the FP8/FP4 grids, nothing evaluated) unless --real-depth\n"
-            "  --real-depth -d: prefill each depth for real (slow: the whole prompt)\n");
+            "  --real-depth -d: prefill each depth for real (slow: the whole prompt)\n"
+            "  --place      memory tiers (docs/placement.md): decode t/s, expert bytes read per\n"
+            "               token and hit rate per placement (resident; experts streamed with\n"
+            "               100/50/25/10/0 %% cached, LRU / LFU), and the disk's sequential read\n"
+            "               bandwidth, in one run (-p default 32, -n default 32 here)\n"
+            "  --place-csv F  --place, and one CSV row per placement into F\n"
+            "               (tools/plot_placement.py draws PNG plots from it)\n");
 }
 
 static int parse(int argc, char **argv, opts *o) {
@@ -145,6 +155,8 @@ static int parse(int argc, char **argv, opts *o) {
     } while (0)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) { NEEDV; o->model = v; }
         else if (!strcmp(a, "-p")) { NEEDV; o->p = atoi(v); o->p_given = 1; }
+        else if (!strcmp(a, "--place")) o->place = 1;
+        else if (!strcmp(a, "--place-csv")) { NEEDV; o->place = 1; o->place_csv = v; }
         else if (!strcmp(a, "-n")) { NEEDV; o->n = atoi(v); o->n_given = 1; }
         else if (!strcmp(a, "-r")) { NEEDV; o->r = atoi(v); }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { NEEDV; o->t = atoi(v); }
@@ -1651,5 +1663,12 @@ static int run_model(const opts *o) {
 int main(int argc, char **argv) {
     opts o;
     if (parse(argc, argv, &o) != 0) return 2;
+    if (o.place) {
+        if (!o.model) {
+            fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");
+            return 2;
+        }
+        return run_place(o.model, o.t, o.p_given ? o.p : 32, o.n_given ? o.n : 32, o.place_csv);
+    }
     return o.kernels ? run_kernels(&o) : run_model(&o);
 }

@@ -279,6 +279,13 @@ static dsi_status eval_to(dsi_session *s, uint32_t end, float *all) {
         s->has_logits = 0;
         dsi_status st = dsii_sched_eval(&s->seq, s->n_tokens, n, which, dst, &e);
         if (st != DSI_OK) {
+            if (st == DSI_ERR_CANCELLED && s->seq.lane->cancelled_in_step) {
+                /* stopped inside the step (a long expert read): the step failed, the
+                 * request is honoured */
+                s->seq.lane->cancelled_in_step = 0;
+                dsii_session_step_failed(s, s->n_tokens, n);
+                (void)dsii_session_take_cancel(s);
+            }
             if (st == DSI_ERR_CANCELLED)
                 return dsii_session_fail(s, st, "cancelled after %u of %u tokens (timeline holds %u)",
                                          s->n_tokens - start, end - start, s->n_tokens);

@@ -38,6 +38,7 @@
 #include "kv/kv.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 struct dsii_tensor; /* lib/model/model.h */
@@ -194,6 +195,9 @@ struct dsii_lane {
     uint64_t io_extra_bytes;
     uint64_t io_spec, io_spec_bytes; /* io block: draft outputs (arch, DSII_LANE_TAPS) */
     void *priv;                  /* architecture data (scratch offsets) */
+    atomic_int *cancel;          /* the owner's cancel request, read inside a step by long
+                                    waits (expert-tier reads); NULL: none (shared lanes) */
+    int32_t cancelled_in_step;   /* set when a step stopped on `cancel` (CANCELLED) */
     struct {
         uint64_t key;
         dsib_graph *g;

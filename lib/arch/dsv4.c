@@ -26,6 +26,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "moe/moe.h"
+#include "place/place.h"
 
 #include <math.h>
 #include <string.h>
@@ -127,9 +128,14 @@ static dsi_status bind_v4_layer(dsii_arch_model *am, dsii_wtable *wt, const dsii
     BIND(mw->gate_inp, t->ffn_gate_inp);
     BIND(mw->bias, t->exp_probs_b);
     BIND(mw->tid2eid, lh->is_hash ? t->tid2eid : NULL);
-    BIND(mw->w1, t->ffn_gate_exps);
-    BIND(mw->w3, t->ffn_up_exps);
-    BIND(mw->w2, t->ffn_down_exps);
+    {
+        /* resident, or served by the expert tier (lib/place) */
+        int32_t li = t >= wt->model->w.layer && t < wt->model->w.layer + hp->n_layer
+                         ? (int32_t)(t - wt->model->w.layer) : -1;
+        dsi_status s_ = dsii_place_bind_experts(wt, li, t->ffn_gate_exps, t->ffn_up_exps,
+                                                t->ffn_down_exps, mw, e);
+        if (s_ != DSI_OK) goto fail;
+    }
     BIND(mw->sh_gate, t->ffn_gate_shexp);
     BIND(mw->sh_up, t->ffn_up_shexp);
     BIND(mw->sh_down, t->ffn_down_shexp);
@@ -514,7 +520,7 @@ static dsi_status v4_layer_step(const v4_step *P, uint32_t il, dsii_error *e) {
     CK(o->hc_collapse(S, X, coef, nc, xin, D, n, hc, D), "hc_collapse ffn");
     CK(o->rms_norm(S, xin, D, xn, D, n, D, &L->ffn_norm, eps), "ffn_norm");
     dsii_moe_scratch ms = {SV(P, s->mlog), SV(P, s->msel), SV(P, s->mwts), SV(P, s->mrout),
-                           SV(P, s->msg),  SV(P, s->msu),  SV(P, s->msout)};
+                           SV(P, s->msg),  SV(P, s->msu),  SV(P, s->msout), P->lane->cancel};
     dsi_status rc = dsii_moe_forward(P->dev, S, &L->moe, &ms, xn, D,
                                      dsii_lane_io(P->lane, P->lane->io_ids), n, D, a, D, e);
     if (rc != DSI_OK) return rc;

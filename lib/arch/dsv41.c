@@ -34,6 +34,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "moe/moe.h"
+#include "place/place.h"
 
 #include <math.h>
 #include <string.h>
@@ -137,8 +138,8 @@ static dsi_status bind_layer(dsii_wtable *wt, const dsii_hparams *hp, const dsii
         T->attn_sinks, T->attn_out_a, T->attn_out_b, T->hc_attn_fn, T->hc_attn_base,
         T->hc_attn_scale, T->hc_ffn_fn, T->hc_ffn_base, T->hc_ffn_scale, T->comp_kv,
         T->comp_gate, T->comp_norm, T->idx_k, T->idx_k_norm, T->idx_q_b, T->idx_proj,
-        T->ffn_norm, T->ffn_gate_inp, T->exp_probs_b, T->ffn_gate_exps, T->ffn_up_exps,
-        T->ffn_down_exps, T->ffn_gate_shexp, T->ffn_up_shexp, T->ffn_down_shexp,
+        T->ffn_norm, T->ffn_gate_inp, T->exp_probs_b, NULL, NULL,
+        NULL, T->ffn_gate_shexp, T->ffn_up_shexp, T->ffn_down_shexp,
         T->engram_wkv, T->engram_q, T->engram_k};
     dsib_weight *const dst[] = {
         &w->attn_norm, &w->q_a, &w->q_a_norm, &w->q_b, &w->kv, &w->kv_norm, &w->sinks,
@@ -151,6 +152,12 @@ static dsi_status bind_layer(dsii_wtable *wt, const dsii_hparams *hp, const dsii
         dsi_status s = dsii_wtable_bind(wt, src[i], dst[i], e);
         if (s != DSI_OK) return s;
     }
+    /* routed experts: resident, or served by the expert tier (lib/place) */
+    int32_t li = T >= wt->model->w.layer && T < wt->model->w.layer + hp->n_layer
+                     ? (int32_t)(T - wt->model->w.layer) : -1;
+    dsi_status s = dsii_place_bind_experts(wt, li, T->ffn_gate_exps, T->ffn_up_exps,
+                                           T->ffn_down_exps, &w->moe, e);
+    if (s != DSI_OK) return s;
     return dsii_device_check_type(wt->dev, DSIB_OP_MOE_EXPERTS, w->moe.w1.type, "routed experts", e);
 }
 
@@ -302,9 +309,12 @@ static dsi_status v41_model_create(dsi_model *model, dsii_wtable *wt, dsii_arch_
                 s = dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: engram table missing");
                 goto fail;
             }
-            if (t->lazy || !t->data)
+            if (t->lazy || !t->data) {
                 s = dsii_engram_table_file(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            dsii_gguf_file(model->gguf), t->file_offset, e);
+                /* memory tiers: its row cache, when the plan has one (lib/place) */
+                if (s == DSI_OK) s = dsii_place_engram_cache(model, j, &am->etab[j], e);
+            }
             else
                 s = dsii_engram_table_host(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            t->data, e);
@@ -794,7 +804,7 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
            "ffn_norm", il_);
         dsii_moe_scratch ms = {SV(&P, v->o_lg), SV(&P, v->o_sel), SV(&P, v->o_wts),
                                SV(&P, v->o_mout), SV(&P, v->o_shg), SV(&P, v->o_shu),
-                               SV(&P, v->o_sh)};
+                               SV(&P, v->o_sh), lane->cancel};
         s = dsii_moe_forward(P.dev, S, &w->moe, &ms, SV(&P, v->o_xn), D,
                              dsii_lane_io(lane, lane->io_ids), n, D, SV(&P, v->o_aout), D, e);
         if (s != DSI_OK) return s;
@@ -896,7 +906,7 @@ static dsi_status v41_draft(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_
            "ffn_norm");
         dsii_moe_scratch ms = {SV(&P, v->o_lg), SV(&P, v->o_sel), SV(&P, v->o_wts),
                                SV(&P, v->o_mout), SV(&P, v->o_shg), SV(&P, v->o_shu),
-                               SV(&P, v->o_sh)};
+                               SV(&P, v->o_sh), lane->cancel};
         s = dsii_moe_forward(P.dev, S, &w->moe, &ms, SV(&P, v->o_xn), D,
                              dsii_lane_io(lane, lane->io_ids), B, D, SV(&P, v->o_aout), D, e);
         if (s != DSI_OK) goto out;

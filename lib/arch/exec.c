@@ -7,6 +7,7 @@
 #include "backend/device.h"
 #include "base/context_impl.h"
 #include "model/model.h"
+#include "place/place.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -105,6 +106,7 @@ static void exec_free(dsi_model *m) {
     for (uint32_t i = 0; i < ex->n_pools; i++) dsii_kv_pool_free(ex->pools[i]);
     dsii_free(ctx, ex->pools);
     if (ex->am) ex->arch->model_free(m, ex->am);
+    dsii_place_exec_fini(m);
     wtable_free(&ex->wt);
     pthread_mutex_destroy(&ex->lock);
     dsii_free(ctx, ex);
@@ -130,7 +132,14 @@ dsi_status dsii_exec_create(dsi_model *m, dsii_error *e) {
     pthread_mutex_init(&ex->lock, NULL);
     m->exec = ex;
     m->exec_free = exec_free;
-    dsi_status st = arch->model_create(m, &ex->wt, &ex->am, e);
+    /* memory tiers: the expert cache on the compute device, before the layers bind to it */
+    dsi_status st = dsii_place_exec_init(m, dev, e);
+    if (st != DSI_OK) {
+        exec_free(m);
+        m->exec_free = NULL;
+        return st;
+    }
+    st = arch->model_create(m, &ex->wt, &ex->am, e);
     if (st != DSI_OK) {
         /* a backend that cannot run the model: the model still loads (tokenizer, metadata);
          * sessions report why they cannot be created */
@@ -255,6 +264,9 @@ dsi_status dsii_lane_create(dsii_exec *ex, uint32_t max_rows, uint32_t max_out, 
         dsii_free(ex->ctx, l);
         return st;
     }
+    /* the expert tier runs moe_experts on its cache: "experts" = cache slots */
+    uint32_t slots = dsii_xtier_slots(ex->model);
+    if (slots > l->desc.max_experts) l->desc.max_experts = slots;
     const dsib_backend *be = l->dev->be;
     dsib_error be_err = {{0}};
     /* io block: rows, ids, output rows, arch extra, logits (64-byte aligned parts) */
@@ -452,6 +464,7 @@ static dsi_status exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_ste
         DSII_PROF_END("step inputs (host: Engram hashes and rows)");
     }
     if (st != DSI_OK) return st;
+    l->cancelled_in_step = 0;
     dsii_step_shape sh = {n, n_out, (pp.flags & DSI_SESSION_FLAG_NO_FAKE_QUANT) ? DSIB_FQ_NO_ROUND : 0u};
     dsii_kv_pool_lock(pool);
     if (dsii_kv_pool_slots(pool) == 0) st = dsii_fail(e, DSI_ERR_INTERNAL, "step: empty pool");
@@ -461,6 +474,8 @@ static dsi_status exec_step(dsii_lane *l, dsii_kv_pool *pool, const dsii_seq_ste
     if (st == DSI_OK) st = run_recorded(l, pool, &sh, e);
     dsii_kv_pool_unlock(pool);
     l->steps++;
+    dsii_place_count_step(ex->model);
+    if (st == DSI_ERR_CANCELLED && l->cancel) l->cancelled_in_step = 1;
     if (st != DSI_OK) return st;
     /* logits rows in output order */
     DSII_PROF_BEGIN();

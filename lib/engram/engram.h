@@ -16,6 +16,8 @@
 #ifndef DSI_ENGRAM_ENGRAM_H
 #define DSI_ENGRAM_ENGRAM_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include "base/base.h"
 #include "base/file.h"
 
@@ -100,6 +102,16 @@ enum {
  * this id and ne[0] = K. Far above ggml's and libdsinfer's public ids; never in a file. */
 #define DSII_TYPE_ENGRAM_ROW264 2048
 
+/* A row cache for a table read from the file (lib/place, docs/placement.md): direct-mapped,
+ * `n_rows` raw rows, row r in slot r mod n_rows; one lock per cache. Counters may be NULL. */
+typedef struct dsii_engram_cache {
+    pthread_mutex_t mu;
+    uint64_t n_rows;
+    uint64_t *tag;         /* row id + 1 per slot, 0 = empty */
+    uint8_t *data;         /* n_rows × row_bytes */
+    atomic_ullong *hits, *misses, *bytes_read;
+} dsii_engram_cache;
+
 typedef struct dsii_engram_table {
     int32_t placement;     /* DSII_ENGRAM_PLACE_* */
     int32_t type;          /* storage type of a row (DSI_TYPE_*, or DSII_TYPE_ENGRAM_ROW264) */
@@ -109,6 +121,7 @@ typedef struct dsii_engram_table {
     const uint8_t *host;   /* PLACE_HOST: first row */
     const dsii_file *file; /* PLACE_PREAD */
     uint64_t file_offset;
+    dsii_engram_cache *cache; /* PLACE_PREAD: a row cache, or NULL */
 } dsii_engram_table;
 
 /* A table whose rows lie in host memory (e.g. the mapped model file). */

@@ -100,6 +100,29 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
         const uint8_t *src;
         if (t->placement == DSII_ENGRAM_PLACE_HOST) {
             src = t->host + (uint64_t)rows[i] * t->row_bytes;
+        } else if (t->cache) {
+            /* the row cache (lib/place): a hit is the same bytes the file holds */
+            dsii_engram_cache *c = t->cache;
+            uint64_t slot = (uint64_t)rows[i] % c->n_rows;
+            uint8_t *cd = c->data + slot * t->row_bytes;
+            pthread_mutex_lock(&c->mu);
+            if (c->tag[slot] == (uint64_t)rows[i] + 1) {
+                memcpy(scratch, cd, (size_t)t->row_bytes);
+                if (c->hits) atomic_fetch_add_explicit(c->hits, 1, memory_order_relaxed);
+            } else {
+                st = dsii_file_read(t->file, t->file_offset + (uint64_t)rows[i] * t->row_bytes,
+                                    t->row_bytes, scratch, err);
+                if (st == DSI_OK) {
+                    memcpy(cd, scratch, (size_t)t->row_bytes);
+                    c->tag[slot] = (uint64_t)rows[i] + 1;
+                    if (c->misses) atomic_fetch_add_explicit(c->misses, 1, memory_order_relaxed);
+                    if (c->bytes_read)
+                        atomic_fetch_add_explicit(c->bytes_read, t->row_bytes, memory_order_relaxed);
+                }
+            }
+            pthread_mutex_unlock(&c->mu);
+            if (st != DSI_OK) break;
+            src = scratch;
         } else {
             st = dsii_file_read(t->file, t->file_offset + (uint64_t)rows[i] * t->row_bytes,
                                 t->row_bytes, scratch, err);

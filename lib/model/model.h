@@ -320,6 +320,9 @@ struct dsi_model {
      * forward pass. */
     struct dsii_exec *exec;
     void (*exec_free)(dsi_model *m);
+    /* Memory tiers (lib/place): the placement plan made at load, NULL when the loader was
+     * not asked for one (every tensor resident). */
+    struct dsii_place *place;
 };
 
 /* ---- loading (lib/model/model_load.c) -------------------------------------------------- */

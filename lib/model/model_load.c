@@ -8,6 +8,7 @@
  * used.
  */
 #include "model/model.h"
+#include "place/place.h"
 
 #include "base/context_impl.h"
 #include "engram/engram.h"
@@ -597,6 +598,7 @@ void dsii_model_destroy(dsi_model *m) {
     if (!m) return;
     const dsi_context *ctx = m->ctx;
     if (m->exec_free) m->exec_free(m);
+    dsii_place_free(m);
     if (m->tokenizer) dsii_tokenizer_free(m->tokenizer);
     dsii_free_aligned(ctx, m->weights_buf);
     dsii_free(ctx, m->hp_arrays);
@@ -736,6 +738,9 @@ static dsi_status load_body(dsi_model *m, const dsi_model_options *opt, dsii_err
             st = dsii_fail(err, DSI_ERR_BAD_FORMAT, "tokenizer has %d tokens, token_embd.weight has %u rows",
                            dsii_tokenizer_n_vocab(m->tokenizer), m->hp.n_vocab);
     }
+    /* memory tiers (lib/place): decides what stays in the file before anything is read */
+    if (st == DSI_OK && opt && opt->struct_size >= DSII_FIELD_END(dsi_model_options, place) && opt->place)
+        st = dsii_place_plan(m, opt->place, err);
     if (st == DSI_OK) st = make_resident(m, b.parent, b.src, b.srcg, &pg, err);
     dsii_free(m->ctx, b.parent);
     dsii_free(m->ctx, b.src);

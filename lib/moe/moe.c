@@ -1,6 +1,8 @@
 /* lib/moe/moe.c — see moe.h. */
 #include "moe/moe.h"
 
+#include "place/place.h"
+
 #define CK(call, what)                                                                      \
     do {                                                                                    \
         DSII_PROF_BEGIN();                                                                  \
@@ -26,9 +28,17 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
                       w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n,
                       s->sel, s->wts),
        "routing");
-    CK(ops->moe_experts(strm, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
-                        s->routed, D),
-       "routed experts");
+    if (w->xt) {
+        /* experts from the tier's cache (lib/place): bit-identical to the resident path */
+        dsi_status st = dsii_xtier_experts(w->xt, dev, strm, w, x, ldx, s->sel, s->wts, n,
+                                           s->routed, D, s->cancel, e);
+        if (st != DSI_OK) return st;
+        dsii_xtier_predict(w->xt, dev, strm, w->xt_layer, x, ldx, ids, n, s->logits, s->sel, s->wts);
+    } else {
+        CK(ops->moe_experts(strm, x, ldx, s->sel, s->wts, k, &w->w1, &w->w3, &w->w2, w->limit, n,
+                            s->routed, D),
+           "routed experts");
+    }
     if (!w->sh_gate.buf) {
         CK(dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D), "moe copy");
         return DSI_OK;

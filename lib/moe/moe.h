@@ -12,6 +12,8 @@
 #include "backends/backend.h"
 #include "base/base.h"
 
+#include <stdatomic.h>
+
 typedef struct dsii_moe_weights {
     dsib_weight gate_inp;        /* router [D → E] */
     dsib_weight bias;            /* selection bias [E] (buf NULL: none) */
@@ -22,12 +24,17 @@ typedef struct dsii_moe_weights {
     float limit, limit_shared;   /* SwiGLU clamps (0: none) */
     float route_scale;           /* 1.5 */
     float norm_add;              /* V4: 0, V4.1: 1e-20 */
+    /* Memory tiers (lib/place): the routed experts of this layer are served by the expert
+     * tier (w1 / w3 / w2 carry their geometry only, buf NULL); NULL: resident. */
+    struct dsii_xtier *xt;
+    int32_t xt_layer;            /* backbone layer index in the tier */
 } dsii_moe_weights;
 
 /* Scratch views, each sized for n rows: logits [n][E], sel int32 [n][k], wts [n][k],
  * routed [n][D], sh_g / sh_u [n][F_shared], sh_out [n][D]. */
 typedef struct dsii_moe_scratch {
     dsib_view logits, sel, wts, routed, sh_g, sh_u, sh_out;
+    const atomic_int *cancel;    /* the step's cancel request (expert-tier reads), or NULL */
 } dsii_moe_scratch;
 
 /* out[t] = routed(x[t]) + shared(x[t]); x is the ffn-normed input [n][D] (ldx); ids: the

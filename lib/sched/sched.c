@@ -227,6 +227,7 @@ dsi_status dsii_sched_eval(dsii_seq *q, uint32_t pos, uint32_t n, int32_t which,
     if (!coalesce || q->own_steps || n > DSII_SCHED_ROWS || outs > DSII_SCHED_SEQS) {
         if (cancelled(q)) return dsii_fail(e, DSI_ERR_CANCELLED, "cancelled");
         dsii_seq_step st = {q->tokens, q->slot, pos, n, which, dst};
+        q->lane->cancel = q->cancel; /* long waits inside the step honour a cancel */
         return dsii_exec_step(q->lane, q->pool, &st, 1, e);
     }
     dsii_sched_req r;

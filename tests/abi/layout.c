@@ -28,6 +28,7 @@ int main(void) {
     F(dsi_model_options, struct_size); F(dsi_model_options, access);
     F(dsi_model_options, progress_fn); F(dsi_model_options, progress_user_data);
     F(dsi_model_options, flags); F(dsi_model_options, draft_path);
+    F(dsi_model_options, place);
     S(dsi_reader);
     F(dsi_reader, struct_size); F(dsi_reader, size); F(dsi_reader, pread_fn);
     F(dsi_reader, close_fn); F(dsi_reader, user_data);

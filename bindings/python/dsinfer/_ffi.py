@@ -177,7 +177,8 @@ class model_options(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("access", ctypes.c_int32),
                 ("progress_fn", PROGRESS_FN), ("progress_user_data", ctypes.c_void_p),
                 ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                ("draft_path", ctypes.c_char_p)]
+                ("draft_path", ctypes.c_char_p),
+                ("place", ctypes.c_void_p)]  # experimental dsi_place_options * (NULL)
 
 
 class reader(Struct):
@@ -270,6 +271,39 @@ class prompt_cache_stats(Struct):
                 ("write_ns", ctypes.c_uint64), ("read_ns", ctypes.c_uint64)]
 
 
+class place_options(Struct):
+    """Experimental: memory tiers (docs/placement.md)."""
+    _fields_ = [("struct_size", ctypes.c_uint32), ("policy", ctypes.c_uint32),
+                ("device_budget", ctypes.c_uint64), ("host_budget", ctypes.c_uint64),
+                ("overrides", ctypes.c_char_p), ("cache_policy", ctypes.c_uint32),
+                ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64)]
+
+
+class place_class(Struct):
+    _fields_ = [("name", ctypes.c_char * 32), ("tier", ctypes.c_uint32),
+                ("n_tensors", ctypes.c_uint32), ("bytes", ctypes.c_uint64),
+                ("device_bytes", ctypes.c_uint64), ("host_bytes", ctypes.c_uint64),
+                ("disk_bytes", ctypes.c_uint64)]
+
+
+class place_info(Struct):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("policy", ctypes.c_uint32),
+                ("device_budget", ctypes.c_uint64), ("host_budget", ctypes.c_uint64),
+                ("device_bytes", ctypes.c_uint64), ("host_bytes", ctypes.c_uint64),
+                ("disk_bytes", ctypes.c_uint64), ("mapped_bytes", ctypes.c_uint64),
+                ("expert_cache_bytes", ctypes.c_uint64), ("expert_cache_slots", ctypes.c_uint32),
+                ("cache_policy", ctypes.c_uint32), ("n_experts_streamed", ctypes.c_uint32),
+                ("n_classes", ctypes.c_uint32), ("classes", place_class * 8),
+                ("cache_hits", ctypes.c_uint64), ("cache_misses", ctypes.c_uint64),
+                ("prefetches", ctypes.c_uint64), ("prefetch_hits", ctypes.c_uint64),
+                ("bytes_read", ctypes.c_uint64), ("bytes_uploaded", ctypes.c_uint64),
+                ("read_ns", ctypes.c_uint64), ("steps", ctypes.c_uint64),
+                ("cpu_experts", ctypes.c_uint64), ("device_experts", ctypes.c_uint64),
+                ("host_peak", ctypes.c_uint64), ("engram_cache_bytes", ctypes.c_uint64),
+                ("engram_hits", ctypes.c_uint64), ("engram_misses", ctypes.c_uint64),
+                ("engram_bytes_read", ctypes.c_uint64)]
+
+
 # Opaque handles are plain void pointers.
 H = ctypes.c_void_p
 P = ctypes.POINTER
@@ -359,6 +393,9 @@ PROTOTYPES = {
     "dsi_session_set_prompt_cache": (c_status, [H, P(prompt_cache_options)]),
     "dsi_prompt_cache_stats_init": (None, [P(prompt_cache_stats)]),
     "dsi_session_prompt_cache_stats": (c_status, [H, P(prompt_cache_stats)]),
+    "dsi_place_options_init": (None, [P(place_options)]),
+    "dsi_place_info_init": (None, [P(place_info)]),
+    "dsi_model_place_info": (c_status, [H, P(place_info)]),
 }
 
 # Functions that a newer library may add (declared when present, see bind()).

@@ -161,6 +161,8 @@ pub struct dsi_model_options {
     pub reserved: u32,
     /// since 0.2: a second GGUF holding the draft blocks; NULL = none
     pub draft_path: *const c_char,
+    /// since 0.3, experimental: memory tiers (`dsi_place_options *`); NULL = all resident
+    pub place: *const dsi_place_options,
 }
 
 #[repr(C)]
@@ -390,6 +392,78 @@ pub struct dsi_prompt_cache_stats {
     pub read_ns: u64,
 }
 
+/// since 0.3, experimental: memory tiers (docs/placement.md)
+pub const DSI_PLACE_AUTO: u32 = 0;
+pub const DSI_PLACE_ALL_RESIDENT: u32 = 1;
+pub const DSI_PLACE_EXPERTS_HOST: u32 = 2;
+pub const DSI_PLACE_EXPERTS_STREAMED: u32 = 3;
+pub const DSI_CACHE_LRU: u32 = 0;
+pub const DSI_CACHE_LFU: u32 = 1;
+pub const DSI_PLACE_FLAG_NO_PREFETCH: u32 = 1 << 0;
+pub const DSI_TIER_DEVICE: u32 = 0;
+pub const DSI_TIER_HOST: u32 = 1;
+pub const DSI_TIER_DISK: u32 = 2;
+pub const DSI_PLACE_MAX_CLASSES: u32 = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct dsi_place_options {
+    pub struct_size: u32,
+    pub policy: u32,
+    pub device_budget: u64,
+    pub host_budget: u64,
+    pub overrides: *const c_char,
+    pub cache_policy: u32,
+    pub flags: u32,
+    pub engram_cache_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct dsi_place_class {
+    pub name: [c_char; 32],
+    pub tier: u32,
+    pub n_tensors: u32,
+    pub bytes: u64,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct dsi_place_info {
+    pub struct_size: u32,
+    pub policy: u32,
+    pub device_budget: u64,
+    pub host_budget: u64,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+    pub disk_bytes: u64,
+    pub mapped_bytes: u64,
+    pub expert_cache_bytes: u64,
+    pub expert_cache_slots: u32,
+    pub cache_policy: u32,
+    pub n_experts_streamed: u32,
+    pub n_classes: u32,
+    pub classes: [dsi_place_class; 8],
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub prefetches: u64,
+    pub prefetch_hits: u64,
+    pub bytes_read: u64,
+    pub bytes_uploaded: u64,
+    pub read_ns: u64,
+    pub steps: u64,
+    pub cpu_experts: u64,
+    pub device_experts: u64,
+    pub host_peak: u64,
+    pub engram_cache_bytes: u64,
+    pub engram_hits: u64,
+    pub engram_misses: u64,
+    pub engram_bytes_read: u64,
+}
+
 extern "C" {
     pub fn dsi_version_string() -> *const c_char;
     pub fn dsi_version(major: *mut u32, minor: *mut u32, patch: *mut u32);
@@ -601,6 +675,9 @@ extern "C" {
         session: *mut dsi_session,
         opt: *const dsi_prompt_cache_options,
     ) -> dsi_status;
+    pub fn dsi_place_options_init(opt: *mut dsi_place_options);
+    pub fn dsi_place_info_init(info: *mut dsi_place_info);
+    pub fn dsi_model_place_info(model: *const dsi_model, info: *mut dsi_place_info) -> dsi_status;
     pub fn dsi_prompt_cache_stats_init(stats: *mut dsi_prompt_cache_stats);
     pub fn dsi_session_prompt_cache_stats(
         session: *const dsi_session,

@@ -444,7 +444,7 @@ fn layout_matches_the_pinned_layout() {
         dsi_device_info { struct_size, type_, backend, name, memory_total, memory_free, max_buffer_size,
             features, subgroup_size, index, reserved }
         dsi_model_options { struct_size, access, progress_fn, progress_user_data, flags, reserved,
-            draft_path }
+            draft_path, place }
         dsi_reader { struct_size, reserved, size, pread_fn, close_fn, user_data }
         dsi_model_info { struct_size, arch, arch_name, name, n_layers, n_embd, n_vocab, n_heads,
             n_ctx_train, n_experts, n_experts_used, n_draft_layers, has_mtp, has_dspark, has_engram,

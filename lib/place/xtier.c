@@ -1,0 +1,613 @@
+/*
+ * lib/place/xtier.c — the expert tier (place.h): routed experts of streamed layers read from
+ * the model file into a bounded cache of expert slots, shared by every session of the model.
+ *
+ * One slot holds one expert's three slices (gate | up | down, each 64-byte aligned) of any
+ * streamed layer. A step's MoE call (lib/moe) hands the tier the routing of its rows; the
+ * tier takes the rows in chunks whose distinct experts fit the free slots, pins them (hits),
+ * reads the missing ones (pread of whole slices through the model's file, in 1 MiB pieces so
+ * that a cancel request stops a long read), rewrites the chunk's selection ids to slot ids
+ * and runs the backend's moe_experts on the cache buffer — the same operations on the same
+ * bytes per row as the resident path, so logits do not change with the placement.
+ *
+ * Replacement: LRU (last use) or LFU (uses since the load, kept per expert across
+ * evictions; ties: last use). Read-ahead: after a streamed layer, the next streamed layer's
+ * router is applied to this layer's input (hash layers: the token ids route exactly) and the
+ * predicted experts are queued on the tier's reader thread, which reads them while the
+ * shared expert and the next layer's attention run; a slot a read-ahead filled is not
+ * evicted by another read-ahead of the same prediction.
+ *
+ * Locking: one mutex + condition variable; reads run outside the lock on slots marked
+ * LOADING (nobody else evicts or reads them); a slot in use by a step is pinned.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "place/place.h"
+
+#include "arch/arch.h"
+#include "engram/engram.h"
+#include "model/model.h"
+#include "moe/moe.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+enum { SLOT_EMPTY = 0, SLOT_LOADING = 1, SLOT_READY = 2 };
+
+typedef struct xslot {
+    int32_t layer, expert;
+    uint32_t pins;
+    uint8_t state;
+    uint8_t prefetched;   /* filled by a read-ahead, not used since */
+    uint64_t last;        /* clock of the last use */
+    uint64_t gen;         /* prediction generation of a read-ahead */
+} xslot;
+
+typedef struct xlayer {
+    int32_t streamed;
+    const dsii_tensor *t[3];  /* gate, up, down */
+    uint64_t slice[3];        /* bytes of one expert's slice */
+    uint64_t part[3];         /* offset of each slice in a slot */
+    uint32_t E;
+    int32_t *map;             /* [E]: slot or -1 */
+    uint32_t *freq;           /* [E]: uses since the load (LFU) */
+    const dsii_moe_weights *mw; /* the layer's MoE weights (router for read-ahead) */
+    int32_t next;             /* next streamed layer, or -1 */
+} xlayer;
+
+#define QCAP 1024
+#define CHUNK_MAX 256
+#define READ_PIECE (1u << 20)
+
+struct dsii_xtier {
+    dsi_model *m;
+    const dsi_context *ctx;
+    dsii_place *pl;
+    dsii_device *dev;
+    uint8_t *mem;
+    dsib_buffer *buf;
+    uint32_t n_slots;
+    uint64_t slot_bytes;
+    uint32_t n_layer;
+    xlayer L[128];
+    xslot *slots;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t clock;
+    /* reader thread (read-ahead) */
+    pthread_t th;
+    int th_on, stop;
+    pthread_cond_t qcv;
+    int32_t q[QCAP][2];
+    uint32_t qhead, qn;
+    uint64_t gen;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void host_add(dsii_place *pl, uint64_t b) {
+    uint64_t u = atomic_fetch_add(&pl->host_used, b) + b;
+    uint64_t p = atomic_load(&pl->host_peak);
+    while (u > p && !atomic_compare_exchange_weak(&pl->host_peak, &p, u)) {
+    }
+}
+
+/* Reads expert `ex` of layer `l` into slot `s` (outside the lock). */
+static dsi_status read_slot(dsii_xtier *xt, int32_t l, int32_t ex, uint32_t s,
+                            const atomic_int *cancel, dsii_error *e) {
+    const xlayer *L = &xt->L[l];
+    uint8_t *dst = xt->mem + (uint64_t)s * xt->slot_bytes;
+    uint64_t t0 = now_ns(), total = 0;
+    dsi_status st = DSI_OK;
+    for (int j = 0; j < 3 && st == DSI_OK; j++) {
+        uint64_t off = (uint64_t)ex * L->slice[j];
+        for (uint64_t done = 0; done < L->slice[j];) {
+            if (cancel && atomic_load_explicit(cancel, memory_order_acquire)) {
+                st = dsii_fail(e, DSI_ERR_CANCELLED, "cancelled while reading expert %d of layer %d", ex, l);
+                break;
+            }
+            uint64_t n = L->slice[j] - done < READ_PIECE ? L->slice[j] - done : READ_PIECE;
+            st = dsii_model_tensor_read(xt->m, L->t[j], off + done, n, dst + L->part[j] + done, e);
+            if (st != DSI_OK) {
+                /* keep the OS / file message, name the expert */
+                char msg[DSII_ERROR_MSG_MAX];
+                memcpy(msg, e->msg, sizeof msg);
+                msg[sizeof msg - 1] = '\0';
+                if (st == DSI_ERR_BAD_FORMAT) st = DSI_ERR_IO; /* the file shrank under us */
+                dsii_fail(e, st, "expert tier: reading expert %d of layer %d ('%s'): %.400s", ex, l,
+                          L->t[j]->name, msg);
+                break;
+            }
+            done += n;
+            total += n;
+        }
+    }
+    atomic_fetch_add_explicit(&xt->pl->bytes_read, total, memory_order_relaxed);
+    atomic_fetch_add_explicit(&xt->pl->read_ns, now_ns() - t0, memory_order_relaxed);
+    return st;
+}
+
+/* A slot to (re)use, or -1 when every slot is pinned or loading. Empty slots first, then
+ * anything but the current prediction's unused read-aheads, by the replacement policy. */
+static int32_t pick_victim(dsii_xtier *xt, int for_prefetch) {
+    int32_t best = -1;
+    int best_cls = 0;
+    uint64_t best_a = 0, best_b = 0;
+    for (uint32_t s = 0; s < xt->n_slots; s++) {
+        const xslot *x = &xt->slots[s];
+        if (x->pins || x->state == SLOT_LOADING) continue;
+        if (x->state == SLOT_EMPTY) return (int32_t)s;
+        int cls = x->prefetched && x->gen == xt->gen;
+        if (for_prefetch && cls) continue;
+        uint64_t a = xt->pl->cache_policy == DSII_CACHE_LFU ? xt->L[x->layer].freq[x->expert] : x->last;
+        uint64_t b = x->last;
+        if (best < 0 || cls < best_cls || (cls == best_cls && (a < best_a || (a == best_a && b < best_b)))) {
+            best = (int32_t)s;
+            best_cls = cls;
+            best_a = a;
+            best_b = b;
+        }
+    }
+    return best;
+}
+
+static void slot_assign(dsii_xtier *xt, uint32_t s, int32_t l, int32_t ex) {
+    xslot *x = &xt->slots[s];
+    if (x->state != SLOT_EMPTY && x->layer >= 0) xt->L[x->layer].map[x->expert] = -1;
+    x->layer = l;
+    x->expert = ex;
+    x->state = SLOT_LOADING;
+    x->prefetched = 0;
+    xt->L[l].map[ex] = (int32_t)s;
+}
+
+static void slot_reset(dsii_xtier *xt, uint32_t s) {
+    xslot *x = &xt->slots[s];
+    if (x->layer >= 0 && xt->L[x->layer].map[x->expert] == (int32_t)s) xt->L[x->layer].map[x->expert] = -1;
+    x->state = SLOT_EMPTY;
+    x->layer = -1;
+    x->expert = -1;
+    x->prefetched = 0;
+}
+
+/* ---- read-ahead thread --------------------------------------------------------------------- */
+
+static void *reader_main(void *arg) {
+    dsii_xtier *xt = arg;
+    dsii_error e;
+    pthread_mutex_lock(&xt->mu);
+    for (;;) {
+        while (!xt->stop && xt->qn == 0) pthread_cond_wait(&xt->qcv, &xt->mu);
+        if (xt->stop) break;
+        int32_t l = xt->q[xt->qhead][0], ex = xt->q[xt->qhead][1];
+        xt->qhead = (xt->qhead + 1) % QCAP;
+        xt->qn--;
+        if (xt->L[l].map[ex] >= 0) continue;
+        int32_t s = pick_victim(xt, 1);
+        if (s < 0) continue;
+        slot_assign(xt, (uint32_t)s, l, ex);
+        xt->slots[s].gen = xt->gen;
+        pthread_mutex_unlock(&xt->mu);
+        dsii_error_clear(&e);
+        dsi_status st = read_slot(xt, l, ex, (uint32_t)s, NULL, &e);
+        pthread_mutex_lock(&xt->mu);
+        if (st == DSI_OK) {
+            xt->slots[s].state = SLOT_READY;
+            xt->slots[s].prefetched = 1;
+            xt->slots[s].last = ++xt->clock;
+            atomic_fetch_add_explicit(&xt->pl->prefetches, 1, memory_order_relaxed);
+        } else {
+            slot_reset(xt, (uint32_t)s); /* the step that needs it reads it and reports */
+        }
+        pthread_cond_broadcast(&xt->cv);
+    }
+    pthread_mutex_unlock(&xt->mu);
+    return NULL;
+}
+
+void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm, int32_t layer,
+                        dsib_view x, uint32_t ldx, dsib_view ids, uint32_t n, dsib_view logits,
+                        dsib_view sel, dsib_view wts) {
+    if (!xt || !xt->th_on || layer < 0 || (uint32_t)layer >= xt->n_layer) return;
+    int32_t l2 = xt->L[layer].next;
+    if (l2 < 0) return;
+    const dsii_moe_weights *w = xt->L[l2].mw;
+    if (!w || !w->gate_inp.buf) return;
+    const dsib_ops *ops = dev->be->ops;
+    uint32_t E = w->n_expert, k = w->k;
+    dsib_error be_err;
+    if (ops->matmul(strm, &w->gate_inp, 0, x, ldx, logits, E, n) != DSI_OK ||
+        ops->moe_route(strm, logits, E, E, k, w->bias.buf ? &w->bias : NULL,
+                       w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n, sel,
+                       wts) != DSI_OK) {
+        dev->be->sync(strm, &be_err);
+        return;
+    }
+    if (dev->be->sync(strm, &be_err) != DSI_OK) return;
+    const uint8_t *base = dev->be->buffer_host_ptr(dev->inst, sel.buf);
+    if (!base) return;
+    const int32_t *sl = (const int32_t *)(const void *)(base + sel.offset);
+    pthread_mutex_lock(&xt->mu);
+    xt->gen++;
+    xt->qhead = 0;
+    xt->qn = 0;
+    for (uint64_t i = 0; i < (uint64_t)n * k && xt->qn < QCAP; i++) {
+        int32_t ex = sl[i];
+        if (ex < 0 || (uint32_t)ex >= xt->L[l2].E || xt->L[l2].map[ex] >= 0) continue;
+        int dup = 0;
+        for (uint32_t j = 0; j < xt->qn && !dup; j++) dup = xt->q[j][1] == ex;
+        if (dup) continue;
+        xt->q[xt->qn][0] = l2;
+        xt->q[xt->qn][1] = ex;
+        xt->qn++;
+    }
+    if (xt->qn) pthread_cond_signal(&xt->qcv);
+    pthread_mutex_unlock(&xt->mu);
+}
+
+/* ---- the routed experts of a step ----------------------------------------------------------- */
+
+static int in_list(const int32_t *a, uint32_t n, int32_t v) {
+    for (uint32_t i = 0; i < n; i++)
+        if (a[i] == v) return 1;
+    return 0;
+}
+
+dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
+                              const dsii_moe_weights *w, dsib_view x, uint32_t ldx, dsib_view sel,
+                              dsib_view wts, uint32_t n, dsib_view y, uint32_t ldy,
+                              const atomic_int *cancel, dsii_error *e) {
+    const dsib_backend *be = dev->be;
+    dsib_error be_err = {{0}};
+    int32_t l = w->xt_layer;
+    if (l < 0 || (uint32_t)l >= xt->n_layer || !xt->L[l].streamed)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d is not streamed", l);
+    xlayer *L = &xt->L[l];
+    uint32_t k = w->k;
+    if (k == 0 || k > CHUNK_MAX || k > xt->n_slots)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: k %u does not fit %u slots", k, xt->n_slots);
+    /* the routing is on the host once the stream has run (the CPU device runs ops at once) */
+    dsi_status st = be->sync(strm, &be_err);
+    if (st != DSI_OK) return dsii_fail(e, st, "%s: routing failed: %s", dev->name, be_err.msg);
+    uint8_t *base = be->buffer_host_ptr(dev->inst, sel.buf);
+    if (!base) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: the selection is not host memory");
+    int32_t *sl = (int32_t *)(void *)(base + sel.offset);
+    for (uint64_t i = 0; i < (uint64_t)n * k; i++)
+        if (sl[i] < 0 || (uint32_t)sl[i] >= L->E)
+            return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: routed to expert %d of %u", sl[i], L->E);
+    /* the cache as three expert tensors of n_slots "experts" (no stable id: contents change) */
+    dsib_weight cw[3];
+    const dsib_weight *src[3] = {&w->w1, &w->w3, &w->w2};
+    for (int j = 0; j < 3; j++) {
+        cw[j] = *src[j];
+        cw[j].buf = xt->buf;
+        cw[j].offset = L->part[j];
+        cw[j].ne[2] = xt->n_slots;
+        cw[j].nb2 = xt->slot_bytes;
+        cw[j].id = 0;
+    }
+    int32_t chunk[CHUNK_MAX], to_load[CHUNK_MAX];
+    uint32_t row = 0;
+    while (row < n) {
+        pthread_mutex_lock(&xt->mu);
+        uint32_t r0 = row, nch = 0, nload = 0;
+        uint64_t hits = 0, misses = 0, phits = 0;
+        for (uint32_t r = row; r < n; r++) {
+            uint32_t before = nch, before_load = nload;
+            uint64_t h0 = hits, m0 = misses, p0 = phits;
+            int ok = 1;
+            for (uint32_t j = 0; j < k && ok; j++) {
+                int32_t ex = sl[(uint64_t)r * k + j];
+                int32_t s = L->map[ex];
+                if (s >= 0 && in_list(chunk, nch, s)) continue;
+                if (nch >= CHUNK_MAX) {
+                    ok = 0;
+                    break;
+                }
+                if (s >= 0) {
+                    xslot *xs = &xt->slots[s];
+                    xs->pins++;
+                    if (xs->state == SLOT_READY) {
+                        hits++;
+                        if (xs->prefetched) phits++;
+                    } else {
+                        misses++;
+                    }
+                    xs->prefetched = 0;
+                    chunk[nch++] = s;
+                } else {
+                    s = pick_victim(xt, 0);
+                    if (s < 0) {
+                        ok = 0;
+                        break;
+                    }
+                    slot_assign(xt, (uint32_t)s, l, ex);
+                    xt->slots[s].pins = 1;
+                    chunk[nch++] = s;
+                    to_load[nload++] = s;
+                    misses++;
+                }
+            }
+            if (!ok) {
+                /* this row does not fit now: undo its part, run the rows before it */
+                for (uint32_t i = before; i < nch; i++) {
+                    xslot *xs = &xt->slots[chunk[i]];
+                    if (in_list(to_load + before_load, nload - before_load, chunk[i])) {
+                        xs->pins = 0;
+                        slot_reset(xt, (uint32_t)chunk[i]);
+                    } else {
+                        xs->pins--;
+                    }
+                }
+                nch = before;
+                nload = before_load;
+                hits = h0;
+                misses = m0;
+                phits = p0;
+                break;
+            }
+            row = r + 1;
+        }
+        if (row == r0) {
+            /* every slot is in use by other steps: wait for one to be released */
+            pthread_cond_wait(&xt->cv, &xt->mu);
+            pthread_mutex_unlock(&xt->mu);
+            continue;
+        }
+        /* uses: recency and frequency */
+        for (uint32_t r = r0; r < row; r++)
+            for (uint32_t j = 0; j < k; j++) L->freq[sl[(uint64_t)r * k + j]]++;
+        uint64_t tick = ++xt->clock;
+        for (uint32_t i = 0; i < nch; i++) xt->slots[chunk[i]].last = tick;
+        pthread_mutex_unlock(&xt->mu);
+        atomic_fetch_add_explicit(&xt->pl->hits, hits, memory_order_relaxed);
+        atomic_fetch_add_explicit(&xt->pl->misses, misses, memory_order_relaxed);
+        atomic_fetch_add_explicit(&xt->pl->prefetch_hits, phits, memory_order_relaxed);
+
+        /* read the misses (outside the lock) */
+        uint32_t nread = 0;
+        st = DSI_OK;
+        for (; nread < nload; nread++) {
+            const xslot *xs = &xt->slots[to_load[nread]];
+            st = read_slot(xt, xs->layer, xs->expert, (uint32_t)to_load[nread], cancel, e);
+            if (st != DSI_OK) break;
+        }
+        pthread_mutex_lock(&xt->mu);
+        for (uint32_t i = 0; i < nload; i++) {
+            if (i < nread) xt->slots[to_load[i]].state = SLOT_READY;
+            else slot_reset(xt, (uint32_t)to_load[i]);
+        }
+        pthread_cond_broadcast(&xt->cv);
+        /* wait for slots other steps (or the read-ahead) are reading */
+        while (st == DSI_OK) {
+            int loading = 0, lost = 0;
+            for (uint32_t i = 0; i < nch; i++) {
+                const xslot *xs = &xt->slots[chunk[i]];
+                if (xs->state == SLOT_LOADING) loading = 1;
+                else if (xs->state == SLOT_EMPTY) lost = 1;
+            }
+            if (lost) {
+                st = dsii_fail(e, DSI_ERR_IO, "expert tier: an expert of layer %d could not be read "
+                                              "(another step's read failed)", l);
+                break;
+            }
+            if (!loading) break;
+            pthread_cond_wait(&xt->cv, &xt->mu);
+        }
+        if (st == DSI_OK)
+            for (uint32_t r = r0; r < row; r++)
+                for (uint32_t j = 0; j < k; j++) {
+                    int32_t *p = &sl[(uint64_t)r * k + j];
+                    *p = L->map[*p];
+                }
+        pthread_mutex_unlock(&xt->mu);
+        if (st == DSI_OK) {
+            dsib_view xv = {x.buf, x.offset + (uint64_t)r0 * ldx * 4};
+            dsib_view sv = {sel.buf, sel.offset + (uint64_t)r0 * k * 4};
+            dsib_view wv = {wts.buf, wts.offset + (uint64_t)r0 * k * 4};
+            dsib_view yv = {y.buf, y.offset + (uint64_t)r0 * ldy * 4};
+            st = dev->be->ops->moe_experts(strm, xv, ldx, sv, wv, k, &cw[0], &cw[1], &cw[2], w->limit,
+                                           row - r0, yv, ldy);
+            if (st == DSI_OK) st = be->sync(strm, &be_err);
+            if (st != DSI_OK) dsii_fail(e, st, "moe: routed experts (expert tier) failed: %s", be_err.msg);
+            else atomic_fetch_add_explicit(&xt->pl->cpu_experts, nch, memory_order_relaxed);
+        }
+        pthread_mutex_lock(&xt->mu);
+        for (uint32_t i = 0; i < nch; i++)
+            if (xt->slots[chunk[i]].pins) xt->slots[chunk[i]].pins--;
+        pthread_cond_broadcast(&xt->cv);
+        pthread_mutex_unlock(&xt->mu);
+        if (st != DSI_OK) return st;
+    }
+    return DSI_OK;
+}
+
+void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot) {
+    /* the struct, the per-layer maps and counts, the cache's alignment slack */
+    *fixed = sizeof(dsii_xtier) + total_experts * (sizeof(int32_t) + sizeof(uint32_t)) + 4096 + 64 * 128;
+    *per_slot = sizeof(xslot);
+}
+
+/* ---- creation ------------------------------------------------------------------------------- */
+
+dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
+    dsii_place *pl = m->place;
+    if (!pl || !pl->cache_slots || pl->xt) return DSI_OK;
+    if (!dev->be->buffer_wrap_host || !dev->be->buffer_host_ptr)
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "expert tier: %s cannot use host memory in place", dev->name);
+    dsii_xtier *xt = dsii_calloc(m->ctx, 1, sizeof *xt);
+    if (!xt) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    xt->m = m;
+    xt->ctx = m->ctx;
+    xt->pl = pl;
+    xt->dev = dev;
+    xt->n_slots = pl->cache_slots;
+    xt->slot_bytes = pl->expert_unit_bytes;
+    xt->n_layer = m->hp.n_layer < 128 ? m->hp.n_layer : 128;
+    pthread_mutex_init(&xt->mu, NULL);
+    pthread_cond_init(&xt->cv, NULL);
+    pthread_cond_init(&xt->qcv, NULL);
+    pl->xt = xt;
+    uint64_t extra = 0;
+    for (uint32_t l = 0; l < xt->n_layer; l++) {
+        xlayer *L = &xt->L[l];
+        L->next = -1;
+        if (!pl->layer_streamed[l]) continue;
+        const dsii_layer_tensors *T = &m->w.layer[l];
+        L->streamed = 1;
+        L->t[0] = T->ffn_gate_exps;
+        L->t[1] = T->ffn_up_exps;
+        L->t[2] = T->ffn_down_exps;
+        uint64_t o = 0;
+        for (int j = 0; j < 3; j++) {
+            L->slice[j] = (uint64_t)L->t[j]->ne[1] * L->t[j]->row_stride;
+            L->part[j] = o;
+            o += (L->slice[j] + 63) & ~(uint64_t)63;
+        }
+        L->E = m->hp.layer[l].n_expert;
+        L->map = dsii_malloc(m->ctx, sizeof(int32_t) * (L->E ? L->E : 1));
+        L->freq = dsii_calloc(m->ctx, L->E ? L->E : 1, sizeof(uint32_t));
+        if (!L->map || !L->freq) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+        for (uint32_t i = 0; i < L->E; i++) L->map[i] = -1;
+        extra += sizeof(int32_t) * 2 * L->E;
+    }
+    for (int32_t l = (int32_t)xt->n_layer - 1, nx = -1; l >= 0; l--) {
+        xt->L[l].next = nx;
+        if (xt->L[l].streamed) nx = l;
+    }
+    xt->slots = dsii_calloc(m->ctx, xt->n_slots, sizeof *xt->slots);
+    if (!xt->slots) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    for (uint32_t s = 0; s < xt->n_slots; s++) {
+        xt->slots[s].layer = -1;
+        xt->slots[s].expert = -1;
+    }
+    xt->mem = dsii_malloc_aligned(m->ctx, (size_t)pl->cache_bytes, 4096);
+    if (!xt->mem)
+        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory for the %llu-byte cache",
+                         (unsigned long long)pl->cache_bytes);
+    host_add(pl, pl->cache_bytes + pl->tier_bytes);
+    (void)extra;
+    dsib_error be_err = {{0}};
+    dsi_status st = dev->be->buffer_wrap_host(dev->inst, xt->mem, pl->cache_bytes, DSIB_BUFFER_WEIGHTS,
+                                              &xt->buf, &be_err);
+    if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", dev->name, be_err.msg);
+    if (!(pl->flags & DSII_PLACE_FLAG_NO_PREFETCH)) {
+        if (pthread_create(&xt->th, NULL, reader_main, xt) == 0) xt->th_on = 1;
+        else dsii_log(m->ctx, DSI_LOG_WARN, "expert tier: no reader thread; read-ahead off");
+    }
+    return DSI_OK;
+}
+
+dsi_status dsii_place_engram_cache(dsi_model *m, uint32_t j, dsii_engram_table *t, dsii_error *e) {
+    dsii_place *pl = m ? m->place : NULL;
+    t->cache = NULL;
+    if (!pl || !pl->engram_cache_bytes || j >= 16 || !t->row_bytes) return DSI_OK;
+    if (pl->ecache[j]) {
+        t->cache = pl->ecache[j];
+        return DSI_OK;
+    }
+    uint64_t share = pl->engram_cache_bytes / pl->n_engram_disk;
+    uint64_t rows = share / (t->row_bytes + sizeof(uint64_t));
+    if (rows > t->n_rows) rows = t->n_rows;
+    if (rows == 0) return DSI_OK;
+    dsii_engram_cache *c = dsii_calloc(m->ctx, 1, sizeof *c);
+    if (!c) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+    c->tag = dsii_calloc(m->ctx, (size_t)rows, sizeof *c->tag);
+    c->data = dsii_malloc(m->ctx, (size_t)(rows * t->row_bytes));
+    if (!c->tag || !c->data) {
+        dsii_free(m->ctx, c->tag);
+        dsii_free(m->ctx, c->data);
+        dsii_free(m->ctx, c);
+        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "Engram row cache: out of host memory");
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->n_rows = rows;
+    c->hits = &pl->engram_hits;
+    c->misses = &pl->engram_misses;
+    c->bytes_read = &pl->engram_bytes_read;
+    pl->ecache[j] = c;
+    t->cache = c;
+    host_add(pl, rows * (t->row_bytes + sizeof(uint64_t)));
+    return DSI_OK;
+}
+
+static void engram_caches_free(dsi_model *m, dsii_place *pl) {
+    for (int j = 0; j < 16; j++) {
+        dsii_engram_cache *c = pl->ecache[j];
+        if (!c) continue;
+        pthread_mutex_destroy(&c->mu);
+        dsii_free(m->ctx, c->tag);
+        dsii_free(m->ctx, c->data);
+        dsii_free(m->ctx, c);
+        pl->ecache[j] = NULL;
+    }
+}
+
+void dsii_place_exec_fini(dsi_model *m) {
+    dsii_place *pl = m ? m->place : NULL;
+    if (pl) engram_caches_free(m, pl);
+    dsii_xtier *xt = pl ? pl->xt : NULL;
+    if (!xt) return;
+    if (xt->th_on) {
+        pthread_mutex_lock(&xt->mu);
+        xt->stop = 1;
+        pthread_cond_broadcast(&xt->qcv);
+        pthread_mutex_unlock(&xt->mu);
+        pthread_join(xt->th, NULL);
+    }
+    if (xt->buf) xt->dev->be->buffer_free(xt->dev->inst, xt->buf);
+    if (xt->mem) {
+        dsii_free_aligned(m->ctx, xt->mem);
+        atomic_fetch_sub(&pl->host_used, pl->cache_bytes + pl->tier_bytes);
+    }
+    for (uint32_t l = 0; l < xt->n_layer; l++) {
+        dsii_free(m->ctx, xt->L[l].map);
+        dsii_free(m->ctx, xt->L[l].freq);
+    }
+    dsii_free(m->ctx, xt->slots);
+    pthread_cond_destroy(&xt->qcv);
+    pthread_cond_destroy(&xt->cv);
+    pthread_mutex_destroy(&xt->mu);
+    dsii_free(m->ctx, xt);
+    pl->xt = NULL;
+}
+
+/* ---- binding (lib/arch) --------------------------------------------------------------------- */
+
+dsi_status dsii_place_bind_experts(dsii_wtable *wt, int32_t layer, const dsii_tensor *gate,
+                                   const dsii_tensor *up, const dsii_tensor *down,
+                                   dsii_moe_weights *mw, dsii_error *e) {
+    dsi_model *m = wt->model;
+    dsii_place *pl = m ? m->place : NULL;
+    mw->xt = NULL;
+    mw->xt_layer = -1;
+    if (!pl || !pl->xt || layer < 0 || layer >= 128 || !pl->layer_streamed[layer]) {
+        dsi_status st = dsii_wtable_bind(wt, gate, &mw->w1, e);
+        if (st == DSI_OK) st = dsii_wtable_bind(wt, up, &mw->w3, e);
+        if (st == DSI_OK) st = dsii_wtable_bind(wt, down, &mw->w2, e);
+        return st;
+    }
+    const dsii_tensor *t[3] = {gate, up, down};
+    dsib_weight *out[3] = {&mw->w1, &mw->w3, &mw->w2};
+    for (int j = 0; j < 3; j++) {
+        memset(out[j], 0, sizeof *out[j]);
+        out[j]->type = t[j]->type;
+        out[j]->ne[0] = t[j]->ne[0];
+        out[j]->ne[1] = t[j]->ne[1];
+        out[j]->ne[2] = t[j]->ne[2];
+        out[j]->nb1 = t[j]->row_stride;
+        out[j]->nb2 = (uint64_t)t[j]->ne[1] * t[j]->row_stride;
+    }
+    mw->xt = pl->xt;
+    mw->xt_layer = layer;
+    pl->xt->L[layer].mw = mw;
+    return DSI_OK;
+}
+
+uint32_t dsii_xtier_slots(const dsi_model *m) {
+    return m && m->place && m->place->xt ? m->place->xt->n_slots : 0;
+}

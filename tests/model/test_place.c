@@ -1,0 +1,788 @@
+/*
+ * Memory tiers (lib/place, docs/placement.md) on the CPU backend:
+ *
+ *  1. identity: for tiny-v4 and tiny-v41, all logits of a prompt (prefill in chunks, then
+ *     decode steps) are bit-identical between the default all-resident load and the
+ *     routed experts streamed from the file with 100 %, 50 %, 10 % and 0 % (the minimum: k
+ *     slots) of them cached — LRU and LFU, read-ahead on and off, pread and mmap access;
+ *     and a per-layer override (only layers 1–3 streamed); tiny-v41's Engram tables in the
+ *     file with a row cache, and made resident by an override in pread mode. The plan and the counters agree
+ *     with the placement (slots, streamed experts, hits + misses, bytes read);
+ *  2. bad options: each gives its dsi_status and a message naming the problem, no model;
+ *  3. budget: tiny-moe (routed experts ~85 % of its bytes), loaded with a host budget
+ *     several times smaller than the model: the library's live host allocations (context
+ *     allocator hooks) never exceed the budget plus what the same session costs on a
+ *     mapped all-resident load (which owns no weights), measured in the same run;
+ *  4. faults: a read error (reader callback) and a truncated file (pread mode) under
+ *     streaming fail the step that needed the read with DSI_ERR_IO; the session keeps its
+ *     position, and after the source is repaired the same append gives the reference
+ *     logits bit for bit;
+ *  5. cancel: a slow reader (every read sleeps) and a one-step prefill: dsi_session_cancel
+ *     from another thread stops the step inside its reads (CANCELLED, not the completed
+ *     step), promptly, with the timeline at 0; the prompt then evaluates to the reference;
+ *  6. threads: four sessions on four threads share one streamed model (k slots: they wait
+ *     for each other's pinned slots; and 10 %), each bit-identical to its resident run.
+ *
+ * Skips (77) only without the tiny models / dsinfer-mkmodel.
+ */
+#define _POSIX_C_SOURCE 200809L
+#define DSI_EXPERIMENTAL
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "dsinfer.h"
+#include "api/session_impl.h"
+#include "model_test_util.h"
+#include "tests/common/skip.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NTOK 24
+#define NCTX 256
+
+static const char *g_models[2];
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static dsi_context *new_ctx(dsi_context_options *co_in) {
+    dsi_context_options co;
+    if (co_in) co = *co_in;
+    else dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.n_threads = 2;
+    dsi_context *ctx = NULL;
+    if (dsi_context_create(&co, &ctx) != DSI_OK) {
+        printf("# context: %s\n", dsi_last_error());
+        return NULL;
+    }
+    return ctx;
+}
+
+static dsi_model *load(dsi_context *ctx, const char *path, int32_t access, const dsi_place_options *po,
+                       dsi_status *st_out) {
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.access = access;
+    mo.place = po;
+    dsi_model *m = NULL;
+    dsi_status st = dsi_model_load(ctx, path, &mo, &m);
+    if (st_out) *st_out = st;
+    if (st != DSI_OK && !st_out) printf("# load %s: %s\n", path, dsi_last_error());
+    return m;
+}
+
+/* Prefill NTOK-4 tokens in chunks of 7, then 4 decode steps: all logits. */
+static float *run(dsi_model *m, const dsi_token *toks, int32_t V) {
+    dsi_session *s = mt_session(m, NCTX, 7, 0);
+    if (!s) return NULL;
+    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
+    dsi_status st = DSI_OK;
+    dsii_session_begin_call(s);
+    st = dsii_session_append_all_logits(s, toks, NTOK - 4, all);
+    for (int i = NTOK - 4; st == DSI_OK && i < NTOK; i++) {
+        dsii_session_begin_call(s);
+        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
+    }
+    if (st != DSI_OK) {
+        printf("# run: %s\n", dsi_session_last_error(s));
+        free(all);
+        all = NULL;
+    }
+    dsi_session_free(s);
+    return all;
+}
+
+static uint32_t pos_of(const dsi_session *s) {
+    uint32_t p = 0;
+    assert_int_equal(dsi_session_position(s, &p), DSI_OK);
+    return p;
+}
+
+static int32_t n_vocab(dsi_model *m) {
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    dsi_model_get_info(m, &info);
+    return info.n_vocab;
+}
+
+static void info_of(dsi_model *m, dsi_place_info *pi) {
+    dsi_place_info_init(pi);
+    assert_int_equal(dsi_model_place_info(m, pi), DSI_OK);
+}
+
+/* Plan facts from a streamed load with an unlimited budget: owned resident bytes, the slot
+ * size, streamed experts, k. */
+typedef struct plan_facts {
+    uint64_t owned, unit;
+    uint32_t n_streamed;
+} plan_facts;
+
+static void facts_access(dsi_context *ctx, const char *path, int32_t access, plan_facts *f) {
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_EXPERTS_STREAMED;
+    po.host_budget = (uint64_t)1 << 40;
+    po.flags = DSI_PLACE_FLAG_NO_PREFETCH;
+    dsi_model *m = load(ctx, path, access, &po, NULL);
+    assert_non_null(m);
+    dsi_place_info pi;
+    info_of(m, &pi);
+    assert_int_equal(pi.policy, DSI_PLACE_EXPERTS_STREAMED);
+    assert_true(pi.n_experts_streamed > 0);
+    assert_int_equal(pi.expert_cache_slots, pi.n_experts_streamed); /* everything fits */
+    f->unit = pi.expert_cache_bytes / pi.expert_cache_slots;
+    f->owned = pi.host_bytes - pi.expert_cache_bytes;
+    f->n_streamed = pi.n_experts_streamed;
+    /* the experts class is in the disk tier, the others are not */
+    int seen = 0;
+    for (uint32_t c = 0; c < pi.n_classes; c++) {
+        if (strcmp(pi.classes[c].name, "experts") == 0) {
+            seen = 1;
+            assert_int_equal(pi.classes[c].tier, DSI_TIER_DISK);
+            assert_true(pi.classes[c].disk_bytes > 0);
+        } else if (strcmp(pi.classes[c].name, "attention") == 0) {
+            assert_int_equal(pi.classes[c].tier, DSI_TIER_DEVICE);
+        }
+    }
+    assert_true(seen);
+    dsi_model_free(m);
+}
+
+static void facts(dsi_context *ctx, const char *path, plan_facts *f) {
+    facts_access(ctx, path, DSI_ACCESS_PREAD, f);
+}
+
+static uint64_t budget_for(const plan_facts *f, double frac, uint32_t k) {
+    uint64_t slots = (uint64_t)(frac * f->n_streamed);
+    if (slots < k) slots = k;
+    return f->owned + slots * f->unit;
+}
+
+/* ---- 1. identity ---------------------------------------------------------------------------- */
+
+static void identity(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 1234u + (uint32_t)mi);
+        float *ref = run(m, toks, V);
+        assert_non_null(ref);
+        dsi_place_info pi;
+        info_of(m, &pi); /* no plan asked: all resident */
+        assert_int_equal(pi.n_experts_streamed, 0);
+        dsi_model_free(m);
+        plan_facts f, fm;
+        facts(ctx, path, &f);
+        facts_access(ctx, path, DSI_ACCESS_MMAP, &fm); /* owns no weights: bookkeeping only */
+        printf("# %s: owned %llu bytes, %u streamed experts of %llu bytes\n", path,
+               (unsigned long long)f.owned, f.n_streamed, (unsigned long long)f.unit);
+        struct {
+            double frac;
+            uint32_t cache, flags;
+            int32_t access;
+        } cases[] = {
+            {1.0, DSI_CACHE_LRU, 0, DSI_ACCESS_PREAD},
+            {0.5, DSI_CACHE_LRU, 0, DSI_ACCESS_PREAD},
+            {0.1, DSI_CACHE_LFU, 0, DSI_ACCESS_PREAD},
+            {0.1, DSI_CACHE_LRU, DSI_PLACE_FLAG_NO_PREFETCH, DSI_ACCESS_MMAP},
+            {0.0, DSI_CACHE_LRU, 0, DSI_ACCESS_PREAD},
+            {0.0, DSI_CACHE_LFU, DSI_PLACE_FLAG_NO_PREFETCH, DSI_ACCESS_PREAD},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_EXPERTS_STREAMED;
+            po.cache_policy = cases[c].cache;
+            po.flags = cases[c].flags;
+            po.host_budget = budget_for(&f, cases[c].frac, 2);
+            if (cases[c].access == DSI_ACCESS_MMAP) po.host_budget = budget_for(&fm, cases[c].frac, 2);
+            m = load(ctx, path, cases[c].access, &po, NULL);
+            assert_non_null(m);
+            float *got = run(m, toks, V);
+            assert_non_null(got);
+            info_of(m, &pi);
+            uint64_t want_slots = (uint64_t)(cases[c].frac * f.n_streamed);
+            if (want_slots < 2) want_slots = 2;
+            printf("# %s: %.0f %% cached (%u slots, %s%s%s): hits %llu misses %llu prefetches %llu "
+                   "(used %llu) read %llu bytes, %llu steps, %llu cpu experts\n",
+                   path, cases[c].frac * 100, pi.expert_cache_slots,
+                   cases[c].cache == DSI_CACHE_LFU ? "LFU" : "LRU",
+                   cases[c].flags ? ", no read-ahead" : "",
+                   cases[c].access == DSI_ACCESS_MMAP ? ", mmap" : "",
+                   (unsigned long long)pi.cache_hits, (unsigned long long)pi.cache_misses,
+                   (unsigned long long)pi.prefetches, (unsigned long long)pi.prefetch_hits,
+                   (unsigned long long)pi.bytes_read, (unsigned long long)pi.steps,
+                   (unsigned long long)pi.cpu_experts);
+            assert_int_equal(pi.expert_cache_slots, want_slots);
+            assert_int_equal(pi.n_experts_streamed, f.n_streamed);
+            assert_true(pi.host_peak <= po.host_budget);
+            assert_true(pi.cache_misses > 0);
+            assert_true(pi.bytes_read >= f.unit / 2);
+            assert_true(pi.steps >= 4);
+            if (cases[c].frac == 1.0) {
+                /* every expert is read at most once (demand + read-ahead) */
+                assert_true(pi.bytes_read <= (uint64_t)f.n_streamed * f.unit);
+                assert_true(pi.cache_hits > 0);
+            }
+            if (cases[c].flags) assert_int_equal(pi.prefetches, 0);
+            if (memcmp(got, ref, sizeof(float) * NTOK * (size_t)V) != 0) {
+                mt_cmp cm = mt_compare(got, ref, NTOK, V, 0.0);
+                printf("FAIL: %s case %zu: logits differ (max |d| %g at %ld)\n", path, c, cm.max_abs,
+                       cm.worst_pos);
+                fail();
+            }
+            free(got);
+            dsi_model_free(m);
+        }
+        /* per-layer override: only layers 1-3 streamed */
+        {
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_ALL_RESIDENT;
+            po.overrides = "blk.[1-3].ffn_*_exps.weight=disk";
+            po.host_budget = f.owned + f.n_streamed * f.unit; /* generous */
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            info_of(m, &pi);
+            uint32_t per_layer = f.n_streamed / (mi == 0 ? 6u : 10u);
+            assert_int_equal(pi.n_experts_streamed, 3 * per_layer);
+            float *got = run(m, toks, V);
+            assert_non_null(got);
+            assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
+            free(got);
+            dsi_model_free(m);
+        }
+        /* Engram tiers (tiny-v41): tables in the file with a row cache (alongside streamed
+         * experts), and tables resident through an override in pread mode */
+        if (mi == 1) {
+            /* a repeating prompt: its n-grams recur, so the row cache has hits */
+            dsi_token rt[NTOK];
+            for (int i = 0; i < NTOK; i++) rt[i] = toks[i % 5];
+            m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+            assert_non_null(m);
+            float *rref = run(m, rt, V);
+            assert_non_null(rref);
+            dsi_model_free(m);
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_EXPERTS_STREAMED;
+            po.engram_cache_bytes = 64 * 1024;
+            po.host_budget = budget_for(&f, 0.5, 2) + po.engram_cache_bytes;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            float *got = run(m, rt, V);
+            assert_non_null(got);
+            info_of(m, &pi);
+            printf("# %s: Engram on disk, %llu-byte row cache: hits %llu misses %llu read %llu bytes\n", path,
+                   (unsigned long long)pi.engram_cache_bytes, (unsigned long long)pi.engram_hits,
+                   (unsigned long long)pi.engram_misses, (unsigned long long)pi.engram_bytes_read);
+            assert_int_equal(pi.engram_cache_bytes, po.engram_cache_bytes);
+            assert_true(pi.engram_misses > 0);
+            assert_true(pi.engram_hits > 0); /* prefill + decode re-read rows */
+            assert_true(pi.host_peak <= po.host_budget);
+            for (uint32_t c = 0; c < pi.n_classes; c++)
+                if (strcmp(pi.classes[c].name, "engram") == 0) assert_true(pi.classes[c].disk_bytes > 0);
+            assert_memory_equal(got, rref, sizeof(float) * NTOK * (size_t)V);
+            free(got);
+            dsi_model_free(m);
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_ALL_RESIDENT;
+            po.overrides = "*engram*=device";
+            po.host_budget = (uint64_t)1 << 40;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            info_of(m, &pi);
+            for (uint32_t c = 0; c < pi.n_classes; c++)
+                if (strcmp(pi.classes[c].name, "engram") == 0) {
+                    assert_int_equal(pi.classes[c].disk_bytes, 0);
+                    assert_int_equal(pi.classes[c].tier, DSI_TIER_DEVICE);
+                }
+            got = run(m, rt, V);
+            assert_non_null(got);
+            assert_memory_equal(got, rref, sizeof(float) * NTOK * (size_t)V);
+            free(got);
+            dsi_model_free(m);
+            free(rref);
+        }
+        free(ref);
+        dsi_context_free(ctx);
+    }
+}
+
+/* ---- 2. bad options ------------------------------------------------------------------------- */
+
+static void bad_options(void **state) {
+    (void)state;
+    const char *path = g_models[0] ? g_models[0] : g_models[1];
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    plan_facts f;
+    facts(ctx, path, &f);
+    struct {
+        uint32_t policy, cache, flags, struct_size;
+        uint64_t host;
+        const char *ovr;
+        uint32_t model_flags;
+        dsi_status want;
+        const char *needle;
+    } cases[] = {
+        {9, 0, 0, 0, 0, NULL, 0, DSI_ERR_INVALID_ARGUMENT, "policy 9"},
+        {0, 7, 0, 0, 0, NULL, 0, DSI_ERR_INVALID_ARGUMENT, "cache_policy 7"},
+        {0, 0, 0x10, 0, 0, NULL, 0, DSI_ERR_INVALID_ARGUMENT, "unknown bits"},
+        {0, 0, 0, 2, 0, NULL, 0, DSI_ERR_INVALID_ARGUMENT, "struct_size"},
+        {0, 0, 0, 0, 0, "blk.*.attn_q_a.weight=disk", 0, DSI_ERR_INVALID_ARGUMENT, "attn_q_a"},
+        {0, 0, 0, 0, 0, "blk.0.ffn_*", 0, DSI_ERR_INVALID_ARGUMENT, "PATTERN=TIER"},
+        {0, 0, 0, 0, 0, "blk.0.ffn_*=ram", 0, DSI_ERR_INVALID_ARGUMENT, "'ram'"},
+        {0, 0, 0, 0, 0, "blk.[0.ffn_*=disk", 0, DSI_ERR_INVALID_ARGUMENT, "unterminated"},
+        {1, 0, 0, 0, 0, "blk.0.ffn_gate_exps.weight=disk", 0, DSI_ERR_INVALID_ARGUMENT, "share one tier"},
+        {3, 0, 0, 0, 1000, NULL, 0, DSI_ERR_OUT_OF_HOST_MEMORY, "host budget"},
+        {3, 0, 0, 0, 0, NULL, 0, DSI_ERR_OUT_OF_HOST_MEMORY, "at least"}, /* owned + 1 slot */
+        {3, 0, 0, 0, 0, NULL, DSI_MODEL_FLAG_RESIDENT, DSI_ERR_INVALID_ARGUMENT, "RESIDENT"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = cases[c].policy;
+        po.cache_policy = cases[c].cache;
+        po.flags = cases[c].flags;
+        if (cases[c].struct_size) po.struct_size = cases[c].struct_size;
+        po.host_budget = cases[c].host;
+        if (c == 10) po.host_budget = f.owned + f.unit; /* one slot short of k = 2 */
+        po.overrides = cases[c].ovr;
+        dsi_model_options mo;
+        dsi_model_options_init(&mo);
+        mo.access = DSI_ACCESS_PREAD;
+        mo.flags = cases[c].model_flags;
+        mo.place = &po;
+        dsi_model *m = NULL;
+        dsi_status st = dsi_model_load(ctx, path, &mo, &m);
+        const char *msg = dsi_last_error();
+        printf("# case %zu: %s: %s\n", c, dsi_status_string(st), msg);
+        assert_int_equal(st, cases[c].want);
+        assert_null(m);
+        assert_non_null(strstr(msg, cases[c].needle));
+    }
+    dsi_context_free(ctx);
+}
+
+/* ---- 3. budget --------------------------------------------------------------------------------- */
+
+typedef struct acct {
+    pthread_mutex_t mu;
+    uint64_t live, peak;
+} acct;
+
+/* Each block carries its size in a 64-byte header (keeps the library's alignment). */
+static void *a_malloc(size_t n, void *ud) {
+    acct *a = ud;
+    uint8_t *p = malloc(n + 64);
+    if (!p) return NULL;
+    memcpy(p, &n, sizeof n);
+    pthread_mutex_lock(&a->mu);
+    a->live += n;
+    if (a->live > a->peak) a->peak = a->live;
+    pthread_mutex_unlock(&a->mu);
+    return p + 64;
+}
+static void a_free(void *ptr, void *ud) {
+    acct *a = ud;
+    if (!ptr) return;
+    uint8_t *p = (uint8_t *)ptr - 64;
+    size_t n;
+    memcpy(&n, p, sizeof n);
+    pthread_mutex_lock(&a->mu);
+    a->live -= n;
+    pthread_mutex_unlock(&a->mu);
+    free(p);
+}
+static void *a_realloc(void *ptr, size_t n, void *ud) {
+    if (!ptr) return a_malloc(n, ud);
+    uint8_t *q = a_malloc(n, ud);
+    if (!q) return NULL;
+    size_t old;
+    memcpy(&old, (uint8_t *)ptr - 64, sizeof old);
+    memcpy(q, ptr, old < n ? old : n);
+    a_free(ptr, ud);
+    return q;
+}
+
+static uint64_t peak_of(const char *path, int32_t access, const dsi_place_options *po, const dsi_token *toks,
+                        float **logits, uint64_t *file_bytes) {
+    acct a = {PTHREAD_MUTEX_INITIALIZER, 0, 0};
+    dsi_context_options co;
+    dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.malloc_fn = a_malloc;
+    co.realloc_fn = a_realloc;
+    co.free_fn = a_free;
+    co.alloc_user_data = &a;
+    dsi_context *ctx = new_ctx(&co);
+    assert_non_null(ctx);
+    dsi_model *m = load(ctx, path, access, po, NULL);
+    assert_non_null(m);
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    dsi_model_get_info(m, &info);
+    if (file_bytes) *file_bytes = info.weight_bytes;
+    *logits = run(m, toks, info.n_vocab);
+    assert_non_null(*logits);
+    dsi_model_free(m);
+    dsi_context_free(ctx);
+    return a.peak;
+}
+
+static void budget(void **state) {
+    (void)state;
+    int absent = 0;
+    const char *path = mt_mkmodel("tiny-moe", "q8_0", "tiny-moe-q8_0.gguf", &absent);
+    if (!path) {
+        if (absent) DSIT_SKIP_TEST("MODELS", "no dsinfer-mkmodel for tiny-moe");
+        fail_msg("dsinfer-mkmodel failed for tiny-moe");
+    }
+    dsi_token toks[NTOK];
+    mt_tokens(toks, NTOK, 1024, 99u);
+    float *ref = NULL, *got = NULL;
+    uint64_t file_bytes = 0;
+    /* the whole model resident in owned memory (pread): its peak minus its owned weights is
+     * what the context, the model's tables and the session cost at the peak */
+    dsi_place_options pa;
+    dsi_place_options_init(&pa);
+    pa.policy = DSI_PLACE_ALL_RESIDENT;
+    pa.host_budget = (uint64_t)1 << 40;
+    uint64_t peak_all = peak_of(path, DSI_ACCESS_PREAD, &pa, toks, &ref, &file_bytes);
+    dsi_context *ctx = new_ctx(NULL);
+    plan_facts f;
+    facts(ctx, path, &f);
+    dsi_model *m = load(ctx, path, DSI_ACCESS_PREAD, &pa, NULL);
+    assert_non_null(m);
+    dsi_place_info pi;
+    info_of(m, &pi);
+    uint64_t owned_all = pi.host_bytes;
+    dsi_model_free(m);
+    dsi_context_free(ctx);
+    assert_true(peak_all > owned_all);
+    uint64_t base = peak_all - owned_all;
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_AUTO; /* the budget forces streaming */
+    po.host_budget = f.owned + 8 * f.unit;
+    uint64_t peak = peak_of(path, DSI_ACCESS_PREAD, &po, toks, &got, NULL);
+    printf("# tiny-moe: weights %llu bytes, host budget %llu (%.1fx smaller), peak %llu, other allocations %llu "
+           "(all resident: peak %llu, owned weights %llu)\n",
+           (unsigned long long)file_bytes, (unsigned long long)po.host_budget,
+           (double)file_bytes / (double)po.host_budget, (unsigned long long)peak, (unsigned long long)base,
+           (unsigned long long)peak_all, (unsigned long long)owned_all);
+    assert_true(file_bytes >= 3 * po.host_budget);
+    assert_true(peak <= po.host_budget + base);
+    assert_true(peak_all > po.host_budget + base); /* the bound can fail */
+    assert_memory_equal(got, ref, sizeof(float) * NTOK * 1024);
+    free(got);
+    free(ref);
+}
+
+/* ---- 4. faults, 5. cancel ----------------------------------------------------------------------- */
+
+typedef struct mem_reader {
+    uint8_t *data;
+    uint64_t size;
+    atomic_int fail, slow;
+    atomic_int calls;
+} mem_reader;
+
+static int32_t mr_pread(void *ud, void *buf, uint64_t size, uint64_t off) {
+    mem_reader *r = ud;
+    atomic_fetch_add(&r->calls, 1);
+    if (atomic_load(&r->slow)) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (atomic_load(&r->fail)) return -1;
+    memcpy(buf, r->data + off, size);
+    return 0;
+}
+
+static uint8_t *slurp(const char *path, uint64_t *size) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *d = malloc((size_t)n);
+    if (d && fread(d, 1, (size_t)n, fp) != (size_t)n) {
+        free(d);
+        d = NULL;
+    }
+    fclose(fp);
+    *size = (uint64_t)n;
+    return d;
+}
+
+static dsi_model *load_reader(dsi_context *ctx, mem_reader *r, const dsi_place_options *po) {
+    dsi_reader rd;
+    dsi_reader_init(&rd);
+    rd.size = r->size;
+    rd.pread_fn = mr_pread;
+    rd.user_data = r;
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.place = po;
+    dsi_model *m = NULL;
+    if (dsi_model_load_from_reader(ctx, &rd, &mo, &m) != DSI_OK) printf("# reader load: %s\n", dsi_last_error());
+    return m;
+}
+
+static void faults(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        plan_facts f;
+        facts(ctx, path, &f);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 777u);
+        float *ref = run(m, toks, V);
+        assert_non_null(ref);
+        dsi_model_free(m);
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = DSI_PLACE_EXPERTS_STREAMED;
+        po.flags = DSI_PLACE_FLAG_NO_PREFETCH;
+        po.host_budget = budget_for(&f, 0.0, 2);
+        const float *lg = NULL;
+        /* (a) read error through a reader */
+        mem_reader r;
+        memset(&r, 0, sizeof r);
+        r.data = slurp(path, &r.size);
+        assert_non_null(r.data);
+        m = load_reader(ctx, &r, &po);
+        assert_non_null(m);
+        dsi_session *s = mt_session(m, NCTX, 8, 0);
+        assert_non_null(s);
+        assert_int_equal(dsi_session_append(s, toks, 8), DSI_OK);
+        atomic_store(&r.fail, 1);
+        dsi_status st = dsi_session_append(s, toks + 8, 1);
+        printf("# read error: %s: %s\n", dsi_status_string(st), dsi_session_last_error(s));
+        assert_int_equal(st, DSI_ERR_IO);
+        /* V4.1: its Engram rows are read through the same reader first */
+        assert_non_null(strstr(dsi_session_last_error(s), mi == 0 ? "expert" : ""));
+        assert_int_equal(pos_of(s), 8);
+        atomic_store(&r.fail, 0);
+        assert_int_equal(dsi_session_append(s, toks + 8, 1), DSI_OK);
+        int32_t nl = 0;
+        assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+        assert_memory_equal(lg, ref + (size_t)8 * (size_t)V, sizeof(float) * (size_t)V);
+        dsi_session_free(s);
+        dsi_model_free(m);
+        /* (b) truncated file (pread) */
+        char tmp[] = "/tmp/dsi-place-XXXXXX";
+        int fd = mkstemp(tmp);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, r.data, (size_t)r.size), (ssize_t)r.size);
+        m = load(ctx, tmp, DSI_ACCESS_PREAD, &po, NULL);
+        assert_non_null(m);
+        s = mt_session(m, NCTX, 8, 0);
+        assert_non_null(s);
+        assert_int_equal(dsi_session_append(s, toks, 8), DSI_OK);
+        assert_int_equal(ftruncate(fd, 4096), 0);
+        st = dsi_session_append(s, toks + 8, 1);
+        printf("# truncated: %s: %s\n", dsi_status_string(st), dsi_session_last_error(s));
+        assert_int_equal(st, DSI_ERR_IO);
+        assert_int_equal(pos_of(s), 8);
+        assert_int_equal(pwrite(fd, r.data, (size_t)r.size, 0), (ssize_t)r.size);
+        assert_int_equal(dsi_session_append(s, toks + 8, 1), DSI_OK);
+        assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+        assert_memory_equal(lg, ref + (size_t)8 * (size_t)V, sizeof(float) * (size_t)V);
+        dsi_session_free(s);
+        dsi_model_free(m);
+        close(fd);
+        unlink(tmp);
+        free(r.data);
+        free(ref);
+        dsi_context_free(ctx);
+    }
+}
+
+typedef struct canceller {
+    dsi_session *s;
+    double at;
+} canceller;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *cancel_main(void *arg) {
+    canceller *c = arg;
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    c->at = now_s();
+    dsi_session_cancel(c->s);
+    return NULL;
+}
+
+static void cancel(void **state) {
+    (void)state;
+    const char *path = g_models[0] ? g_models[0] : g_models[1];
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    plan_facts f;
+    facts(ctx, path, &f);
+    mem_reader r;
+    memset(&r, 0, sizeof r);
+    r.data = slurp(path, &r.size);
+    assert_non_null(r.data);
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_EXPERTS_STREAMED;
+    po.flags = DSI_PLACE_FLAG_NO_PREFETCH;
+    po.host_budget = budget_for(&f, 0.0, 2);
+    dsi_model *m = load_reader(ctx, &r, &po);
+    assert_non_null(m);
+    int32_t V = n_vocab(m);
+    dsi_token toks[16];
+    mt_tokens(toks, 16, V, 4242u);
+    dsi_session *s = mt_session(m, NCTX, 16, 0);
+    assert_non_null(s);
+    /* one step of 16 rows with 2 slots: >= 16 x layers x 3 slow reads (20 ms each), i.e.
+     * seconds; the cancel comes after 200 ms */
+    atomic_store(&r.slow, 1);
+    atomic_store(&r.calls, 0);
+    canceller c = {s, 0.0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, cancel_main, &c), 0);
+    dsi_status st = dsi_session_append(s, toks, 16);
+    double done = now_s();
+    pthread_join(th, NULL);
+    int calls = atomic_load(&r.calls);
+    printf("# cancel: %s after %d slow reads, %.3f s after the request\n", dsi_status_string(st), calls,
+           done - c.at);
+    assert_int_equal(st, DSI_ERR_CANCELLED);
+    assert_int_equal(pos_of(s), 0);
+    /* at most the read in flight (20 ms) and one chunk's compute after the request */
+    assert_true(done - c.at < 1.0);
+    atomic_store(&r.slow, 0);
+    assert_int_equal(dsi_session_append(s, toks, 16), DSI_OK);
+    const float *lg = NULL;
+    int32_t nl = 0;
+    assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+    float *got = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(got);
+    memcpy(got, lg, sizeof(float) * (size_t)V);
+    dsi_session_free(s);
+    dsi_model_free(m);
+    /* reference: resident */
+    m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(m);
+    s = mt_session(m, NCTX, 16, 0);
+    assert_non_null(s);
+    assert_int_equal(dsi_session_append(s, toks, 16), DSI_OK);
+    const float *rl = NULL;
+    assert_int_equal(dsi_session_logits(s, &rl, &nl), DSI_OK);
+    assert_memory_equal(got, rl, sizeof(float) * (size_t)V);
+    free(got);
+    dsi_session_free(s);
+    dsi_model_free(m);
+    free(r.data);
+    dsi_context_free(ctx);
+}
+
+/* ---- 6. several sessions on threads share one cache ------------------------------------------ */
+
+typedef struct tjob {
+    dsi_model *m;
+    const dsi_token *toks;
+    int32_t V;
+    float *out;
+} tjob;
+
+static void *tjob_main(void *arg) {
+    tjob *j = arg;
+    j->out = run(j->m, j->toks, j->V);
+    return NULL;
+}
+
+static void threads(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        plan_facts f;
+        facts(ctx, path, &f);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        enum { NT = 4 };
+        dsi_token toks[NT][NTOK];
+        float *ref[NT];
+        for (int t = 0; t < NT; t++) {
+            mt_tokens(toks[t], NTOK, V, 31u * (uint32_t)t + 5u);
+            ref[t] = run(m, toks[t], V);
+            assert_non_null(ref[t]);
+        }
+        dsi_model_free(m);
+        /* k slots for 4 concurrent sessions (they wait for each other's slots), and 10 % */
+        const double fr[2] = {0.0, 0.1};
+        for (int c = 0; c < 2; c++) {
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = DSI_PLACE_EXPERTS_STREAMED;
+            po.host_budget = budget_for(&f, fr[c], 2);
+            po.cache_policy = c ? DSI_CACHE_LFU : DSI_CACHE_LRU;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            pthread_t th[NT];
+            tjob jobs[NT];
+            for (int t = 0; t < NT; t++) {
+                jobs[t] = (tjob){m, toks[t], V, NULL};
+                assert_int_equal(pthread_create(&th[t], NULL, tjob_main, &jobs[t]), 0);
+            }
+            for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+            for (int t = 0; t < NT; t++) {
+                assert_non_null(jobs[t].out);
+                assert_memory_equal(jobs[t].out, ref[t], sizeof(float) * NTOK * (size_t)V);
+                free(jobs[t].out);
+            }
+            dsi_model_free(m);
+        }
+        for (int t = 0; t < NT; t++) free(ref[t]);
+        dsi_context_free(ctx);
+    }
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    const char *p0 = mt_model_path("tiny-v4.gguf", NULL); /* a static buffer */
+    g_models[0] = p0 ? strdup(p0) : NULL;
+    const char *p1 = mt_model_path("tiny-v41.gguf", NULL);
+    g_models[1] = p1 ? strdup(p1) : NULL;
+    if (!g_models[0] && !g_models[1]) return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
+        cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
