@@ -213,6 +213,13 @@ static size_t workspace_bytes(const dsib_stream_desc *d, int32_t nt) {
      * heads read the packed rows in place) */
     v = al64(H * 4) + T * al64(2 * P * (4 * sizeof(float) + sizeof(float *))) +
         T * al64(2 * P) + 64;
+    /* + multi-row steps over packed state: per thread the decoded visible rows (top-k +
+     * window + the rows of one step, bounded; a layer that sees more reads in place) */
+    if (d->max_head_dim) {
+        size_t R = (size_t)K + 512 + (size_t)d->max_rows;
+        if (R > 2 * P) R = 2 * P;
+        v += T * R * (size_t)d->max_head_dim * sizeof(float);
+    }
     if (v > need) need = v;
     /* indexer_topk: per thread P scores; indexer_topk_v41: + a heap of 2K (id, score) */
     v = T * al64(P * 4 + 2 * K * 8 + 64);

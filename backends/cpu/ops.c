@@ -893,6 +893,8 @@ typedef struct attn_job {
     const float **ps;                /* per slot: max_rows row pointers */
     float *out;
     uint8_t *fs;         /* per slot: max_rows row formats: 0 f32, 1 packed ring, 2 packed comp */
+    float *dec;          /* multi-row steps with packed state, where the workspace holds it: per
+                            slot max_rows × hd decoded rows (else NULL: heads read in place) */
     int64_t pre_n;       /* >= 0: one-row step, its rows listed (packed ones decoded) below */
     const float **pre_rp;
     uint8_t *pre_fm;
@@ -1153,7 +1155,20 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
         nr = attn_rows(j, t, rp, fm);
         int any = 0;
         for (int64_t i = 0; i < nr && !any; i++) any = fm[i] != 0;
-        if (any) {
+        if (any && j->dec) {
+            /* decode the task's packed rows once (statepack.h: exactly the f32 values the
+             * unpacked state holds), then the f32 paths below: the same bits */
+            const dsib_state *sts[3] = {NULL, j->ring, j->comp};
+            float *dec = j->dec + (size_t)slot * (size_t)j->max_rows * j->hd;
+            for (int64_t i = 0; i < nr; i++) {
+                if (!fm[i]) continue;
+                const dsib_state *ps = sts[fm[i]];
+                float *d = dec + (size_t)i * j->hd;
+                dsii_sp_unpack_row(ps->format, j->hd, ps->qcols, ps->block,
+                                   (const uint8_t *)(const void *)rp[i], d);
+                rp[i] = d;
+            }
+        } else if (any) {
             for (; h < h1; h++) attn_head_packed(j, t, h, rp, fm, nr, z);
             return;
         }
@@ -1239,6 +1254,10 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     j.zs = (float *)(void *)(ws + o1);
     j.ps = (const float **)(void *)(ws + o2);
     j.fs = ws + o3;
+    if (packed && n > 1) {
+        size_t dec_end = o4 + sizeof(float) * (size_t)j.max_rows * hd * nt;
+        if (dsib_cpu_ws(strm, dec_end)) j.dec = (float *)(void *)(ws + o4);
+    }
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
     j.pre_n = -1;
