@@ -897,8 +897,6 @@ typedef struct attn_job {
                             slot max_rows × hd decoded rows (else NULL: heads read in place) */
     int64_t pre_n;       /* >= 0: one-row step, its rows listed (packed ones decoded) below */
     const float **pre_rp;
-    uint8_t *pre_fm;
-    float *pre_dec;      /* [pre_n][hd] decoded rows */
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
     uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
     int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
@@ -1138,6 +1136,22 @@ static void attn_head_packed(const attn_job *j, uint32_t t, uint32_t h, const fl
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
 }
 
+/* Decodes the packed rows among rp[0..nr) (fm != 0) into dec (nr × hd) and points rp at them:
+ * statepack.h decodes exactly the f32 values the unpacked state would hold, so the f32 paths
+ * then give the same bits as f32 storage. */
+static void attn_unpack(const attn_job *j, const float **rp, uint8_t *fm, int64_t nr, float *dec) {
+    const dsib_state *sts[3] = {NULL, j->ring, j->comp};
+    for (int64_t i = 0; i < nr; i++) {
+        if (!fm[i]) continue;
+        const dsib_state *ps = sts[fm[i]];
+        float *d = dec + (size_t)i * j->hd;
+        dsii_sp_unpack_row(ps->format, j->hd, ps->qcols, ps->block,
+                           (const uint8_t *)(const void *)rp[i], d);
+        rp[i] = d;
+        fm[i] = 0;
+    }
+}
+
 static void attn_task(void *arg, int64_t task, int32_t slot) {
     attn_job *j = arg;
     const uint32_t groups = (j->H + j->hg - 1) / j->hg;
@@ -1155,20 +1169,9 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
         nr = attn_rows(j, t, rp, fm);
         int any = 0;
         for (int64_t i = 0; i < nr && !any; i++) any = fm[i] != 0;
-        if (any && j->dec) {
-            /* decode the task's packed rows once (statepack.h: exactly the f32 values the
-             * unpacked state holds), then the f32 paths below: the same bits */
-            const dsib_state *sts[3] = {NULL, j->ring, j->comp};
-            float *dec = j->dec + (size_t)slot * (size_t)j->max_rows * j->hd;
-            for (int64_t i = 0; i < nr; i++) {
-                if (!fm[i]) continue;
-                const dsib_state *ps = sts[fm[i]];
-                float *d = dec + (size_t)i * j->hd;
-                dsii_sp_unpack_row(ps->format, j->hd, ps->qcols, ps->block,
-                                   (const uint8_t *)(const void *)rp[i], d);
-                rp[i] = d;
-            }
-        } else if (any) {
+        if (any && j->dec) { /* decoded once per task, then the f32 paths below */
+            attn_unpack(j, rp, fm, nr, j->dec + (size_t)slot * (size_t)j->max_rows * j->hd);
+        } else if (any) { /* no room to decode: each head reads the packed rows in place */
             for (; h < h1; h++) attn_head_packed(j, t, h, rp, fm, nr, z);
             return;
         }
@@ -1267,29 +1270,12 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
         size_t q1 = ((sizeof(float *) * (size_t)j.max_rows) + 63) & ~(size_t)63;
         size_t q2 = q1 + (((size_t)j.max_rows + 63) & ~(size_t)63);
         size_t base = (o4 + 63) & ~(size_t)63;
-        uint8_t *all = dsib_cpu_ws(strm, base + q2 + sizeof(float) * (size_t)j.max_rows * hd);
-        uint8_t *pw = all ? all + base : NULL; /* too small a workspace: each task decodes */
-        if (pw) {
-            /* dsib_cpu_ws may have moved the workspace: re-point the per-slot arrays */
-            sk = (float *)(void *)all;
-            j.zs = (float *)(void *)(all + o1);
-            j.ps = (const float **)(void *)(all + o2);
-            j.fs = all + o3;
-            j.sinks = sk;
+        if (dsib_cpu_ws(strm, base + q2 + sizeof(float) * (size_t)j.max_rows * hd)) {
+            uint8_t *pw = ws + base; /* (else: too small a workspace, each task decodes) */
             j.pre_rp = (const float **)(void *)pw;
-            j.pre_fm = pw + q1;
-            j.pre_dec = (float *)(void *)(pw + q2);
-            j.pre_n = attn_rows(&j, 0, j.pre_rp, j.pre_fm);
-            const dsib_state *sts[3] = {NULL, ring, comp_ratio ? comp : NULL};
-            for (int64_t i = 0; i < j.pre_n; i++) {
-                if (!j.pre_fm[i]) continue;
-                const dsib_state *ps = sts[j.pre_fm[i]];
-                float *d = j.pre_dec + (size_t)i * hd;
-                dsii_sp_unpack_row(ps->format, hd, ps->qcols, ps->block,
-                                   (const uint8_t *)(const void *)j.pre_rp[i], d);
-                j.pre_rp[i] = d;
-                j.pre_fm[i] = 0;
-            }
+            uint8_t *pre_fm = pw + q1;
+            j.pre_n = attn_rows(&j, 0, j.pre_rp, pre_fm);
+            attn_unpack(&j, j.pre_rp, pre_fm, j.pre_n, (float *)(void *)(pw + q2));
         }
     }
     dsib_parallel_for(inst->pool, (int64_t)n * ((H + j.hg - 1) / j.hg), attn_task, &j);

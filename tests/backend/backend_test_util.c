@@ -100,7 +100,7 @@ int bt_open(bt_side sides[2], const char *name) {
     if (dsii_backend_module_load(NULL, name, &sides[1].be, &sides[1].dl, path, sizeof path, &err) !=
         DSI_OK) {
         bt_close(sides);
-        return dsit_absent(strcmp(name, "vulkan") == 0 ? "VULKAN" : "CUDA_TOOLKIT",
+        return dsit_absent(dsit_gpu_what(name, 1),
                            "%s backend module not available: %s", name, err.msg);
     }
     dsib_device_desc d[8];
@@ -109,7 +109,7 @@ int bt_open(bt_side sides[2], const char *name) {
     memset(&e, 0, sizeof e);
     if (sides[1].be->enumerate(&sides[0].host, d, 8, &n, &e) != DSI_OK || n < 1) {
         bt_close(sides);
-        return dsit_absent(strcmp(name, "vulkan") == 0 ? "VULKAN" : "CUDA_DEVICE", "no %s device: %s",
+        return dsit_absent(dsit_gpu_what(name, 0), "no %s device: %s",
                            name, e.msg);
     }
     printf("%s module %s: device 0 = %s (type %d, features 0x%x, subgroup %u, max binding %llu)\n",

@@ -461,7 +461,7 @@ int main(int argc, char **argv) {
     printf("%zu tokens, %zu decoded one by one\n", N_TOK, N_DECODE);
     dsi_context *probe = NULL;
     if (!open_ctx(g_gpu, &probe))
-        return dsit_absent(strcmp(g_gpu, "vulkan") == 0 ? "VULKAN" : "CUDA_DEVICE",
+        return dsit_absent(dsit_gpu_what(g_gpu, 0),
                            "no %s backend/device: %s", g_gpu, dsi_last_error());
     if (!model_path("tiny-v4.gguf") && !model_path("tiny-v41.gguf")) {
         dsi_context_free(probe);

@@ -40,7 +40,19 @@ static inline int dsit_required(const char *what) {
     return v && v[0] == '1' && v[1] == 0;
 }
 
+/* The WHAT of a GPU backend test's absence: "VULKAN" for vulkan (driver, device and module are
+ * one requirement); for cuda, "CUDA_TOOLKIT" when the module itself is missing, else
+ * "CUDA_DEVICE". */
+static inline const char *dsit_gpu_what(const char *backend, int module_missing) {
+    if (strcmp(backend, "vulkan") == 0) return "VULKAN";
+    return module_missing ? "CUDA_TOOLKIT" : "CUDA_DEVICE";
+}
+
+/* The name skip log lines give the program: $DSI_TEST_NAME where the build system runs one
+ * program under several test names, else argv[0]'s base name. */
 static inline const char *dsit_program(void) {
+    const char *tn = getenv("DSI_TEST_NAME");
+    if (tn && *tn) return tn;
     static char buf[256];
     if (!buf[0]) { /* argv[0], from /proc (standard C only: tests build with -std=c11) */
         FILE *f = fopen("/proc/self/cmdline", "rb");

@@ -605,7 +605,7 @@ int main(int argc, char **argv) {
             printf("FAIL: no cpu backend: %s\n", dsi_last_error());
             return 1;
         }
-        return dsit_absent(strcmp(g_backend, "cuda") == 0 ? "CUDA_DEVICE" : "VULKAN",
+        return dsit_absent(dsit_gpu_what(g_backend, 0),
                            "no %s backend: %s", g_backend, dsi_last_error());
     }
     dsi_context_free(probe);

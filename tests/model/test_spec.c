@@ -189,6 +189,22 @@ static int32_t on_tok(dsi_token t, const char *text, size_t n, void *user) {
     return 1;
 }
 
+/* A greedy sampler; with suppress_eos the model's EOS gets a -1e30 bias (in every run alike)
+ * so that runs are as long as asked (the sampler copies the bias at creation). */
+static dsi_sampler *greedy_sampler(const fx *f, int suppress_eos) {
+    dsi_sampler_options sopt;
+    dsi_sampler_options_init(&sopt);
+    sopt.temperature = 0.0f;
+    dsi_logit_bias nb = {0, -1e30f};
+    if (suppress_eos && dsi_model_special_token(f->m, DSI_SPECIAL_EOS, &nb.token) == DSI_OK) {
+        sopt.logit_bias = &nb;
+        sopt.n_logit_bias = 1;
+    }
+    dsi_sampler *smp = NULL;
+    assert_int_equal(dsi_sampler_create(&sopt, &smp), DSI_OK);
+    return smp;
+}
+
 static const char *g_stop_str; /* a stop string for run_gen (NULL: none) */
 
 static void run_gen(fx *f, uint32_t spec, oracle *orc, const dsi_token *prompt, size_t np,
@@ -196,17 +212,8 @@ static void run_gen(fx *f, uint32_t spec, oracle *orc, const dsi_token *prompt, 
                     int cancel_at, int stop_at, gen_out *out) {
     dsi_session *s = session(f->m, n_ctx, spec);
     if (orc) dsii_spec_set_oracle(s->spec, oracle_fn, orc);
-    dsi_sampler_options sopt;
-    dsi_sampler_options_init(&sopt);
-    sopt.temperature = 0.0f;
     /* EOS suppressed (in both runs alike) so that every run is GEN tokens long */
-    dsi_logit_bias nb = {0, -1e30f};
-    if (f->no_eos && dsi_model_special_token(f->m, DSI_SPECIAL_EOS, &nb.token) == DSI_OK) {
-        sopt.logit_bias = &nb;
-        sopt.n_logit_bias = 1;
-    }
-    dsi_sampler *smp = NULL;
-    assert_int_equal(dsi_sampler_create(&sopt, &smp), DSI_OK);
+    dsi_sampler *smp = greedy_sampler(f, f->no_eos);
     dsi_generate_options go;
     dsi_generate_options_init(&go);
     go.prompt = prompt;
@@ -479,16 +486,7 @@ static void rollback_exact(void **state) {
  * the same verify steps and accepted counts, the same final logits. */
 static void gen_more(dsi_session *s, const dsi_token *prompt, size_t np, int n, fx *f,
                      dsi_generate_result *r) {
-    dsi_sampler_options sopt;
-    dsi_sampler_options_init(&sopt);
-    sopt.temperature = 0.0f;
-    dsi_logit_bias nb = {0, -1e30f};
-    if (dsi_model_special_token(f->m, DSI_SPECIAL_EOS, &nb.token) == DSI_OK) {
-        sopt.logit_bias = &nb;
-        sopt.n_logit_bias = 1;
-    }
-    dsi_sampler *smp = NULL;
-    assert_int_equal(dsi_sampler_create(&sopt, &smp), DSI_OK);
+    dsi_sampler *smp = greedy_sampler(f, 1);
     dsi_generate_options go;
     dsi_generate_options_init(&go);
     go.prompt = prompt;
