@@ -8,6 +8,7 @@
 #include "base/context_impl.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,11 @@ struct wrap_slot {
     int failed;
 };
 
+/* Sessions of one context may create, use and destroy streams on several threads at once
+ * (test_model_v4's two threads; the state pool's growth copies on a stream of its own), so
+ * the stream registry and the recording state are guarded by one lock. A stream's own entry
+ * (its pending copies) is used only by the thread that drives that stream. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static wrap_slot g_slot[2];
 static stream_ent g_streams[64];
 static fqt_trace *g_rec;
@@ -88,10 +94,18 @@ static uint32_t g_ordinal;
 static fqt_force *g_forces;
 static size_t g_n_forces;
 
-static stream_ent *stream_of(dsib_stream *st) {
+/* The entry of stream st, or NULL. Called with g_lock held. */
+static stream_ent *stream_of_locked(dsib_stream *st) {
     for (size_t i = 0; i < sizeof g_streams / sizeof g_streams[0]; i++)
         if (g_streams[i].s && g_streams[i].s == st) return &g_streams[i];
     return NULL;
+}
+
+static stream_ent *stream_of(dsib_stream *st) {
+    pthread_mutex_lock(&g_lock);
+    stream_ent *se = stream_of_locked(st);
+    pthread_mutex_unlock(&g_lock);
+    return se;
 }
 
 static void drop_pending(stream_ent *se) {
@@ -146,11 +160,16 @@ static dsi_status w_fake_quant(dsib_stream *st, dsib_view x, uint32_t ldx, uint3
     if (!se) return DSI_ERR_INTERNAL; /* a stream not created through the wrapped table */
     wrap_slot *s = se->slot;
     const dsib_ops *o = s->orig->ops;
-    if (!g_rec || rows == 0 || ncols == 0)
+    pthread_mutex_lock(&g_lock);
+    if (!g_rec || rows == 0 || ncols == 0) {
+        pthread_mutex_unlock(&g_lock);
         return o->fake_quant(st, x, ldx, rows, col0, ncols, block, recipe, flags);
+    }
+    /* recording: one call at a time, so ordinals and the trace stay in call order */
     fqt_call *c = new_call(g_rec, rows * ncols);
     if (!c) {
         s->failed = 1;
+        pthread_mutex_unlock(&g_lock);
         return o->fake_quant(st, x, ldx, rows, col0, ncols, block, recipe, flags);
     }
     c->pos = g_pos;
@@ -175,40 +194,53 @@ static dsi_status w_fake_quant(dsib_stream *st, dsib_view x, uint32_t ldx, uint3
         }
     }
     if (capture(se, x, ldx, rows, col0, ncols, c->out) != 0) s->failed = 1;
+    pthread_mutex_unlock(&g_lock);
     return r;
 }
 
 static dsi_status w_stream_create(dsib_instance *inst, const dsib_stream_desc *desc,
                                   dsib_stream **out, dsib_error *err) {
+    pthread_mutex_lock(&g_lock);
     wrap_slot *s = NULL;
     for (int i = 0; i < 2 && !s; i++)
         if (g_slot[i].ctx && g_slot[i].dev->inst == inst) s = &g_slot[i];
-    if (!s) return DSI_ERR_INTERNAL;
     stream_ent *se = NULL; /* a free entry */
-    for (size_t i = 0; i < sizeof g_streams / sizeof g_streams[0] && !se; i++)
+    for (size_t i = 0; s && i < sizeof g_streams / sizeof g_streams[0] && !se; i++)
         if (!g_streams[i].s) se = &g_streams[i];
-    if (!se) {
+    dsi_status st = DSI_ERR_INTERNAL;
+    if (!s) {
+        snprintf(err->msg, sizeof err->msg, "fq_trace: instance not wrapped");
+    } else if (!se) {
         snprintf(err->msg, sizeof err->msg, "fq_trace: more than %zu streams",
                  sizeof g_streams / sizeof g_streams[0]);
-        return DSI_ERR_OUT_OF_HOST_MEMORY;
+        st = DSI_ERR_OUT_OF_HOST_MEMORY;
+    } else {
+        st = s->orig->stream_create(inst, desc, out, err);
+        if (st == DSI_OK) {
+            memset(se, 0, sizeof *se);
+            se->s = *out;
+            se->slot = s;
+        }
     }
-    dsi_status st = s->orig->stream_create(inst, desc, out, err);
-    if (st == DSI_OK) {
-        memset(se, 0, sizeof *se);
-        se->s = *out;
-        se->slot = s;
-    }
+    pthread_mutex_unlock(&g_lock);
     return st;
 }
 
 static void w_stream_destroy(dsib_stream *st) {
-    stream_ent *se = st ? stream_of(st) : NULL;
-    if (!se) return;
-    const dsib_backend *b = se->slot->orig;
-    b->stream_destroy(st); /* waits for the stream's work */
-    drop_pending(se);
-    free(se->pend);
-    memset(se, 0, sizeof *se);
+    /* the entry is released before the stream is (the backend may hand the same address to
+     * another thread's next stream), its pending copies after the stream's work is done */
+    pthread_mutex_lock(&g_lock);
+    stream_ent *found = st ? stream_of_locked(st) : NULL;
+    stream_ent se;
+    if (found) {
+        se = *found;
+        memset(found, 0, sizeof *found);
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (!found) return;
+    se.slot->orig->stream_destroy(st); /* waits for the stream's work */
+    drop_pending(&se);
+    free(se.pend);
 }
 
 static dsi_status w_sync(dsib_stream *st, dsib_error *err) {
@@ -229,7 +261,16 @@ static dsi_status w_sync(dsib_stream *st, dsib_error *err) {
     return r;
 }
 
+static int wrap_locked(dsi_context *ctx);
+
 int fqt_wrap_context(dsi_context *ctx) {
+    pthread_mutex_lock(&g_lock);
+    int r = wrap_locked(ctx);
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+static int wrap_locked(dsi_context *ctx) {
     wrap_slot *s = NULL;
     for (int i = 0; i < 2 && !s; i++)
         if (!g_slot[i].ctx) s = &g_slot[i];
@@ -258,6 +299,7 @@ int fqt_wrap_context(dsi_context *ctx) {
 }
 
 void fqt_unwrap_context(dsi_context *ctx) {
+    pthread_mutex_lock(&g_lock);
     for (int i = 0; i < 2; i++) {
         wrap_slot *s = &g_slot[i];
         if (!ctx || s->ctx != ctx) continue;
@@ -272,18 +314,26 @@ void fqt_unwrap_context(dsi_context *ctx) {
         s->dev->can_capture = s->orig_can_capture;
         memset(s, 0, sizeof *s);
     }
+    pthread_mutex_unlock(&g_lock);
 }
 
 void fqt_record(fqt_trace *t) {
+    pthread_mutex_lock(&g_lock);
     g_rec = t;
     g_ordinal = 0;
     g_pos = -1;
     for (int i = 0; i < 2; i++) g_slot[i].failed = 0;
+    pthread_mutex_unlock(&g_lock);
 }
 
-void fqt_set_pos(int64_t pos) { g_pos = pos; }
+void fqt_set_pos(int64_t pos) {
+    pthread_mutex_lock(&g_lock);
+    g_pos = pos;
+    pthread_mutex_unlock(&g_lock);
+}
 
 void fqt_set_forces(const fqt_force *f, size_t n) {
+    pthread_mutex_lock(&g_lock);
     free(g_forces);
     g_forces = NULL;
     g_n_forces = 0;
@@ -294,6 +344,7 @@ void fqt_set_forces(const fqt_force *f, size_t n) {
             g_n_forces = n;
         }
     }
+    pthread_mutex_unlock(&g_lock);
 }
 
 int fqt_capture_failed(void) { return g_slot[0].failed || g_slot[1].failed; }
