@@ -3,7 +3,7 @@
 # random models AND both trained models, >= 50 prompts x 200 tokens each (speculation on vs
 # off, byte for byte, with the model's own drafter and with an oracle drafter), on the CPU and
 # on Vulkan (lavapipe without a GPU). scripts/test-all.sh runs the same programs with fewer
-# prompts (CPU: 6 per tiny model, 2 per trained model; Vulkan: 1 per tiny model) to stay
+# prompts (CPU: 6 per tiny model, 1 per trained model; Vulkan: 1 per tiny model) to stay
 # within CI time; this reruns them through ctest with DSI_SPEC_PROMPTS set.
 #   bash scripts/test-spec-full.sh [CMAKE_BUILD_DIR] [PROMPTS]
 # CMAKE_BUILD_DIR: default build-ci/cmake (the build scripts/test-all.sh makes); PROMPTS:
