@@ -167,8 +167,10 @@ def ctest_info(build):
     return info
 
 
-def targets_of(m, info):
-    """Ninja targets a mutant needs rebuilt: its 'build:' list and its tests' executables."""
+def targets_of(m, info, build):
+    """Ninja targets a mutant needs rebuilt: its 'build:' list and its tests' executables.
+    A test run by a program from outside the build (a Python script under DSI_PYTHON) has no
+    executable of its own: the mutant's 'build:' line names what it runs."""
     t = list(m["build"])
     for name, _ in m["tests"]:
         if name not in info:
@@ -176,6 +178,9 @@ def targets_of(m, info):
         # ctest names the executable once it is built; until then the test's target is
         # named like the test (dsi_add_unit_test)
         cmd = info[name]["command"]
+        if cmd and os.path.isabs(cmd[0]) and \
+                not os.path.realpath(cmd[0]).startswith(os.path.realpath(build) + os.sep):
+            continue
         exe = os.path.basename(cmd[0]) if cmd else name
         if exe not in t:
             t.append(exe)
@@ -254,7 +259,8 @@ def main():
             return 1
     info = ctest_info(build)
     try:
-        targets = sorted({t for m in mutants for t in targets_of(m, info)} | {"dsinfer-models"})
+        targets = sorted({t for m in mutants for t in targets_of(m, info, build)} |
+                         {"dsinfer-models"})
     except MutantError as ex:
         print("mutation: ERROR: %s" % ex)
         return 1
@@ -311,7 +317,7 @@ def main():
                     fh.write(pristine.replace(m["anchor"], m["replace"]))
             # always: an earlier mutant may have left these executables built mutated
             if run(["cmake", "--build", build, "-j%d" % args.jobs, "--target"] +
-                   targets_of(m, info), log) != 0:
+                   targets_of(m, info, build), log) != 0:
                 raise MutantError("does not compile (update %s)" % m["path"])
             for name, filt in m["tests"]:
                 rc, dt = run_test(info, name, filt, m["env"], log, args.timeout)

@@ -16,6 +16,8 @@ Library:
   from dsref import Model
   m = Model("tiny-v4.gguf", fake_quant=True)
   logits = m.forward([1, 2, 3])            # float64 [3][n_vocab]
+  st = m.new_state(); m.forward_token(st, 1); m.forward_token(st, 2)
+  ids, draft_logits = m.draft(st, 3)       # §3.7 MTP / §4.5 DSpark drafts after [1, 2] + 3
 """
 
 import math
@@ -274,6 +276,9 @@ class ModelError(Exception):
 
 
 def _blk(il, s):
+    # a backbone layer is an int; a draft block (model-files.md §4) its prefix "mtp.i"
+    if isinstance(il, str):
+        return "%s.%s" % (il, s)
     return "blk.%d.%s" % (il, s)
 
 
@@ -448,6 +453,61 @@ class Model:
         self.hadamard = hadamard_matrix(self.idx_dim) if self.arch == "deepseek4" else None
         if self.arch == "deepseek41":
             self._plan_v41()
+        self._read_drafts(clamp, clamp_sh)
+
+    def _read_drafts(self, clamp, clamp_sh):
+        """Draft blocks mtp.0, mtp.1, ... (model-files.md §4: consecutive i with
+        mtp.i.attn_norm.weight).  Per-layer arrays (compress_ratios, swiglu_clamp_*) give draft
+        block i the entry L+i, else the trunk's last value is repeated (model-files.md §4.3).
+        RoPE base rope.freq_base, no YaRN (§3.7, §4.5: ratio 0, window only).  A file whose
+        draft blocks are incomplete still runs the forward pass; drafting then fails with the
+        reason (self.draft_error)."""
+        self.ds_targets = []
+        self.draft_error = None
+        n = 0
+        while self.g.has("mtp.%d.attn_norm.weight" % n):
+            n += 1
+        self.n_draft = n
+        self.drafts = {}
+
+        def per_layer(v, i, default):
+            if v is None:
+                return default
+            if np.ndim(v) == 0:
+                return float(v)
+            v = [float(x) for x in v]
+            return v[self.n_layer + i] if len(v) > self.n_layer + i else v[-1]
+        for i in range(n):
+            pfx = "mtp.%d" % i
+            if len(self.ratios) > self.n_layer + i and self.ratios[self.n_layer + i] != 0:
+                self.draft_error = "draft block %d: compress ratio must be 0" % i
+            lim = per_layer(clamp, i, 10.0)
+            self.drafts[pfx] = {
+                "lim": lim,
+                "lim_sh": per_layer(clamp_sh, i, lim),
+                "n_used": self.n_used,
+                "freqs": rope_freqs(self.rd, self.rope_base, None),
+            }
+        if n and self.arch == "deepseek41":
+            k = self._k
+            try:
+                targets = [int(x) for x in k("dspark_target_layer_ids")]
+                self.ds_block = int(k("dspark_block_size"))
+                self.ds_noise = int(k("dspark_noise_token_id"))
+                self.ds_rank = int(k("dspark_markov_rank"))
+                n_used = int(k("dspark_expert_used_count"))
+                if any(t < 0 or t >= self.n_layer for t in targets) or self.ds_block < 1 \
+                        or not 0 <= self.ds_noise < self.n_vocab or n_used < 1:
+                    raise ModelError("bad dspark_target_layer_ids / block_size / "
+                                     "noise_token_id / expert_used_count")
+                self.ds_targets = targets
+                for d in self.drafts.values():
+                    d["n_used"] = n_used
+            except ModelError as ex:
+                self.draft_error = str(ex)
+
+    def _freqs(self, il):
+        return self.drafts[il]["freqs"] if isinstance(il, str) else self.freqs[il]
 
     def _plan_v41(self):
         """§4.3 roles: most recent source in stack order."""
@@ -537,6 +597,12 @@ class Model:
             L["irows"] = []             # index keys
         if self.arch == "deepseek41":
             st["pre_mix"] = None
+        # draft-block inputs, one entry per position (§3.7: the main model's final HC state;
+        # §4.5: concat of mean_h X[h] at the input of each DSpark target layer)
+        st["xs"] = []
+        st["taps"] = []
+        st["mtp_kv"] = {}               # V4 MTP window rows: position -> (token, kv row)
+        st["ring"] = {}                 # DSpark stage rings: (stage, position) -> kv row
         return st
 
     # ------------------------------------------------------------------ mHC
@@ -563,13 +629,15 @@ class Model:
         global TRACE_TAG, QDUMP_AT
         if TRACE is not None:
             TRACE_TAG = "pos %d layer %d %s" % (pos, il, what)
-        QDUMP_AT = (pos, il, QSITES[what])
+        # draft block "mtp.i" (model-files.md §4) is numbered 1000 + i in the dump
+        QDUMP_AT = (pos, il if isinstance(il, int) else 1000 + int(il.split(".")[1]),
+                    QSITES[what])
 
     def _kv_window(self, il, x, pos):
         self._tag(pos, il, "window-kv")
         kv = rmsnorm(self.lw(il, "attn_kv.weight") @ x, self.lw(il, "attn_kv_a_norm.weight"),
                      self.rms_eps)
-        kv = rope_tail(kv, pos, self.freqs[il])
+        kv = rope_tail(kv, pos, self._freqs(il))
         if self.arch == "deepseek4":
             nope = self.hd - self.rd
             # §3.4 step 3: FP8 on the nope dims only, blocks of 64; RoPE dims untouched
@@ -584,7 +652,7 @@ class Model:
             np.concatenate([win_rows, comp_rows], axis=0)
         sink = self.lw(il, "attn_sinks.weight")
         o = sink_attention(q, rows, sink, 1.0 / math.sqrt(self.hd))
-        o = rope_tail(o, pos, self.freqs[il], inverse=True)
+        o = rope_tail(o, pos, self._freqs(il), inverse=True)
         # grouped output projection
         G = self.o_groups
         og = o.reshape(G, -1)                                  # [G, H*hd/G]
@@ -767,17 +835,18 @@ class Model:
 
     # ------------------------------------------------------------------ MoE (§3.5, §4.4)
     def _moe(self, il, y, token):
-        lim = self.swiglu_limit[il]
+        draft = isinstance(il, str)
+        lim = self.drafts[il]["lim"] if draft else self.swiglu_limit[il]
         logits = self.lw(il, "ffn_gate_inp.weight") @ y
         s = np.sqrt(softplus(logits))
-        if il < self.n_hash:
+        if not draft and il < self.n_hash:
             idx = self.lw(il, "ffn_gate_tid2eid.weight")[token].astype(np.int64)
             if np.any(idx < 0) or np.any(idx >= self.n_exp):
                 raise ModelError("tid2eid out of range")
         else:
             bias = self.lw(il, "exp_probs_b.bias", required=False)
             sel = s + bias if bias is not None else s
-            idx = topk_lowest_first(sel, self.n_used)
+            idx = topk_lowest_first(sel, self.drafts[il]["n_used"] if draft else self.n_used)
         wsel = s[idx]
         if self.arch == "deepseek41":
             wsel = wsel / (wsel.sum() + 1e-20)
@@ -795,7 +864,7 @@ class Model:
             u = np.clip(Wu[e] @ y, -lim, lim)
             out += Wd[e] @ (silu(g) * u * wk)
         if self.g.has(_blk(il, "ffn_gate_shexp.weight")):
-            lsh = self.swiglu_limit_sh[il]
+            lsh = self.drafts[il]["lim_sh"] if draft else self.swiglu_limit_sh[il]
             if lsh <= 0:
                 lsh = np.inf
             g = np.minimum(self.lw(il, "ffn_gate_shexp.weight") @ y, lsh)
@@ -875,6 +944,7 @@ class Model:
         X = np.tile(e, (self.n_hc, 1))
         if self.arch == "deepseek4":
             X = self._v4_layers(st, X, pos, token)
+            st["xs"].append(X)
             y = self._v4_head(X)
         else:
             X, pre_mix = self._v41_layers(st, X, pos, token)
@@ -911,20 +981,26 @@ class Model:
             X = self.hc_post(f, R, post, comb)
         return X
 
-    def _v4_head(self, X):
+    def _v4_head(self, X, names=("output_hc_fn.weight", "output_hc_scale.weight",
+                                 "output_hc_base.weight")):
+        """§3.6 HC head (the trunk's, or the MTP's own hc_head_*, §3.7 step 4)."""
         flat = X.reshape(-1)
         r = 1.0 / math.sqrt(float(np.mean(flat * flat)) + self.rms_eps)
-        mix = (self.w("output_hc_fn.weight") @ flat) * r
-        pre = sigmoid(mix * self.w("output_hc_scale.weight").reshape(-1)[0]
-                      + self.w("output_hc_base.weight")) + self.hc_eps
+        mix = (self.w(names[0]) @ flat) * r
+        pre = sigmoid(mix * self.w(names[1]).reshape(-1)[0] + self.w(names[2])) + self.hc_eps
         return pre @ X
 
     def _v41_layers(self, st, X, pos, token):
         pre_mix = np.zeros(self.n_hc)
         pre_mix[0] = 1.0                                   # make_identity_pre_mix
+        taps = [None] * len(self.ds_targets)
         for il in range(self.n_layer):
             if il in self.engram_layers:
                 X = self._engram(il, st, X)
+            if il in self.ds_targets:
+                # §4.1: main_hidden_i = mean over the HC streams of layer i's input (after
+                # Engram, before the block)
+                taps[self.ds_targets.index(il)] = X.mean(axis=0)
             R = X
             a_pre, a_post, a_comb = self.hc_mixes(X, self.lw(il, "hc_attn_fn.weight"),
                                                   self.lw(il, "hc_attn_scale.weight"),
@@ -941,7 +1017,166 @@ class Model:
             f = self._moe(il, rmsnorm(x, self.lw(il, "ffn_norm.weight"), self.rms_eps), token)
             X = self.hc_post(f, R, f_post, f_comb)
             pre_mix = f_pre
+        if taps:
+            st["taps"].append(np.concatenate(taps))
         return X, pre_mix
+
+    # ------------------------------------------------------------------ draft blocks
+    # The drafters of §3.7 (V4 MTP) and §4.5 (V4.1 DSpark), for the state of a timeline that
+    # holds tokens[0 .. P) (last target position p = P - 1) and the next token `next` (the
+    # token of position P, not yet evaluated).  Where the spec leaves a choice open, the
+    # choice libdsinfer documents in docs/spec.md ("How it runs", step 2) is taken and cited.
+    def _hc_sub(self, pfx, X, which):
+        return self.hc_mixes(X, self.lw(pfx, "hc_%s_fn.weight" % which),
+                             self.lw(pfx, "hc_%s_scale.weight" % which),
+                             self.lw(pfx, "hc_%s_base.weight" % which))
+
+    def _draft_q(self, pfx, x, pos):
+        _, q = self._q_path(pfx, x)
+        if self.arch == "deepseek4":
+            q = rmsnorm(q, None, self.rms_eps)          # §3.4: per-head q norm, V4 only
+        return rope_tail(q, pos, self._freqs(pfx))
+
+    def _need_drafts(self, st, arch):
+        if self.arch != arch or self.n_draft < 1:
+            raise ModelError("the model has no %s draft blocks"
+                             % ("MTP" if arch == "deepseek4" else "DSpark"))
+        if self.draft_error:
+            raise ModelError("draft blocks unusable: " + self.draft_error)
+        if st["pos"] < 1:
+            raise ModelError("drafting needs at least one evaluated position")
+
+    # ---- V4 MTP (§3.7)
+    def _mtp_x0(self, xm, token):
+        """§3.7 steps 1-3: X0[h] = e_proj·enorm(embed[t]) + h_proj·hnorm(X_main[h])."""
+        e = rmsnorm(self.g_embed(token), self.lw("mtp.0", "enorm.weight"), self.rms_eps)
+        E = self.lw("mtp.0", "e_proj.weight") @ e
+        Hn = rmsnorm(xm, self.lw("mtp.0", "hnorm.weight"), self.rms_eps)   # per stream
+        return E[None, :] + Hn @ self.lw("mtp.0", "h_proj.weight").T
+
+    def mtp_draft(self, st, next_token):
+        """One MTP draft: (ids [1], logits [1][V]).
+
+        Pairing (§3.7 marks it UNKNOWN/verify): libdsinfer uses DeepSeek-V3's — the MTP row of
+        position q pairs the main model's final HC state X_main[q] with token q+1 and predicts
+        token q+2 (docs/spec.md, "How it runs" 2, "MTP (DeepSeek-V3 pairing, the one the trained
+        models use)"), so the draft for position P+1 comes from the row of p = P-1 paired with
+        `next`.  The block's own window (§3.7: "its own window cache", ratio 0) holds the rows
+        q = p-W+1 .. p, each pairing X_main[q] with tokens[q+1] (`next` for q = p); the rows are
+        placed at RoPE position q (with the rounding off a common shift of every position
+        changes nothing: RoPE is relative, the FP8 clamp never bites)."""
+        self._need_drafts(st, "deepseek4")
+        pfx = "mtp.0"
+        p = st["pos"] - 1
+        toks = st["tokens"] + [int(next_token)]
+        rows = []
+        for q in range(max(0, p - self.window + 1), p + 1):
+            t = toks[q + 1]
+            c = st["mtp_kv"].get(q)
+            if c is None or c[0] != t:
+                # a window row needs only the attention input of its own row (§3.2)
+                X0 = self._mtp_x0(st["xs"][q], t)
+                pre, _, _ = self._hc_sub(pfx, X0, "attn")
+                xin = rmsnorm(pre @ X0, self.lw(pfx, "attn_norm.weight"), self.rms_eps)
+                c = (t, self._kv_window(pfx, xin, q))
+                st["mtp_kv"][q] = c
+            rows.append(c[1])
+        # the row of p: one normal V4 block (§3.2-3.5) on X0, window-only attention
+        X = self._mtp_x0(st["xs"][p], toks[p + 1])
+        R = X
+        pre, post, comb = self._hc_sub(pfx, X, "attn")
+        xin = rmsnorm(pre @ X, self.lw(pfx, "attn_norm.weight"), self.rms_eps)
+        a = self._attend(pfx, self._draft_q(pfx, xin, p), p, np.stack(rows), None)
+        X = self.hc_post(a, R, post, comb)
+        R = X
+        pre, post, comb = self._hc_sub(pfx, X, "ffn")
+        f = self._moe(pfx, rmsnorm(pre @ X, self.lw(pfx, "ffn_norm.weight"), self.rms_eps), None)
+        X = self.hc_post(f, R, post, comb)
+        # §3.7 step 4: the MTP's own HC head and norm, the shared output head
+        y = self._v4_head(X, ("mtp.0.hc_head_fn.weight", "mtp.0.hc_head_scale.weight",
+                              "mtp.0.hc_head_base.weight"))
+        lg = self.w("output.weight") @ rmsnorm(y, self.lw(pfx, "norm.weight"), self.rms_eps)
+        return np.array([int(np.argmax(lg))]), lg[None, :]
+
+    # ---- V4.1 DSpark (§4.5)
+    def _ds_ring_row(self, st, stage, q):
+        """Stage `stage`'s window-ring row of target position q: main_kv = kv_norm(wkv ·
+        main_x) with RoPE at q and the §4.3 window-KV FP8 (whole vector, blocks of 32), where
+        main_x = RMSNorm(main_proj · concat(main_hidden_t), main_norm) (stage 0's tensors,
+        §4.5).  "Prefill only seeds this ring": every target position has its row."""
+        key = (stage, q)
+        if key not in st["ring"]:
+            mx = st["ring"].get(("x", q))
+            if mx is None:
+                mx = rmsnorm(self.lw("mtp.0", "main_proj.weight") @ st["taps"][q],
+                             self.lw("mtp.0", "main_norm.weight"), self.rms_eps)
+                st["ring"][("x", q)] = mx
+            st["ring"][key] = self._kv_window("mtp.%d" % stage, mx, q)
+        return st["ring"][key]
+
+    def dspark_draft(self, st, next_token, picks=None):
+        """The DSpark block: (ids [S], logits [S][V] with the Markov bias, conf [S] or None).
+
+        Slots i = 0..S-1 hold [next, noise x (S-1)] at positions p+1 .. p+S; every stage is a
+        lagged-mHC block (§4.2) whose attention lets each slot see its stage's ring rows
+        p-W+1 .. p (the window of `sliding_window` rows, as docs/spec.md "How it runs" 2 reads
+        §4.5's "128-slot window ring") and the keys of all S slots (non-causal within the
+        block; the slots' keys are the §4.3 window KV at their own positions).  Then, sequentially, slot i's logits get the
+        bigram bias of out_ids[i] (out_ids[0] = next) and out_ids[i+1] is the greedy pick
+        (np.argmax: ties to the lowest id) — or picks[i] where given (to follow another
+        implementation's picks after a near-tie).  conf_i = proj · concat(y_i,
+        markov_embed[out_ids[i]]) as §4.5 writes it (a logit; libdsinfer thresholds its
+        sigmoid, docs/spec.md); None without confidence_proj."""
+        self._need_drafts(st, "deepseek41")
+        S, W = self.ds_block, self.window
+        p = st["pos"] - 1
+        ids = [int(next_token)] + [self.ds_noise] * (S - 1)
+        pos = [p + 1 + i for i in range(S)]
+        X = [np.tile(self.g_embed(t), (self.n_hc, 1)) for t in ids]
+        one_hot = np.zeros(self.n_hc)
+        one_hot[0] = 1.0                                  # §4.5: pre_mix one-hot
+        pm = [one_hot] * S
+        lo = max(0, p - W + 1)
+        for stage in range(self.n_draft):
+            pfx = "mtp.%d" % stage
+            ring = [self._ds_ring_row(st, stage, q) for q in range(lo, p + 1)]
+            mixes, qs, keys = [], [], []
+            for i in range(S):
+                mixes.append(self._hc_sub(pfx, X[i], "attn"))
+                xin = rmsnorm(pm[i] @ X[i], self.lw(pfx, "attn_norm.weight"), self.rms_eps)
+                qs.append(self._draft_q(pfx, xin, pos[i]))
+                keys.append(self._kv_window(pfx, xin, pos[i]))   # §4.3 window KV of the slot
+            rows = np.stack(ring + keys)
+            for i in range(S):
+                a_pre, a_post, a_comb = mixes[i]
+                a = self._attend(pfx, qs[i], pos[i], rows, None)
+                Xi = self.hc_post(a, X[i], a_post, a_comb)
+                f_pre, f_post, f_comb = self._hc_sub(pfx, Xi, "ffn")
+                f = self._moe(pfx, rmsnorm(a_pre @ Xi, self.lw(pfx, "ffn_norm.weight"),
+                                           self.rms_eps), None)
+                X[i] = self.hc_post(f, Xi, f_post, f_comb)
+                pm[i] = f_pre
+        last = "mtp.%d" % (self.n_draft - 1)
+        ys = [pm[i] @ X[i] for i in range(S)]
+        lg = np.stack([self.w("output.weight") @ rmsnorm(y, self.lw(last, "norm.weight"),
+                                                         self.rms_eps) for y in ys])
+        membd = self.lw(last, "markov_embd.weight")        # [V, rank]: row = token
+        mhead = self.lw(last, "markov_head.weight")        # [V, rank]
+        proj = self.lw(last, "confidence_proj.weight", required=False)
+        out, conf = [ids[0]], []
+        for i in range(S):
+            lg[i] = lg[i] + mhead @ membd[out[i]]
+            if proj is not None:
+                conf.append(float(proj.reshape(-1) @ np.concatenate([ys[i], membd[out[i]]])))
+            out.append(int(picks[i]) if picks is not None else int(np.argmax(lg[i])))
+        return np.array(out[1:]), lg, (np.array(conf) if proj is not None else None)
+
+    def draft(self, st, next_token, picks=None):
+        """The model's drafter (MTP for deepseek4, DSpark for deepseek41): (ids, logits)."""
+        if self.arch == "deepseek4":
+            return self.mtp_draft(st, next_token)
+        ids, lg, _ = self.dspark_draft(st, next_token, picks)
+        return ids, lg
 
     # ------------------------------------------------------------------ driver
     def forward(self, tokens, positions="all"):

@@ -2,10 +2,12 @@
 """Cross-checks the library's drafters against the PyTorch implementation of the draft blocks
 in tools/train/model.py (train11; an independent implementation written from model-spec
 §3.7 / §4.5 for training): usage  xcheck_drafts.py MODEL.gguf OUT.bin  where OUT.bin comes
-from tools/spec/draft_dump. V4.1: DSpark logits of every drafted slot (Markov bias with the
-library's own greedy picks as the previous ids); V4: the MTP logits (DeepSeek-V3 pairing).
-Prints the largest |Δlogit|, relative to the row's range, and argmax mismatches.
-DSI_TRAIN_TOOLS overrides the directory of tools/train."""
+from tools/spec/draft_dump (a test helper of both build systems: $BUILD/tests/draft_dump with
+CMake, $BUILD/tests/reference/draft_dump with Meson). The CI check of the drafters is
+tests/reference/test_reference_drafts.py (the NumPy reference). V4.1: DSpark logits of every
+drafted slot (Markov bias with the library's own greedy picks as the previous ids); V4: the
+MTP logits (DeepSeek-V3 pairing). Prints the largest |Δlogit|, relative to the row's range,
+and argmax mismatches. DSI_TRAIN_TOOLS overrides the directory of tools/train."""
 import os, sys, numpy as np, torch
 sys.path.insert(0, os.environ.get("DSI_TRAIN_TOOLS", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train")))
 import expected_logprobs as EL
