@@ -32,14 +32,17 @@ if [ $drafts_only = 1 ]; then work=${1:-$root/build-train/$arch-drafts}; else wo
 mk=${DSI_MKMODEL:-$root/build/bin/dsinfer-mkmodel}
 py=/usr/bin/python3
 name=kjv-$arch
-# The committed models: 240 backbone steps + 80 draft steps. train.py's phase 3 (draft blocks
-# on the target's own greedy text, --greedy-steps) is opt-in: DSI_TRAIN_GREEDY_STEPS=N
-# (docs/trained-models.md "Training"; not used for the committed models).
+# The committed models: 240 backbone steps + 80 draft steps, and for kjv-v4 100 more MTP steps
+# on the backbone's own greedy text (train.py's phase 3, --greedy-steps): with these the
+# command reproduces models/kjv-v4.gguf and the kjv-v41 that --drafts-only starts from byte
+# for byte (checked 2026-12-01, docs/trained-models.md "Reproducing the committed models").
+# DSI_TRAIN_GREEDY_STEPS=N overrides the phase-3 steps.
 case $arch in
-  v41|v4) steps=240 dsteps=80 dsteps_text=80 ;;
+  v41) steps=240 dsteps=80 dsteps_text=80 gsteps_default=0 ;;
+  v4) steps=240 dsteps=80 dsteps_text=80 gsteps_default=100 ;;
   *) echo "make_model.sh: arch must be v41 or v4" >&2; exit 2 ;;
 esac
-gsteps=${DSI_TRAIN_GREEDY_STEPS:-0}
+gsteps=${DSI_TRAIN_GREEDY_STEPS:-$gsteps_default}
 [ -x "$mk" ] || { echo "make_model.sh: $mk not found (build first, or set DSI_MKMODEL)" >&2; exit 1; }
 # One thread per process: on a shared 2-core machine two OpenMP threads wait on each other
 # far longer than they gain (docs/trained-models.md "Speed"). jemalloc, when installed, keeps

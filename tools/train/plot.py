@@ -35,6 +35,9 @@ def main():
               and float(r["conf_loss"]) > 0]
         if c2:
             ax[1].plot(*zip(*c2), lw=0.8, label="confidence BCE")
+        s3 = [(int(r["step"]), float(r["draft_loss"])) for r in rows if r["phase"] == "3" and r["draft_loss"]]
+        if s3:   # train.py --greedy-steps: the backbone's greedy text (kjv-v4's MTP)
+            ax[1].plot(*zip(*s3), lw=0.8, label="greedy-text loss (train.py phase 3)")
         s4 = [(int(r["step"]), float(r["draft_loss"])) for r in rows if r["phase"] == "4" and r["draft_loss"]]
         if s4:   # make_model.sh --drafts-only: cross-entropy on the target's greedy text
             ax[1].plot(*zip(*s4), lw=0.8, label="greedy-text cross-entropy (train_drafts)")
