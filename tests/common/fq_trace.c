@@ -156,11 +156,14 @@ static int capture(stream_ent *se, dsib_view x, uint32_t ldx, uint32_t rows, uin
 static dsi_status w_fake_quant(dsib_stream *st, dsib_view x, uint32_t ldx, uint32_t rows,
                                uint32_t col0, uint32_t ncols, uint32_t block, int32_t recipe,
                                uint32_t flags) {
-    stream_ent *se = stream_of(st);
-    if (!se) return DSI_ERR_INTERNAL; /* a stream not created through the wrapped table */
+    pthread_mutex_lock(&g_lock);
+    stream_ent *se = stream_of_locked(st);
+    if (!se) { /* a stream not created through the wrapped table */
+        pthread_mutex_unlock(&g_lock);
+        return DSI_ERR_INTERNAL;
+    }
     wrap_slot *s = se->slot;
     const dsib_ops *o = s->orig->ops;
-    pthread_mutex_lock(&g_lock);
     if (!g_rec || rows == 0 || ncols == 0) {
         pthread_mutex_unlock(&g_lock);
         return o->fake_quant(st, x, ldx, rows, col0, ncols, block, recipe, flags);
@@ -261,15 +264,6 @@ static dsi_status w_sync(dsib_stream *st, dsib_error *err) {
     return r;
 }
 
-static int wrap_locked(dsi_context *ctx);
-
-int fqt_wrap_context(dsi_context *ctx) {
-    pthread_mutex_lock(&g_lock);
-    int r = wrap_locked(ctx);
-    pthread_mutex_unlock(&g_lock);
-    return r;
-}
-
 static int wrap_locked(dsi_context *ctx) {
     wrap_slot *s = NULL;
     for (int i = 0; i < 2 && !s; i++)
@@ -296,6 +290,13 @@ static int wrap_locked(dsi_context *ctx) {
     d->be = &s->be;
     d->can_capture = 0;
     return 0;
+}
+
+int fqt_wrap_context(dsi_context *ctx) {
+    pthread_mutex_lock(&g_lock);
+    int r = wrap_locked(ctx);
+    pthread_mutex_unlock(&g_lock);
+    return r;
 }
 
 void fqt_unwrap_context(dsi_context *ctx) {

@@ -603,6 +603,7 @@ class Model:
         st["taps"] = []
         st["mtp_kv"] = {}               # V4 MTP window rows: position -> (token, kv row)
         st["ring"] = {}                 # DSpark stage rings: (stage, position) -> kv row
+        st["main_x"] = {}               # DSpark stage-0 input main_x per position
         return st
 
     # ------------------------------------------------------------------ mHC
@@ -1106,12 +1107,10 @@ class Model:
         §4.5).  "Prefill only seeds this ring": every target position has its row."""
         key = (stage, q)
         if key not in st["ring"]:
-            mx = st["ring"].get(("x", q))
-            if mx is None:
-                mx = rmsnorm(self.lw("mtp.0", "main_proj.weight") @ st["taps"][q],
-                             self.lw("mtp.0", "main_norm.weight"), self.rms_eps)
-                st["ring"][("x", q)] = mx
-            st["ring"][key] = self._kv_window("mtp.%d" % stage, mx, q)
+            if q not in st["main_x"]:
+                st["main_x"][q] = rmsnorm(self.lw("mtp.0", "main_proj.weight") @ st["taps"][q],
+                                          self.lw("mtp.0", "main_norm.weight"), self.rms_eps)
+            st["ring"][key] = self._kv_window("mtp.%d" % stage, st["main_x"][q], q)
         return st["ring"][key]
 
     def dspark_draft(self, st, next_token, picks=None):

@@ -100,25 +100,18 @@ def check_model(dump, path, tmp):
             fails.append("%s P %d: %d drafts, expected %d" % (name, P, len(ids), want_nd))
             continue
         rid, rlg = m.draft(st, toks[P])
-        if m.arch == "deepseek41" and not np.array_equal(rid, ids):
+        if not np.array_equal(rid, ids):
             # slot by slot: the first differing pick must be a near-tie of the reference
             i = int(np.nonzero(rid != ids)[0][0])
             top2 = np.sort(rlg[i])[-2:]
             if top2[1] - top2[0] <= TOL_ABS and rlg[i][ids[i]] >= top2[1] - TOL_ABS:
                 ties += 1
-                rid, rlg = m.draft(st, toks[P], picks=ids)
+                if len(ids) > 1:   # DSpark: later slots' Markov bias follows the picks
+                    rid, rlg = m.draft(st, toks[P], picks=ids)
             else:
                 id_bad += 1
                 fails.append("%s P %d slot %d: draft id %d, reference %d (gap %.3g)"
                              % (name, P, i, int(ids[i]), int(rid[i]), top2[1] - top2[0]))
-        elif m.arch == "deepseek4" and int(rid[0]) != int(ids[0]):
-            top2 = np.sort(rlg[0])[-2:]
-            if top2[1] - top2[0] <= TOL_ABS and rlg[0][ids[0]] >= top2[1] - TOL_ABS:
-                ties += 1
-            else:
-                id_bad += 1
-                fails.append("%s P %d: draft id %d, reference %d" % (name, P, int(ids[0]),
-                                                                      int(rid[0])))
         d = np.abs(rlg - lg).max(axis=1)
         rng = rlg.max(axis=1) - rlg.min(axis=1)
         worst = max(worst, float(d.max()))

@@ -1,19 +1,19 @@
 /*
  * draft_dump — writes libdsinfer's drafts (the experimental dsi_session_draft) at a run of
  * positions of one token sequence, for cross-checking the drafters against an independent
- * implementation: tests/reference/test_drafts.py (the NumPy reference, CI) and
+ * implementation: tests/reference/test_reference_drafts.py (the NumPy reference, CI) and
  * tools/spec/xcheck_drafts.py (the PyTorch draft blocks of tools/train, by hand).
  *
  *   draft_dump [--exact] [--no-fake-quant] [--first P0] [--count N] [--backend B]
- *              MODEL (TEXT | --tokens-file F) OUT [BACKEND]
+ *              MODEL (TEXT | --tokens-file F) OUT
  *
  * The tokens are TEXT tokenized by the model's tokenizer, or the whitespace-separated ids of
  * F. For P = P0, P0+1, … (at most N positions, P + 1 < n) the session holds tokens[0 .. P)
  * (dsi_session_sync) and dsi_session_draft(next = tokens[P]) gives the draft ids and their
  * logits (Markov bias included). --exact: DSI_CONTEXT_FLAG_EXACT_MATMUL (f32 activations for
  * every weight type); --no-fake-quant: DSI_SESSION_FLAG_NO_FAKE_QUANT (§10.4). Defaults:
- * P0 = 8, N = 120, the default backend (BACKEND = --backend, the older spelling). OUT (little-endian): int32 n, int32 tokens[n], then
- * per position int32 P, int32 nd, int32 ids[nd], float32 logits[nd][V]. Prints
+ * P0 = 8, N = 120, the context's default backend. OUT (little-endian): int32 n, int32
+ * tokens[n], then per position int32 P, int32 nd, int32 ids[nd], float32 logits[nd][V]. Prints
  * "ok <positions> V <n_vocab>" and exits 0; on any error a message and exit 1.
  */
 #define DSI_EXPERIMENTAL
@@ -29,7 +29,7 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: draft_dump [--exact] [--no-fake-quant] [--first P0] [--count N] "
-                    "[--backend B] MODEL (TEXT | --tokens-file F) OUT [BACKEND]\n");
+                    "[--backend B] MODEL (TEXT | --tokens-file F) OUT\n");
     return 1;
 }
 
@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     static dsi_token tk[MAX_TOKENS];
     int exact = 0, nofq = 0;
     long first = 8, count = 120;
-    const char *backend = NULL, *tokfile = NULL, *pos[4];
+    const char *backend = NULL, *tokfile = NULL, *pos[3];
     int npos = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--exact")) {
@@ -80,17 +80,15 @@ int main(int argc, char **argv) {
             tokfile = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1] == '-') {
             return usage();
-        } else if (npos < 4) {
+        } else if (npos < 3) {
             pos[npos++] = argv[i];
         } else {
             return usage();
         }
     }
-    const int nfix = tokfile ? 2 : 3;
-    if (npos < nfix || npos > nfix + 1 || first < 1 || count < 1) return usage();
+    if (npos != (tokfile ? 2 : 3) || first < 1 || count < 1) return usage();
     const char *model_path = pos[0], *text = tokfile ? NULL : pos[1];
-    const char *out_path = pos[nfix - 1];
-    if (npos > nfix) backend = pos[nfix];
+    const char *out_path = pos[npos - 1];
 
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
