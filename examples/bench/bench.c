@@ -77,6 +77,7 @@ typedef struct opts {
     const char *cache_dir;
     const char *ops_isa; /* --ops-isa: force the CPU ops' SIMD path (A/B in one run) */
     int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
+    int prefetch;        /* --prefetch N: weight prefetch distance in bytes (-1: default) */
     const char *depths;    /* -d 0,4096,...: decode / prefill at context depths */
     int real_depth;        /* -d: prefill the depth for real instead of synthetic state */
     int place;
@@ -104,6 +105,7 @@ static void usage(FILE *f) {
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
             "               instead of the one the library picked\n"
             "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
+            "  --prefetch N the CPU kernels' weight prefetch, N bytes ahead (0: off; default 2048) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
@@ -142,6 +144,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->bw_mib = 1024;
     o->shape_out = 2048;
     o->shape_in = 4096;
+    o->prefetch = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -187,6 +190,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
         else if (!strcmp(a, "--no-fuse")) o->no_fuse = 1;
+        else if (!strcmp(a, "--prefetch")) { NEEDV; o->prefetch = atoi(v); }
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
@@ -1663,6 +1667,7 @@ static int run_model(const opts *o) {
 int main(int argc, char **argv) {
     opts o;
     if (parse(argc, argv, &o) != 0) return 2;
+    if (o.prefetch >= 0) dsib_kern_prefetch = o.prefetch;
     if (o.place) {
         if (!o.model) {
             fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");

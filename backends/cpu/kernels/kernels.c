@@ -96,6 +96,8 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
 /* Weight bytes a matmul task should stream at least (only speed depends on it): 32 KiB tasks
  * measured 14.3 / 25.2 GB/s (Q4_K / Q8_0, 2 threads, cold) against 16.0 / 28.1 GB/s for
  * 256 KiB — every new task restarts the hardware prefetcher's stream. */
+int32_t dsib_kern_prefetch = DSIB_PREFETCH_BYTES;
+
 #ifndef DSIB_TASK_BYTES
 #define DSIB_TASK_BYTES 262144
 #endif

@@ -257,4 +257,9 @@ typedef struct dsib_matmul_desc {
 dsi_status dsib_matmul_batch(dsib_threadpool *pool, uint32_t flags, const dsib_matmul_desc *d,
                              int32_t n, char *msg, size_t msg_size);
 
+/* Bytes of software prefetch ahead of the weight stream (kernels_impl.h DSIB_PF; default
+ * DSIB_PREFETCH_BYTES, 0: off). Speed only; set before any matmul runs (dsinfer-bench
+ * --prefetch, for A/B). */
+extern int32_t dsib_kern_prefetch;
+
 #endif /* DSIB_CPU_KERNELS_H */

@@ -92,12 +92,13 @@ AI __m512 w_bf16_m(const uint8_t *w, int64_t i, __mmask16 m) {
     }
 #define KARGS int64_t k0, int64_t k1, int64_t n, const float *const *xp, float *out, __m512 *st
 
-#define DEF_PLAIN(NAME, LD, LDM)                                                           \
+#define DEF_PLAIN(NAME, LD, LDM, ESZ)                                                      \
     AI void NAME(const uint8_t *w, KARGS, const int T) {                                   \
         ACC_DECL                                                                           \
         ACC_LOAD                                                                           \
         int64_t i = k0;                                                                    \
         for (; i + 64 <= k1; i += 64) {                                                     \
+            DSIB_PF(w + (ESZ) * i, 64 * (ESZ));                                            \
             UNR for (int k = 0; k < 4; k++) {                                              \
                 __m512 wv = LD(w, i + 16 * k);                                             \
                 UNR for (int t = 0; t < T; t++) acc[t][k] = _mm512_fmadd_ps(               \
@@ -115,9 +116,9 @@ AI __m512 w_bf16_m(const uint8_t *w, int64_t i, __mmask16 m) {
         ACC_END                                                                            \
     }
 
-DEF_PLAIN(dot_f32, w_f32, w_f32_m)
-DEF_PLAIN(dot_f16, w_f16, w_f16_m)
-DEF_PLAIN(dot_bf16, w_bf16, w_bf16_m)
+DEF_PLAIN(dot_f32, w_f32, w_f32_m, 4)
+DEF_PLAIN(dot_f16, w_f16, w_f16_m, 2)
+DEF_PLAIN(dot_bf16, w_bf16, w_bf16_m, 2)
 
 /* ---- Q8_0 ------------------------------------------------------------------------------ */
 

@@ -21,6 +21,24 @@
 
 #define DSIB_KERN_GROUP 64
 
+/* Software prefetch of the weight stream (speed only, never changes a result): the kernels
+ * prefetch the lines [p + D, p + D + n) of the weight bytes they are about to decode, D =
+ * dsib_kern_prefetch bytes ahead (DSIB_PREFETCH_BYTES by default; 0: off, dsinfer-bench
+ * --prefetch). A task's rows are contiguous, so D bytes ahead is the stream's next bytes;
+ * the hardware prefetchers stop at every 4 KiB page, and the model's matrices are short
+ * (docs/performance.md §4.0000). */
+#ifndef DSIB_PREFETCH_BYTES
+#define DSIB_PREFETCH_BYTES 2048
+#endif
+#define DSIB_PF(p, n)                                                                      \
+    do {                                                                                   \
+        const int32_t pfd_ = dsib_kern_prefetch;                                           \
+        if (pfd_ > 0) {                                                                    \
+            const char *pfq_ = (const char *)(p) + pfd_;                                   \
+            for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfq_ + pfk_, 0, 3); \
+        }                                                                                  \
+    } while (0)
+
 typedef void (*dsib_rows_ptr_fn)(int32_t type, const uint8_t *w, size_t w_row_bytes,
                                  int64_t n_in, int64_t o0, int64_t o1,
                                  const float *const *xp, float *const *yp, int n);
@@ -198,30 +216,29 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * serve up to TT tokens (4 on AVX-512, 2 on AVX2 with its 16 registers) from one decoded
  * weight block. Every tile runs the same per-(row, token) sequence, so results do not
  * depend on it. (TILE keeps an R parameter for types that want row tiles.) */
-#define DSIB_QTILE_FN(NAME, TILE, R, T)                                                    \
-    static void NAME##_r##R##t##T(const uint8_t *w, size_t rb, int64_t n_in,              \
-                                  const dsib_qrow *x, float *out) {                       \
-        TILE(w, rb, n_in, x, out, R, T);                                                   \
+#define DSIB_QTILE_FN(NAME, TILE, T)                                                       \
+    static void NAME##_t##T(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,         \
+                            int64_t o1, const dsib_qrow *x, float *const *yp) {            \
+        for (int64_t o = o0; o < o1; o++) { /* the row loop inside: constants hoisted */  \
+            float out[T];                                                                  \
+            TILE(w + (size_t)o * rb, rb, n_in, x, out, 1, T);                              \
+            for (int t = 0; t < (T); t++) yp[t][o] = out[t];                               \
+        }                                                                                  \
     }
 #define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
 #define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
-    DSIB_QTILE_FN(NAME, TILE, 1, 1)                                                        \
-    DSIB_QTILE_FN(NAME, TILE, 1, 2)                                                        \
-    DSIB_QTILE_FN(NAME, TILE, 1, 3)                                                        \
-    DSIB_QTILE_FN(NAME, TILE, 1, 4)                                                        \
+    DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
+    DSIB_QTILE_FN(NAME, TILE, 2)                                                           \
+    DSIB_QTILE_FN(NAME, TILE, 3)                                                           \
+    DSIB_QTILE_FN(NAME, TILE, 4)                                                           \
     static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
                      const dsib_qrow *x, float *const *yp, int n) {                        \
-        typedef void (*tile_fn)(const uint8_t *, size_t, int64_t, const dsib_qrow *,       \
-                                float *);                                                  \
-        static const tile_fn one[5] = {NULL, NAME##_r1t1, NAME##_r1t2, NAME##_r1t3,        \
-                                       NAME##_r1t4};                                       \
-        float out[4];                                                                      \
+        typedef void (*tile_fn)(const uint8_t *, size_t, int64_t, int64_t, int64_t,        \
+                                const dsib_qrow *, float *const *);                        \
+        static const tile_fn rows[5] = {NULL, NAME##_t1, NAME##_t2, NAME##_t3, NAME##_t4}; \
         for (int t0 = 0; t0 < n; t0 += (TT)) {                                             \
             const int T = n - t0 < (TT) ? n - t0 : (TT);                                   \
-            for (int64_t o = o0; o < o1; o++) {                                            \
-                one[T](w + (size_t)o * rb, rb, n_in, x + t0, out);                         \
-                for (int t = 0; t < T; t++) yp[t0 + t][o] = out[t];                        \
-            }                                                                              \
+            rows[T](w, rb, n_in, o0, o1, x + t0, yp + t0);                                 \
         }                                                                                  \
     }
 
