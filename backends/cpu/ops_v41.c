@@ -8,6 +8,7 @@
  */
 #include "backends/cpu/ops_v41.h"
 #include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "quant/statepack.h"
 
 #include <math.h>
@@ -122,16 +123,20 @@ typedef struct idx_args {
     int32_t *idx;
     const int32_t *cand_in;
     int32_t *cand_out;
-    uint8_t *ws;             /* per thread slot: ws_per bytes */
+    uint8_t *ws;             /* per thread slot: ws_per bytes (or the chunked layout) */
     size_t ws_per;
+    uint32_t nv1;            /* score entries per row: max visible keys + 1 */
+    int simd;                /* score_keys_avx512 */
+    int64_t n_chunks;        /* chunked scan: IDX_CHUNK-key chunks per row */
+    size_t heap_off, heap_per;
 } idx_args;
 
 /* score[c] for c in [c0, c1): Σ_h relu(q[h]·k_c)·w[h] (h ascending; each dot in index
  * order, f32). Eight keys at a time, transposed into a tile so the eight independent dots
  * run side by side (vectorisable) — each key's own operation sequence is unchanged. Packed
  * keys (statepack.h) are decoded into the tile exactly. */
-static void score_keys(const idx_args *a, const float *q, const float *wt, const uint8_t *keys,
-                       uint32_t c0, uint32_t c1, float *score) {
+static void score_keys_scalar(const idx_args *a, const float *q, const float *wt,
+                              const uint8_t *keys, uint32_t c0, uint32_t c1, float *score) {
     const uint32_t hd = a->hd;
     const uint64_t krb = dsib_cpu_state_rb(a->keys);
     const int packed = a->keys->format != DSIB_STATE_F32;
@@ -166,43 +171,157 @@ static void score_keys(const idx_args *a, const float *q, const float *wt, const
     }
 }
 
-static void idx_task(void *arg, int64_t t, int32_t slot) {
-    idx_args *a = (idx_args *)arg;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define IDX_SIMD 1
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#pragma GCC optimize("fp-contract=off")
+#endif
+#include <immintrin.h>
+
+/* The AVX-512 path of score_keys for E2M1 / UE8M0 keys (V4.1's index keys, §4.3): sixteen
+ * keys per tile, one per lane, the same operations as the scalar path lane by lane
+ * (products rounded before their sums — no FMA —, dims ascending, heads ascending; relu as
+ * max(d, +0), which gives +0 for -0 and NaN like the scalar d > 0 ? d : 0). The tile is
+ * decoded straight from the packed rows: one dword gather gives 8 dims' codes of the 16
+ * keys, the E2M1 value comes from a 16-entry table (vpermps) times the block's power of two
+ * (exact, the same product as dsii_sp_decode8). */
+#define IDX_AI static inline __attribute__((always_inline))
+
+IDX_AI __m512 idx_ue8m0_ps(__m512i e) {
+    /* 2^(e−127): e << 23; e = 0: 2^-127 = 0x00400000 */
+    const __m512i b = _mm512_slli_epi32(e, 23);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(
+        b, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()), _mm512_set1_epi32(0x00400000)));
+}
+
+IDX_AI void idx_heads_avx512(const float *q, uint32_t hd, const float *kt, const float *wt,
+                             __m512 *s, const int NH) {
+    __m512 d[8];
+    for (int h = 0; h < NH; h++) d[h] = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < hd; i++) {
+        const __m512 k = _mm512_load_ps(kt + 16 * (size_t)i);
+        for (int h = 0; h < NH; h++)
+            d[h] = _mm512_add_ps(d[h], _mm512_mul_ps(_mm512_set1_ps(q[(size_t)h * hd + i]), k));
+    }
+    for (int h = 0; h < NH; h++)
+        *s = _mm512_add_ps(*s, _mm512_mul_ps(_mm512_max_ps(d[h], _mm512_setzero_ps()),
+                                             _mm512_set1_ps(wt[h])));
+}
+
+static void score_keys_avx512(const idx_args *a, const float *q, const float *wt,
+                              const uint8_t *keys, uint32_t c0, uint32_t c1, float *score) {
+    const uint32_t hd = a->hd, block = a->keys->block, H = a->heads;
+    const uint64_t krb = dsib_cpu_state_rb(a->keys);
+    const uint32_t cb = hd / 2; /* code bytes; the scales follow */
+    _Alignas(64) float kt[DSIB_CPU_MAX_KEY * 16];
+    const __m512 lut = _mm512_loadu_ps(dsii_sp_e2m1_lut);
+    const __m512i m4 = _mm512_set1_epi32(15), mff = _mm512_set1_epi32(255);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (uint32_t c = c0; c < c1; c += 16) {
+        const uint32_t m = c1 - c < 16 ? c1 - c : 16;
+        const __mmask16 km = (__mmask16)(m >= 16 ? 0xFFFFu : (1u << m) - 1u);
+        const uint8_t *base = keys + (uint64_t)c * krb;
+        const __m512i off = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)krb));
+        __m512i sw = _mm512_setzero_si512(); /* four scale bytes of the current dword */
+        __m512 sc = _mm512_setzero_ps();
+        for (uint32_t i = 0; i < hd; i += 8) {
+            const uint32_t b = i / block;
+            if (i % block == 0) {
+                if (b % 4 == 0)
+                    sw = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, off,
+                                                     base + cb + b, 1);
+                sc = idx_ue8m0_ps(_mm512_and_si512(_mm512_srli_epi32(sw, 8 * (int)(b % 4)), mff));
+            }
+            const __m512i cw =
+                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, off, base + i / 2, 1);
+            for (int j = 0; j < 8; j++) {
+                const __m512i nib = _mm512_and_si512(_mm512_srli_epi32(cw, 4 * j), m4);
+                _mm512_store_ps(kt + 16 * (size_t)(i + (uint32_t)j),
+                                _mm512_mul_ps(_mm512_permutexvar_ps(nib, lut), sc));
+            }
+        }
+        __m512 s = _mm512_setzero_ps();
+        uint32_t h = 0;
+        for (; h + 8 <= H; h += 8) idx_heads_avx512(q + (size_t)h * hd, hd, kt, wt + h, &s, 8);
+        for (; h + 4 <= H; h += 4) idx_heads_avx512(q + (size_t)h * hd, hd, kt, wt + h, &s, 4);
+        for (; h < H; h++) idx_heads_avx512(q + (size_t)h * hd, hd, kt, wt + h, &s, 1);
+        _mm512_mask_storeu_ps(score + c, km, s);
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#else
+#define IDX_SIMD 0
+#endif
+
+/* The AVX-512 path takes E2M1 / UE8M0 rows without an f32 tail whose scale bytes are whole
+ * dwords (every row read stays inside its own bytes). */
+static int idx_simd_ok(const dsib_state *k, uint32_t hd) {
+    return IDX_SIMD && dsib_cpu_ops_isa() >= DSIB_ISA_AVX512 &&
+           k->format == DSIB_STATE_E2M1_UE8M0 && k->qcols == hd && hd % 8 == 0 &&
+           k->block % 8 == 0 && (hd / k->block) % 4 == 0 && hd <= DSIB_CPU_MAX_KEY;
+}
+
+static void score_keys(const idx_args *a, const float *q, const float *wt, const uint8_t *keys,
+                       uint32_t c0, uint32_t c1, float *score) {
+#if IDX_SIMD
+    if (a->simd) {
+        score_keys_avx512(a, q, wt, keys, c0, c1, score);
+        return;
+    }
+#endif
+    score_keys_scalar(a, q, wt, keys, c0, c1, score);
+}
+
+/* Scores of row t's visible keys [c0, c1) into score[] (the masked index sources: only their
+ * candidate blocks, and only by the task with c0 = 0). */
+static void idx_score(const idx_args *a, int64_t t, uint32_t c0, uint32_t c1, float *score) {
+    const int32_t *row = a->rows + (size_t)t * DSIB_ROW_WORDS;
+    const uint32_t nvis = (uint32_t)((row[DSIB_ROW_POS] + 1) / (int64_t)a->ratio);
+    if (c1 > nvis) c1 = nvis;
+    const float *q = a->q + (size_t)t * a->ldq;
+    const float *wt = a->w + (size_t)t * a->ldw;
+    const uint8_t *keys = dsib_cpu_state_bytes(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
+    if (a->cand_in && !a->cand_out) {
+        /* masked index source: only the positions of its candidate blocks can be chosen, so
+         * only they are scored (the others are −inf whatever their keys) — the scan is the
+         * candidate blocks' size, not the depth */
+        if (c0 > 0) return;
+        const int32_t *cin = a->cand_in + (size_t)t * a->cand_k;
+        for (uint32_t j = 0; j < a->cand_k && cin[j] >= 0; j++) {
+            uint64_t b0 = (uint64_t)cin[j] * a->cand_block, b1 = b0 + a->cand_block;
+            if (b0 >= nvis) continue;
+            if (b1 > nvis) b1 = nvis;
+            score_keys(a, q, wt, keys, (uint32_t)b0, (uint32_t)b1, score);
+        }
+    } else if (c0 < c1) {
+        score_keys(a, q, wt, keys, c0, c1, score);
+    }
+}
+
+/* Candidate blocks and top-k of row t from its scores. */
+static void idx_select(const idx_args *a, int64_t t, const float *score, uint8_t *heap_mem) {
     const int32_t *row = a->rows + (size_t)t * DSIB_ROW_WORDS;
     const int64_t p = row[DSIB_ROW_POS];
-    const int64_t nvis64 = (p + 1) / (int64_t)a->ratio;
-    const uint32_t nvis = (uint32_t)nvis64;
+    const uint32_t nvis = (uint32_t)((p + 1) / (int64_t)a->ratio);
     int32_t *idx = a->idx + (size_t)t * a->topk;
     int32_t *cout = a->cand_out ? a->cand_out + (size_t)t * a->cand_k : NULL;
     for (uint32_t i = 0; i < a->topk; i++) idx[i] = -1;
     if (cout)
         for (uint32_t i = 0; i < a->cand_k; i++) cout[i] = -1;
     if (nvis == 0) return;
-
     const uint32_t heap_cap = a->topk > a->cand_k ? a->topk : a->cand_k;
-    uint8_t *mem = a->ws + (size_t)slot * a->ws_per;
-    float *score = (float *)(void *)mem;
     topk_heap h;
-    h.id = (int32_t *)(void *)(mem + (size_t)nvis * sizeof(float));
-    h.sc = (float *)(void *)(mem + (size_t)nvis * sizeof(float) + (size_t)heap_cap * sizeof(int32_t));
-
-    const float *q = a->q + (size_t)t * a->ldq;
-    const float *wt = a->w + (size_t)t * a->ldw;
-    const uint8_t *keys = dsib_cpu_state_bytes(a->keys, (uint32_t)row[DSIB_ROW_SLOT], 0);
-    if (a->cand_in && !cout) {
-        /* masked index source: only the positions of its candidate blocks can be chosen, so
-         * only they are scored (the others are −inf whatever their keys) — the scan is the
-         * candidate blocks' size, not the depth */
-        const int32_t *cin = a->cand_in + (size_t)t * a->cand_k;
-        for (uint32_t j = 0; j < a->cand_k && cin[j] >= 0; j++) {
-            uint64_t c0 = (uint64_t)cin[j] * a->cand_block, c1 = c0 + a->cand_block;
-            if (c0 >= nvis) continue;
-            if (c1 > nvis) c1 = nvis;
-            score_keys(a, q, wt, keys, (uint32_t)c0, (uint32_t)c1, score);
-        }
-    } else {
-        score_keys(a, q, wt, keys, 0, nvis, score);
-    }
+    h.id = (int32_t *)(void *)heap_mem;
+    h.sc = (float *)(void *)(heap_mem + (size_t)heap_cap * sizeof(int32_t));
 
     /* Candidate blocks (§4.3): block max, newest block forced +inf, top cand_k by score
      * (> −inf only), ascending. */
@@ -239,6 +358,44 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     }
     for (uint32_t i = 0; i < h.n; i++) idx[i] = h.id[i];
     sort_i32_big(idx, h.n);
+}
+
+/* One task per row: its scores in the slot's own workspace, then its selection. */
+static void idx_task(void *arg, int64_t t, int32_t slot) {
+    idx_args *a = (idx_args *)arg;
+    uint8_t *mem = a->ws + (size_t)slot * a->ws_per;
+    idx_score(a, t, 0, UINT32_MAX, (float *)(void *)mem);
+    idx_select(a, t, (const float *)(void *)mem, mem + (size_t)a->nv1 * sizeof(float));
+}
+
+/* Few rows over many keys (decode): the scan is split into chunks of IDX_CHUNK keys over the
+ * threads, scores into one array per row; then one selection task per row. A key's score
+ * does not depend on the chunk that computed it. */
+#define IDX_CHUNK 2048u
+static void idx_chunk_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    idx_args *a = (idx_args *)arg;
+    const int64_t t = task / a->n_chunks;
+    const uint32_t c0 = (uint32_t)(task % a->n_chunks) * IDX_CHUNK;
+    idx_score(a, t, c0, c0 + IDX_CHUNK, (float *)(void *)(a->ws + (size_t)t * a->nv1 * sizeof(float)));
+}
+static void idx_select_task(void *arg, int64_t t, int32_t slot) {
+    idx_args *a = (idx_args *)arg;
+    idx_select(a, t, (const float *)(void *)(a->ws + (size_t)t * a->nv1 * sizeof(float)),
+               a->ws + a->heap_off + (size_t)slot * a->heap_per);
+}
+
+/* Scores of keys [c0, c1) of one slot (tests: the SIMD and scalar paths give the same bits). */
+void dsib_cpu_indexer_v41_scores(const float *q, const float *w, const dsib_state *keys,
+                                 uint32_t slot, uint32_t heads, uint32_t hd, uint32_t c0,
+                                 uint32_t c1, float *score) {
+    idx_args a;
+    memset(&a, 0, sizeof a);
+    a.keys = keys;
+    a.heads = heads;
+    a.hd = hd;
+    a.simd = idx_simd_ok(keys, hd);
+    score_keys(&a, q, w, dsib_cpu_state_bytes(keys, slot, 0), c0, c1, score);
 }
 
 dsi_status dsib_cpu_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ldq,
@@ -279,11 +436,24 @@ dsi_status dsib_cpu_indexer_topk_v41(dsib_stream *strm, dsib_view q, uint32_t ld
     a.idx = dsib_cpu_i32(idx);
     a.cand_in = cand_in.buf ? dsib_cpu_i32(cand_in) : NULL;
     a.cand_out = cand_out.buf ? dsib_cpu_i32(cand_out) : NULL;
-    /* ws: per thread, scores [maxp/ratio] then a heap of max(topk, cand_k) (id, score) */
+    a.simd = idx_simd_ok(keys, hd);
+    /* ws: per thread, scores [maxp/ratio + 1] then a heap of max(topk, cand_k) (id, score);
+     * chunked: scores per row, then the heaps per thread */
     uint32_t heap_cap = a.topk > a.cand_k ? a.topk : a.cand_k;
-    a.ws_per = ((size_t)(maxp / ratio + 1) * sizeof(float) + (size_t)heap_cap * 8 + 63) &
-               ~(size_t)63;
+    a.nv1 = (uint32_t)(maxp / ratio + 1);
     size_t nt = (size_t)dsib_threadpool_n_threads(inst->pool);
+    const size_t heap_bytes = (size_t)heap_cap * 8;
+    if (nt > 1 && (size_t)n < nt && a.nv1 > 2 * IDX_CHUNK && !(a.cand_in && !a.cand_out)) {
+        a.n_chunks = (int64_t)((a.nv1 + IDX_CHUNK - 1) / IDX_CHUNK);
+        a.heap_off = ((size_t)n * a.nv1 * sizeof(float) + 63) & ~(size_t)63;
+        a.heap_per = (heap_bytes + 63) & ~(size_t)63;
+        a.ws = dsib_cpu_ws(strm, a.heap_off + a.heap_per * nt);
+        if (!a.ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+        dsib_parallel_for(inst->pool, (int64_t)n * a.n_chunks, idx_chunk_task, &a);
+        dsib_parallel_for(inst->pool, n, idx_select_task, &a);
+        return DSI_OK;
+    }
+    a.ws_per = ((size_t)a.nv1 * sizeof(float) + heap_bytes + 63) & ~(size_t)63;
     a.ws = dsib_cpu_ws(strm, a.ws_per * nt);
     if (!a.ws) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     dsib_parallel_for(inst->pool, n, idx_task, &a);

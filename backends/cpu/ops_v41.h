@@ -17,6 +17,13 @@ dsi_status dsib_cpu_engram_gate(dsib_stream *strm, dsib_view X, uint32_t n, uint
                                 uint32_t D, dsib_view kv, uint32_t ldkv, const dsib_weight *qw,
                                 const dsib_weight *kw, float eps);
 
+/* Tests: the indexer scores Σ_h relu(q_h · k_c) · w_h of keys [c0, c1) of one slot, by the
+ * path the op takes (the AVX-512 one where the CPU and the key format allow it; the scalar
+ * one under dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR)). */
+void dsib_cpu_indexer_v41_scores(const float *q, const float *w, const dsib_state *keys,
+                                 uint32_t slot, uint32_t heads, uint32_t hd, uint32_t c0,
+                                 uint32_t c1, float *score);
+
 #define DSIB_CPU_OPS_V41_INIT                                                                  \
     .indexer_topk_v41 = dsib_cpu_indexer_topk_v41, .engram_gate = dsib_cpu_engram_gate,
 

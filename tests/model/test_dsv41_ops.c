@@ -11,10 +11,16 @@
 #include "tests/common/filter.h"
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_impl.h"
+#include "backends/cpu/kernels/kernels.h"
+#include "backends/cpu/ops_v41.h"
+#include "quant/statepack.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define IDX_TEST_CHUNK 2048 /* ops_v41.c IDX_CHUNK: rows at its multiples test the chunk edges */
 
 static const dsib_backend *be;
 static dsib_instance *inst;
@@ -283,12 +289,126 @@ static void test_engram_gate(void **state) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->buffer_free(inst, all[i]);
 }
 
+/* Packed index keys (E2M1 values, UE8M0 scales per 32: V4.1's, §4.3), many of them:
+ *  - the AVX-512 scan gives the scalar path's bits (scores of every key, tails of 1..15
+ *    keys, 13 heads = the 8-, 4- and 1-head groups);
+ *  - one-row calls (fewer rows than threads: the scan is split in chunks over the threads)
+ *    select exactly what one multi-row call (one task per row) and the brute-force
+ *    reference on the unpacked keys select, top-k and candidate blocks. */
+static void test_indexer_packed(void **state) {
+    (void)state;
+    enum { H = 13, HD = 128, BLK = 32, ROWS = 9000, N = 6, TOPK = 16, CB = 64, CK = 8 };
+    const uint32_t rb = dsii_sp_row_bytes(DSIB_STATE_E2M1_UE8M0, HD, HD, BLK);
+    assert_int_equal(rb, HD / 2 + HD / BLK);
+    uint8_t *packed = malloc((size_t)ROWS * rb);
+    float *keys = malloc(sizeof(float) * ROWS * HD);
+    static float q[N][H * HD], w[N][H];
+    assert_non_null(packed);
+    assert_non_null(keys);
+    for (uint32_t r = 0; r < ROWS; r++) {
+        uint8_t *row = packed + (size_t)r * rb;
+        for (uint32_t i = 0; i < HD / 2; i++) row[i] = (uint8_t)(rng = rng * 1664525u + 1013904223u) >> 0;
+        for (uint32_t b = 0; b < HD / BLK; b++) row[HD / 2 + b] = (uint8_t)(120 + (rng >> 28)); /* 2^-7 .. 2^8 */
+        if (r % 97 == 5) row[HD / 2] = 0;                                            /* 2^-127 */
+        dsii_sp_unpack_row(DSIB_STATE_E2M1_UE8M0, HD, HD, BLK, row, keys + (size_t)r * HD);
+    }
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < H * HD; i++) q[t][i] = frand();
+        for (int h = 0; h < H; h++) w[t][h] = frand();
+    }
+    dsib_buffer *bk = wrap(packed, (size_t)ROWS * rb);
+    dsib_state sk = {bk, 0, 1, ROWS, HD, DSIB_STATE_E2M1_UE8M0, rb, HD, BLK, 0};
+
+    /* scores: the process's path against the scalar one, bit for bit */
+    float *s_def = malloc(sizeof(float) * ROWS), *s_sc = malloc(sizeof(float) * ROWS);
+    assert_non_null(s_def);
+    assert_non_null(s_sc);
+    const uint32_t ranges[][2] = {{0, ROWS}, {3, 4}, {5, 20}, {17, 48}, {ROWS - 15, ROWS}};
+    for (uint32_t hh = 1; hh <= H; hh += 4)
+        for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++) {
+            const uint32_t c0 = ranges[k][0], c1 = ranges[k][1];
+            memset(s_def, 0xff, sizeof(float) * ROWS);
+            memset(s_sc, 0xff, sizeof(float) * ROWS);
+            dsib_cpu_indexer_v41_scores(q[1], w[1], &sk, 0, hh, HD, c0, c1, s_def);
+            dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR);
+            dsib_cpu_indexer_v41_scores(q[1], w[1], &sk, 0, hh, HD, c0, c1, s_sc);
+            dsib_cpu_ops_force_isa(-1);
+            assert_memory_equal(s_def, s_sc, sizeof(float) * ROWS);
+            for (uint32_t c = c0; c < c1; c++) { /* the formula, in double */
+                double sd = 0.0, mag = 0.0;
+                for (uint32_t h = 0; h < hh; h++) {
+                    double d = 0.0;
+                    for (uint32_t i = 0; i < HD; i++) {
+                        d += (double)q[1][h * HD + i] * keys[(size_t)c * HD + i];
+                        mag += fabs((double)q[1][h * HD + i] * keys[(size_t)c * HD + i]) * fabs(w[1][h]);
+                    }
+                    sd += (d > 0 ? d : 0) * w[1][h];
+                }
+                assert_true(fabs(s_def[c] - sd) <= 1e-5 * (mag + 1e-30));
+            }
+        }
+    if (dsib_cpu_ops_isa() < DSIB_ISA_AVX512)
+        print_message("note: no AVX-512 here; the scan comparison ran the scalar path twice\n");
+
+    /* selection: chunked one-row calls = one multi-row call = the reference */
+    dsib_stream *st2 = NULL;
+    dsib_stream_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.max_rows = 64;
+    d.max_positions = ROWS + 8;
+    d.max_heads = H;
+    d.max_head_dim = HD;
+    d.max_topk = TOPK;
+    d.max_width = 256;
+    dsib_error err;
+    assert_int_equal(be->stream_create(inst, &d, &st2, &err), DSI_OK);
+    static int32_t rows[N][DSIB_ROW_WORDS], row1[N][DSIB_ROW_WORDS], idx[N][TOPK], idx1[N][TOPK], cand[N][CK], cand1[N][CK],
+        ref_idx[TOPK], ref_cand[CK];
+    const int32_t pos[N] = {ROWS - 1, 4 * IDX_TEST_CHUNK, 4 * IDX_TEST_CHUNK + 1, 7001, 4100, 2 * IDX_TEST_CHUNK + 3};
+    for (int t = 0; t < N; t++) {
+        rows[t][DSIB_ROW_POS] = pos[t], rows[t][DSIB_ROW_SLOT] = 0;
+        rows[t][DSIB_ROW_FIRST] = t, rows[t][DSIB_ROW_COUNT] = 1;
+        memcpy(row1[t], rows[t], sizeof rows[t]);
+        row1[t][DSIB_ROW_FIRST] = 0;
+    }
+    dsib_buffer *bq = wrap(q, sizeof q), *bw = wrap(w, sizeof w), *br = wrap(rows, sizeof rows);
+    dsib_buffer *br1 = wrap(row1, sizeof row1);
+    dsib_buffer *bi = wrap(idx, sizeof idx), *bi1 = wrap(idx1, sizeof idx1);
+    dsib_buffer *bc = wrap(cand, sizeof cand), *bc1 = wrap(cand1, sizeof cand1);
+    const dsib_view none = {NULL, 0};
+    dsib_view vq = {bq, 0}, vw = {bw, 0}, vr = {br, 0}, vi = {bi, 0}, vc = {bc, 0};
+    assert_int_equal(be->ops->indexer_topk_v41(st2, vq, H * HD, vw, H, &sk, H, HD, vr, N, 1, TOPK,
+                                               vi, none, vc, CB, CK),
+                     DSI_OK);
+    for (int t = 0; t < N; t++) {
+        dsib_view q1 = {bq, (uint64_t)t * sizeof q[0]}, w1 = {bw, (uint64_t)t * sizeof w[0]};
+        dsib_view r1 = {br1, (uint64_t)t * sizeof row1[0]};
+        dsib_view i1 = {bi1, (uint64_t)t * sizeof idx1[0]}, c1 = {bc1, (uint64_t)t * sizeof cand1[0]};
+        assert_int_equal(be->ops->indexer_topk_v41(st2, q1, H * HD, w1, H, &sk, H, HD, r1, 1, 1,
+                                                   TOPK, i1, none, c1, CB, CK),
+                         DSI_OK);
+        ref_indexer(q[t], w[t], keys, H, HD, pos[t], 1, TOPK, NULL, ref_cand, CB, CK, ref_idx);
+        assert_memory_equal(idx[t], ref_idx, sizeof ref_idx);
+        assert_memory_equal(idx1[t], ref_idx, sizeof ref_idx);
+        assert_memory_equal(cand[t], ref_cand, sizeof ref_cand);
+        assert_memory_equal(cand1[t], ref_cand, sizeof ref_cand);
+    }
+    dsib_buffer *all[] = {bk, bq, bw, br, br1, bi, bi1, bc, bc1};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->buffer_free(inst, all[i]);
+    be->stream_destroy(st2);
+    free(packed);
+    free(keys);
+    free(s_def);
+    free(s_sc);
+}
+
 int main(void) {
     dsit_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_indexer_ratio2), cmocka_unit_test(test_indexer_ratio1),
         cmocka_unit_test(test_indexer_ties),   cmocka_unit_test(test_indexer_wide),
-        cmocka_unit_test(test_engram_gate),
+        cmocka_unit_test(test_engram_gate),    cmocka_unit_test(test_indexer_packed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
