@@ -21,19 +21,19 @@
 
 #define DSIB_KERN_GROUP 64
 
-/* Software prefetch of the weight stream (speed only, never changes a result): the kernels
- * prefetch the lines [p + D, p + D + n) of the weight bytes they are about to decode, D =
- * dsib_kern_prefetch bytes ahead (DSIB_PREFETCH_BYTES by default; 0: off, dsinfer-bench
- * --prefetch). A task's rows are contiguous, so D bytes ahead is the stream's next bytes;
- * the hardware prefetchers stop at every 4 KiB page, and the model's matrices are short
- * (docs/performance.md §4.0000). */
+/* Software prefetch of the weight stream (speed only, never changes a result): in decode
+ * tiles (T = 1 token: memory-bound) the kernels prefetch the lines [p + D, p + D + n) of the
+ * weight bytes they are about to decode, D = dsib_kern_prefetch bytes ahead
+ * (DSIB_PREFETCH_BYTES by default; 0: off, dsinfer-bench --prefetch). A task's rows are
+ * contiguous, so D bytes ahead is the stream's next bytes; the hardware prefetchers stop at
+ * every 4 KiB page. Prefill tiles (T > 1) are compute-bound and issue none. */
 #ifndef DSIB_PREFETCH_BYTES
 #define DSIB_PREFETCH_BYTES 2048
 #endif
-#define DSIB_PF(p, n)                                                                      \
+#define DSIB_PF(T, p, n)                                                                   \
     do {                                                                                   \
         const int32_t pfd_ = dsib_kern_prefetch;                                           \
-        if (pfd_ > 0) {                                                                    \
+        if ((T) == 1 && pfd_ > 0) {                                                        \
             const char *pfq_ = (const char *)(p) + pfd_;                                   \
             for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfq_ + pfk_, 0, 3); \
         }                                                                                  \

@@ -76,7 +76,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
                 __m512i wv[4], sc[4];                                                      \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
-                DSIB_PF(w + (size_t)r * rb + (BLK) * b, BLK);                              \
+                DSIB_PF(T, w + (size_t)r * rb + (BLK) * b, BLK);                           \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
                 for (int t = 0; t < T; t++)                                                \
                     acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, &x[t], b); \
@@ -129,7 +129,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
         }                                                                                  \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 2 * (BLK) * (p);                     \
-            DSIB_PF(blk, 2 * (BLK));                                                       \
+            DSIB_PF(T, blk, 2 * (BLK));                                                    \
             const __m512 sw = SPAIR(blk, half);                                            \
             if (T == 1) {                                                                  \
                 const __m512i I = _mm512_dpbusd_epi32(                                     \
