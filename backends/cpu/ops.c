@@ -774,8 +774,9 @@ typedef struct idx_job {
     const int32_t *rows;
     uint32_t ldq, ldw, heads, hd, ratio, topk, n;
     int32_t *idx;
-    float *scratch;      /* [threads][max_rows] scores */
+    float *scratch;      /* [threads][max_rows] scores (chunked: [rows][max_rows]) */
     int64_t max_rows;
+    int64_t n_chunks;    /* chunked scan: IDX4_CHUNK-key chunks per row */
 } idx_job;
 
 /* Selects the k best of sc[0..m) (higher score first, ties: lower index first) into out[],
@@ -813,23 +814,17 @@ static void topk_select(const float *sc, int64_t m, uint32_t k, int32_t *heap) {
     dsii_sort(heap, k, sizeof(int32_t), cmp_i32, NULL); /* qsort may malloc outside the hooks */
 }
 
-static void idx_task(void *arg, int64_t t, int32_t slot) {
-    idx_job *j = arg;
+/* Scores of row t's keys [c0, c1) (c1 clamped to the visible ones) into sc[]. */
+static void idx_scores(const idx_job *j, int64_t t, int64_t c0, int64_t c1, float *sc) {
     const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
-    int64_t p = r[DSIB_ROW_POS];
-    int64_t nvis = (p + 1) / j->ratio;
-    int32_t *out = j->idx + (size_t)t * j->topk;
-    if (nvis <= (int64_t)j->topk) {
-        for (uint32_t i = 0; i < j->topk; i++) out[i] = i < nvis ? (int32_t)i : -1;
-        return;
-    }
-    float *sc = j->scratch + (size_t)slot * j->max_rows;
+    const int64_t nvis = (r[DSIB_ROW_POS] + 1) / j->ratio;
+    if (c1 > nvis) c1 = nvis;
     const float *q = j->q + (size_t)t * j->ldq, *w = j->w + (size_t)t * j->ldw;
     const uint8_t *keys = dsib_cpu_state_bytes(j->keys, (uint32_t)r[DSIB_ROW_SLOT], 0);
     const uint64_t krb = dsib_cpu_state_rb(j->keys);
     const int packed = j->keys->format != DSIB_STATE_F32;
     float kbuf[DSIB_CPU_MAX_KEY];
-    for (int64_t c = 0; c < nvis; c++) {
+    for (int64_t c = c0; c < c1; c++) {
         const float *k = (const float *)(const void *)(keys + (uint64_t)c * krb);
         if (packed) { /* one key, decoded once for every head (statepack.h: exact) */
             dsii_sp_unpack_row(j->keys->format, j->hd, j->keys->qcols, j->keys->block,
@@ -845,7 +840,46 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
         }
         sc[c] = s;
     }
-    topk_select(sc, nvis, j->topk, out);
+}
+
+/* Row t's top-k: every visible key when there are no more than k. */
+static int idx_few(const idx_job *j, int64_t t) {
+    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
+    const int64_t nvis = (r[DSIB_ROW_POS] + 1) / j->ratio;
+    int32_t *out = j->idx + (size_t)t * j->topk;
+    if (nvis > (int64_t)j->topk) return 0;
+    for (uint32_t i = 0; i < j->topk; i++) out[i] = i < nvis ? (int32_t)i : -1;
+    return 1;
+}
+
+static void idx_task(void *arg, int64_t t, int32_t slot) {
+    idx_job *j = arg;
+    if (idx_few(j, t)) return;
+    float *sc = j->scratch + (size_t)slot * j->max_rows;
+    idx_scores(j, t, 0, INT64_MAX, sc);
+    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
+    topk_select(sc, (r[DSIB_ROW_POS] + 1) / j->ratio, j->topk, j->idx + (size_t)t * j->topk);
+}
+
+/* Steps with fewer rows than threads over many keys (decode): the scan in IDX4_CHUNK-key
+ * chunks over the threads, scores per row (scratch row t), then one selection per row. A
+ * key's score does not depend on the chunk that computed it. */
+#define IDX4_CHUNK 1024
+static void idx_chunk_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    idx_job *j = arg;
+    const int64_t t = task / j->n_chunks, c0 = (task % j->n_chunks) * IDX4_CHUNK;
+    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
+    if ((r[DSIB_ROW_POS] + 1) / j->ratio <= (int64_t)j->topk) return; /* idx_select_task's */
+    idx_scores(j, t, c0, c0 + IDX4_CHUNK, j->scratch + (size_t)t * j->max_rows);
+}
+static void idx_select_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    idx_job *j = arg;
+    if (idx_few(j, t)) return;
+    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
+    topk_select(j->scratch + (size_t)t * j->max_rows, (r[DSIB_ROW_POS] + 1) / j->ratio, j->topk,
+                j->idx + (size_t)t * j->topk);
 }
 
 /* Largest position + 1 of the step rows (rows already checked). */
@@ -873,12 +907,18 @@ static dsi_status op_indexer_topk(dsib_stream *strm, dsib_view q, uint32_t ldq, 
     int64_t maxp = rows_max_pos(rows, n);
     if (maxp / ratio > (int64_t)keys->rows) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     idx_job j = {dsib_cpu_f32(q), dsib_cpu_f32(w), keys, dsib_cpu_i32(rows), ldq, ldw, heads, hd,
-                 ratio, topk, n, dsib_cpu_i32(idx), NULL, 0};
+                 ratio, topk, n, dsib_cpu_i32(idx), NULL, 0, 0};
     j.max_rows = maxp / ratio + 1;
     int32_t nt = dsib_threadpool_n_threads(inst->pool);
     /* ws: per thread max_rows scores */
     j.scratch = dsib_cpu_ws(strm, sizeof(float) * (size_t)j.max_rows * (size_t)nt);
     if (!j.scratch) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    if (nt > 1 && (int32_t)n < nt && j.max_rows > 2 * IDX4_CHUNK) {
+        j.n_chunks = (j.max_rows + IDX4_CHUNK - 1) / IDX4_CHUNK;
+        dsib_parallel_for(inst->pool, (int64_t)n * j.n_chunks, idx_chunk_task, &j);
+        dsib_parallel_for(inst->pool, n, idx_select_task, &j);
+        return DSI_OK;
+    }
     dsib_parallel_for(inst->pool, n, idx_task, &j);
     return DSI_OK;
 }

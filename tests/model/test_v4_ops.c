@@ -150,6 +150,72 @@ static void test_indexer_ties(void **state) {
     unwrap(vi);
 }
 
+/* Few rows over many keys: one-row calls (fewer rows than threads: the scan is split in
+ * chunks over the threads) select exactly what one multi-row call (one task per row)
+ * selects; positions at and around the chunk edges, ties across them (identical keys). */
+static void test_indexer_split(void **state) {
+    (void)state;
+    enum { H = 4, HD = 64, ROWS = 5000, N = 5, TOPK = 16 };
+    float *keys = malloc(sizeof(float) * ROWS * HD);
+    static float q[N][H * HD], w[N][H];
+    assert_non_null(keys);
+    for (int i = 0; i < ROWS * HD; i++) keys[i] = frand();
+    for (int c = 1020; c < 1030; c++) memcpy(keys + c * HD, keys + 1019 * HD, sizeof(float) * HD);
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < H * HD; i++) q[t][i] = frand();
+        for (int h = 0; h < H; h++) w[t][h] = frand();
+    }
+    memcpy(q[4], q[0], sizeof q[0]); /* row 4 scores key 1019 highly: its copies tie */
+    for (int i = 0; i < H * HD; i++) q[4][i] = keys[1019 * HD + i % HD];
+    for (int h = 0; h < H; h++) w[4][h] = 1.0f;
+    dsib_stream *st2 = NULL;
+    dsib_stream_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.max_rows = 64;
+    d.max_positions = ROWS + 8;
+    d.max_heads = H;
+    d.max_head_dim = HD;
+    d.max_topk = TOPK;
+    d.max_width = 1024;
+    dsib_error err;
+    assert_int_equal(be->stream_create(inst, &d, &st2, &err), DSI_OK);
+    const int32_t pos[N] = {ROWS - 1, 2048, 2049, 3071, 4000};
+    static int32_t rows[N][DSIB_ROW_WORDS], row1[N][DSIB_ROW_WORDS], idx[N][TOPK], idx1[N][TOPK];
+    for (int t = 0; t < N; t++) {
+        rows[t][DSIB_ROW_POS] = pos[t], rows[t][DSIB_ROW_SLOT] = 0;
+        rows[t][DSIB_ROW_FIRST] = t, rows[t][DSIB_ROW_COUNT] = 1;
+        memcpy(row1[t], rows[t], sizeof rows[t]);
+        row1[t][DSIB_ROW_FIRST] = 0;
+    }
+    dsib_view vq = wrap(q, sizeof q), vw = wrap(w, sizeof w), vk = wrap(keys, sizeof(float) * ROWS * HD);
+    dsib_view vr = wrap(rows, sizeof rows), vr1 = wrap(row1, sizeof row1);
+    dsib_view vi = wrap(idx, sizeof idx), vi1 = wrap(idx1, sizeof idx1);
+    dsib_state sk = state_of(vk, ROWS, HD);
+    assert_int_equal(ops->indexer_topk(st2, vq, H * HD, vw, H, &sk, H, HD, vr, N, 1, TOPK, vi), DSI_OK);
+    for (int t = 0; t < N; t++) {
+        dsib_view q1 = {vq.buf, (uint64_t)t * sizeof q[0]}, w1 = {vw.buf, (uint64_t)t * sizeof w[0]};
+        dsib_view r1 = {vr1.buf, (uint64_t)t * sizeof row1[0]}, i1 = {vi1.buf, (uint64_t)t * sizeof idx1[0]};
+        assert_int_equal(ops->indexer_topk(st2, q1, H * HD, w1, H, &sk, H, HD, r1, 1, 1, TOPK, i1), DSI_OK);
+        assert_memory_equal(idx[t], idx1[t], sizeof idx[t]);
+        for (int i = 0; i < TOPK; i++) assert_true(idx[t][i] >= 0 && idx[t][i] <= pos[t]);
+    }
+    for (int c = 1019; c < 1030; c++) { /* the tied copies (the best scores) are all chosen */
+        int found = 0;
+        for (int i = 0; i < TOPK; i++) found |= idx[4][i] == c;
+        assert_true(found);
+    }
+    unwrap(vq);
+    unwrap(vw);
+    unwrap(vk);
+    unwrap(vr);
+    unwrap(vr1);
+    unwrap(vi);
+    unwrap(vi1);
+    be->stream_destroy(st2);
+    free(keys);
+}
+
 /* ---- fake quant (§10.1) ------------------------------------------------------------------ */
 
 static void fq(float *x, uint32_t n, uint32_t block, int32_t recipe, uint32_t flags) {
@@ -655,6 +721,7 @@ int main(void) {
     dsit_filter();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_indexer_ties),
+        cmocka_unit_test(test_indexer_split),
         cmocka_unit_test(test_fake_quant_e4m3),
         cmocka_unit_test(test_fake_quant_e2m1),
         cmocka_unit_test(test_hadamard_rope),
