@@ -823,6 +823,9 @@ static void idx_scores(const idx_job *j, int64_t t, int64_t c0, int64_t c1, floa
     const uint8_t *keys = dsib_cpu_state_bytes(j->keys, (uint32_t)r[DSIB_ROW_SLOT], 0);
     const uint64_t krb = dsib_cpu_state_rb(j->keys);
     const int packed = j->keys->format != DSIB_STATE_F32;
+    if (c0 < c1 && dsib_cpu_indexer_v4_scan(j->keys, j->heads, j->hd, q, w, keys, (uint32_t)c0,
+                                            (uint32_t)c1, sc))
+        return; /* AVX-512, packed E2M1 keys: the same bits */
     float kbuf[DSIB_CPU_MAX_KEY];
     for (int64_t c = c0; c < c1; c++) {
         const float *k = (const float *)(const void *)(keys + (uint64_t)c * krb);
@@ -840,6 +843,19 @@ static void idx_scores(const idx_job *j, int64_t t, int64_t c0, int64_t c1, floa
         }
         sc[c] = s;
     }
+}
+
+/* Tests: V4's indexer scores of keys [c0, c1) at position p of slot 0, by the path the op
+ * takes (ops_v41.h dsib_cpu_indexer_v4_scan where it can run). */
+void dsib_cpu_indexer_v4_scores(const float *q, const float *w, const dsib_state *keys,
+                                uint32_t heads, uint32_t hd, int64_t c0, int64_t c1, float *score) {
+    int32_t row[DSIB_ROW_WORDS] = {0};
+    row[DSIB_ROW_POS] = (int32_t)c1 - 1;
+    row[DSIB_ROW_COUNT] = 1;
+    idx_job j;
+    memset(&j, 0, sizeof j);
+    j.q = q, j.w = w, j.keys = keys, j.rows = row, j.heads = heads, j.hd = hd, j.ratio = 1;
+    idx_scores(&j, 0, c0, c1, score);
 }
 
 /* Row t's top-k: every visible key when there are no more than k. */

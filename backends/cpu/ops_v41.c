@@ -212,10 +212,30 @@ IDX_AI void idx_heads_avx512(const float *q, uint32_t hd, const float *kt, const
                                              _mm512_set1_ps(wt[h])));
 }
 
-static void score_keys_avx512(const idx_args *a, const float *q, const float *wt,
-                              const uint8_t *keys, uint32_t c0, uint32_t c1, float *score) {
-    const uint32_t hd = a->hd, block = a->keys->block, H = a->heads;
-    const uint64_t krb = dsib_cpu_state_rb(a->keys);
+/* One head of V4's indexer score (backends/cpu/ops.c dot_fixed: dim i into lane i mod 8 of
+ * its key's accumulators, the lanes combined as ((0+1)+(2+3))+((4+5)+(6+7)); relu as
+ * d < 0 ? 0 : d, which keeps -0 and NaN), lane by lane over 16 keys. hd % 8 == 0. */
+IDX_AI void idx_head_v4_avx512(const float *q, uint32_t hd, const float *kt, float wh,
+                               __m512 *s) {
+    __m512 l[8];
+    for (int j = 0; j < 8; j++) l[j] = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < hd; i += 8)
+        for (int j = 0; j < 8; j++)
+            l[j] = _mm512_add_ps(l[j], _mm512_mul_ps(_mm512_set1_ps(q[i + (uint32_t)j]),
+                                                     _mm512_load_ps(kt + 16 * (size_t)(i + (uint32_t)j))));
+    __m512 d = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
+                             _mm512_add_ps(_mm512_add_ps(l[4], l[5]), _mm512_add_ps(l[6], l[7])));
+    d = _mm512_mask_mov_ps(d, _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_LT_OQ),
+                           _mm512_setzero_ps());
+    *s = _mm512_add_ps(*s, _mm512_mul_ps(d, _mm512_set1_ps(wh)));
+}
+
+/* order 0: V4.1's score (dims in order); 1: V4's (dot_fixed lanes). */
+static void score_keys_avx512(const dsib_state *ks, uint32_t H, uint32_t hd, int order,
+                              const float *q, const float *wt, const uint8_t *keys, uint32_t c0,
+                              uint32_t c1, float *score) {
+    const uint32_t block = ks->block;
+    const uint64_t krb = dsib_cpu_state_rb(ks);
     const uint32_t cb = hd / 2; /* code bytes; the scales follow */
     _Alignas(64) float kt[DSIB_CPU_MAX_KEY * 16];
     const __m512 lut = _mm512_loadu_ps(dsii_sp_e2m1_lut);
@@ -246,6 +266,11 @@ static void score_keys_avx512(const idx_args *a, const float *q, const float *wt
         }
         __m512 s = _mm512_setzero_ps();
         uint32_t h = 0;
+        if (order == 1) {
+            for (; h < H; h++) idx_head_v4_avx512(q + (size_t)h * hd, hd, kt, wt[h], &s);
+            _mm512_mask_storeu_ps(score + c, km, s);
+            continue;
+        }
         for (; h + 8 <= H; h += 8) idx_heads_avx512(q + (size_t)h * hd, hd, kt, wt + h, &s, 8);
         for (; h + 4 <= H; h += 4) idx_heads_avx512(q + (size_t)h * hd, hd, kt, wt + h, &s, 4);
         for (; h < H; h++) idx_heads_avx512(q + (size_t)h * hd, hd, kt, wt + h, &s, 1);
@@ -270,11 +295,25 @@ static int idx_simd_ok(const dsib_state *k, uint32_t hd) {
            k->block % 8 == 0 && (hd / k->block) % 4 == 0 && hd <= DSIB_CPU_MAX_KEY;
 }
 
+int dsib_cpu_indexer_v4_scan(const dsib_state *keys, uint32_t heads, uint32_t hd, const float *q,
+                              const float *w, const uint8_t *slot_keys, uint32_t c0, uint32_t c1,
+                              float *score) {
+#if IDX_SIMD
+    if (!idx_simd_ok(keys, hd)) return 0;
+    score_keys_avx512(keys, heads, hd, 1, q, w, slot_keys, c0, c1, score);
+    return 1;
+#else
+    (void)keys, (void)heads, (void)hd, (void)q, (void)w, (void)slot_keys, (void)c0, (void)c1,
+        (void)score;
+    return 0;
+#endif
+}
+
 static void score_keys(const idx_args *a, const float *q, const float *wt, const uint8_t *keys,
                        uint32_t c0, uint32_t c1, float *score) {
 #if IDX_SIMD
     if (a->simd) {
-        score_keys_avx512(a, q, wt, keys, c0, c1, score);
+        score_keys_avx512(a->keys, a->heads, a->hd, 0, q, wt, keys, c0, c1, score);
         return;
     }
 #endif

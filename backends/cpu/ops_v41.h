@@ -24,6 +24,14 @@ void dsib_cpu_indexer_v41_scores(const float *q, const float *w, const dsib_stat
                                  uint32_t slot, uint32_t heads, uint32_t hd, uint32_t c0,
                                  uint32_t c1, float *score);
 
+/* V4's indexer scan (backends/cpu/ops.c: dot_fixed per key and head, relu d < 0 ? 0 : d,
+ * heads ascending) of keys [c0, c1) of one slot (slot_keys = its row 0) on the AVX-512 path
+ * for packed E2M1 / UE8M0 keys: the same bits as the scalar loop. Returns 0 (nothing
+ * written) where that path cannot run (CPU, format). */
+int dsib_cpu_indexer_v4_scan(const dsib_state *keys, uint32_t heads, uint32_t hd, const float *q,
+                              const float *w, const uint8_t *slot_keys, uint32_t c0, uint32_t c1,
+                              float *score);
+
 #define DSIB_CPU_OPS_V41_INIT                                                                  \
     .indexer_topk_v41 = dsib_cpu_indexer_topk_v41, .engram_gate = dsib_cpu_engram_gate,
 
