@@ -158,7 +158,8 @@ if [ "${DSI_SKIP_MESON:-0}" != 1 ]; then
     sl=$(skiplog meson)
     # suite train (tools/train/test_train.py: Python only, the same run as in ctest) is left
     # to the CMake stage; so is suite heavy (whole-model runs on lavapipe: test_backend_model,
-    # test_batch_vulkan*), which the CMake stage runs and the validation stage runs again
+    # test_batch_vulkan*, test_spec_vulkan, test_snapshot_vulkan), which the CMake stage runs
+    # and the validation stage runs again
     DSI_SKIP_LOG=$sl meson test -C "$out/meson" --num-processes "$jobs" --print-errorlogs -t 2 \
       --no-suite train --no-suite heavy 2>&1 | tee "$out/meson-test.log"
     count_meson meson "$out/meson-test.log" "${PIPESTATUS[0]}" "$sl"
