@@ -814,10 +814,15 @@ static void topk_select(const float *sc, int64_t m, uint32_t k, int32_t *heap) {
     dsii_sort(heap, k, sizeof(int32_t), cmp_i32, NULL); /* qsort may malloc outside the hooks */
 }
 
+/* Keys row t sees. */
+static int64_t idx_nvis(const idx_job *j, int64_t t) {
+    return (j->rows[(size_t)t * DSIB_ROW_WORDS + DSIB_ROW_POS] + 1) / j->ratio;
+}
+
 /* Scores of row t's keys [c0, c1) (c1 clamped to the visible ones) into sc[]. */
 static void idx_scores(const idx_job *j, int64_t t, int64_t c0, int64_t c1, float *sc) {
     const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
-    const int64_t nvis = (r[DSIB_ROW_POS] + 1) / j->ratio;
+    const int64_t nvis = idx_nvis(j, t);
     if (c1 > nvis) c1 = nvis;
     const float *q = j->q + (size_t)t * j->ldq, *w = j->w + (size_t)t * j->ldw;
     const uint8_t *keys = dsib_cpu_state_bytes(j->keys, (uint32_t)r[DSIB_ROW_SLOT], 0);
@@ -860,8 +865,7 @@ void dsib_cpu_indexer_v4_scores(const float *q, const float *w, const dsib_state
 
 /* Row t's top-k: every visible key when there are no more than k. */
 static int idx_few(const idx_job *j, int64_t t) {
-    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
-    const int64_t nvis = (r[DSIB_ROW_POS] + 1) / j->ratio;
+    const int64_t nvis = idx_nvis(j, t);
     int32_t *out = j->idx + (size_t)t * j->topk;
     if (nvis > (int64_t)j->topk) return 0;
     for (uint32_t i = 0; i < j->topk; i++) out[i] = i < nvis ? (int32_t)i : -1;
@@ -873,8 +877,7 @@ static void idx_task(void *arg, int64_t t, int32_t slot) {
     if (idx_few(j, t)) return;
     float *sc = j->scratch + (size_t)slot * j->max_rows;
     idx_scores(j, t, 0, INT64_MAX, sc);
-    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
-    topk_select(sc, (r[DSIB_ROW_POS] + 1) / j->ratio, j->topk, j->idx + (size_t)t * j->topk);
+    topk_select(sc, idx_nvis(j, t), j->topk, j->idx + (size_t)t * j->topk);
 }
 
 /* Steps with fewer rows than threads over many keys (decode): the scan in IDX4_CHUNK-key
@@ -885,16 +888,14 @@ static void idx_chunk_task(void *arg, int64_t task, int32_t slot) {
     (void)slot;
     idx_job *j = arg;
     const int64_t t = task / j->n_chunks, c0 = (task % j->n_chunks) * IDX4_CHUNK;
-    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
-    if ((r[DSIB_ROW_POS] + 1) / j->ratio <= (int64_t)j->topk) return; /* idx_select_task's */
+    if (idx_nvis(j, t) <= (int64_t)j->topk) return; /* idx_select_task's */
     idx_scores(j, t, c0, c0 + IDX4_CHUNK, j->scratch + (size_t)t * j->max_rows);
 }
 static void idx_select_task(void *arg, int64_t t, int32_t slot) {
     (void)slot;
     idx_job *j = arg;
     if (idx_few(j, t)) return;
-    const int32_t *r = j->rows + (size_t)t * DSIB_ROW_WORDS;
-    topk_select(j->scratch + (size_t)t * j->max_rows, (r[DSIB_ROW_POS] + 1) / j->ratio, j->topk,
+    topk_select(j->scratch + (size_t)t * j->max_rows, idx_nvis(j, t), j->topk,
                 j->idx + (size_t)t * j->topk);
 }
 

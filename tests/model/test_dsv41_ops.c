@@ -307,7 +307,7 @@ static void test_indexer_packed(void **state) {
     assert_non_null(keys);
     for (uint32_t r = 0; r < ROWS; r++) {
         uint8_t *row = packed + (size_t)r * rb;
-        for (uint32_t i = 0; i < HD / 2; i++) row[i] = (uint8_t)(rng = rng * 1664525u + 1013904223u) >> 0;
+        for (uint32_t i = 0; i < HD / 2; i++) row[i] = (uint8_t)((rng = rng * 1664525u + 1013904223u) >> 24);
         for (uint32_t b = 0; b < HD / BLK; b++) row[HD / 2 + b] = (uint8_t)(120 + (rng >> 28)); /* 2^-7 .. 2^8 */
         if (r % 97 == 5) row[HD / 2] = 0;                                            /* 2^-127 */
         dsii_sp_unpack_row(DSIB_STATE_E2M1_UE8M0, HD, HD, BLK, row, keys + (size_t)r * HD);
