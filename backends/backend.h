@@ -111,8 +111,12 @@ enum {
     DSIB_BUFFER_WEIGHTS = 1u << 0,   /* written once (upload), read by ops */
     DSIB_BUFFER_STATE = 1u << 1,     /* KV / compressor state, persistent per sequence */
     DSIB_BUFFER_SCRATCH = 1u << 2,   /* activations */
-    DSIB_BUFFER_HOST_VISIBLE = 1u << 3 /* host reads/writes it through buffer_host_ptr while
-                                          no stream uses it: step inputs, readback */
+    DSIB_BUFFER_HOST_VISIBLE = 1u << 3, /* host reads/writes it through buffer_host_ptr while
+                                           no stream uses it: step inputs, readback */
+    DSIB_BUFFER_HOST_MEMORY = 1u << 4   /* (with STATE) read by the device's ops but kept in
+                                           host RAM where the device can: state offloaded
+                                           because the device budget cannot hold it. Backends
+                                           without such memory use their usual memory. */
 };
 
 /* The largest shapes the ops recorded on a stream will see; the backend sizes the stream's

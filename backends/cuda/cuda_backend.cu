@@ -201,7 +201,9 @@ dsi_status buffer_alloc(dsib_instance *i, uint64_t size, uint32_t flags, dsib_bu
     b->flags = flags;
     b->host = nullptr;
     b->ptr = nullptr;
-    const int pinned = (flags & DSIB_BUFFER_HOST_VISIBLE) != 0;
+    /* host-visible buffers and offloaded state (DSIB_BUFFER_HOST_MEMORY) are mapped pinned
+     * host memory: the kernels read it through its device pointer over the bus */
+    const int pinned = (flags & (DSIB_BUFFER_HOST_VISIBLE | DSIB_BUFFER_HOST_MEMORY)) != 0;
     const uint64_t bytes = alloc_bytes(size); /* padded (cuda_plan.h) */
     void *p = nullptr;
     cudaError_t e = bytes < size ? cudaErrorMemoryAllocation
@@ -234,7 +236,7 @@ dsi_status buffer_alloc(dsib_instance *i, uint64_t size, uint32_t flags, dsib_bu
         return DSI_ERR_OUT_OF_DEVICE_MEMORY;
     }
     b->size = size;
-    inst->used += size;
+    if (!(flags & DSIB_BUFFER_HOST_MEMORY)) inst->used += size; /* device memory only */
     *out = reinterpret_cast<dsib_buffer *>(b);
     return DSI_OK;
 }
@@ -246,7 +248,7 @@ void buffer_free(dsib_instance *i, dsib_buffer *buf) {
     cudaSetDevice(inst->device);
     if (b->host) cudaFreeHost(b->host);
     else cudaFree(b->ptr);
-    inst->used -= b->size;
+    if (!(b->flags & DSIB_BUFFER_HOST_MEMORY)) inst->used -= b->size;
     inst->host.free_fn(inst->host.alloc_ctx, b);
 }
 

@@ -452,7 +452,7 @@ static void free_chunks(dsib_instance *inst, dsib_buffer *b, uint32_t n) {
         if (c->buf) inst->vk.vkDestroyBuffer(inst->device, c->buf, NULL);
         if (c->mem) {
             inst->vk.vkFreeMemory(inst->device, c->mem, NULL);
-            atomic_fetch_sub(&inst->mem_used, c->size);
+            atomic_fetch_sub(c->in_host ? &inst->host_mem_used : &inst->mem_used, c->size);
         }
     }
 }
@@ -509,8 +509,11 @@ dsi_status dsib_vk_buffer_create_rows(dsib_instance *inst, uint64_t size, uint64
     }
     uint64_t n = (size + cs - 1) / cs;
     int host = (flags & DSIB_BUFFER_HOST_VISIBLE) != 0;
+    /* offloaded state: a host-visible type outside the device-local heaps (system RAM the
+     * device reads over the bus), where the device has one; else the usual memory */
+    int hostmem = (flags & DSIB_BUFFER_HOST_MEMORY) != 0 && inst->mem_type_offload >= 0;
     uint64_t used = atomic_load(&inst->mem_used);
-    if (inst->heap_size && used + size > inst->heap_size) {
+    if (!hostmem && inst->heap_size && used + size > inst->heap_size) {
         snprintf(msg, msg_cap,
                  "vulkan: out of device memory: %llu bytes requested, %llu of %llu in use",
                  (unsigned long long)size, (unsigned long long)used,
@@ -555,7 +558,9 @@ dsi_status dsib_vk_buffer_create_rows(dsib_instance *inst, uint64_t size, uint64
         VkMemoryRequirements req;
         inst->vk.vkGetBufferMemoryRequirements(inst->device, c->buf, &req);
         int mt;
-        if (host)
+        if (hostmem && (req.memoryTypeBits & (1u << inst->mem_type_offload)))
+            mt = inst->mem_type_offload, c->in_host = 1;
+        else if (host)
             mt = find_mem_type(&mp, req.memoryTypeBits,
                                VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
                                    VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
@@ -584,7 +589,7 @@ dsi_status dsib_vk_buffer_create_rows(dsib_instance *inst, uint64_t size, uint64
         /* Accounting counts usable bytes (what callers asked for), so memory_used returns
          * to its old value after every free. */
         c->size = csz;
-        atomic_fetch_add(&inst->mem_used, c->size);
+        atomic_fetch_add(c->in_host ? &inst->host_mem_used : &inst->mem_used, c->size);
         vr = inst->vk.vkBindBufferMemory(inst->device, c->buf, c->mem, 0);
         if (vr != VK_SUCCESS) {
             snprintf(msg, msg_cap, "vulkan: vkBindBufferMemory failed (VkResult %d)", (int)vr);
@@ -1280,6 +1285,7 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     pthread_mutex_init(&inst->pipe_lock, NULL);
     pthread_mutex_init(&inst->staging_lock, NULL);
     atomic_init(&inst->mem_used, 0);
+    atomic_init(&inst->host_mem_used, 0);
 
     dsi_status st = load_vulkan(&inst->vk, &inst->libvulkan, err);
     if (st == DSI_OK) st = create_vk_instance(inst, env_flag("DSINFER_VULKAN_VALIDATION"), err);
@@ -1343,6 +1349,17 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     inst->device_is_mappable = (pf & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
                                (pf & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT);
     inst->heap_size = mp.memoryHeaps[mp.memoryTypes[mt].heapIndex].size;
+    /* host RAM the device can read (DSIB_BUFFER_HOST_MEMORY): a host-visible, coherent type
+     * of a heap that is not device-local (none on integrated and software devices) */
+    inst->mem_type_offload = -1;
+    for (uint32_t i = 0; i < mp.memoryTypeCount; i++) {
+        VkMemoryPropertyFlags f = mp.memoryTypes[i].propertyFlags;
+        if ((f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT) &&
+            !(mp.memoryHeaps[mp.memoryTypes[i].heapIndex].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)) {
+            inst->mem_type_offload = (int)i;
+            break;
+        }
+    }
     /* Test knob: exercise the staging path on devices whose memory is all mappable. */
     inst->force_staging = env_flag("DSINFER_VULKAN_FORCE_STAGING");
     if (inst->force_staging) inst->device_is_mappable = 0;
@@ -1471,6 +1488,11 @@ static void vk_destroy(dsib_instance *inst) {
 static dsi_status vk_device(dsib_instance *inst, dsib_device_desc *out) {
     if (!inst || !out) return DSI_ERR_INVALID_ARGUMENT;
     *out = inst->desc;
+    /* the limits this instance works with (DSINFER_VULKAN_MAX_BINDING / _CHUNK shrink them):
+     * the largest binding window, and the allocation chunk no binding crosses (the state
+     * pool keeps every component region inside one buffer of at most both, lib/kv) */
+    out->max_buffer_size = inst->max_binding;
+    out->max_allocation_size = inst->chunk_max;
     out->memory_free = inst->heap_size > atomic_load(&inst->mem_used)
                            ? inst->heap_size - atomic_load(&inst->mem_used)
                            : 0;

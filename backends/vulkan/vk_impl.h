@@ -134,6 +134,7 @@ typedef struct dsib_vk_chunk {
     VkDeviceMemory mem;
     uint64_t size;
     uint8_t *mapped; /* persistent mapping when the memory is host-visible + coherent */
+    int in_host;     /* DSIB_BUFFER_HOST_MEMORY placed outside the device-local heap */
 } dsib_vk_chunk;
 
 struct dsib_buffer {
@@ -250,11 +251,13 @@ struct dsib_instance {
     uint64_t weight_chunk_max; /* pieces of row-structured (weight) buffers */
     uint32_t max_groups[3];
     uint32_t mem_type_device;    /* memory type index for device buffers */
+    int mem_type_offload;        /* host RAM the device reads (DSIB_BUFFER_HOST_MEMORY), or -1 */
     uint32_t mem_type_host;      /* host-visible + coherent, for staging / readback */
     int device_is_mappable;      /* mem_type_device is host-visible + coherent */
     int force_staging;           /* DSINFER_VULKAN_FORCE_STAGING=1: never map device buffers */
     uint64_t heap_size;          /* of the device memory type's heap */
     atomic_uint_fast64_t mem_used;
+    atomic_uint_fast64_t host_mem_used; /* DSIB_BUFFER_HOST_MEMORY chunks in host RAM */
 
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;

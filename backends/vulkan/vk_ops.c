@@ -10,6 +10,7 @@
  */
 #include "backends/vulkan/vk_impl.h"
 #include "backends/types.h"
+#include "lib/quant/statepack.h"
 
 #include <math.h>
 #include <string.h>
@@ -485,16 +486,45 @@ static dsi_status op_copy_rows(dsib_stream *strm, dsib_view src, uint32_t lds, d
     return op_end(&c, st);
 }
 
-/* Binds a state view whole (every slot): ops address slot s, row r themselves. */
-static dsi_status bind_state(opc *c, const dsib_state *st, uint32_t width, dsib_vk_bind *b,
-                             uint32_t *off, const char *what) {
+/* Binds a state view whole (every slot): ops address slot s, row r themselves. Packed rows
+ * (shaders/state.glsl) only where the op reads or writes them (`packed`): their rows must
+ * start on 4-byte boundaries (row_bytes a multiple of 4; lib/kv lays out no other). */
+static dsi_status bind_state_fmt(opc *c, const dsib_state *st, uint32_t width, int packed,
+                                 dsib_vk_bind *b, uint32_t *off, const char *what) {
     if (!st || !st->buf || st->slots == 0 || st->rows == 0 || st->ld < width)
         return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad %s state view", c->name, what);
-    if (st->format != DSIB_STATE_F32)
-        return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: %s state format %d is not supported",
-                    c->name, what, (int)st->format);
+    uint64_t rb = st->format == DSIB_STATE_F32 && st->row_bytes == 0 ? (uint64_t)st->ld * 4
+                                                                        : st->row_bytes;
+    if (st->format != DSIB_STATE_F32) {
+        if (!packed)
+            return FAIL(c, DSI_ERR_UNSUPPORTED, "vulkan %s: %s state format %d is not supported",
+                        c->name, what, (int)st->format);
+        if (st->format > DSIB_STATE_E2M1_E4M3 || st->ld != width ||
+            !dsii_sp_valid(st->format, st->ld, st->qcols, st->block) ||
+            rb != dsii_sp_row_bytes(st->format, st->ld, st->qcols, st->block))
+            return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad packed %s state view",
+                        c->name, what);
+        if (rb % 4)
+            return FAIL(c, DSI_ERR_UNSUPPORTED,
+                        "vulkan %s: packed %s rows of %llu bytes are not 4-byte aligned",
+                        c->name, what, (unsigned long long)rb);
+    } else if (rb != (uint64_t)st->ld * 4) {
+        return FAIL(c, DSI_ERR_INVALID_ARGUMENT, "vulkan %s: bad %s state row size", c->name, what);
+    }
     dsib_view v = {st->buf, st->offset};
-    return bind_words(c, v, (uint64_t)st->slots * st->rows * st->ld * 4, b, off, what);
+    return bind_words(c, v, (uint64_t)st->slots * st->rows * rb, b, off, what);
+}
+static dsi_status bind_state(opc *c, const dsib_state *st, uint32_t width, dsib_vk_bind *b,
+                             uint32_t *off, const char *what) {
+    return bind_state_fmt(c, st, width, 0, b, off, what);
+}
+/* The push words of a state's row form: format, quantised values, values per scale, row
+ * bytes (shaders/state.glsl). */
+static void state_words(const dsib_state *st, uint32_t *p) {
+    p[0] = (uint32_t)st->format;
+    p[1] = st->format == DSIB_STATE_F32 ? 0 : st->qcols;
+    p[2] = st->format == DSIB_STATE_F32 ? 1 : st->block;
+    p[3] = st->format == DSIB_STATE_F32 || st->row_bytes == 0 ? st->ld * 4 : st->row_bytes;
 }
 
 enum { ROWS_STORE_RING = 0, ROWS_STORE_GROUP = 1, ROWS_GATHER = 2 };
@@ -519,10 +549,17 @@ static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, 
         dsib_vk_bind bd[3];
         uint32_t p[32] = {ring ? ROWS_STORE_RING : ROWS_STORE_GROUP};
         st = bind_words(&c, src, span(n, lds, width), &bd[0], &p[1], "src");
-        if (st == DSI_OK) st = bind_state(&c, dst, width, &bd[1], &p[3], "dst");
+        if (st == DSI_OK) st = bind_state_fmt(&c, dst, width, 1, &bd[1], &p[3], "dst");
         if (st == DSI_OK) st = bind_words(&c, rows, (uint64_t)n * 16, &bd[2], &p[7], "rows");
         p[2] = lds, p[4] = dst->ld, p[8] = dst->rows, p[9] = ratio, p[11] = dst->slots;
-        if (st == DSI_OK) st = rows_dispatch(&c, p, bd, n, width);
+        /* packed rows (shaders/rows.comp): one invocation per four blocks, one per f32 of
+         * the tail */
+        uint32_t units = width;
+        if (st == DSI_OK && dst->format != DSIB_STATE_F32) {
+            state_words(dst, &p[12]);
+            units = (dst->qcols / dst->block + 3) / 4 + (width - dst->qcols);
+        }
+        if (st == DSI_OK) st = rows_dispatch(&c, p, bd, n, units);
     }
     return op_end(&c, st);
 }
@@ -773,7 +810,8 @@ static dsi_status indexer_impl(opc *c, dsib_view q, uint32_t ldq, dsib_view w, u
     dsib_view sv = {scr, 0};
     dsi_status st = bind_words(c, q, span(n, ldq, (uint64_t)heads * hd), &bd[0], &p[0], "q");
     if (st == DSI_OK) st = bind_words(c, w, span(n, ldw, heads), &bd[1], &p[2], "w");
-    if (st == DSI_OK) st = bind_state(c, keys, hd, &bd[2], &p[4], "keys");
+    if (st == DSI_OK) st = bind_state_fmt(c, keys, hd, 1, &bd[2], &p[4], "keys");
+    if (st == DSI_OK) state_words(keys, &p[21]);
     if (st == DSI_OK) st = bind_words(c, idx, (uint64_t)n * topk * 4, &bd[3], &p[10], "idx");
     if (st == DSI_OK) st = bind_words(c, sv, (uint64_t)n * stride * 4, &bd[4], &p[20], "scratch");
     if (st == DSI_OK && cand_in.buf) st = bind_words(c, cand_in, (uint64_t)n * cand_k * 4, &bd[5], &p[17], "cand_in");
@@ -848,9 +886,11 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
         memset(bd, 0, sizeof bd);
         uint32_t p[32] = {0};
         st = bind_words(&c, q, span(n, ldq, (uint64_t)H * hd), &bd[0], &p[0], "q");
-        if (st == DSI_OK) st = bind_state(&c, ring, hd, &bd[1], &p[6], "ring");
+        if (st == DSI_OK) st = bind_state_fmt(&c, ring, hd, 1, &bd[1], &p[6], "ring");
         if (st == DSI_OK) st = bind_words(&c, kv, span(n, ldkv, hd), &bd[2], &p[8], "kv");
-        if (st == DSI_OK && comp_ratio) st = bind_state(&c, comp, hd, &bd[3], &p[11], "comp");
+        if (st == DSI_OK && comp_ratio) st = bind_state_fmt(&c, comp, hd, 1, &bd[3], &p[11], "comp");
+        if (st == DSI_OK) state_words(ring, &p[25]);
+        if (st == DSI_OK && comp_ratio) state_words(comp, &p[21]);
         p[12] = 0xFFFFFFFFu;
         if (st == DSI_OK && comp_ratio && idx.buf) st = bind_words(&c, idx, (uint64_t)n * topk * 4, &bd[4], &p[12], "idx");
         if (st == DSI_OK) st = bind_param(&c, sinks, H, &bd[5], &p[14], &p[15], "sinks");

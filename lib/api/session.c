@@ -484,9 +484,13 @@ void dsii_session_state_info(dsi_session *s, dsii_state_info *out) {
     out->ring_bytes = dsii_kv_ring_bytes(l);
     out->full_bytes = l->slot_bytes;
     out->pool_bytes = dsii_kv_pool_bytes(s->seq.pool);
+    out->pool_host_bytes = dsii_kv_pool_host_bytes(s->seq.pool);
+    out->offload = l->offload;
+    out->device_full_bytes = dsii_kv_device_slot_bytes(l);
     out->pool_positions = dsii_kv_pool_positions(s->seq.pool);
     dsii_kv_pool_lock(s->seq.pool);
     out->pool_slots = dsii_kv_pool_slots(s->seq.pool);
+    out->pool_buffers = dsii_kv_pool_buffers(s->seq.pool);
     dsii_kv_pool_unlock(s->seq.pool);
 }
 

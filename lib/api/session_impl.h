@@ -117,6 +117,10 @@ typedef struct dsii_state_info {
     uint64_t pool_bytes;       /* the pool's buffer now (all its slots) */
     uint64_t pool_positions;   /* positions its row arrays hold now */
     uint32_t pool_slots;
+    uint32_t pool_buffers;     /* the buffers its components are spread over (lib/kv plan) */
+    int32_t offload;           /* 1: its row arrays are in host RAM (lib/arch/exec.c) */
+    uint64_t pool_host_bytes;  /* of pool_bytes, those in host RAM */
+    uint64_t device_full_bytes; /* of full_bytes, what device memory holds */
 } dsii_state_info;
 void dsii_session_state_info(dsi_session *s, dsii_state_info *out);
 

@@ -201,10 +201,18 @@ dsi_status dsii_exec_pool(dsii_exec *ex, const dsii_arch_params *p, dsii_kv_pool
     dsii_kv_layout_init(&l, ex->ctx, margin);
     /* Packed state (FP8 / FP4 rows, docs/internals.md "State layout"): only with the
      * rounding on (the stored rows are then on the grids, so packing is exact) and on a
-     * device whose ops read packed rows (the CPU backend; others keep f32 rows). */
+     * device whose ops read packed rows (the CPU and Vulkan backends; CUDA keeps f32 rows). */
     l.packed = !(p->flags & (DSI_SESSION_FLAG_NO_FAKE_QUANT | DSII_SESSION_FLAG_F32_STATE)) &&
-               strcmp(ex->dev->name, "cpu") == 0;
+               (strcmp(ex->dev->name, "cpu") == 0 || strcmp(ex->dev->name, "vulkan") == 0);
     if (st == DSI_OK) st = ex->arch->state_layout(ex->am, p->n_ctx, &l, e);
+    /* Host offload (issue 19): a GPU session whose state at full n_ctx exceeds the device
+     * budget keeps its row arrays (compressed KV rows, index keys: what grows with the
+     * context) in host RAM the device reads; the sparse attention then reads only the
+     * indexer-selected rows from there. The rings stay in device memory. On the CPU both
+     * are the same memory: no offload. */
+    uint64_t budget = ex->state_budget ? ex->state_budget : ex->dev->desc.memory_total;
+    if (st == DSI_OK && budget && l.slot_bytes > budget && strcmp(ex->dev->name, "cpu") != 0)
+        l.offload = 1;
     dsii_kv_pool *pool = NULL;
     if (st == DSI_OK) st = dsii_kv_pool_create(ex->dev, &l, key, &pool, e);
     else dsii_kv_layout_free(&l);
@@ -218,8 +226,16 @@ dsi_status dsii_exec_state_check(const dsii_exec *ex, const dsii_kv_pool *pool, 
     const dsii_kv_layout *l = dsii_kv_pool_layout(pool);
     dsii_arch_params pp;
     dsii_exec_pool_params(pool, &pp);
-    uint64_t need = l->slot_bytes; /* every row array at n_ctx, every ring */
+    /* every row array at n_ctx (unless offloaded to host RAM), every ring */
+    uint64_t need = dsii_kv_device_slot_bytes(l);
     uint64_t budget = ex->state_budget ? ex->state_budget : ex->dev->desc.memory_total;
+    if (budget && need > budget && l->offload)
+        return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
+                         "session state for n_ctx %u needs %llu bytes of device memory for its "
+                         "rings (its compressed rows, %.1f bytes/token, are in host RAM), the "
+                         "%s budget is %llu bytes",
+                         pp.n_ctx, (unsigned long long)need, dsii_kv_bytes_per_token(l),
+                         ex->dev->name, (unsigned long long)budget);
     if (budget && need > budget)
         return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
                          "session state for n_ctx %u needs %llu bytes (%.1f bytes/token of "

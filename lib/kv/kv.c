@@ -63,7 +63,9 @@ void dsii_kv_set_format(dsii_kv_layout *l, uint32_t id, int32_t format, uint32_t
     c->decl_format = format;
     c->decl_qcols = qcols;
     c->decl_block = block;
-    if (!l->packed) return;
+    /* packed rows start on 4-byte boundaries (GPU ops address state in 32-bit words): a
+     * form whose row is not a multiple of 4 bytes stays f32 (no model shape has one) */
+    if (!l->packed || dsii_sp_row_bytes(format, c->ld, qcols, block) % 4) return;
     uint64_t b = (uint64_t)c->rows * c->row_bytes;
     l->slot_bytes -= (b + 63) & ~(uint64_t)63;
     c->format = format;
@@ -86,6 +88,15 @@ uint64_t dsii_kv_ring_bytes(const dsii_kv_layout *l) {
     uint64_t b = 0;
     for (uint32_t i = 0; i < l->n; i++)
         if (l->c[i].kind == DSII_KV_RING) b += (uint64_t)l->c[i].rows * l->c[i].row_bytes;
+    return b;
+}
+
+uint64_t dsii_kv_device_slot_bytes(const dsii_kv_layout *l) {
+    if (!l->offload) return l->slot_bytes;
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < l->n; i++)
+        if (l->c[i].kind != DSII_KV_ROWS)
+            b += ((uint64_t)l->c[i].rows * l->c[i].row_bytes + 63) & ~(uint64_t)63;
     return b;
 }
 
@@ -114,11 +125,15 @@ struct dsii_kv_pool {
     uint64_t key;
     pthread_rwlock_t rw;        /* steps: shared; growth: exclusive */
     pthread_mutex_t slots_lock; /* used[] */
-    dsib_buffer *buf;
-    uint64_t *base;             /* [n comps] byte offset of each component region */
+    dsib_buffer **bufs;         /* [n_bufs] the arenas (see plan) */
+    uint32_t n_bufs;
+    uint8_t *bhost;             /* [n_bufs] 1: the arena is in host RAM (layout.offload) */
+    uint32_t *arena;            /* [n comps] the arena holding each component region */
+    uint64_t *base;             /* [n comps] byte offset of each region in its arena */
     uint32_t *arows;            /* [n comps] rows per slot allocated now (<= layout rows) */
     uint64_t pcap;              /* positions every slot's row arrays can hold now */
-    uint64_t bytes;             /* size of buf */
+    uint64_t bytes;             /* size of all arenas */
+    uint64_t host_bytes;        /* of those in host RAM */
     uint32_t cap;               /* slots */
     uint32_t generation;
     uint8_t *used;
@@ -138,17 +153,56 @@ static uint64_t region_bytes(const dsii_kv_comp *c, uint32_t rows, uint32_t slot
     return (b + 255) & ~(uint64_t)255;
 }
 
-/* Offsets and rows of every component region for `slots` slots and `pcap` positions;
- * returns the total size. */
-static uint64_t plan(const dsii_kv_layout *l, uint32_t slots, uint64_t pcap, uint64_t *base,
-                     uint32_t *rows) {
-    uint64_t off = 0;
-    for (uint32_t i = 0; i < l->n; i++) {
-        rows[i] = alloc_rows(&l->c[i], pcap);
-        base[i] = off;
-        off += region_bytes(&l->c[i], rows[i], slots);
+/* The pool's buffers ("arenas"): component regions in order, a new arena whenever the next
+ * region would take the current one past `cap` — the largest buffer one op binding can
+ * address on the device (Vulkan: the binding window inside one allocation chunk; CPU:
+ * unlimited, one arena). So a pool of any size works as long as each component region fits
+ * one binding; a region that does not gets an arena of its own and the pool reports it.
+ * With l->offload the row arrays go to arenas of their own in host RAM (hosted[k] = 1).
+ * Fills base, rows, arena (per component), sizes and hosted (per arena, cap l->n + 1);
+ * returns the arena count (0: a region alone exceeds cap, *big = its component). */
+static int hosted_comp(const dsii_kv_layout *l, uint32_t i) {
+    return l->offload && l->c[i].kind == DSII_KV_ROWS;
+}
+static uint32_t plan(const dsii_kv_layout *l, uint32_t slots, uint64_t pcap, uint64_t cap,
+                     uint64_t *base, uint32_t *rows, uint32_t *arena, uint64_t *sizes,
+                     uint8_t *hosted, uint32_t *big) {
+    uint32_t na = 0;
+    for (int h = 0; h < 2; h++) {
+        uint64_t off = 0;
+        uint32_t first = na;
+        for (uint32_t i = 0; i < l->n; i++) {
+            if (hosted_comp(l, i) != h) continue;
+            rows[i] = alloc_rows(&l->c[i], pcap);
+            uint64_t r = region_bytes(&l->c[i], rows[i], slots);
+            if (cap && r > cap) {
+                *big = i;
+                return 0;
+            }
+            if (na == first || (cap && off + r > cap)) {
+                if (na > first) sizes[na - 1] = off ? off : 256;
+                hosted[na] = (uint8_t)h;
+                na++;
+                off = 0;
+            }
+            arena[i] = na - 1;
+            base[i] = off;
+            off += r;
+        }
+        if (na > first) sizes[na - 1] = off ? off : 256;
     }
-    return off ? off : 256;
+    if (na == 0) {
+        sizes[0] = 256;
+        hosted[0] = 0;
+        na = 1;
+    }
+    return na;
+}
+
+static void free_bufs(dsii_kv_pool *p, dsib_buffer **bufs, uint32_t n) {
+    for (uint32_t i = 0; bufs && i < n; i++)
+        if (bufs[i]) p->dev->be->buffer_free(p->dev->inst, bufs[i]);
+    dsii_free(p->layout.ctx, bufs);
 }
 
 dsi_status dsii_kv_pool_create(dsii_device *dev, dsii_kv_layout *layout, uint64_t key,
@@ -185,7 +239,9 @@ dsi_status dsii_kv_pool_create(dsii_device *dev, dsii_kv_layout *layout, uint64_
 void dsii_kv_pool_free(dsii_kv_pool *p) {
     if (!p) return;
     const dsi_context *ctx = p->layout.ctx;
-    if (p->buf) p->dev->be->buffer_free(p->dev->inst, p->buf);
+    free_bufs(p, p->bufs, p->n_bufs);
+    dsii_free(ctx, p->bhost);
+    dsii_free(ctx, p->arena);
     dsii_free(ctx, p->base);
     dsii_free(ctx, p->arows);
     dsii_free(ctx, p->used);
@@ -198,34 +254,51 @@ void dsii_kv_pool_free(dsii_kv_pool *p) {
 uint64_t dsii_kv_pool_key(const dsii_kv_pool *p) { return p->key; }
 const dsii_kv_layout *dsii_kv_pool_layout(const dsii_kv_pool *p) { return &p->layout; }
 
-/* Re-lays the pool out for `ncap` slots and row arrays of `npcap` positions: a new buffer,
+/* Re-lays the pool out for `ncap` slots and row arrays of `npcap` positions: new arenas,
  * every component region copied on the device (slot by slot when its rows per slot change),
  * a new generation. Called with the exclusive lock held. */
 static dsi_status relayout(dsii_kv_pool *p, uint32_t ncap, uint64_t npcap, dsii_error *e) {
     const dsi_context *ctx = p->layout.ctx;
     const dsib_backend *be = p->dev->be;
     uint32_t nc = p->layout.n ? p->layout.n : 1;
-    uint64_t *nb = dsii_calloc(ctx, nc, sizeof *nb);
-    uint32_t *nr = dsii_calloc(ctx, nc, sizeof *nr);
+    uint64_t *nb = dsii_calloc(ctx, nc, sizeof *nb), *sizes = dsii_calloc(ctx, nc + 1, sizeof *sizes);
+    uint32_t *nr = dsii_calloc(ctx, nc, sizeof *nr), *na = dsii_calloc(ctx, nc, sizeof *na);
     uint8_t *nu = dsii_calloc(ctx, ncap, 1);
-    if (!nb || !nu || !nr) {
-        dsii_free(ctx, nb);
-        dsii_free(ctx, nr);
-        dsii_free(ctx, nu);
-        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "state pool: out of host memory");
+    dsib_buffer **bufs = dsii_calloc(ctx, nc + 1, sizeof *bufs);
+    uint8_t *hosted = dsii_calloc(ctx, nc + 1, 1);
+    dsi_status st = DSI_OK;
+    if (!nb || !nu || !nr || !na || !sizes || !bufs || !hosted)
+        st = dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "state pool: out of host memory");
+    uint64_t cap = p->dev->desc.max_buffer_size;
+    if (p->dev->desc.max_allocation_size && (!cap || p->dev->desc.max_allocation_size < cap))
+        cap = p->dev->desc.max_allocation_size;
+    if (cap == UINT64_MAX) cap = 0;
+    uint32_t n_bufs = 0, big = 0;
+    if (st == DSI_OK) {
+        n_bufs = plan(&p->layout, ncap, npcap, cap, nb, nr, na, sizes, hosted, &big);
+        if (n_bufs == 0) {
+            const dsii_kv_comp *c = &p->layout.c[big];
+            st = dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
+                           "state pool: component %u of %u slots x %u rows x %u bytes does not "
+                           "fit one %s binding of %llu bytes",
+                           big, ncap, alloc_rows(c, npcap), c->row_bytes, p->dev->name,
+                           (unsigned long long)cap);
+        }
     }
-    uint64_t size = plan(&p->layout, ncap, npcap, nb, nr);
-    dsib_buffer *buf = NULL;
+    uint64_t size = 0, hsize = 0;
     dsib_error be_err = {{0}};
-    dsi_status st = be->buffer_alloc(p->dev->inst, size, DSIB_BUFFER_STATE, &buf, &be_err);
-    if (st != DSI_OK) {
-        dsii_free(ctx, nb);
-        dsii_free(ctx, nr);
-        dsii_free(ctx, nu);
-        return dsii_fail(e, st, "state pool: allocating %u slots of %llu positions (%llu bytes): %s",
-                         ncap, (unsigned long long)npcap, (unsigned long long)size, be_err.msg);
+    for (uint32_t k = 0; st == DSI_OK && k < n_bufs; k++) {
+        uint32_t fl = DSIB_BUFFER_STATE | (hosted[k] ? DSIB_BUFFER_HOST_MEMORY : 0u);
+        st = be->buffer_alloc(p->dev->inst, sizes[k], fl, &bufs[k], &be_err);
+        if (st != DSI_OK)
+            st = dsii_fail(e, st, "state pool: allocating %u slots of %llu positions (buffer %u "
+                           "of %u, %llu bytes%s): %s", ncap, (unsigned long long)npcap, k + 1,
+                           n_bufs, (unsigned long long)sizes[k], hosted[k] ? ", host RAM" : "",
+                           be_err.msg);
+        size += sizes[k];
+        if (hosted[k]) hsize += sizes[k];
     }
-    if (p->buf && p->cap) {
+    if (st == DSI_OK && p->bufs && p->cap) {
         /* the old slots keep their indices (slot-major inside a region) */
         dsib_stream *s = NULL;
         dsib_stream_desc sd;
@@ -234,41 +307,53 @@ static dsi_status relayout(dsii_kv_pool *p, uint32_t ncap, uint64_t npcap, dsii_
         st = be->stream_create(p->dev->inst, &sd, &s, &be_err);
         for (uint32_t i = 0; st == DSI_OK && i < p->layout.n; i++) {
             const dsii_kv_comp *c = &p->layout.c[i];
+            dsib_buffer *from = p->bufs[p->arena[i]], *to = bufs[na[i]];
             uint32_t keep = p->arows[i] < nr[i] ? p->arows[i] : nr[i];
             if (nr[i] == p->arows[i]) {
                 uint64_t bytes = (uint64_t)p->cap * p->arows[i] * c->row_bytes;
-                dsib_view src = {p->buf, p->base[i]}, dst = {buf, nb[i]};
+                dsib_view src = {from, p->base[i]}, dst = {to, nb[i]};
                 st = be->ops->copy(s, src, dst, bytes);
             } else {
                 for (uint32_t k = 0; st == DSI_OK && k < p->cap; k++) {
-                    dsib_view src = {p->buf, p->base[i] + (uint64_t)k * p->arows[i] * c->row_bytes};
-                    dsib_view dst = {buf, nb[i] + (uint64_t)k * nr[i] * c->row_bytes};
+                    dsib_view src = {from, p->base[i] + (uint64_t)k * p->arows[i] * c->row_bytes};
+                    dsib_view dst = {to, nb[i] + (uint64_t)k * nr[i] * c->row_bytes};
                     st = be->ops->copy(s, src, dst, (uint64_t)keep * c->row_bytes);
                 }
             }
         }
         if (st == DSI_OK) st = be->sync(s, &be_err);
         if (s) be->stream_destroy(s);
-        if (st != DSI_OK) {
-            be->buffer_free(p->dev->inst, buf);
-            dsii_free(ctx, nb);
-            dsii_free(ctx, nr);
-            dsii_free(ctx, nu);
-            return dsii_fail(e, st, "state pool: copying %u slots: %s", p->cap, be_err.msg);
-        }
-        memcpy(nu, p->used, p->cap < ncap ? p->cap : ncap);
-        be->buffer_free(p->dev->inst, p->buf);
+        if (st != DSI_OK) st = dsii_fail(e, st, "state pool: copying %u slots: %s", p->cap, be_err.msg);
     }
+    if (st != DSI_OK) {
+        free_bufs(p, bufs, n_bufs);
+        dsii_free(ctx, hosted);
+        dsii_free(ctx, nb);
+        dsii_free(ctx, nr);
+        dsii_free(ctx, na);
+        dsii_free(ctx, nu);
+        dsii_free(ctx, sizes);
+        return st;
+    }
+    if (p->cap) memcpy(nu, p->used, p->cap < ncap ? p->cap : ncap);
+    free_bufs(p, p->bufs, p->n_bufs);
+    dsii_free(ctx, p->bhost);
     dsii_free(ctx, p->base);
     dsii_free(ctx, p->arows);
+    dsii_free(ctx, p->arena);
     dsii_free(ctx, p->used);
-    p->buf = buf;
+    dsii_free(ctx, sizes);
+    p->bufs = bufs;
+    p->bhost = hosted;
+    p->n_bufs = n_bufs;
     p->base = nb;
     p->arows = nr;
+    p->arena = na;
     p->used = nu;
     p->cap = ncap;
     p->pcap = npcap;
     p->bytes = size;
+    p->host_bytes = hsize;
     p->generation++;
     return DSI_OK;
 }
@@ -303,7 +388,7 @@ dsi_status dsii_kv_pool_reserve(dsii_kv_pool *p, uint64_t n_pos, dsii_error *e) 
         uint64_t np = p->pcap + step;
         if (np < need) np = need;
         np = (np + DSII_KV_GROW_MIN - 1) / DSII_KV_GROW_MIN * DSII_KV_GROW_MIN;
-        if (p->buf && p->cap) st = relayout(p, p->cap, np, e);
+        if (p->bufs && p->cap) st = relayout(p, p->cap, np, e);
         else p->pcap = np; /* no buffer yet: the first acquire allocates this size */
     }
     pthread_rwlock_unlock(&p->rw);
@@ -312,7 +397,14 @@ dsi_status dsii_kv_pool_reserve(dsii_kv_pool *p, uint64_t n_pos, dsii_error *e) 
 
 uint64_t dsii_kv_pool_bytes(dsii_kv_pool *p) {
     pthread_rwlock_rdlock(&p->rw);
-    uint64_t b = p->buf ? p->bytes : 0;
+    uint64_t b = p->bufs ? p->bytes : 0;
+    pthread_rwlock_unlock(&p->rw);
+    return b;
+}
+
+uint64_t dsii_kv_pool_host_bytes(dsii_kv_pool *p) {
+    pthread_rwlock_rdlock(&p->rw);
+    uint64_t b = p->bufs ? p->host_bytes : 0;
     pthread_rwlock_unlock(&p->rw);
     return b;
 }
@@ -365,12 +457,13 @@ void dsii_kv_pool_lock(dsii_kv_pool *p) { pthread_rwlock_rdlock(&p->rw); }
 void dsii_kv_pool_unlock(dsii_kv_pool *p) { pthread_rwlock_unlock(&p->rw); }
 uint32_t dsii_kv_pool_generation(const dsii_kv_pool *p) { return p->generation; }
 uint32_t dsii_kv_pool_slots(const dsii_kv_pool *p) { return p->cap; }
+uint32_t dsii_kv_pool_buffers(const dsii_kv_pool *p) { return p->n_bufs; }
 
 void dsii_kv_pool_state(const dsii_kv_pool *p, uint32_t comp, dsib_state *out) {
     memset(out, 0, sizeof *out);
     if (comp >= p->layout.n) return;
     const dsii_kv_comp *c = &p->layout.c[comp];
-    out->buf = p->buf;
+    out->buf = p->bufs ? p->bufs[p->arena[comp]] : NULL;
     out->offset = p->base[comp];
     out->slots = p->cap;
     out->rows = p->arows[comp];
@@ -397,8 +490,9 @@ static dsi_status slot_io(dsii_kv_pool *p, uint32_t slot, uint8_t *host, int out
         const dsii_kv_comp *c = &p->layout.c[i];
         uint64_t bytes = (uint64_t)p->arows[i] * c->row_bytes;
         uint64_t off = p->base[i] + (uint64_t)slot * bytes;
-        st = out ? p->dev->be->download(p->dev->inst, p->buf, off, host, bytes, &be_err)
-                 : p->dev->be->upload(p->dev->inst, p->buf, off, host, bytes, &be_err);
+        dsib_buffer *b = p->bufs[p->arena[i]];
+        st = out ? p->dev->be->download(p->dev->inst, b, off, host, bytes, &be_err)
+                 : p->dev->be->upload(p->dev->inst, b, off, host, bytes, &be_err);
         if (st != DSI_OK) st = dsii_fail(e, st, "state pool: slot copy: %s", be_err.msg);
         host += bytes;
     }
@@ -430,8 +524,9 @@ static dsi_status rows_io(dsii_kv_pool *p, uint32_t slot, uint32_t comp, uint32_
         uint64_t rb = c->row_bytes;
         uint64_t off = p->base[comp] + ((uint64_t)slot * p->arows[comp] + row0) * rb;
         uint64_t bytes = (uint64_t)n * rb;
-        st = out ? p->dev->be->download(p->dev->inst, p->buf, off, host, bytes, &be_err)
-                 : p->dev->be->upload(p->dev->inst, p->buf, off, host, bytes, &be_err);
+        dsib_buffer *b = p->bufs[p->arena[comp]];
+        st = out ? p->dev->be->download(p->dev->inst, b, off, host, bytes, &be_err)
+                 : p->dev->be->upload(p->dev->inst, b, off, host, bytes, &be_err);
         if (st != DSI_OK) st = dsii_fail(e, st, "state pool: row copy: %s", be_err.msg);
     }
     dsii_kv_pool_unlock(p);

@@ -64,6 +64,9 @@ typedef struct dsii_kv_layout {
     uint32_t margin;       /* exact-rewind margin (tokens) the rings were sized with */
     int packed;            /* set before the architecture fills the layout: components whose
                               format it declares (dsii_kv_set_format) are stored packed */
+    int offload;           /* row arrays (compressed rows, index keys) in host RAM the device
+                              reads (DSIB_BUFFER_HOST_MEMORY): the state the device budget
+                              cannot hold; rings stay in device memory */
     uint64_t slot_bytes;   /* bytes of one slot (all components) */
     const dsi_context *ctx;
     dsi_status status;     /* first failure of an add (out of host memory) */
@@ -81,8 +84,8 @@ void dsii_kv_set_ratio(dsii_kv_layout *l, uint32_t id, uint32_t ratio);
 /* Declares the quantised form of a component's rows: every row stored into it is the
  * output of the fake-quant recipe of `format`'s grid on its first `qcols` values in blocks
  * of `block` (model-spec §10.1). With l->packed the component is stored packed (FP8 / FP4
- * codes + scales, lib/quant/statepack.h; bit-exact); otherwise it stays f32 (the
- * declaration is still recorded in `decl_*` so snapshots can pack). */
+ * codes + scales, lib/quant/statepack.h; bit-exact; rows a multiple of 4 bytes); otherwise
+ * it stays f32 (the declaration is still recorded in `decl_*` so snapshots can pack). */
 void dsii_kv_set_format(dsii_kv_layout *l, uint32_t id, int32_t format, uint32_t qcols,
                         uint32_t block);
 
@@ -126,8 +129,10 @@ void dsii_kv_pool_release(dsii_kv_pool *p, uint32_t slot);
 #define DSII_KV_GROW_MIN 1024u
 #define DSII_KV_RESERVE_SLACK 256u /* drafts read / write a few positions past a step */
 dsi_status dsii_kv_pool_reserve(dsii_kv_pool *p, uint64_t n_pos, dsii_error *e);
-/* Bytes of the pool's buffer now (0 before the first slot), positions its arrays hold. */
+/* Bytes of the pool's buffers now (0 before the first slot; host: those of them in host RAM,
+ * layout.offload), positions its arrays hold. */
 uint64_t dsii_kv_pool_bytes(dsii_kv_pool *p);
+uint64_t dsii_kv_pool_host_bytes(dsii_kv_pool *p);
 uint64_t dsii_kv_pool_positions(dsii_kv_pool *p);
 
 /* Steps: hold the shared lock while recording and running work on the pool's buffer.
@@ -136,6 +141,7 @@ void dsii_kv_pool_lock(dsii_kv_pool *p);
 void dsii_kv_pool_unlock(dsii_kv_pool *p);
 uint32_t dsii_kv_pool_generation(const dsii_kv_pool *p); /* under the lock */
 uint32_t dsii_kv_pool_slots(const dsii_kv_pool *p);      /* capacity, under the lock */
+uint32_t dsii_kv_pool_buffers(const dsii_kv_pool *p);    /* its buffers, under the lock */
 
 /* The dsib_state view of component `comp` (under the lock). */
 struct dsib_state;
@@ -146,6 +152,9 @@ void dsii_kv_pool_state(const dsii_kv_pool *p, uint32_t comp, struct dsib_state 
 double dsii_kv_bytes_per_token(const dsii_kv_layout *l);
 /* Bytes of the rings of one slot (independent of n_ctx). */
 uint64_t dsii_kv_ring_bytes(const dsii_kv_layout *l);
+/* Bytes of one slot at full n_ctx kept in device memory: all of slot_bytes, or without the
+ * row arrays when l->offload puts them in host RAM. */
+uint64_t dsii_kv_device_slot_bytes(const dsii_kv_layout *l);
 
 /* Bytes of one slot; export / import every component of a slot to / from host memory of
  * that size (snapshots; blocking; the slot's sequence must not be running). */

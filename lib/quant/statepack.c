@@ -42,20 +42,6 @@ const float dsii_sp_e4m3_lut[256] = {
 const float dsii_sp_e2m1_lut[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-int dsii_sp_valid(int32_t format, uint32_t width, uint32_t qcols, uint32_t block) {
-    if (format == DSII_SP_F32) return qcols == 0;
-    if (format < DSII_SP_E4M3_UE8M0 || format > DSII_SP_E2M1_E4M3) return 0;
-    return width > 0 && width % 8 == 0 && qcols > 0 && qcols <= width && block > 0 &&
-           block % 8 == 0 && qcols % block == 0 && width <= (1u << 20);
-}
-
-uint32_t dsii_sp_row_bytes(int32_t format, uint32_t width, uint32_t qcols, uint32_t block) {
-    if (format == DSII_SP_F32) return width * 4u;
-    uint32_t head = dsii_sp_codes_bytes(format, qcols) + qcols / block;
-    if (qcols == width) return head;
-    return dsii_sp_tail_offset(format, qcols, block) + (width - qcols) * 4u;
-}
-
 static int same_bits(float a, float b) {
     uint32_t x, y;
     memcpy(&x, &a, 4);

@@ -41,16 +41,28 @@ extern const float dsii_sp_e4m3_lut[256];
 /* E2M1 value of every 4-bit code. */
 extern const float dsii_sp_e2m1_lut[16];
 
-/* Valid (format, width, qcols, block): 1, else 0. F32 needs qcols = 0. */
-int dsii_sp_valid(int32_t format, uint32_t width, uint32_t qcols, uint32_t block);
-/* Bytes of one packed row (F32: width · 4). */
-uint32_t dsii_sp_row_bytes(int32_t format, uint32_t width, uint32_t qcols, uint32_t block);
+/* Valid (format, width, qcols, block): 1, else 0. F32 needs qcols = 0. (Inline, like the
+ * layout helpers below: the backend modules, which do not link the core, use them too.) */
+static inline int dsii_sp_valid(int32_t format, uint32_t width, uint32_t qcols, uint32_t block) {
+    if (format == DSII_SP_F32) return qcols == 0;
+    if (format < DSII_SP_E4M3_UE8M0 || format > DSII_SP_E2M1_E4M3) return 0;
+    return width > 0 && width % 8 == 0 && qcols > 0 && qcols <= width && block > 0 &&
+           block % 8 == 0 && qcols % block == 0 && width <= (1u << 20);
+}
 /* Byte offset of the scales and of the f32 tail inside a row. */
 static inline uint32_t dsii_sp_codes_bytes(int32_t format, uint32_t qcols) {
     return format == DSII_SP_E4M3_UE8M0 ? qcols : qcols / 2;
 }
 static inline uint32_t dsii_sp_tail_offset(int32_t format, uint32_t qcols, uint32_t block) {
     return (dsii_sp_codes_bytes(format, qcols) + qcols / block + 3u) & ~3u;
+}
+/* Bytes of one packed row (F32: width · 4). */
+static inline uint32_t dsii_sp_row_bytes(int32_t format, uint32_t width, uint32_t qcols,
+                                         uint32_t block) {
+    if (format == DSII_SP_F32) return width * 4u;
+    uint32_t head = dsii_sp_codes_bytes(format, qcols) + qcols / block;
+    if (qcols == width) return head;
+    return dsii_sp_tail_offset(format, qcols, block) + (width - qcols) * 4u;
 }
 
 /* Packs width f32 values into one row; returns 0 when the row is exact (unpacks to the

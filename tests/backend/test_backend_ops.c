@@ -30,6 +30,7 @@
 
 #include "backend_test_util.h"
 #include "quant/quant.h"
+#include "quant/statepack.h"
 #include "tests/common/vk_validation.h"
 
 static bt_side g_s[2];
@@ -356,6 +357,106 @@ static void test_add_scale_swiglu(void **state) {
         bt_buf_free(g_s, &a);
         bt_buf_free(g_s, &b);
         bt_buf_free(g_s, &y);
+    }
+}
+
+/* Packed state rows (lib/quant/statepack.h): store_rows packs rows of values on the FP8 / FP4
+ * grids — as the fake-quant recipes leave them — in the three formats; both sides must store
+ * the very bytes the host packer writes, and those bytes decode to the stored values bit for
+ * bit. The blocks are built to reach every branch of the packers: zeros and −0, the UE8M0
+ * scale below the quantiser's (amax far under the grid's top), E4M3 scales whose block
+ * maximum is 4·s (the first candidate, amax / 6, is an E4M3 number but leaves some value
+ * off the grid) and maxima at 6·s. The reading side (attention, indexer) is checked on the
+ * whole model: test_longctx_vulkan. */
+static float grid_val(int fmt, uint32_t *st, int max4) {
+    static const float e2[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    *st = *st * 1664525u + 1013904223u;
+    uint32_t r = *st >> 8;
+    float v;
+    if (fmt == DSIB_STATE_E4M3_UE8M0) {
+        uint8_t c = (uint8_t)(r & 0x7E); /* 0 .. 0x7E (never the NaN code) */
+        v = dsii_sp_e4m3_lut[c];
+    } else {
+        v = e2[max4 ? (r % 7 == 6 ? 1 : r % 7) : r % 8];
+    }
+    return (r >> 12) & 1 ? -v : v;
+}
+
+static void test_packed_state(void **state) {
+    (void)state;
+    NEED_OP(store_rows);
+    static const struct { int32_t fmt; uint32_t width, qcols, block; } F[3] = {
+        {DSIB_STATE_E4M3_UE8M0, 96, 64, 32},  /* V4 window / compressed KV: f32 RoPE tail */
+        {DSIB_STATE_E2M1_UE8M0, 128, 128, 32}, /* index keys */
+        {DSIB_STATE_E2M1_E4M3, 64, 64, 16}};   /* V4.1 compressed KV */
+    enum { N = 8 };
+    for (int f = 0; f < 3; f++) {
+        const uint32_t W = F[f].width, Q = F[f].qcols, B = F[f].block;
+        const uint32_t rb = dsii_sp_row_bytes(F[f].fmt, W, Q, B);
+        assert_int_equal(rb % 4, 0);
+        float *x = falloc((size_t)N * W);
+        uint32_t seed = 77u + (uint32_t)f;
+        for (uint32_t t = 0; t < N; t++)
+            for (uint32_t b = 0; b < Q / B; b++) {
+                float *v = x + (size_t)t * W + (size_t)b * B;
+                const uint32_t kind = (t * 7 + b) % 5;
+                /* scale: a power of two (UE8M0), an E4M3 number (1.5 · 2^k for the max-4
+                 * blocks, else any) */
+                int k = (int)((t * 3 + b * 5) % 24) - 12;
+                float sc = F[f].fmt == DSIB_STATE_E2M1_E4M3
+                               ? (kind == 1 ? 1.5f : dsii_sp_e4m3_lut[40 + (t + b) % 40] /
+                                                         dsii_sp_e4m3_lut[56]) * ldexpf(1.0f, k / 3)
+                               : ldexpf(1.0f, k);
+                for (uint32_t i = 0; i < B; i++) v[i] = grid_val(F[f].fmt, &seed, kind == 1) * sc;
+                if (kind == 0)
+                    for (uint32_t i = 0; i < B; i++) v[i] = (i & 1) ? -0.0f : 0.0f;
+                if (kind == 1 && F[f].fmt == DSIB_STATE_E2M1_E4M3) {
+                    v[0] = 4.0f * sc;  /* amax = 4 · s: amax / 6 = 2^k is E4M3 ... */
+                    v[1] = -0.5f * sc; /* ... but 0.5 · s = 0.75 · 2^k is not on its grid */
+                }
+                if (kind == 2 && F[f].fmt != DSIB_STATE_E2M1_E4M3)
+                    for (uint32_t i = 0; i < B; i++) v[i] *= 0x1p-5f; /* far below the top */
+            }
+        for (uint32_t t = 0; t < N; t++)
+            for (uint32_t i = Q; i < W; i++) x[(size_t)t * W + i] = bt_uniform(-3.0f, 3.0f);
+        /* the host packer: exact on these rows */
+        uint8_t *want = calloc(N, rb);
+        assert_non_null(want);
+        for (uint32_t t = 0; t < N; t++)
+            assert_int_equal(dsii_sp_pack_row(F[f].fmt, W, Q, B, x + (size_t)t * W, want + (size_t)t * rb), 0);
+        bt_buf src = fbuf(x, (size_t)N * W), dst, r = rows1(0, 0, N);
+        uint8_t *zero = calloc(N, rb);
+        assert_true(bt_buf_new(g_s, &dst, zero, (uint64_t)N * rb));
+        dsi_status st[2];
+        RUN_BOTH(st, OPS(S)->store_rows(g_s[S].strm, V(src), W, N, V(r),
+                                        &(dsib_state){dst.b[S], BT_GUARD, 1, N, W, F[f].fmt, rb, Q, B, 0},
+                                        W, 1, 0));
+        st_ok(st);
+        uint8_t *got = malloc((size_t)dst.bytes + 4);
+        float *back = falloc(W);
+        for (int S = 0; S < 2; S++) {
+            assert_int_equal(bt_buf_read(g_s, &dst, S, got), 0);
+            size_t diff = 0;
+            for (size_t i = 0; i < (size_t)N * rb; i++) diff += got[i] != want[i];
+            uint32_t off = 0;
+            for (uint32_t t = 0; t < N; t++) {
+                dsii_sp_unpack_row(F[f].fmt, W, Q, B, got + (size_t)t * rb, back);
+                for (uint32_t i = 0; i < W; i++)
+                    off += memcmp(&back[i], &x[(size_t)t * W + i], 4) != 0;
+            }
+            printf("  store_rows packed format %d on %-6s %zu of %u bytes differ from the host "
+                   "packer, %u values off\n", (int)F[f].fmt, g_s[S].be->name, diff, N * rb, off);
+            assert_int_equal(diff, 0);
+            assert_int_equal(off, 0);
+        }
+        free(back);
+        free(got);
+        free(zero);
+        free(want);
+        free(x);
+        bt_buf_free(g_s, &src);
+        bt_buf_free(g_s, &dst);
+        bt_buf_free(g_s, &r);
     }
 }
 
@@ -1008,7 +1109,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_grouped),
         cmocka_unit_test(test_get_rows),        cmocka_unit_test(test_add_rows_periodic),
         cmocka_unit_test(test_rms_norm),        cmocka_unit_test(test_add_scale_swiglu),
-        cmocka_unit_test(test_copies),          cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_copies),          cmocka_unit_test(test_packed_state),          cmocka_unit_test(test_rope),
         cmocka_unit_test(test_fake_quant),      cmocka_unit_test(test_hadamard),
         cmocka_unit_test(test_hc),              cmocka_unit_test(test_compress_pool),
         cmocka_unit_test(test_indexer),         cmocka_unit_test(test_attn_sink),

@@ -1,5 +1,10 @@
 /*
- * Long-context state (issue 19; docs/internals.md "State layout"), on both tiny models, CPU:
+ * Long-context state (issue 19; docs/internals.md "State layout"), on both tiny models, CPU
+ * (argv[1] "vulkan": test_longctx_vulkan runs 1, 1b and 2 on the Vulkan backend, whose ops
+ * read and write the same packed rows in their shaders; 3 and 4 are the CPU's: host
+ * allocations and chunked prefill at 4,096 tokens, which lavapipe would take minutes for;
+ * under the validation layer, DSINFER_VULKAN_VALIDATION=1, parts 1 and 1b run over 64 tokens,
+ * part 2 not, and the layer must have counted no error):
  *
  *  1. packed state: window rings, compressed KV rows and index keys stored as FP8 / FP4 codes
  *     with their block scales (lib/quant/statepack.h) give logits bit-identical to the f32
@@ -7,6 +12,8 @@
  *     window (16), every compression boundary (ratios 4 / 16, 2 / 1) and the indexer top-k
  *     saturation; the state really is packed (bytes per token = the figure computed here
  *     from model-spec §3.8 / §4.8 for the tiny shapes) and NO_FAKE_QUANT keeps it f32;
+ * 1b. (GPU backends) host offload: a state budget that holds the rings but not the row arrays
+ *     puts the compressed rows and index keys in host RAM, with the same logits;
  *  2. snapshots carry the packed form: packed → f32-stored session and back continue
  *     bit-identically (the f32 session's image, loaded into a packed session, saves as the
  *     packed session's image byte for byte), and a version-1 image (f32 rows, built here
@@ -35,6 +42,7 @@
 #include "model_test_util.h"
 #include "tests/common/skip.h"
 #include "tests/common/filter.h"
+#include "tests/common/vk_validation.h"
 
 #include "api/session_impl.h"
 #include "arch/arch.h"
@@ -58,6 +66,7 @@ typedef struct fx {
 } fx;
 
 static fx g_fx[2] = {{"tiny-v4.gguf", 0, NULL, NULL, 0, 0}, {"tiny-v41.gguf", 1, NULL, NULL, 0, 0}};
+static const char *g_backend = "cpu";
 
 /* ---- counting allocator hooks (live bytes) ------------------------------------------- */
 
@@ -99,6 +108,7 @@ static int setup(void **state) {
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = 2;
+    co.backend = g_backend;
     co.malloc_fn = c_malloc;
     co.realloc_fn = c_realloc;
     co.free_fn = c_free;
@@ -174,9 +184,17 @@ static const double k_bpt_packed[2] = {236.5, 210.0}, k_bpt_f32[2] = {576.0, 153
 static void test_packed_vs_f32(void **state) {
     fx *f = *state;
     need(f);
-    const size_t n = 320;
+    /* 64 under the validation layer (lavapipe many times slower): still past the window,
+     * several groups of every ratio and the indexer's top-k */
+    const size_t n = dsit_vk_validation_requested() ? 64 : 320;
     dsi_token *tok = malloc(sizeof *tok * n);
     mt_tokens(tok, n, f->V, 1901);
+    /* a session with state, held while the runs below take more slots of its pool: the
+     * pool's growth (new buffers, every slot copied; several buffers where the device's
+     * binding is small, test_longctx_vulkan_split) keeps its rows */
+    const size_t nk = 40;
+    dsi_session *keep = session(f->m, 512, 64, 0);
+    assert_int_equal(dsi_session_append(keep, tok, nk), DSI_OK);
     float *a = mt_all_logits(f->m, tok, n, 7, 0, 512);
     float *b = mt_all_logits(f->m, tok, n, 7, DSI_SESSION_FLAG_F32_STATE, 512);
     assert_non_null(a);
@@ -184,6 +202,16 @@ static void test_packed_vs_f32(void **state) {
     for (size_t p = 0; p < n; p++)
         if (memcmp(a + p * (size_t)f->V, b + p * (size_t)f->V, sizeof(float) * (size_t)f->V))
             fail_msg("%s: packed and f32 state differ first at position %zu", f->file, p);
+    dsii_state_info ik;
+    dsii_session_state_info(keep, &ik);
+    assert_true(ik.pool_slots >= 2); /* the pool grew under it */
+    for (size_t p = nk; p < nk + 8; p++) {
+        assert_int_equal(dsi_session_append(keep, &tok[p], 1), DSI_OK);
+        if (memcmp(logits_of(keep), a + p * (size_t)f->V, sizeof(float) * (size_t)f->V))
+            fail_msg("%s: a session's state changed when its pool grew (position %zu)", f->file, p);
+    }
+    printf("# %s: pool of %u slots in %u buffer(s)\n", f->file, ik.pool_slots, ik.pool_buffers);
+    dsi_session_free(keep);
     /* the storage really differs: layout figures */
     dsi_session *sp = session(f->m, 512, 64, 0), *sf = session(f->m, 512, 64, DSI_SESSION_FLAG_F32_STATE);
     dsi_session *sn = session(f->m, 512, 64, DSI_SESSION_FLAG_NO_FAKE_QUANT);
@@ -203,6 +231,66 @@ static void test_packed_vs_f32(void **state) {
     dsi_session_free(sp);
     dsi_session_free(sf);
     dsi_session_free(sn);
+    free(a);
+    free(b);
+    free(tok);
+}
+
+/* ---- 1b. host offload (GPU backends) ---------------------------------------------------- */
+
+/* A second load of the model whose state budget holds the rings but not the row arrays at
+ * n_ctx: its sessions keep the compressed rows and index keys in host RAM (lib/arch/exec.c,
+ * DSIB_BUFFER_HOST_MEMORY) and compute the very logits of the model with all state on the
+ * device. (lavapipe has no separate host heap: there the buffers are host memory either
+ * way, and this checks the layout and the ops reading it.) */
+static void test_offload(void **state) {
+    fx *f = *state;
+    need(f);
+    const size_t n = dsit_vk_validation_requested() ? 64 : 320;
+    dsi_token *tok = malloc(sizeof *tok * n);
+    mt_tokens(tok, n, f->V, 1901);
+    float *a = mt_all_logits(f->m, tok, n, 7, 0, 512);
+    assert_non_null(a);
+    dsi_session *s0 = session(f->m, 512, 64, 0);
+    dsii_state_info i0;
+    dsii_session_state_info(s0, &i0);
+    dsi_session_free(s0);
+    assert_int_equal(i0.offload, 0);
+    /* room for the rings (and their 64-byte alignment), not for the row arrays */
+    const uint64_t budget = i0.ring_bytes + 64 * 256;
+    assert_true(budget < i0.full_bytes);
+    dsi_model *m2 = NULL;
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    assert_int_equal(dsi_model_load(f->ctx, mt_model_path(f->file, NULL), &mo, &m2), DSI_OK);
+    m2->exec->state_budget = budget;
+    dsi_session *s = session(m2, 512, 64, 0);
+    dsii_state_info io;
+    dsii_session_state_info(s, &io);
+    printf("# %s: offloaded: %llu of %llu bytes of the pool in host RAM; device part at n_ctx "
+           "%llu bytes (budget %llu, all on the device %llu)\n", f->file,
+           (unsigned long long)io.pool_host_bytes, (unsigned long long)io.pool_bytes,
+           (unsigned long long)io.device_full_bytes, (unsigned long long)budget,
+           (unsigned long long)io.full_bytes);
+    assert_int_equal(io.offload, 1);
+    assert_true(io.pool_host_bytes > 0 && io.pool_host_bytes < io.pool_bytes);
+    assert_true(io.device_full_bytes <= budget);
+    dsi_session_free(s);
+    float *b = mt_all_logits(m2, tok, n, 7, 0, 512);
+    assert_non_null(b);
+    for (size_t p = 0; p < n; p++)
+        if (memcmp(a + p * (size_t)f->V, b + p * (size_t)f->V, sizeof(float) * (size_t)f->V))
+            fail_msg("%s: offloaded state gives other logits, first at position %zu", f->file, p);
+    /* a budget that cannot hold even the rings: a clear error at creation */
+    m2->exec->state_budget = io.device_full_bytes - 1;
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = 512;
+    dsi_session *t = NULL;
+    assert_int_equal(dsi_session_create(m2, &so, &t), DSI_ERR_OUT_OF_DEVICE_MEMORY);
+    printf("# over the budget: %s\n", dsi_last_error());
+    assert_non_null(strstr(dsi_last_error(), "host RAM"));
+    dsi_model_free(m2);
     free(a);
     free(b);
     free(tok);
@@ -441,11 +529,21 @@ static void test_memory(void **state) {
     free(tok);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     dsit_filter();
+    if (argc > 1) g_backend = argv[1];
     if (!mt_model_path("tiny-v4.gguf", NULL) && !mt_model_path("tiny-v41.gguf", NULL))
         return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
+    const int gpu = strcmp(g_backend, "cpu") != 0;
+    dsi_context *probe = NULL;
+    if (gpu) {
+        dsi_context_options co;
+        dsi_context_options_init(&co, DSI_ABI_VERSION);
+        co.backend = g_backend;
+        if (dsi_context_create(&co, &probe) != DSI_OK)
+            return dsit_absent("VULKAN", "no %s backend: %s", g_backend, dsi_last_error());
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate_setup_teardown(test_packed_vs_f32, setup, teardown, &g_fx[0]),
         cmocka_unit_test_prestate_setup_teardown(test_packed_vs_f32, setup, teardown, &g_fx[1]),
@@ -456,5 +554,20 @@ int main(void) {
         cmocka_unit_test_prestate_setup_teardown(test_memory, setup, teardown, &g_fx[0]),
         cmocka_unit_test_prestate_setup_teardown(test_memory, setup, teardown, &g_fx[1]),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const struct CMUnitTest gpu_tests[] = {
+        cmocka_unit_test_prestate_setup_teardown(test_packed_vs_f32, setup, teardown, &g_fx[0]),
+        cmocka_unit_test_prestate_setup_teardown(test_packed_vs_f32, setup, teardown, &g_fx[1]),
+        cmocka_unit_test_prestate_setup_teardown(test_offload, setup, teardown, &g_fx[0]),
+        cmocka_unit_test_prestate_setup_teardown(test_offload, setup, teardown, &g_fx[1]),
+        cmocka_unit_test_prestate_setup_teardown(test_snapshot_packed, setup, teardown, &g_fx[0]),
+        cmocka_unit_test_prestate_setup_teardown(test_snapshot_packed, setup, teardown, &g_fx[1]),
+    };
+    int rc = gpu ? _cmocka_run_group_tests("test_longctx_gpu", gpu_tests,
+                                           dsit_vk_validation_requested() ? 4 : 6, NULL, NULL)
+                 : cmocka_run_group_tests(tests, NULL, NULL);
+    /* the validation counters live in the loaded module: read them with a context open */
+    if (gpu && strcmp(g_backend, "vulkan") == 0 && dsit_vk_validation_check("test_longctx vulkan") != 0)
+        rc++;
+    if (probe) dsi_context_free(probe);
+    return rc;
 }

@@ -6,7 +6,8 @@
 // push: 0 q_off, 1 ldq, 2 H, 3 hd, 4 rows_off, 5 window, 6 ring_off, 7 ring rows per slot,
 //       8 kv_off, 9 ldkv, 10 comp_ratio, 11 comp_off, 12 idx_off (or ~0u: all rows), 13 topk,
 //       14 sink type, 15 sink skew, 16 scale, 17 out_off, 18 ldo, 19 row_base,
-//       20 comp rows per slot
+//       20 comp rows per slot, 21/22/23/24 comp format / quantised values / values per scale /
+//       row bytes, 25/26/27/28 the same for the ring (format 0 = f32; packed: state.glsl)
 #extension GL_EXT_control_flow_attributes : enable
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer QB { uint d[]; } qb;
@@ -19,20 +20,26 @@ layout(std430, binding = 6) buffer OB { uint d[]; } ob;
 layout(std430, binding = 7) readonly buffer RW { int d[]; } rw;
 #include "common.glsl"
 #include "pload.glsl"
+#include "state.glsl"
+DEF_ST_LOAD(ld_comp, cb)
+DEF_ST_LOAD(ld_ring, rb)
 shared float red[64];
 float q_[16], o_[16];
 float m_, den_;
 
-// src: 0 comp, 1 ring, 2 kv
+// value i of a row: src 0 comp, 1 ring (off: the row's first byte), 2 kv (off: word)
+float val(uint src, uint off, uint i) {
+    if (src == 0u) return ld_comp(pc.p[21], off, i, pc.p[22], pc.p[23]);
+    if (src == 1u) return ld_ring(pc.p[25], off, i, pc.p[26], pc.p[27]);
+    return uintBitsToFloat(kb.d[off + i]);
+}
+
 void row(uint src, uint off) {
     uint tid = gl_LocalInvocationID.x, hd = pc.p[3];
     float d = 0.0;
     [[unroll]] for (uint k = 0u; k < 16u; k++) {
         uint i = tid + 64u * k;
-        if (i < hd) {
-            uint w = src == 0u ? cb.d[off + i] : (src == 1u ? rb.d[off + i] : kb.d[off + i]);
-            d += q_[k] * uintBitsToFloat(w);
-        }
+        if (i < hd) d += q_[k] * val(src, off, i);
     }
     red[tid] = d;
     barrier();
@@ -47,10 +54,7 @@ void row(uint src, uint off) {
     den_ = den_ * a + e;
     [[unroll]] for (uint k = 0u; k < 16u; k++) {
         uint i = tid + 64u * k;
-        if (i < hd) {
-            uint w = src == 0u ? cb.d[off + i] : (src == 1u ? rb.d[off + i] : kb.d[off + i]);
-            o_[k] = o_[k] * a + e * uintBitsToFloat(w);
-        }
+        if (i < hd) o_[k] = o_[k] * a + e * val(src, off, i);
     }
     m_ = mn;
 }
@@ -64,7 +68,7 @@ void main() {
     uint slot = uint(rw.d[ro + 1u]);
     int first = rw.d[ro + 2u];
     int pos0 = rw.d[pc.p[4] + uint(first) * 4u];
-    uint cbase = pc.p[11] + slot * pc.p[20] * hd;
+    uint cbase = pc.p[11] * 4u + slot * pc.p[20] * pc.p[24]; // bytes
     uint qo = pc.p[0] + t * pc.p[1] + h * hd;
     [[unroll]] for (uint k = 0u; k < 16u; k++) {
         uint i = tid + 64u * k;
@@ -80,16 +84,16 @@ void main() {
             uint io = pc.p[12] + t * pc.p[13];
             for (uint k = 0u; k < pc.p[13]; k++) {
                 int c = ib.d[io + k];
-                if (c >= 0) row(0u, cbase + uint(c) * hd);
+                if (c >= 0) row(0u, cbase + uint(c) * pc.p[24]);
             }
         } else {
             int nv = (p + 1) / int(ratio);
-            for (int c = 0; c < nv; c++) row(0u, cbase + uint(c) * hd);
+            for (int c = 0; c < nv; c++) row(0u, cbase + uint(c) * pc.p[24]);
         }
     }
     int w0 = max(0, p - int(pc.p[5]) + 1);
     for (int q = w0; q <= p; q++) {
-        if (q < pos0) row(1u, pc.p[6] + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * hd);
+        if (q < pos0) row(1u, pc.p[6] * 4u + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * pc.p[28]);
         else row(2u, pc.p[8] + uint(first + q - pos0) * pc.p[9]);
     }
     uint oo = pc.p[17] + t * pc.p[18] + h * hd;

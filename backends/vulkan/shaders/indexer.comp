@@ -8,8 +8,9 @@
 // push: 0 q_off, 1 ldq, 2 w_off, 3 ldw, 4 k_off, 5 heads, 6 hd, 7 rows_off, 8 ratio, 9 topk,
 //       10 idx_off, 11 scratch stride (words per token), 12 row_base, 13 has cand_in,
 //       14 has cand_out, 15 cand_block, 16 cand_k, 17 cand_in off, 18 cand_out off,
-//       19 key rows per slot, 20 scratch off (words)
-// The row's position and slot come from the step rows; keys of the slot (ld = hd).
+//       19 key rows per slot, 20 scratch off (words), 21/22/23/24 key format / quantised
+//       values / values per scale / row bytes (format 0 = f32; packed: state.glsl)
+// The row's position and slot come from the step rows; keys of the slot (hd values a row).
 // scratch row: [0,nvis) scores, [nvis,2nvis) flags, [2nvis, 2nvis+nb) block scores,
 //              [2nvis+nb, 2nvis+2nb) block flags
 layout(local_size_x = 64) in;
@@ -22,6 +23,8 @@ layout(std430, binding = 5) readonly buffer CI { int d[]; } ci;
 layout(std430, binding = 6) buffer CO { int d[]; } co;
 layout(std430, binding = 7) readonly buffer RW { int d[]; } rw;
 #include "common.glsl"
+#include "state.glsl"
+DEF_ST_LOAD(ld_key, kb)
 
 void sync_() {
     memoryBarrierBuffer();
@@ -89,7 +92,7 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint t = gl_WorkGroupID.x + pc.p[12];
     int p = rw.d[pc.p[7] + t * 4u];
-    uint kslot = uint(rw.d[pc.p[7] + t * 4u + 1u]) * pc.p[19] * pc.p[6];
+    uint kslot = pc.p[4] * 4u + uint(rw.d[pc.p[7] + t * 4u + 1u]) * pc.p[19] * pc.p[24]; // bytes
     uint nvis = uint((p + 1) / int(pc.p[8]));
     uint topk = pc.p[9];
     uint io = pc.p[10] + t * topk;
@@ -103,12 +106,13 @@ void main() {
     uint qo = pc.p[0] + t * pc.p[1], wo = pc.p[2] + t * pc.p[3];
     uint so = pc.p[20] + t * pc.p[11];
     for (uint c = tid; c < nvis; c += 64u) {
-        uint ko = pc.p[4] + kslot + c * hd;
+        uint ko = kslot + c * pc.p[24];
+        uint kf = pc.p[21], kq = pc.p[22], kbk = pc.p[23];
         float s = 0.0;
         for (uint h = 0u; h < heads; h++) {
             float d = 0.0;
             for (uint i = 0u; i < hd; i++)
-                d += uintBitsToFloat(qb.d[qo + h * hd + i]) * uintBitsToFloat(kb.d[ko + i]);
+                d += uintBitsToFloat(qb.d[qo + h * hd + i]) * ld_key(kf, ko, i, kq, kbk);
             d = max(d, 0.0);
             s += d * uintBitsToFloat(wb.d[wo + h]);
         }
