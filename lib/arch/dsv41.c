@@ -62,6 +62,7 @@ struct dsii_arch_model {
     uint32_t max_ratio, max_F;
     dsii_engram_layout elay[DSII_MAX_ENGRAM_LAYERS];
     dsii_engram_table etab[DSII_MAX_ENGRAM_LAYERS];
+    dsii_engram_readers *ereaders;      /* disk-tier tables: parallel readers (issue 17), or NULL */
     /* DSpark draft stages (§4.5): window-only lagged-mHC blocks with their own rings */
     uint32_t n_stage;
     v41_lw *dl;                         /* [n_stage] */
@@ -110,6 +111,7 @@ static dsib_rope layer_rope(const dsii_hparams *hp, const dsii_layer_hparams *L)
 
 static void v41_model_free(dsi_model *m, dsii_arch_model *am) {
     if (!am) return;
+    dsii_engram_readers_free(am->ereaders);
     dsii_free(m->ctx, am->lw);
     dsii_free(m->ctx, am->dl);
     dsii_free(m->ctx, am);
@@ -314,6 +316,14 @@ static dsi_status v41_model_create(dsi_model *model, dsii_wtable *wt, dsii_arch_
                                            dsii_gguf_file(model->gguf), t->file_offset, e);
                 /* memory tiers: its row cache, when the plan has one (lib/place) */
                 if (s == DSI_OK) s = dsii_place_engram_cache(model, j, &am->etab[j], e);
+                /* parallel readers, one pool for the model's tables (dsii_engram_readers_test:
+                 * tests only; 1 = the serial path) */
+                int32_t nr = atomic_load(&dsii_engram_readers_test);
+                if (nr <= 0) nr = DSII_ENGRAM_READERS;
+                if (nr > DSII_ENGRAM_MAX_READERS) nr = DSII_ENGRAM_MAX_READERS;
+                if (s == DSI_OK && nr > 1 && !am->ereaders)
+                    s = dsii_engram_readers_create(model->ctx, nr, &am->ereaders, e);
+                am->etab[j].readers = am->ereaders;
             }
             else
                 s = dsii_engram_table_host(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],

@@ -112,6 +112,33 @@ typedef struct dsii_engram_cache {
     atomic_ullong *hits, *misses, *bytes_read;
 } dsii_engram_cache;
 
+/* Parallel readers for the disk tier (issue 17, docs/placement.md): a pool of threads that a
+ * gather with two or more rows to read from the file hands the reads to (the calling thread
+ * reads too). One pool per model, shared by its tables and sessions; several gathers may use
+ * it at once. DSII_ENGRAM_READERS threads by default: Engram gathers are small (release
+ * decode: 24 rows of 264 bytes per table per step), so a few reads in flight cover an NVMe
+ * drive's latency while idle threads cost nothing but their stacks. */
+#define DSII_ENGRAM_READERS 4
+#define DSII_ENGRAM_MAX_READERS 16
+typedef struct dsii_engram_readers dsii_engram_readers;
+
+/* Starts n_threads (1..DSII_ENGRAM_MAX_READERS) threads. If none can be started, logs a
+ * warning and returns DSI_OK with *out NULL (gathers stay serial). */
+dsi_status dsii_engram_readers_create(const dsi_context *ctx, int32_t n_threads,
+                                      dsii_engram_readers **out, dsii_error *err);
+/* Stops and joins the threads (no gather may be running). NULL accepted. */
+void dsii_engram_readers_free(dsii_engram_readers *r);
+int32_t dsii_engram_readers_count(const dsii_engram_readers *r);
+/* Runs fn(arg, k) for k in [0, n) on the calling thread and up to min(n - 1, threads) pool
+ * threads; items are claimed in increasing k; once an fn returns nonzero no further item is
+ * claimed. Returns when every item claimed is done and no pool thread holds the batch.
+ * r may be NULL (all on the caller). [thread-safe] */
+void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *arg, size_t k),
+                             void *arg);
+/* Tests only (not API): the reader threads of models loaded from now on. 0: the default
+ * (DSII_ENGRAM_READERS); 1: no pool, the serial path; n > 1: n threads. */
+extern atomic_int dsii_engram_readers_test;
+
 typedef struct dsii_engram_table {
     int32_t placement;     /* DSII_ENGRAM_PLACE_* */
     int32_t type;          /* storage type of a row (DSI_TYPE_*, or DSII_TYPE_ENGRAM_ROW264) */
@@ -122,6 +149,7 @@ typedef struct dsii_engram_table {
     const dsii_file *file; /* PLACE_PREAD */
     uint64_t file_offset;
     dsii_engram_cache *cache; /* PLACE_PREAD: a row cache, or NULL */
+    dsii_engram_readers *readers; /* PLACE_PREAD: parallel readers (borrowed), or NULL */
 } dsii_engram_table;
 
 /* A table whose rows lie in host memory (e.g. the mapped model file). */
@@ -136,7 +164,14 @@ dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t ro
  * are then rounded to bf16 (RNE), as the reference's bf16 embedding does (§4.6 step 1);
  * F32 / F16 / BF16 tables (debug files) are used as stored. A row id >= n_rows is
  * INTERNAL (the hash never produces one for a checked layout). `ctx` is used for the
- * scratch of the pread placement (may be NULL). */
+ * scratch of the pread placement (may be NULL).
+ * Pread placement with `readers` and two or more rows to read from the file (rows not in
+ * the cache): the reads run on the readers, with the same results as the serial path —
+ * data, cache contents and counters (the row cache's lock is held for the whole gather).
+ * A failed read is IO / BAD_FORMAT naming the row and its offset (the first failing row in
+ * order); the call returns after every reader is done. On failure the cache slots the
+ * gather was filling are left empty and its counters are not added (the serial path counts
+ * the rows before the failing one). */
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
                               const uint32_t *rows, size_t n, float *dst, dsii_error *err);
 

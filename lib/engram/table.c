@@ -77,26 +77,172 @@ dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t ro
     return DSI_OK;
 }
 
+/* One row: dequantised, then FP8 rows rounded to bf16 (§4.6 step 1, as ds4_engram.c does).
+ * E4M3 times a power-of-two scale is exact in bf16 except below bf16's normal range, so the
+ * rounding only matters at the edges; F32/F16/BF16 (debug) tables are used as stored. */
+static void deq_row(const dsii_engram_table *t, const dsii_type_traits *tr, const uint8_t *src,
+                    float *d) {
+    const int row264 = t->type == DSII_TYPE_ENGRAM_ROW264;
+    if (row264)
+        deq_row264(src, d, t->row_elems);
+    else
+        tr->dequantize_row(src, d, t->row_elems);
+    const int round_bf16 = t->type == DSI_TYPE_FP8_E4M3_R32 || t->type == DSI_TYPE_FP8_E4M3_B32 ||
+                           t->type == DSI_TYPE_FP8_E4M3_B128 || row264;
+    if (round_bf16)
+        for (int64_t j = 0; j < t->row_elems; j++) d[j] = dsii_bf16_rne(d[j]);
+}
+
+static dsi_status read_row(const dsii_engram_table *t, uint32_t row, uint8_t *dst, dsii_error *err) {
+    const uint64_t off = t->file_offset + (uint64_t)row * t->row_bytes;
+    dsii_error e;
+    dsi_status st = dsii_file_read(t->file, off, t->row_bytes, dst, &e);
+    if (st != DSI_OK)
+        return dsii_fail(err, st, "engram gather: row %u at offset %llu: %s", (unsigned)row,
+                         (unsigned long long)off, e.msg);
+    return DSI_OK;
+}
+
+/* ---- parallel readers (issue 17) ------------------------------------------------------------
+ * Plan, under the row cache's lock held for the whole gather, in the serial order: a row whose
+ * slot holds it is a hit (dequantised from the slot now, or — when an earlier row of this
+ * gather is to fill the slot — later from that row's bytes); any other row is a read (a
+ * "miss") whose slot is retagged at once, as the serial path would. A retagged slot carries
+ * the miss number in the tag's bits 33.. (row + 1 < 2^33 fills the low bits), so later rows
+ * of the gather see the serial cache state; the slot's bytes are written after the reads,
+ * by the last miss that tagged it. Same hits, misses, bytes read and final cache as the
+ * serial path; nobody else sees the marked tags (lock). */
+
+#define TAG_ROW_MASK ((UINT64_C(1) << 33) - 1)
+
+typedef struct gather_job {
+    const dsii_engram_table *t;
+    const dsii_type_traits *tr;
+    const uint32_t *rows;
+    const size_t *miss;   /* [n_miss] index into rows of each read */
+    uint8_t *raw;         /* [n_miss][row_bytes] */
+    float *dst;
+    pthread_mutex_t mu;   /* the first failure */
+    size_t fail_k;        /* SIZE_MAX: none */
+    dsii_error err;
+} gather_job;
+
+static int gather_item(void *arg, size_t k) {
+    gather_job *j = arg;
+    const dsii_engram_table *t = j->t;
+    const size_t i = j->miss[k];
+    dsii_error e;
+    uint8_t *raw = j->raw + k * (size_t)t->row_bytes;
+    if (read_row(t, j->rows[i], raw, &e) != DSI_OK) {
+        /* items are claimed in order, so the lowest failing k is the serial path's failure */
+        pthread_mutex_lock(&j->mu);
+        if (k < j->fail_k) {
+            j->fail_k = k;
+            j->err = e;
+        }
+        pthread_mutex_unlock(&j->mu);
+        return 1;
+    }
+    deq_row(t, j->tr, raw, j->dst + i * (size_t)t->row_elems);
+    return 0;
+}
+
+static dsi_status gather_parallel(const dsi_context *ctx, const dsii_engram_table *t,
+                                  const dsii_type_traits *tr, const uint32_t *rows, size_t n,
+                                  float *dst, dsii_error *err) {
+    const size_t rb = (size_t)t->row_bytes;
+    uint64_t raw_bytes = 0;
+    if (!dsii_mul_u64(n, t->row_bytes, &raw_bytes) || raw_bytes > SIZE_MAX)
+        return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram gather: %zu rows", n);
+    size_t *miss = dsii_calloc(ctx, n, 2 * sizeof *miss);
+    uint8_t *raw = dsii_malloc(ctx, (size_t)raw_bytes);
+    if (!miss || !raw) {
+        dsii_free(ctx, miss);
+        dsii_free(ctx, raw);
+        return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram gather: scratch");
+    }
+    size_t *ref = miss + n; /* per row: the miss whose bytes it takes, or SIZE_MAX (done) */
+    dsii_engram_cache *c = t->cache;
+    size_t nm = 0;
+    uint64_t hits = 0;
+    if (c) pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        if (c) {
+            const uint64_t slot = (uint64_t)rows[i] % c->n_rows, tag = c->tag[slot];
+            if ((tag & TAG_ROW_MASK) == (uint64_t)rows[i] + 1) {
+                hits++;
+                if (tag >> 33) {
+                    ref[i] = (size_t)(tag >> 33) - 1;
+                } else {
+                    deq_row(t, tr, c->data + slot * rb, dst + i * (size_t)t->row_elems);
+                    ref[i] = SIZE_MAX;
+                }
+                continue;
+            }
+            c->tag[slot] = ((uint64_t)rows[i] + 1) | ((uint64_t)(nm + 1) << 33);
+        }
+        ref[i] = nm;
+        miss[nm++] = i;
+    }
+    gather_job j = {.t = t, .tr = tr, .rows = rows, .miss = miss, .raw = raw, .dst = dst,
+                    .fail_k = SIZE_MAX};
+    pthread_mutex_init(&j.mu, NULL);
+    if (nm) dsii_engram_readers_run(nm > 1 ? t->readers : NULL, nm, gather_item, &j);
+    pthread_mutex_destroy(&j.mu);
+    const dsi_status st = j.fail_k == SIZE_MAX ? DSI_OK : j.err.status;
+    if (c) {
+        for (size_t k = 0; k < nm; k++) {
+            const uint64_t slot = (uint64_t)rows[miss[k]] % c->n_rows;
+            if ((c->tag[slot] >> 33) != (uint64_t)k + 1) continue; /* a later miss took it */
+            if (st == DSI_OK) {
+                memcpy(c->data + slot * rb, raw + k * rb, rb);
+                c->tag[slot] = (uint64_t)rows[miss[k]] + 1;
+            } else {
+                c->tag[slot] = 0;
+            }
+        }
+        if (st == DSI_OK) {
+            if (c->hits) atomic_fetch_add_explicit(c->hits, hits, memory_order_relaxed);
+            if (c->misses) atomic_fetch_add_explicit(c->misses, nm, memory_order_relaxed);
+            if (c->bytes_read)
+                atomic_fetch_add_explicit(c->bytes_read, (uint64_t)nm * t->row_bytes,
+                                          memory_order_relaxed);
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (st == DSI_OK) {
+        for (size_t i = 0; i < n; i++)
+            if (ref[i] != SIZE_MAX && miss[ref[i]] != i)
+                deq_row(t, tr, raw + ref[i] * rb, dst + i * (size_t)t->row_elems);
+    } else {
+        dsii_fail(err, st, "%s", j.err.msg);
+    }
+    dsii_free(ctx, raw);
+    dsii_free(ctx, miss);
+    return st;
+}
+
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
                               const uint32_t *rows, size_t n, float *dst, dsii_error *err) {
     const int row264 = t->type == DSII_TYPE_ENGRAM_ROW264;
     const dsii_type_traits *tr = row264 ? NULL : dsii_type_get(t->type);
     if (!row264 && (!tr || !tr->dequantize_row))
         return dsii_fail(err, DSI_ERR_INTERNAL, "engram gather: table not initialised");
+    for (size_t i = 0; i < n; i++)
+        if ((uint64_t)rows[i] >= t->n_rows)
+            return dsii_fail(err, DSI_ERR_INTERNAL, "engram gather: row %u >= %llu rows",
+                             (unsigned)rows[i], (unsigned long long)t->n_rows);
+    /* two or more rows and readers: the parallel path (a gather that turns out to be all
+     * hits, or one read, runs there on the calling thread alone) */
+    if (t->placement == DSII_ENGRAM_PLACE_PREAD && t->readers && n >= 2 && n < ((size_t)1 << 30))
+        return gather_parallel(ctx, t, tr, rows, n, dst, err);
     uint8_t *scratch = NULL;
     if (t->placement == DSII_ENGRAM_PLACE_PREAD) {
         scratch = (uint8_t *)dsii_malloc(ctx, (size_t)t->row_bytes);
         if (!scratch) return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram gather: scratch");
     }
-    const int round_bf16 = t->type == DSI_TYPE_FP8_E4M3_R32 || t->type == DSI_TYPE_FP8_E4M3_B32 ||
-                           t->type == DSI_TYPE_FP8_E4M3_B128 || row264;
     dsi_status st = DSI_OK;
     for (size_t i = 0; i < n; i++) {
-        if ((uint64_t)rows[i] >= t->n_rows) {
-            st = dsii_fail(err, DSI_ERR_INTERNAL, "engram gather: row %u >= %llu rows",
-                           (unsigned)rows[i], (unsigned long long)t->n_rows);
-            break;
-        }
         const uint8_t *src;
         if (t->placement == DSII_ENGRAM_PLACE_HOST) {
             src = t->host + (uint64_t)rows[i] * t->row_bytes;
@@ -110,8 +256,7 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
                 memcpy(scratch, cd, (size_t)t->row_bytes);
                 if (c->hits) atomic_fetch_add_explicit(c->hits, 1, memory_order_relaxed);
             } else {
-                st = dsii_file_read(t->file, t->file_offset + (uint64_t)rows[i] * t->row_bytes,
-                                    t->row_bytes, scratch, err);
+                st = read_row(t, rows[i], scratch, err);
                 if (st == DSI_OK) {
                     memcpy(cd, scratch, (size_t)t->row_bytes);
                     c->tag[slot] = (uint64_t)rows[i] + 1;
@@ -124,21 +269,11 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
             if (st != DSI_OK) break;
             src = scratch;
         } else {
-            st = dsii_file_read(t->file, t->file_offset + (uint64_t)rows[i] * t->row_bytes,
-                                t->row_bytes, scratch, err);
+            st = read_row(t, rows[i], scratch, err);
             if (st != DSI_OK) break;
             src = scratch;
         }
-        float *d = dst + i * (size_t)t->row_elems;
-        if (row264)
-            deq_row264(src, d, t->row_elems);
-        else
-            tr->dequantize_row(src, d, t->row_elems);
-        /* FP8 rows are dequantised to bf16 (§4.6 step 1, as ds4_engram.c does). E4M3 times a
-         * power-of-two scale is exact in bf16 except below bf16's normal range, so this only
-         * matters at the edges; F32/F16/BF16 (debug) tables are used as stored. */
-        if (round_bf16)
-            for (int64_t j = 0; j < t->row_elems; j++) d[j] = dsii_bf16_rne(d[j]);
+        deq_row(t, tr, src, dst + i * (size_t)t->row_elems);
     }
     dsii_free(ctx, scratch);
     return st;

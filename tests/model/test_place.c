@@ -36,6 +36,7 @@
 
 #include "dsinfer.h"
 #include "api/session_impl.h"
+#include "engram/engram.h"
 #include "model_test_util.h"
 #include "tests/common/skip.h"
 
@@ -284,23 +285,42 @@ static void identity(void **state) {
             po.policy = DSI_PLACE_EXPERTS_STREAMED;
             po.engram_cache_bytes = 64 * 1024;
             po.host_budget = budget_for(&f, 0.5, 2) + po.engram_cache_bytes;
-            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
-            assert_non_null(m);
-            float *got = run(m, rt, V);
-            assert_non_null(got);
-            info_of(m, &pi);
-            printf("# %s: Engram on disk, %llu-byte row cache: hits %llu misses %llu read %llu bytes\n", path,
-                   (unsigned long long)pi.engram_cache_bytes, (unsigned long long)pi.engram_hits,
-                   (unsigned long long)pi.engram_misses, (unsigned long long)pi.engram_bytes_read);
-            assert_int_equal(pi.engram_cache_bytes, po.engram_cache_bytes);
-            assert_true(pi.engram_misses > 0);
-            assert_true(pi.engram_hits > 0); /* prefill + decode re-read rows */
-            assert_true(pi.host_peak <= po.host_budget);
-            for (uint32_t c = 0; c < pi.n_classes; c++)
-                if (strcmp(pi.classes[c].name, "engram") == 0) assert_true(pi.classes[c].disk_bytes > 0);
-            assert_memory_equal(got, rref, sizeof(float) * NTOK * (size_t)V);
-            free(got);
-            dsi_model_free(m);
+            /* parallel readers (issue 17): the default (DSII_ENGRAM_READERS threads), 8, and
+             * the serial path (1): same logits as the resident tables, same counters */
+            const int readers[3] = {1, 0, 8};
+            uint64_t ser[3] = {0, 0, 0};
+            float *got = NULL;
+            for (int ri = 0; ri < 3; ri++) {
+                atomic_store(&dsii_engram_readers_test, readers[ri]);
+                m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+                atomic_store(&dsii_engram_readers_test, 0);
+                assert_non_null(m);
+                got = run(m, rt, V);
+                assert_non_null(got);
+                info_of(m, &pi);
+                printf("# %s: Engram on disk, %llu-byte row cache, readers %d: hits %llu misses %llu read %llu "
+                       "bytes\n", path, (unsigned long long)pi.engram_cache_bytes, readers[ri],
+                       (unsigned long long)pi.engram_hits, (unsigned long long)pi.engram_misses,
+                       (unsigned long long)pi.engram_bytes_read);
+                assert_int_equal(pi.engram_cache_bytes, po.engram_cache_bytes);
+                assert_true(pi.engram_misses > 0);
+                assert_true(pi.engram_hits > 0); /* prefill + decode re-read rows */
+                assert_true(pi.host_peak <= po.host_budget);
+                if (ri == 0) {
+                    ser[0] = pi.engram_hits;
+                    ser[1] = pi.engram_misses;
+                    ser[2] = pi.engram_bytes_read;
+                } else {
+                    assert_int_equal(pi.engram_hits, ser[0]);
+                    assert_int_equal(pi.engram_misses, ser[1]);
+                    assert_int_equal(pi.engram_bytes_read, ser[2]);
+                }
+                for (uint32_t c = 0; c < pi.n_classes; c++)
+                    if (strcmp(pi.classes[c].name, "engram") == 0) assert_true(pi.classes[c].disk_bytes > 0);
+                assert_memory_equal(got, rref, sizeof(float) * NTOK * (size_t)V);
+                free(got);
+                dsi_model_free(m);
+            }
             dsi_place_options_init(&po);
             po.policy = DSI_PLACE_ALL_RESIDENT;
             po.overrides = "*engram*=device";
@@ -584,7 +604,7 @@ static void faults(void **state) {
         printf("# read error: %s: %s\n", dsi_status_string(st), dsi_session_last_error(s));
         assert_int_equal(st, DSI_ERR_IO);
         /* V4.1: its Engram rows are read through the same reader first */
-        assert_non_null(strstr(dsi_session_last_error(s), mi == 0 ? "expert" : ""));
+        assert_non_null(strstr(dsi_session_last_error(s), mi == 0 ? "expert" : "engram gather: row"));
         assert_int_equal(pos_of(s), 8);
         atomic_store(&r.fail, 0);
         assert_int_equal(dsi_session_append(s, toks + 8, 1), DSI_OK);
@@ -607,6 +627,7 @@ static void faults(void **state) {
         st = dsi_session_append(s, toks + 8, 1);
         printf("# truncated: %s: %s\n", dsi_status_string(st), dsi_session_last_error(s));
         assert_int_equal(st, DSI_ERR_IO);
+        if (mi == 1) assert_non_null(strstr(dsi_session_last_error(s), "engram gather: row"));
         assert_int_equal(pos_of(s), 8);
         assert_int_equal(pwrite(fd, r.data, (size_t)r.size, 0), (ssize_t)r.size);
         assert_int_equal(dsi_session_append(s, toks + 8, 1), DSI_OK);

@@ -1,6 +1,7 @@
 /* Engram table access (§4.6 step 1): host and pread placements give the same rows,
  * dequantised from FP8 E4M3 with per-32 UE8M0 scales and rounded to bf16. Expected values
  * are worked out by hand from the format definitions (model-spec §2.1). */
+#define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +10,11 @@
 
 #include "engram/engram.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #include <string.h>
+#include <time.h>
 
 /* 3 rows × 64 elements of fp8_e4m3_r32: per block of 32 one E8M0 byte then 32 E4M3 bytes.
  * Row r, block b: scale byte 127 + r (scale 2^r); element j of the block has code
@@ -167,6 +172,220 @@ static void test_bad_tables(void **state) {
                      DSI_ERR_INVALID_ARGUMENT);
 }
 
+/* ---- parallel readers (issue 17) -------------------------------------------------------------
+ * A 97-row fp8 table read through a reader callback that sleeps a little per read (so reads
+ * overlap when they run on several threads) and can fail at one offset. The same gathers —
+ * duplicates, rows sharing a direct-mapped cache slot, hits on rows the gather itself reads —
+ * run on a serial table and a table with 4 readers, each with its own 7-row cache: outputs,
+ * cache tags and bytes, and hits / misses / bytes read are identical, gather after gather. */
+#define PR_ROWS 97
+#define PR_ELEMS 64
+#define PR_RB 66
+
+typedef struct pr_src {
+    uint8_t data[PR_ROWS * PR_RB];
+    atomic_int in_flight, max_in_flight, calls;
+    atomic_llong fail_off; /* -1: none */
+} pr_src;
+
+static int32_t pr_pread(void *ud, void *buf, uint64_t size, uint64_t off) {
+    pr_src *s = ud;
+    atomic_fetch_add(&s->calls, 1);
+    int f = atomic_fetch_add(&s->in_flight, 1) + 1;
+    int m = atomic_load(&s->max_in_flight);
+    while (f > m && !atomic_compare_exchange_weak(&s->max_in_flight, &m, f)) {}
+    struct timespec ts = {0, 200 * 1000};
+    nanosleep(&ts, NULL);
+    int32_t rc = 0;
+    if ((long long)off <= atomic_load(&s->fail_off) &&
+        atomic_load(&s->fail_off) < (long long)(off + size))
+        rc = -1;
+    else
+        memcpy(buf, s->data + off, size);
+    atomic_fetch_sub(&s->in_flight, 1);
+    return rc;
+}
+
+typedef struct pr_side {
+    dsii_file *f;
+    dsii_engram_table t;
+    dsii_engram_cache c;
+    atomic_ullong hits, misses, bytes;
+} pr_side;
+
+static void pr_open(pr_side *p, pr_src *src, dsii_engram_readers *rd, uint64_t cache_rows) {
+    memset(p, 0, sizeof *p);
+    dsi_reader r;
+    dsi_reader_init(&r);
+    r.size = sizeof src->data;
+    r.pread_fn = pr_pread;
+    r.user_data = src;
+    dsii_error e;
+    assert_int_equal(dsii_file_open_reader(NULL, &r, &p->f, &e), DSI_OK);
+    assert_int_equal(dsii_engram_table_file(&p->t, DSI_TYPE_FP8_E4M3_R32, PR_ELEMS, PR_ROWS, p->f, 0, &e),
+                     DSI_OK);
+    p->t.readers = rd;
+    if (cache_rows) {
+        pthread_mutex_init(&p->c.mu, NULL);
+        p->c.n_rows = cache_rows;
+        p->c.tag = calloc(cache_rows, sizeof *p->c.tag);
+        p->c.data = calloc(cache_rows, PR_RB);
+        p->c.hits = &p->hits;
+        p->c.misses = &p->misses;
+        p->c.bytes_read = &p->bytes;
+        p->t.cache = &p->c;
+    }
+}
+
+static void pr_close(pr_side *p) {
+    if (p->t.cache) {
+        pthread_mutex_destroy(&p->c.mu);
+        free(p->c.tag);
+        free(p->c.data);
+    }
+    dsii_file_close(p->f);
+}
+
+static void pr_same_cache(const pr_side *a, const pr_side *b) {
+    assert_int_equal(atomic_load(&a->hits), atomic_load(&b->hits));
+    assert_int_equal(atomic_load(&a->misses), atomic_load(&b->misses));
+    assert_int_equal(atomic_load(&a->bytes), atomic_load(&b->bytes));
+    if (!a->t.cache) return;
+    assert_memory_equal(a->c.tag, b->c.tag, a->c.n_rows * sizeof *a->c.tag);
+    for (uint64_t s = 0; s < a->c.n_rows; s++)
+        if (a->c.tag[s]) assert_memory_equal(a->c.data + s * PR_RB, b->c.data + s * PR_RB, PR_RB);
+}
+
+static pr_src g_src;
+
+static void pr_fill(pr_src *s) {
+    uint32_t x = 12345u;
+    for (size_t i = 0; i < sizeof s->data; i++) {
+        x = x * 1664525u + 1013904223u;
+        uint8_t v = (uint8_t)(x >> 24);
+        if ((i % 33) == 0) v = (uint8_t)(120 + v % 16);   /* scale 2^-7 .. 2^8 */
+        else if ((v & 0x7F) == 0x7F) v ^= 0x01;           /* no E4M3 NaN */
+        s->data[i] = v;
+    }
+    atomic_store(&s->fail_off, -1);
+}
+
+static void test_parallel_readers(void **state) {
+    (void)state;
+    pr_fill(&g_src);
+    dsii_error e;
+    dsii_engram_readers *rd = NULL;
+    assert_int_equal(dsii_engram_readers_create(NULL, 4, &rd, &e), DSI_OK);
+    assert_non_null(rd);
+    assert_int_equal(dsii_engram_readers_count(rd), 4);
+    /* resident reference */
+    dsii_engram_table th;
+    assert_int_equal(dsii_engram_table_host(&th, DSI_TYPE_FP8_E4M3_R32, PR_ELEMS, PR_ROWS, g_src.data, &e),
+                     DSI_OK);
+    for (int cached = 0; cached < 2; cached++) {
+        pr_side ser, par;
+        pr_open(&ser, &g_src, NULL, cached ? 7 : 0);
+        pr_open(&par, &g_src, rd, cached ? 7 : 0);
+        uint32_t x = 99u;
+        for (int g = 0; g < 12; g++) {
+            uint32_t rows[40];
+            size_t n = g == 0 ? 2 : (size_t)(5 + g * 3);
+            for (size_t i = 0; i < n; i++) {
+                x = x * 1664525u + 1013904223u;
+                rows[i] = (x >> 8) % 23;            /* few rows: repeats and slot clashes */
+                if (i % 4 == 3) rows[i] = rows[i - 1] + 7; /* the next row of the same slot */
+                if (i % 5 == 4) rows[i] = rows[i - 3];     /* a repeat */
+            }
+            float a[40 * PR_ELEMS], b[40 * PR_ELEMS], h[40 * PR_ELEMS];
+            memset(b, 0xA5, sizeof b);
+            assert_int_equal(dsii_engram_gather(NULL, &ser.t, rows, n, a, &e), DSI_OK);
+            assert_int_equal(dsii_engram_gather(NULL, &par.t, rows, n, b, &e), DSI_OK);
+            assert_int_equal(dsii_engram_gather(NULL, &th, rows, n, h, &e), DSI_OK);
+            assert_memory_equal(a, h, n * PR_ELEMS * sizeof(float));
+            assert_memory_equal(b, h, n * PR_ELEMS * sizeof(float));
+            pr_same_cache(&ser, &par);
+        }
+        if (cached) assert_true(atomic_load(&par.hits) > 0);
+        pr_close(&ser);
+        pr_close(&par);
+    }
+    /* the reads did overlap */
+    printf("# most reads in flight: %d\n", atomic_load(&g_src.max_in_flight));
+    assert_true(atomic_load(&g_src.max_in_flight) > 1);
+    /* a gather of one row, or all hits, runs on the caller alone: nothing in flight twice */
+    pr_side p;
+    pr_open(&p, &g_src, rd, 7);
+    const uint32_t one[1] = {5}, same[3] = {5, 5, 5};
+    float o[3 * PR_ELEMS];
+    assert_int_equal(dsii_engram_gather(NULL, &p.t, one, 1, o, &e), DSI_OK);
+    atomic_store(&g_src.max_in_flight, 0);
+    atomic_store(&g_src.calls, 0);
+    assert_int_equal(dsii_engram_gather(NULL, &p.t, same, 3, o, &e), DSI_OK);
+    assert_int_equal(atomic_load(&g_src.calls), 0);
+    assert_int_equal(atomic_load(&p.hits), 3);
+    pr_close(&p);
+    dsii_engram_readers_free(rd);
+}
+
+/* A failing read under parallel readers: IO naming the first failing row (in gather order)
+ * and its offset, every reader done before the call returns (the reader sees no call after),
+ * the failed gather's slots empty, and the next gathers identical to the serial path again. */
+static void test_parallel_read_error(void **state) {
+    (void)state;
+    pr_fill(&g_src);
+    dsii_error e;
+    dsii_engram_readers *rd = NULL;
+    assert_int_equal(dsii_engram_readers_create(NULL, 8, &rd, &e), DSI_OK);
+    pr_side ser, par;
+    pr_open(&ser, &g_src, NULL, 7);
+    pr_open(&par, &g_src, rd, 7);
+    const uint32_t rows[12] = {1, 2, 3, 40, 5, 6, 41, 8, 9, 10, 11, 12};
+    float a[12 * PR_ELEMS], b[12 * PR_ELEMS];
+    /* row 40 (and 41, later) fail */
+    atomic_store(&g_src.fail_off, 40 * PR_RB + 10);
+    dsi_status st = dsii_engram_gather(NULL, &par.t, rows, 12, b, &e);
+    printf("# parallel read error: %s\n", e.msg);
+    assert_int_equal(st, DSI_ERR_IO);
+    assert_non_null(strstr(e.msg, "row 40 at offset 2640"));
+    int calls = atomic_load(&g_src.calls);
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(atomic_load(&g_src.calls), calls); /* nobody still reading */
+    assert_int_equal(atomic_load(&g_src.in_flight), 0);
+    for (uint64_t s = 0; s < 7; s++) assert_int_equal(par.c.tag[s], 0);
+    assert_int_equal(atomic_load(&par.misses), 0);
+    /* the serial path names the same row */
+    dsii_error es;
+    assert_int_equal(dsii_engram_gather(NULL, &ser.t, rows, 12, a, &es), DSI_ERR_IO);
+    assert_non_null(strstr(es.msg, "row 40 at offset 2640"));
+    /* repaired: both paths agree again (fresh caches on both sides) */
+    atomic_store(&g_src.fail_off, -1);
+    memset(ser.c.tag, 0, 7 * sizeof *ser.c.tag);
+    atomic_store(&ser.hits, 0);
+    atomic_store(&ser.misses, 0);
+    atomic_store(&ser.bytes, 0);
+    assert_int_equal(dsii_engram_gather(NULL, &ser.t, rows, 12, a, &e), DSI_OK);
+    assert_int_equal(dsii_engram_gather(NULL, &par.t, rows, 12, b, &e), DSI_OK);
+    assert_memory_equal(a, b, sizeof a);
+    pr_same_cache(&ser, &par);
+    /* an error with several failures at once and no cache: still the first row in order */
+    pr_side nc;
+    pr_open(&nc, &g_src, rd, 0);
+    atomic_store(&g_src.fail_off, 41 * PR_RB);
+    const uint32_t rows2[8] = {3, 4, 5, 6, 7, 41, 41, 2};
+    assert_int_equal(dsii_engram_gather(NULL, &nc.t, rows2, 8, b, &e), DSI_ERR_IO);
+    assert_non_null(strstr(e.msg, "row 41 at offset 2706"));
+    atomic_store(&g_src.fail_off, -1);
+    pr_close(&nc);
+    pr_close(&ser);
+    pr_close(&par);
+    dsii_engram_readers_free(rd);
+    /* bad thread counts */
+    assert_int_equal(dsii_engram_readers_create(NULL, 0, &rd, &e), DSI_ERR_INVALID_ARGUMENT);
+    assert_null(rd);
+    dsii_engram_readers_free(NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_host_and_pread),
@@ -174,6 +393,8 @@ int main(void) {
         cmocka_unit_test(test_fp8_bf16_edge),
         cmocka_unit_test(test_row264),
         cmocka_unit_test(test_bad_tables),
+        cmocka_unit_test(test_parallel_readers),
+        cmocka_unit_test(test_parallel_read_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,135 @@
+/* Engram disk tier: a small pool of reader threads for dsii_engram_gather (issue 17 "Memory
+ * tiers", docs/placement.md). Generic over the work: a caller hands in n items and a function;
+ * the pool's threads and the caller itself claim items with one atomic counter until none is
+ * left or one item asks to stop; the call returns when every thread that joined has left. */
+#include "engram/engram.h"
+
+atomic_int dsii_engram_readers_test;
+
+typedef struct rd_batch {
+    struct rd_batch *next;
+    int (*fn)(void *arg, size_t k);
+    void *arg;
+    size_t n;
+    atomic_size_t next_k;
+    atomic_int stop;
+    int helpers;      /* pool threads inside (under mu) */
+    int max_helpers;
+    int queued;       /* in the pool's queue (under mu) */
+} rd_batch;
+
+struct dsii_engram_readers {
+    const dsi_context *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    rd_batch *head;
+    int stop;
+    int32_t n_threads;
+    pthread_t th[DSII_ENGRAM_MAX_READERS];
+};
+
+static void batch_work(rd_batch *b) {
+    while (!atomic_load_explicit(&b->stop, memory_order_relaxed)) {
+        size_t k = atomic_fetch_add_explicit(&b->next_k, 1, memory_order_relaxed);
+        if (k >= b->n) break;
+        if (b->fn(b->arg, k)) atomic_store_explicit(&b->stop, 1, memory_order_relaxed);
+    }
+}
+
+/* Unlinks b from the queue (under mu). */
+static void batch_unqueue(dsii_engram_readers *r, rd_batch *b) {
+    for (rd_batch **p = &r->head; *p; p = &(*p)->next)
+        if (*p == b) {
+            *p = b->next;
+            break;
+        }
+    b->queued = 0;
+}
+
+static void *reader_main(void *arg) {
+    dsii_engram_readers *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && !r->head) pthread_cond_wait(&r->work_cv, &r->mu);
+        if (r->stop) break;
+        rd_batch *b = r->head;
+        if (++b->helpers >= b->max_helpers) batch_unqueue(r, b);
+        pthread_mutex_unlock(&r->mu);
+        batch_work(b);
+        pthread_mutex_lock(&r->mu);
+        if (--b->helpers == 0) pthread_cond_broadcast(&r->done_cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+dsi_status dsii_engram_readers_create(const dsi_context *ctx, int32_t n_threads,
+                                      dsii_engram_readers **out, dsii_error *err) {
+    *out = NULL;
+    if (n_threads < 1 || n_threads > DSII_ENGRAM_MAX_READERS)
+        return dsii_fail(err, DSI_ERR_INVALID_ARGUMENT, "engram readers: %d threads", (int)n_threads);
+    dsii_engram_readers *r = dsii_calloc(ctx, 1, sizeof *r);
+    if (!r) return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram readers: out of host memory");
+    r->ctx = ctx;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->work_cv, NULL);
+    pthread_cond_init(&r->done_cv, NULL);
+    for (int32_t i = 0; i < n_threads; i++) {
+        if (pthread_create(&r->th[i], NULL, reader_main, r) != 0) break;
+        r->n_threads++;
+    }
+    if (r->n_threads == 0) {
+        /* no thread: the gathers stay serial, which is correct, only slower */
+        dsii_log(ctx, DSI_LOG_WARN, "engram readers: no reader thread; Engram reads stay serial");
+        dsii_engram_readers_free(r);
+        return DSI_OK;
+    }
+    *out = r;
+    return DSI_OK;
+}
+
+void dsii_engram_readers_free(dsii_engram_readers *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->work_cv);
+    pthread_mutex_unlock(&r->mu);
+    for (int32_t i = 0; i < r->n_threads; i++) pthread_join(r->th[i], NULL);
+    pthread_cond_destroy(&r->work_cv);
+    pthread_cond_destroy(&r->done_cv);
+    pthread_mutex_destroy(&r->mu);
+    dsii_free(r->ctx, r);
+}
+
+int32_t dsii_engram_readers_count(const dsii_engram_readers *r) { return r ? r->n_threads : 0; }
+
+void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *arg, size_t k),
+                             void *arg) {
+    rd_batch b;
+    b.next = NULL;
+    b.fn = fn;
+    b.arg = arg;
+    b.n = n;
+    atomic_init(&b.next_k, 0);
+    atomic_init(&b.stop, 0);
+    b.helpers = 0;
+    /* the caller reads too: at most n - 1 helpers, so none joins only to find nothing left */
+    b.max_helpers = r ? (n - 1 < (size_t)r->n_threads ? (int)(n - 1) : r->n_threads) : 0;
+    b.queued = 0;
+    if (b.max_helpers > 0) {
+        pthread_mutex_lock(&r->mu);
+        rd_batch **p = &r->head;
+        while (*p) p = &(*p)->next;
+        *p = &b;
+        b.queued = 1;
+        pthread_cond_broadcast(&r->work_cv);
+        pthread_mutex_unlock(&r->mu);
+    }
+    batch_work(&b);
+    if (b.max_helpers > 0) {
+        pthread_mutex_lock(&r->mu);
+        if (b.queued) batch_unqueue(r, &b);
+        while (b.helpers > 0) pthread_cond_wait(&r->done_cv, &r->mu);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
