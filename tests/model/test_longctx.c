@@ -181,12 +181,20 @@ static const double k_bpt_packed[2] = {236.5, 210.0}, k_bpt_f32[2] = {576.0, 153
 
 /* ---- 1. packed vs f32 ------------------------------------------------------------------ */
 
+/* Tokens of a comparison run: `full`, or DSI_LONGCTX_TOKENS (test_longctx_vulkan_split: 96),
+ * or 64 under the validation layer (lavapipe many times slower) — never fewer than 64: still
+ * past the window (16), several groups of every ratio (up to 16) and the indexer's top-k. */
+static size_t n_tokens(size_t full) {
+    const char *ev = getenv("DSI_LONGCTX_TOKENS");
+    size_t n = ev ? (size_t)strtoul(ev, NULL, 10) : full;
+    if (dsit_vk_validation_requested() && n > 64) n = 64;
+    return n < 64 ? 64 : n;
+}
+
 static void test_packed_vs_f32(void **state) {
     fx *f = *state;
     need(f);
-    /* 64 under the validation layer (lavapipe many times slower): still past the window,
-     * several groups of every ratio and the indexer's top-k */
-    const size_t n = dsit_vk_validation_requested() ? 64 : 320;
+    const size_t n = n_tokens(320);
     dsi_token *tok = malloc(sizeof *tok * n);
     mt_tokens(tok, n, f->V, 1901);
     /* a session with state, held while the runs below take more slots of its pool: the
@@ -246,7 +254,7 @@ static void test_packed_vs_f32(void **state) {
 static void test_offload(void **state) {
     fx *f = *state;
     need(f);
-    const size_t n = dsit_vk_validation_requested() ? 64 : 320;
+    const size_t n = n_tokens(96);
     dsi_token *tok = malloc(sizeof *tok * n);
     mt_tokens(tok, n, f->V, 1901);
     float *a = mt_all_logits(f->m, tok, n, 7, 0, 512);
