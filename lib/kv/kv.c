@@ -127,7 +127,6 @@ struct dsii_kv_pool {
     pthread_mutex_t slots_lock; /* used[] */
     dsib_buffer **bufs;         /* [n_bufs] the arenas (see plan) */
     uint32_t n_bufs;
-    uint8_t *bhost;             /* [n_bufs] 1: the arena is in host RAM (layout.offload) */
     uint32_t *arena;            /* [n comps] the arena holding each component region */
     uint64_t *base;             /* [n comps] byte offset of each region in its arena */
     uint32_t *arows;            /* [n comps] rows per slot allocated now (<= layout rows) */
@@ -157,7 +156,7 @@ static uint64_t region_bytes(const dsii_kv_comp *c, uint32_t rows, uint32_t slot
  * region would take the current one past `cap` — the largest buffer one op binding can
  * address on the device (Vulkan: the binding window inside one allocation chunk; CPU:
  * unlimited, one arena). So a pool of any size works as long as each component region fits
- * one binding; a region that does not gets an arena of its own and the pool reports it.
+ * one binding; a region that does not is refused (the relayout fails, the pool unchanged).
  * With l->offload the row arrays go to arenas of their own in host RAM (hosted[k] = 1).
  * Fills base, rows, arena (per component), sizes and hosted (per arena, cap l->n + 1);
  * returns the arena count (0: a region alone exceeds cap, *big = its component). */
@@ -240,7 +239,6 @@ void dsii_kv_pool_free(dsii_kv_pool *p) {
     if (!p) return;
     const dsi_context *ctx = p->layout.ctx;
     free_bufs(p, p->bufs, p->n_bufs);
-    dsii_free(ctx, p->bhost);
     dsii_free(ctx, p->arena);
     dsii_free(ctx, p->base);
     dsii_free(ctx, p->arows);
@@ -337,14 +335,13 @@ static dsi_status relayout(dsii_kv_pool *p, uint32_t ncap, uint64_t npcap, dsii_
     }
     if (p->cap) memcpy(nu, p->used, p->cap < ncap ? p->cap : ncap);
     free_bufs(p, p->bufs, p->n_bufs);
-    dsii_free(ctx, p->bhost);
+    dsii_free(ctx, hosted);
     dsii_free(ctx, p->base);
     dsii_free(ctx, p->arows);
     dsii_free(ctx, p->arena);
     dsii_free(ctx, p->used);
     dsii_free(ctx, sizes);
     p->bufs = bufs;
-    p->bhost = hosted;
     p->n_bufs = n_bufs;
     p->base = nb;
     p->arows = nr;
