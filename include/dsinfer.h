@@ -932,6 +932,12 @@ DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
 /* dsi_place_options.flags */
 #define DSI_PLACE_FLAG_NO_PREFETCH (1u << 0) /* no read-ahead of the next layer's experts */
 
+/* dsi_place_options.hybrid (since 0.3.1): how a GPU compute device runs the routed experts
+ * it does not hold (host or disk tier) */
+#define DSI_HYBRID_CPU 0u             /* the CPU instance computes them from host RAM (default) */
+#define DSI_HYBRID_UPLOAD 1u          /* they are copied into an expert cache on the GPU and
+                                         computed there (logits bit-identical to all-resident) */
+
 /* Tiers (dsi_place_class.tier) */
 #define DSI_TIER_DEVICE 0u            /* the compute device's memory (the CPU: host RAM, in use in place) */
 #define DSI_TIER_HOST 1u              /* host RAM next to a GPU */
@@ -956,6 +962,9 @@ typedef struct dsi_place_options {
     uint32_t flags;            /* DSI_PLACE_FLAG_* */
     uint64_t engram_cache_bytes; /* a row cache for Engram tables in the disk tier (part of
                                     the host budget); 0 = none */
+    /* since 0.3.1 */
+    uint32_t hybrid;           /* DSI_HYBRID_*; default CPU. Ignored on the CPU device */
+    uint32_t reserved;
 } dsi_place_options;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest (policy AUTO, auto budgets). */
@@ -984,7 +993,7 @@ typedef struct dsi_place_info {
     uint64_t host_bytes;           /* library-owned host memory of the plan (owned weights + caches) */
     uint64_t disk_bytes;           /* weights left in the file, read on demand */
     uint64_t mapped_bytes;         /* weights used in place from the mapping (page cache) */
-    uint64_t expert_cache_bytes;   /* the expert cache (part of host_bytes) */
+    uint64_t expert_cache_bytes;   /* the expert cache (see expert_cache_tier) */
     uint32_t expert_cache_slots;   /* experts it holds */
     uint32_t cache_policy;         /* DSI_CACHE_* */
     uint32_t n_experts_streamed;   /* (layer, expert) pairs in the disk tier */
@@ -1006,6 +1015,17 @@ typedef struct dsi_place_info {
     uint64_t engram_hits;          /* Engram rows found in the row cache */
     uint64_t engram_misses;        /* Engram rows read from the file */
     uint64_t engram_bytes_read;
+    /* since 0.3.1 */
+    uint32_t hybrid;               /* DSI_HYBRID_* in effect (GPU compute device with experts
+                                      outside it), else 0 */
+    uint32_t expert_cache_tier;    /* DSI_TIER_DEVICE: the expert cache is GPU memory (part of
+                                      device_weight_bytes); DSI_TIER_HOST: host RAM (part of
+                                      host_bytes) */
+    uint64_t device_weight_bytes;  /* bytes allocated on the compute device for weights and the
+                                      expert cache, counted from the backend's allocations
+                                      (never above device_budget) */
+    uint64_t device_used;          /* everything the compute device instance holds now
+                                      (weights, caches, sessions' state and scratch) */
 } dsi_place_info;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest. */

@@ -356,7 +356,8 @@ static dsi_status run_recorded(dsii_lane *l, dsii_kv_pool *pool, const dsii_step
     dsii_exec *ex = l->ex;
     dsib_error be_err = {{0}};
     dsi_status st;
-    int replay = l->dev->can_capture && !(l->flags & DSII_LANE_NO_CAPTURE);
+    /* tiered experts (lib/place) read the routing on the host mid-step: no graphs */
+    int replay = l->dev->can_capture && !(l->flags & DSII_LANE_NO_CAPTURE) && !dsii_xtier_active(ex->model);
     uint64_t key = (uint64_t)sh->n | ((uint64_t)sh->n_out << 16) |
                    ((uint64_t)dsii_kv_pool_generation(pool) << 32);
     int gi = -1;

@@ -210,6 +210,9 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if (o.cache_policy > DSI_CACHE_LFU)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                          "dsi_place_options.cache_policy %u is not DSI_CACHE_LRU or DSI_CACHE_LFU", o.cache_policy);
+    if (o.hybrid > DSI_HYBRID_UPLOAD)
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                         "dsi_place_options.hybrid %u is not DSI_HYBRID_CPU or DSI_HYBRID_UPLOAD", o.hybrid);
     if (o.flags & ~(uint32_t)DSI_PLACE_FLAG_NO_PREFETCH)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT, "dsi_place_options.flags has unknown bits 0x%x",
                          o.flags & ~(uint32_t)DSI_PLACE_FLAG_NO_PREFETCH);
@@ -226,6 +229,7 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if (!pl->tier || !pl->cls) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     pl->cache_policy = o.cache_policy;
     pl->flags = o.flags;
+    pl->hybrid = o.hybrid;
     const dsii_device *dev = m->ctx ? dsii_context_compute(m->ctx) : NULL;
     pl->cpu_compute = !dev || strcmp(dev->name, "cpu") == 0;
     pl->host_budget = o.host_budget ? o.host_budget : phys_half();
@@ -255,24 +259,31 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     uint32_t policy = o.policy;
     if (policy == DSII_PLACE_AUTO) {
         /* all resident when it fits: owned bytes (pread / reader) vs the host budget, device
-         * copies vs the device budget */
-        uint64_t owned = 0;
+         * copies vs the device budget; else the routed experts leave the device: into host
+         * RAM next to a GPU when they fit there (mapped, or owned within the host budget),
+         * else to the disk tier */
+        uint64_t owned = 0, experts = 0;
         for (uint32_t i = 0; i < m->n_tensors; i++)
             if (!m->tensors[i].is_view && !m->tensors[i].lazy) owned += al64(m->tensors[i].nbytes);
-        int fits = (mmap || owned <= pl->host_budget) && (pl->cpu_compute || owned <= pl->device_budget);
-        policy = fits || resident_flag || !pl->cpu_compute ? DSII_PLACE_ALL_RESIDENT : DSII_PLACE_EXPERTS_STREAMED;
-    }
-    if (policy == DSII_PLACE_EXPERTS_HOST && !pl->cpu_compute)
-        return dsii_fail(e, DSI_ERR_UNSUPPORTED,
-                         "DSI_PLACE_EXPERTS_HOST on %s needs hybrid GPU + CPU steps, not implemented yet "
-                         "(docs/placement.md); use DSI_PLACE_ALL_RESIDENT or the CPU backend", dev->name);
-    pl->policy = policy;
-    if (policy == DSII_PLACE_EXPERTS_STREAMED)
         for (uint32_t l = 0; l < hp->n_layer; l++) {
             const dsii_layer_tensors *T = &m->w.layer[l];
             const dsii_tensor *x[3] = {T->ffn_gate_exps, T->ffn_up_exps, T->ffn_down_exps};
             for (int j = 0; j < 3; j++)
-                if (x[j]) pl->tier[x[j] - m->tensors] = DSII_TIER_DISK;
+                if (x[j] && !x[j]->lazy) experts += al64(x[j]->nbytes);
+        }
+        int host_fits = mmap || owned <= pl->host_budget;
+        int fits = host_fits && (pl->cpu_compute || owned <= pl->device_budget);
+        if (fits || resident_flag) policy = DSII_PLACE_ALL_RESIDENT;
+        else if (!pl->cpu_compute && host_fits && owned - experts <= pl->device_budget) policy = DSII_PLACE_EXPERTS_HOST;
+        else policy = DSII_PLACE_EXPERTS_STREAMED;
+    }
+    pl->policy = policy;
+    if (policy == DSII_PLACE_EXPERTS_STREAMED || (policy == DSII_PLACE_EXPERTS_HOST && !pl->cpu_compute))
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            const dsii_layer_tensors *T = &m->w.layer[l];
+            const dsii_tensor *x[3] = {T->ffn_gate_exps, T->ffn_up_exps, T->ffn_down_exps};
+            for (int j = 0; j < 3; j++)
+                if (x[j]) pl->tier[x[j] - m->tensors] = policy == DSII_PLACE_EXPERTS_HOST ? DSII_TIER_HOST : DSII_TIER_DISK;
         }
     /* overrides: first matching pattern wins */
     for (uint32_t i = 0; i < m->n_tensors && n_ov; i++) {
@@ -292,10 +303,13 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
                                  "dsi_place_options.overrides: '%.*s=disk' matches tensor '%s' (class %s); the disk tier "
                                  "holds routed experts and Engram tables only",
                                  (int)(ov[k].pe - ov[k].pat), ov[k].pat, t->name, k_class_names[pl->cls[i]]);
-            if (tier == DSII_TIER_HOST)
+            if (tier == DSII_TIER_HOST && table) tier = DSII_TIER_DEVICE; /* rows are gathered on the host */
+            if (tier == DSII_TIER_HOST && pl->cls[i] != DSII_PC_EXPERTS)
                 return dsii_fail(e, DSI_ERR_UNSUPPORTED,
-                                 "dsi_place_options.overrides: tensor '%s' in host RAM next to %s needs hybrid "
-                                 "GPU + CPU steps, not implemented yet", t->name, dev->name);
+                                 "dsi_place_options.overrides: '%.*s=host' matches tensor '%s' (class %s); next to "
+                                 "%s only routed experts and Engram tables can be placed in host RAM",
+                                 (int)(ov[k].pe - ov[k].pat), ov[k].pat, t->name, k_class_names[pl->cls[i]],
+                                 dev->name);
             if (tier == DSII_TIER_DISK && resident_flag)
                 return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                                  "dsi_place_options: tensor '%s' in the disk tier, but DSI_MODEL_FLAG_RESIDENT "
@@ -321,18 +335,18 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
                 return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                                  "dsi_place_options.overrides: the routed experts of layer %u ('%s', '%s', '%s') "
                                  "must share one tier", l, x[0]->name, x[1]->name, x[2]->name);
-        if (t0 != DSII_TIER_DISK) continue;
-        if (!pl->cpu_compute)
-            return dsii_fail(e, DSI_ERR_UNSUPPORTED,
-                             "streaming routed experts with %s as the compute device needs hybrid GPU + CPU "
-                             "steps, not implemented yet (docs/placement.md); use the CPU backend", dev->name);
+        if (t0 == DSII_TIER_DEVICE) continue;
         if (l >= 128) return dsii_fail(e, DSI_ERR_UNSUPPORTED, "layer %u: too many layers for the expert tier", l);
         pl->layer_streamed[l] = 1;
+        pl->layer_host[l] = t0 == DSII_TIER_HOST;
+        pl->n_tiered_layers++;
         uint64_t u = al64(expert_slice(x[0])) + al64(expert_slice(x[1])) + al64(expert_slice(x[2]));
         if (u > pl->expert_unit_bytes) pl->expert_unit_bytes = u;
-        pl->n_experts_streamed += hp->layer[l].n_expert;
+        pl->n_experts_tiered += hp->layer[l].n_expert;
+        if (t0 == DSII_TIER_DISK) pl->n_experts_streamed += hp->layer[l].n_expert;
         if (hp->layer[l].n_expert_used > pl->max_k) pl->max_k = hp->layer[l].n_expert_used;
     }
+    if (pl->cpu_compute || !pl->n_tiered_layers) pl->hybrid = 0;
     /* Engram tables: disk <-> resident by the tier (lazy reads work in every access mode) */
     for (uint32_t g = 0; g < hp->engram.n_layer; g++) {
         uint32_t l = hp->engram.layer_ids[g];
@@ -343,7 +357,7 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     }
     /* streamed experts stay in the file (pread / reader: never read at load) */
     for (uint32_t l = 0; l < hp->n_layer; l++) {
-        if (!pl->layer_streamed[l]) continue;
+        if (!pl->layer_streamed[l] || pl->layer_host[l]) continue; /* the host tier is read at load */
         const dsii_layer_tensors *T = &m->w.layer[l];
         const dsii_tensor *x[3] = {T->ffn_gate_exps, T->ffn_up_exps, T->ffn_down_exps};
         for (int j = 0; j < 3; j++)
@@ -386,12 +400,42 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if (!pl->cpu_compute && pl->device_bytes > pl->device_budget)
         return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
                          "placement: the weights need %" PRIu64 " bytes on %s, the device budget is %" PRIu64
-                         " (experts outside the device need hybrid steps, not implemented yet)",
+                         " (place the routed experts in host RAM or on disk: DSI_PLACE_EXPERTS_HOST or "
+                         "_EXPERTS_STREAMED, or overrides)",
                          pl->device_bytes, dev->name, pl->device_budget);
-    if (pl->n_experts_streamed) {
+    if (!pl->cpu_compute && pl->n_tiered_layers && pl->hybrid == DSII_HYBRID_UPLOAD) {
+        /* an expert cache on the GPU: what the budget leaves after the resident weights, at
+         * least k slots, at most every tiered expert; disk reads go through one host staging
+         * piece per reader (DSII_XTIER_STAGES) */
+        uint64_t avail = pl->device_budget - pl->device_bytes;
+        uint64_t need = (uint64_t)pl->max_k * pl->expert_unit_bytes;
+        if (avail < need)
+            return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
+                             "placement: an expert cache on %s needs at least %" PRIu64 " bytes (%u slots of %" PRIu64
+                             ") beside the resident weights (%" PRIu64 "), the device budget is %" PRIu64
+                             " (or use DSI_HYBRID_CPU)",
+                             dev->name, need, pl->max_k, pl->expert_unit_bytes, pl->device_bytes, pl->device_budget);
+        uint64_t fixed = 0, per_slot = 0;
+        dsii_xtier_cost(pl->n_experts_tiered, &fixed, &per_slot);
+        fixed += pl->n_experts_streamed ? (uint64_t)DSII_XTIER_STAGES * DSII_XTIER_PIECE : 0;
+        uint64_t slots = avail / pl->expert_unit_bytes;
+        if (slots > pl->n_experts_tiered) slots = pl->n_experts_tiered;
+        if (slots > (1u << 20)) slots = 1u << 20;
+        uint64_t hfree = pl->host_budget - pl->owned_bytes - pl->engram_cache_bytes;
+        if (hfree < fixed + slots * per_slot)
+            return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY,
+                             "placement: the expert tier's bookkeeping needs %" PRIu64 " bytes of host memory beside "
+                             "the resident weights (%" PRIu64 "), the host budget is %" PRIu64,
+                             fixed + slots * per_slot, pl->owned_bytes, pl->host_budget);
+        pl->cache_on_device = 1;
+        pl->tier_fixed = fixed;
+        pl->cache_slots = (uint32_t)slots;
+        pl->cache_bytes = slots * pl->expert_unit_bytes;
+        pl->tier_bytes = fixed + slots * per_slot;
+    } else if (pl->n_experts_streamed) {
         uint64_t avail = pl->host_budget - pl->owned_bytes - pl->engram_cache_bytes;
         uint64_t fixed = 0, per_slot = 0;
-        dsii_xtier_cost(pl->n_experts_streamed, &fixed, &per_slot);
+        dsii_xtier_cost(pl->n_experts_tiered, &fixed, &per_slot);
         uint64_t need = fixed + (uint64_t)pl->max_k * (pl->expert_unit_bytes + per_slot);
         if (avail < need)
             return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY,
@@ -407,6 +451,17 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
         pl->cache_slots = (uint32_t)slots;
         pl->cache_bytes = slots * pl->expert_unit_bytes;
         pl->tier_bytes = fixed + slots * per_slot;
+    }
+    if (!pl->cpu_compute && pl->n_tiered_layers && !pl->tier_bytes) {
+        /* hybrid CPU over host-tier layers only: no cache, the tier's maps */
+        uint64_t fixed = 0, per_slot = 0;
+        dsii_xtier_cost(pl->n_experts_tiered, &fixed, &per_slot);
+        if (pl->host_budget - pl->owned_bytes - pl->engram_cache_bytes < fixed)
+            return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY,
+                             "placement: the expert tier's bookkeeping needs %" PRIu64 " bytes of host memory beside "
+                             "the resident weights (%" PRIu64 "), the host budget is %" PRIu64,
+                             fixed, pl->owned_bytes, pl->host_budget);
+        pl->tier_fixed = pl->tier_bytes = fixed;
     }
     if (pl->engram_cache_bytes)
         dsii_log(m->ctx, DSI_LOG_INFO, "placement: Engram row cache %" PRIu64 " bytes over %u tables",
@@ -441,7 +496,15 @@ DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *
         f.device_budget = pl->device_budget;
         f.host_budget = pl->host_budget;
         f.device_bytes = pl->device_bytes;
-        f.host_bytes = pl->owned_bytes + pl->cache_bytes + pl->tier_bytes + pl->engram_cache_bytes;
+        f.host_bytes = pl->owned_bytes + (pl->cache_on_device ? 0 : pl->cache_bytes) + pl->tier_bytes +
+                       pl->engram_cache_bytes;
+        f.hybrid = pl->hybrid;
+        f.expert_cache_tier = pl->cache_on_device ? DSI_TIER_DEVICE : DSI_TIER_HOST;
+        if (model->exec) {
+            const dsii_exec *ex = model->exec;
+            f.device_weight_bytes = ex->wt.bytes + (pl->cache_on_device ? pl->cache_bytes : 0);
+            if (ex->dev && ex->dev->be->memory_used) f.device_used = ex->dev->be->memory_used(ex->dev->inst);
+        }
         f.engram_cache_bytes = pl->engram_cache_bytes;
         f.engram_hits = atomic_load(&((dsii_place *)(uintptr_t)pl)->engram_hits);
         f.engram_misses = atomic_load(&((dsii_place *)(uintptr_t)pl)->engram_misses);

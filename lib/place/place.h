@@ -54,9 +54,16 @@ enum {
     DSII_PLACE_EXPERTS_STREAMED = 3
 };
 enum { DSII_CACHE_LRU = 0, DSII_CACHE_LFU = 1 };
+/* How a GPU compute device runs the routed experts of tiered layers (public DSI_HYBRID_*). */
+enum { DSII_HYBRID_CPU = 0, DSII_HYBRID_UPLOAD = 1 };
 #define DSII_PLACE_FLAG_NO_PREFETCH (1u << 0)
 
 typedef struct dsii_xtier dsii_xtier;
+
+/* Disk reads into a GPU expert cache go through host staging pieces of DSII_XTIER_PIECE
+ * bytes, at most DSII_XTIER_STAGES at once (counted in the host budget). */
+#define DSII_XTIER_PIECE (1u << 20)
+#define DSII_XTIER_STAGES 2u
 
 typedef struct dsii_place {
     uint32_t policy;              /* resolved (never AUTO) */
@@ -66,7 +73,13 @@ typedef struct dsii_place {
     uint64_t device_budget, host_budget;
     uint8_t *tier;                /* [n_tensors]: DSII_TIER_* */
     uint8_t *cls;                 /* [n_tensors]: DSII_PC_* */
-    int32_t layer_streamed[128];  /* backbone layer l: its routed experts are in the disk tier */
+    int32_t layer_streamed[128];  /* backbone layer l: its routed experts are served by the
+                                     expert tier (disk tier; next to a GPU also the host tier) */
+    int32_t layer_host[128];      /* ... from host RAM (the host tier next to a GPU: t->data) */
+    uint32_t n_tiered_layers;     /* layers with layer_streamed set */
+    uint32_t n_experts_tiered;    /* (layer, expert) pairs of those layers */
+    uint32_t hybrid;              /* DSII_HYBRID_* (GPU compute device with tiered layers) */
+    int32_t cache_on_device;      /* the expert cache is GPU memory (hybrid UPLOAD) */
     uint64_t expert_unit_bytes;   /* largest (gate + up + down) slice of one expert, 64-aligned parts */
     uint32_t n_experts_streamed;
     uint32_t max_k;               /* largest k of the streamed layers */
@@ -96,8 +109,9 @@ typedef struct dsii_place {
 dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e);
 void dsii_place_free(dsi_model *m);
 
-/* Creates the expert tier on the compute device (exec creation); DSI_OK and nothing when no
- * expert is streamed. */
+/* Creates the expert tier for the compute device (exec creation); DSI_OK and nothing when no
+ * layer is tiered. Next to a GPU the tier either keeps its cache on the GPU (hybrid UPLOAD)
+ * or runs the experts on the context's CPU instance (hybrid CPU). */
 dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e);
 void dsii_place_exec_fini(dsi_model *m);
 
@@ -109,9 +123,12 @@ dsi_status dsii_place_bind_experts(struct dsii_wtable *wt, int32_t layer,
                                    const struct dsii_tensor *down, struct dsii_moe_weights *mw,
                                    dsii_error *e);
 
-/* The routed experts of a streamed layer (lib/moe): sel / wts as moe_route wrote them on
- * stream `strm` of the CPU compute device; y[t] as moe_experts would give with resident
- * experts. `cancel` (may be NULL): a nonzero value stops a long read with CANCELLED. */
+/* The routed experts of a tiered layer (lib/moe): sel / wts as moe_route wrote them on
+ * stream `strm` of the compute device `dev`; y[t] as moe_experts gives with resident experts
+ * on the device that computes them (the CPU device, or a GPU with hybrid UPLOAD: the same
+ * bytes; hybrid CPU next to a GPU: the CPU instance's results, uploaded into y). Syncs `strm`
+ * (the routing is read on the host). `cancel` (may be NULL): a nonzero value stops a long
+ * read with CANCELLED. */
 dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
                               const struct dsii_moe_weights *w, dsib_view x, uint32_t ldx,
                               dsib_view sel, dsib_view wts, uint32_t n, dsib_view y,
@@ -131,6 +148,9 @@ void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot
 
 /* Slots of the model's expert cache (0: none); lanes size their workspace for them. */
 uint32_t dsii_xtier_slots(const dsi_model *m);
+/* Nonzero when the model's steps read routing on the host mid-step (tiered layers): such
+ * steps cannot be captured and replayed. */
+int dsii_xtier_active(const dsi_model *m);
 
 /* Attaches the plan's row cache to Engram table `j` (a disk-tier table; lib/arch/dsv41.c);
  * nothing when the plan has none. */

@@ -19,6 +19,19 @@
  *
  * Locking: one mutex + condition variable; reads run outside the lock on slots marked
  * LOADING (nobody else evicts or reads them); a slot in use by a step is pinned.
+ *
+ * Next to a GPU (hybrid steps, docs/placement.md) the tiered layers are the disk tier and the
+ * host tier (experts in host RAM: the mapping or the loader's owned copy). The routing of a
+ * step is downloaded after moe_route (the step's one extra host sync per tiered layer), then:
+ *   - DSII_HYBRID_UPLOAD: the cache lives on the GPU; a miss is uploaded (host-tier bytes in
+ *     place, disk reads through host staging pieces); the rewritten selection ids are
+ *     uploaded and the GPU's moe_experts runs on the cache: the bytes of the resident path;
+ *   - DSII_HYBRID_CPU: the context's CPU instance computes the layer's routed experts — host
+ *     tier from the weights in place, disk tier through a host cache as on the CPU device —
+ *     from the downloaded input rows on a CPU stream of the tier's own (one per concurrent
+ *     step, kept for reuse); the result rows are uploaded into the GPU's routed output, where
+ *     the shared expert is added as usual.
+ * Steps with tiered layers read the routing mid-step, so their lanes do not capture graphs.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "place/place.h"
@@ -29,6 +42,7 @@
 #include "moe/moe.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -53,19 +67,42 @@ typedef struct xlayer {
     uint32_t *freq;           /* [E]: uses since the load (LFU) */
     const dsii_moe_weights *mw; /* the layer's MoE weights (router for read-ahead) */
     int32_t next;             /* next streamed layer, or -1 */
+    int32_t host;             /* host tier (t->data in host RAM) */
+    dsib_buffer *hb[3];       /* hybrid CPU, host tier: the tensors wrapped on the CPU instance */
+    dsib_weight hw[3];
 } xlayer;
 
 #define QCAP 1024
 #define CHUNK_MAX 256
-#define READ_PIECE (1u << 20)
+#define READ_PIECE DSII_XTIER_PIECE
+#define NWORK 8
+
+/* A CPU stream and host buffers for one hybrid-CPU call: x [cap][ldx], sel / wts [cap][k],
+ * y [cap][D]. */
+typedef struct cpuw {
+    dsib_stream *s;
+    dsib_buffer *b;
+    uint8_t *p;
+    uint32_t cap, ldx;
+    uint64_t ox, osel, owts, oy;
+    int busy;
+} cpuw;
 
 struct dsii_xtier {
     dsi_model *m;
     const dsi_context *ctx;
     dsii_place *pl;
-    dsii_device *dev;
-    uint8_t *mem;
-    dsib_buffer *buf;
+    dsii_device *dev;         /* the compute device */
+    dsii_device *cdev;        /* where the cache lives and the tiered experts are computed */
+    int dcache;               /* the cache is GPU memory (hybrid UPLOAD): uploads, no `mem` */
+    int hcpu;                 /* hybrid CPU: cdev is the CPU instance next to a GPU */
+    uint8_t *mem;             /* host cache (cdev = the CPU) */
+    dsib_buffer *buf;         /* the cache as a buffer of cdev */
+    uint8_t *stage[DSII_XTIER_STAGES];
+    int stage_busy[DSII_XTIER_STAGES];
+    cpuw W[NWORK];
+    int tier_counted;         /* tier_bytes added to the host use */
+    uint32_t max_D, max_F, max_E, max_k;
     uint32_t n_slots;
     uint64_t slot_bytes;
     uint32_t n_layer;
@@ -97,11 +134,52 @@ static void host_add(dsii_place *pl, uint64_t b) {
 }
 
 /* Reads expert `ex` of layer `l` into slot `s` (outside the lock). */
+static int stage_take(dsii_xtier *xt) {
+    pthread_mutex_lock(&xt->mu);
+    for (;;) {
+        for (int i = 0; i < (int)DSII_XTIER_STAGES; i++)
+            if (!xt->stage_busy[i]) {
+                xt->stage_busy[i] = 1;
+                pthread_mutex_unlock(&xt->mu);
+                return i;
+            }
+        pthread_cond_wait(&xt->cv, &xt->mu);
+    }
+}
+
+static void stage_give(dsii_xtier *xt, int i) {
+    pthread_mutex_lock(&xt->mu);
+    xt->stage_busy[i] = 0;
+    pthread_cond_broadcast(&xt->cv);
+    pthread_mutex_unlock(&xt->mu);
+}
+
+/* One piece of an expert slice into slot bytes [at, at + n) of the cache: host cache: read
+ * in place; GPU cache: upload from the host tier's bytes, or read into a staging piece and
+ * upload that. */
+static dsi_status put_piece(dsii_xtier *xt, const dsii_tensor *t, uint64_t off, uint64_t n,
+                            uint64_t at, int *stage, dsii_error *e) {
+    if (!xt->dcache) return dsii_model_tensor_read(xt->m, t, off, n, xt->mem + at, e);
+    const uint8_t *src = t->data ? (const uint8_t *)t->data + off : NULL;
+    if (!src) {
+        if (*stage < 0) *stage = stage_take(xt);
+        dsi_status st = dsii_model_tensor_read(xt->m, t, off, n, xt->stage[*stage], e);
+        if (st != DSI_OK) return st;
+        src = xt->stage[*stage];
+    }
+    dsib_error be_err = {{0}};
+    dsi_status st = xt->cdev->be->upload(xt->cdev->inst, xt->buf, at, src, n, &be_err);
+    if (st != DSI_OK) return dsii_fail(e, st, "%s: upload failed: %s", xt->cdev->name, be_err.msg);
+    atomic_fetch_add_explicit(&xt->pl->bytes_uploaded, n, memory_order_relaxed);
+    return DSI_OK;
+}
+
 static dsi_status read_slot(dsii_xtier *xt, int32_t l, int32_t ex, uint32_t s,
                             const atomic_int *cancel, dsii_error *e) {
     const xlayer *L = &xt->L[l];
-    uint8_t *dst = xt->mem + (uint64_t)s * xt->slot_bytes;
-    uint64_t t0 = now_ns(), total = 0;
+    const uint64_t dst = (uint64_t)s * xt->slot_bytes;
+    uint64_t t0 = now_ns(), total = 0, from_file = 0;
+    int stage = -1;
     dsi_status st = DSI_OK;
     for (int j = 0; j < 3 && st == DSI_OK; j++) {
         uint64_t off = (uint64_t)ex * L->slice[j];
@@ -111,7 +189,7 @@ static dsi_status read_slot(dsii_xtier *xt, int32_t l, int32_t ex, uint32_t s,
                 break;
             }
             uint64_t n = L->slice[j] - done < READ_PIECE ? L->slice[j] - done : READ_PIECE;
-            st = dsii_model_tensor_read(xt->m, L->t[j], off + done, n, dst + L->part[j] + done, e);
+            st = put_piece(xt, L->t[j], off + done, n, dst + L->part[j] + done, &stage, e);
             if (st != DSI_OK) {
                 /* keep the OS / file message, name the expert */
                 char msg[DSII_ERROR_MSG_MAX];
@@ -124,9 +202,12 @@ static dsi_status read_slot(dsii_xtier *xt, int32_t l, int32_t ex, uint32_t s,
             }
             done += n;
             total += n;
+            if (!L->host) from_file += n; /* the host tier is not read from the file */
         }
     }
-    atomic_fetch_add_explicit(&xt->pl->bytes_read, total, memory_order_relaxed);
+    if (stage >= 0) stage_give(xt, stage);
+    (void)total;
+    atomic_fetch_add_explicit(&xt->pl->bytes_read, from_file, memory_order_relaxed);
     atomic_fetch_add_explicit(&xt->pl->read_ns, now_ns() - t0, memory_order_relaxed);
     return st;
 }
@@ -209,12 +290,33 @@ static void *reader_main(void *arg) {
     return NULL;
 }
 
+/* The `count` int32 routing ids of `sel` (device `dev`, its stream synced) on the host: in
+ * place when the buffer is host memory, else downloaded into *tmp (allocated; the caller
+ * frees it). NULL on failure (message in be_err). */
+static int32_t *routing_host(const dsii_xtier *xt, const dsii_device *dev, dsib_view sel,
+                             uint64_t count, int32_t **tmp, dsib_error *be_err) {
+    *tmp = NULL;
+    uint8_t *base = dev->be->buffer_host_ptr(dev->inst, sel.buf);
+    if (base) return (int32_t *)(void *)(base + sel.offset);
+    int32_t *h = dsii_malloc(xt->ctx, (size_t)(count ? count : 1) * 4);
+    if (!h) {
+        snprintf(be_err->msg, sizeof be_err->msg, "out of host memory");
+        return NULL;
+    }
+    if (dev->be->download(dev->inst, sel.buf, sel.offset, h, count * 4, be_err) != DSI_OK) {
+        dsii_free(xt->ctx, h);
+        return NULL;
+    }
+    *tmp = h;
+    return h;
+}
+
 void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm, int32_t layer,
                         dsib_view x, uint32_t ldx, dsib_view ids, uint32_t n, dsib_view logits,
                         dsib_view sel, dsib_view wts) {
     if (!xt || !xt->th_on || layer < 0 || (uint32_t)layer >= xt->n_layer) return;
     int32_t l2 = xt->L[layer].next;
-    if (l2 < 0) return;
+    if (l2 < 0 || (xt->hcpu && xt->L[l2].host)) return; /* hybrid CPU: host-tier layers have no cache */
     const dsii_moe_weights *w = xt->L[l2].mw;
     if (!w || !w->gate_inp.buf) return;
     const dsib_ops *ops = dev->be->ops;
@@ -228,9 +330,9 @@ void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *str
         return;
     }
     if (dev->be->sync(strm, &be_err) != DSI_OK) return;
-    const uint8_t *base = dev->be->buffer_host_ptr(dev->inst, sel.buf);
-    if (!base) return;
-    const int32_t *sl = (const int32_t *)(const void *)(base + sel.offset);
+    int32_t *tmp = NULL;
+    const int32_t *sl = routing_host(xt, dev, sel, (uint64_t)n * k, &tmp, &be_err);
+    if (!sl) return;
     pthread_mutex_lock(&xt->mu);
     xt->gen++;
     xt->qhead = 0;
@@ -247,6 +349,7 @@ void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *str
     }
     if (xt->qn) pthread_cond_signal(&xt->qcv);
     pthread_mutex_unlock(&xt->mu);
+    dsii_free(xt->ctx, tmp);
 }
 
 /* ---- the routed experts of a step ----------------------------------------------------------- */
@@ -257,28 +360,23 @@ static int in_list(const int32_t *a, uint32_t n, int32_t v) {
     return 0;
 }
 
-dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
-                              const dsii_moe_weights *w, dsib_view x, uint32_t ldx, dsib_view sel,
-                              dsib_view wts, uint32_t n, dsib_view y, uint32_t ldy,
-                              const atomic_int *cancel, dsii_error *e) {
-    const dsib_backend *be = dev->be;
+/* The rows of a tiered layer through the cache on xt->cdev: chunks whose distinct experts
+ * fit slots that can be pinned; misses read (or uploaded); the chunk's ids in `sl` (host
+ * memory) rewritten to slot ids — and uploaded into `sel` when sel_up (a GPU cache), else
+ * `sl` is sel's own memory —; moe_experts on stream `cs` of cdev over the cache. x, sel,
+ * wts, y: views of cdev. */
+static dsi_status run_chunks(dsii_xtier *xt, dsib_stream *cs, const dsii_moe_weights *w, int32_t l,
+                             dsib_view x, uint32_t ldx, int32_t *sl, dsib_view sel, int sel_up,
+                             dsib_view wts, uint32_t n, dsib_view y, uint32_t ldy,
+                             const atomic_int *cancel, dsii_error *e) {
+    const dsii_device *cdev = xt->cdev;
+    const dsib_backend *be = cdev->be;
     dsib_error be_err = {{0}};
-    int32_t l = w->xt_layer;
-    if (l < 0 || (uint32_t)l >= xt->n_layer || !xt->L[l].streamed)
-        return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d is not streamed", l);
     xlayer *L = &xt->L[l];
-    uint32_t k = w->k;
+    const uint32_t k = w->k;
+    dsi_status st = DSI_OK;
     if (k == 0 || k > CHUNK_MAX || k > xt->n_slots)
         return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: k %u does not fit %u slots", k, xt->n_slots);
-    /* the routing is on the host once the stream has run (the CPU device runs ops at once) */
-    dsi_status st = be->sync(strm, &be_err);
-    if (st != DSI_OK) return dsii_fail(e, st, "%s: routing failed: %s", dev->name, be_err.msg);
-    uint8_t *base = be->buffer_host_ptr(dev->inst, sel.buf);
-    if (!base) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: the selection is not host memory");
-    int32_t *sl = (int32_t *)(void *)(base + sel.offset);
-    for (uint64_t i = 0; i < (uint64_t)n * k; i++)
-        if (sl[i] < 0 || (uint32_t)sl[i] >= L->E)
-            return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: routed to expert %d of %u", sl[i], L->E);
     /* the cache as three expert tensors of n_slots "experts" (no stable id: contents change) */
     dsib_weight cw[3];
     const dsib_weight *src[3] = {&w->w1, &w->w3, &w->w2};
@@ -410,11 +508,16 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
             dsib_view sv = {sel.buf, sel.offset + (uint64_t)r0 * k * 4};
             dsib_view wv = {wts.buf, wts.offset + (uint64_t)r0 * k * 4};
             dsib_view yv = {y.buf, y.offset + (uint64_t)r0 * ldy * 4};
-            st = dev->be->ops->moe_experts(strm, xv, ldx, sv, wv, k, &cw[0], &cw[1], &cw[2], w->limit,
-                                           row - r0, yv, ldy);
-            if (st == DSI_OK) st = be->sync(strm, &be_err);
-            if (st != DSI_OK) dsii_fail(e, st, "moe: routed experts (expert tier) failed: %s", be_err.msg);
-            else atomic_fetch_add_explicit(&xt->pl->cpu_experts, nch, memory_order_relaxed);
+            if (sel_up)
+                st = be->upload(cdev->inst, sel.buf, sv.offset, sl + (uint64_t)r0 * k,
+                                (uint64_t)(row - r0) * k * 4, &be_err);
+            if (st == DSI_OK)
+                st = be->ops->moe_experts(cs, xv, ldx, sv, wv, k, &cw[0], &cw[1], &cw[2], w->limit,
+                                          row - r0, yv, ldy);
+            if (st == DSI_OK) st = be->sync(cs, &be_err);
+            if (st != DSI_OK) dsii_fail(e, st, "moe: routed experts (expert tier, %s) failed: %s", cdev->name, be_err.msg);
+            else atomic_fetch_add_explicit(strcmp(cdev->name, "cpu") == 0 ? &xt->pl->cpu_experts : &xt->pl->device_experts,
+                                           nch, memory_order_relaxed);
         }
         pthread_mutex_lock(&xt->mu);
         for (uint32_t i = 0; i < nch; i++)
@@ -424,6 +527,175 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
         if (st != DSI_OK) return st;
     }
     return DSI_OK;
+}
+
+
+/* A CPU worker (hybrid CPU) for n rows of stride ldx; waits while all are busy. */
+static cpuw *worker_take(dsii_xtier *xt, uint32_t n, uint32_t ldx, dsii_error *e) {
+    const dsib_backend *be = xt->cdev->be;
+    dsib_error be_err = {{0}};
+    pthread_mutex_lock(&xt->mu);
+    for (;;) {
+        int fit = -1, any = -1;
+        for (int i = 0; i < NWORK; i++) {
+            if (xt->W[i].busy) continue;
+            if (xt->W[i].s && xt->W[i].cap >= n && xt->W[i].ldx >= ldx) {
+                fit = i;
+                break;
+            }
+            if (any < 0 || !xt->W[i].s) any = i;
+        }
+        int i = fit >= 0 ? fit : any;
+        if (i < 0) {
+            pthread_cond_wait(&xt->cv, &xt->mu);
+            continue;
+        }
+        cpuw *wk = &xt->W[i];
+        wk->busy = 1;
+        pthread_mutex_unlock(&xt->mu);
+        if (fit >= 0) return wk;
+        /* (re)create for at least 64 rows */
+        if (wk->s) be->stream_destroy(wk->s);
+        if (wk->b) be->buffer_free(xt->cdev->inst, wk->b);
+        wk->s = NULL;
+        wk->b = NULL;
+        uint32_t cap = n > wk->cap ? n : wk->cap;
+        if (cap < 64) cap = 64;
+        uint32_t lx = ldx > wk->ldx ? ldx : wk->ldx;
+        dsib_stream_desc d;
+        memset(&d, 0, sizeof d);
+        d.struct_size = sizeof d;
+        d.max_rows = cap;
+        d.max_positions = 1;
+        d.max_experts = xt->max_E > xt->n_slots ? xt->max_E : xt->n_slots;
+        d.max_experts_used = xt->max_k;
+        d.max_width = xt->max_D > xt->max_F ? xt->max_D : xt->max_F;
+        uint64_t o = 0;
+        wk->ox = o;
+        o += ((uint64_t)cap * lx * 4 + 63) & ~(uint64_t)63;
+        wk->osel = o;
+        o += ((uint64_t)cap * xt->max_k * 4 + 63) & ~(uint64_t)63;
+        wk->owts = o;
+        o += ((uint64_t)cap * xt->max_k * 4 + 63) & ~(uint64_t)63;
+        wk->oy = o;
+        o += (uint64_t)cap * xt->max_D * 4;
+        dsi_status st = be->stream_create(xt->cdev->inst, &d, &wk->s, &be_err);
+        if (st == DSI_OK) st = be->buffer_alloc(xt->cdev->inst, o, DSIB_BUFFER_SCRATCH, &wk->b, &be_err);
+        if (st == DSI_OK && !(wk->p = be->buffer_host_ptr(xt->cdev->inst, wk->b))) {
+            st = DSI_ERR_INTERNAL;
+            snprintf(be_err.msg, sizeof be_err.msg, "no host pointer");
+        }
+        if (st != DSI_OK) {
+            if (wk->s) be->stream_destroy(wk->s);
+            if (wk->b) be->buffer_free(xt->cdev->inst, wk->b);
+            wk->s = NULL;
+            wk->b = NULL;
+            wk->cap = 0;
+            pthread_mutex_lock(&xt->mu);
+            wk->busy = 0;
+            pthread_cond_broadcast(&xt->cv);
+            pthread_mutex_unlock(&xt->mu);
+            dsii_fail(e, st, "expert tier: a CPU stream for %u rows: %s", cap, be_err.msg);
+            return NULL;
+        }
+        wk->cap = cap;
+        wk->ldx = lx;
+        return wk;
+    }
+}
+
+static void worker_give(dsii_xtier *xt, cpuw *wk) {
+    pthread_mutex_lock(&xt->mu);
+    wk->busy = 0;
+    pthread_cond_broadcast(&xt->cv);
+    pthread_mutex_unlock(&xt->mu);
+}
+
+static dsi_status check_ids(const xlayer *L, const int32_t *sl, uint64_t count, dsii_error *e) {
+    for (uint64_t i = 0; i < count; i++)
+        if (sl[i] < 0 || (uint32_t)sl[i] >= L->E)
+            return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: routed to expert %d of %u", sl[i], L->E);
+    return DSI_OK;
+}
+
+/* Hybrid CPU: the layer's routed experts on the CPU instance from the downloaded rows; the
+ * result uploaded into y on the GPU. The GPU stream has been synced. */
+static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, const dsii_moe_weights *w,
+                             int32_t l, dsib_view x, uint32_t ldx, dsib_view sel, dsib_view wts,
+                             uint32_t n, dsib_view y, uint32_t ldy, const atomic_int *cancel,
+                             dsii_error *e) {
+    xlayer *L = &xt->L[l];
+    const uint32_t k = w->k, D = (uint32_t)w->w1.ne[0];
+    if (k > xt->max_k || D > xt->max_D || ldx < D)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d shape exceeds the tier's", l);
+    cpuw *wk = worker_take(xt, n, ldx, e);
+    if (!wk) return e->status;
+    const dsib_backend *gb = dev->be, *cb = xt->cdev->be;
+    dsib_error be_err = {{0}};
+    dsi_status st = gb->download(dev->inst, x.buf, x.offset, wk->p + wk->ox, ((uint64_t)(n - 1) * ldx + D) * 4, &be_err);
+    if (st == DSI_OK) st = gb->download(dev->inst, sel.buf, sel.offset, wk->p + wk->osel, (uint64_t)n * k * 4, &be_err);
+    if (st == DSI_OK) st = gb->download(dev->inst, wts.buf, wts.offset, wk->p + wk->owts, (uint64_t)n * k * 4, &be_err);
+    if (st != DSI_OK) {
+        worker_give(xt, wk);
+        return dsii_fail(e, st, "expert tier: %s: download of the routing failed: %s", dev->name, be_err.msg);
+    }
+    int32_t *sl = (int32_t *)(void *)(wk->p + wk->osel);
+    st = check_ids(L, sl, (uint64_t)n * k, e);
+    dsib_view xv = {wk->b, wk->ox}, sv = {wk->b, wk->osel}, wv = {wk->b, wk->owts}, yv = {wk->b, wk->oy};
+    if (st == DSI_OK && L->host) {
+        /* in place from host RAM: every selected expert, one call */
+        st = cb->ops->moe_experts(wk->s, xv, ldx, sv, wv, k, &L->hw[0], &L->hw[1], &L->hw[2], w->limit, n, yv, D);
+        if (st == DSI_OK) st = cb->sync(wk->s, &be_err);
+        if (st != DSI_OK) {
+            dsii_fail(e, st, "moe: routed experts (cpu, host tier) failed: %s", be_err.msg);
+        } else {
+            uint64_t distinct = 0;
+            for (uint64_t i = 0; i < (uint64_t)n * k; i++) {
+                uint64_t j = 0;
+                while (j < i && sl[j] != sl[i]) j++;
+                distinct += j == i;
+            }
+            atomic_fetch_add_explicit(&xt->pl->cpu_experts, distinct, memory_order_relaxed);
+        }
+    } else if (st == DSI_OK) {
+        st = run_chunks(xt, wk->s, w, l, xv, ldx, sl, sv, 0, wv, n, yv, D, cancel, e);
+    }
+    if (st == DSI_OK) {
+        const uint8_t *yh = wk->p + wk->oy;
+        if (ldy == D) {
+            st = gb->upload(dev->inst, y.buf, y.offset, yh, (uint64_t)n * D * 4, &be_err);
+        } else {
+            for (uint32_t r = 0; r < n && st == DSI_OK; r++)
+                st = gb->upload(dev->inst, y.buf, y.offset + (uint64_t)r * ldy * 4, yh + (uint64_t)r * D * 4,
+                                (uint64_t)D * 4, &be_err);
+        }
+        if (st != DSI_OK) dsii_fail(e, st, "expert tier: %s: upload of the routed output failed: %s", dev->name, be_err.msg);
+    }
+    worker_give(xt, wk);
+    return st;
+}
+
+dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
+                              const dsii_moe_weights *w, dsib_view x, uint32_t ldx, dsib_view sel,
+                              dsib_view wts, uint32_t n, dsib_view y, uint32_t ldy,
+                              const atomic_int *cancel, dsii_error *e) {
+    const dsib_backend *be = dev->be;
+    dsib_error be_err = {{0}};
+    int32_t l = w->xt_layer;
+    if (l < 0 || (uint32_t)l >= xt->n_layer || !xt->L[l].streamed)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d is not streamed", l);
+    if (n == 0) return DSI_OK;
+    /* the routing is read on the host: everything recorded so far runs first */
+    dsi_status st = be->sync(strm, &be_err);
+    if (st != DSI_OK) return dsii_fail(e, st, "%s: routing failed: %s", dev->name, be_err.msg);
+    if (xt->hcpu) return hybrid_cpu(xt, dev, w, l, x, ldx, sel, wts, n, y, ldy, cancel, e);
+    int32_t *tmp = NULL;
+    int32_t *sl = routing_host(xt, dev, sel, (uint64_t)n * w->k, &tmp, &be_err);
+    if (!sl) return dsii_fail(e, DSI_ERR_BACKEND, "expert tier: %s: reading the routing failed: %s", dev->name, be_err.msg);
+    st = check_ids(&xt->L[l], sl, (uint64_t)n * w->k, e);
+    if (st == DSI_OK) st = run_chunks(xt, strm, w, l, x, ldx, sl, sel, tmp != NULL, wts, n, y, ldy, cancel, e);
+    dsii_free(xt->ctx, tmp);
+    return st;
 }
 
 void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot) {
@@ -436,15 +708,23 @@ void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot
 
 dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     dsii_place *pl = m->place;
-    if (!pl || !pl->cache_slots || pl->xt) return DSI_OK;
-    if (!dev->be->buffer_wrap_host || !dev->be->buffer_host_ptr)
-        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "expert tier: %s cannot use host memory in place", dev->name);
+    if (!pl || !pl->n_tiered_layers || pl->xt) return DSI_OK;
+    dsii_device *cdev = pl->cpu_compute || pl->hybrid == DSII_HYBRID_UPLOAD ? dev : dsii_context_cpu(m->ctx);
+    if (!cdev) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: the context has no CPU instance");
+    const int dcache = !pl->cpu_compute && pl->hybrid == DSII_HYBRID_UPLOAD;
+    if (!dcache && (!cdev->be->buffer_wrap_host || !cdev->be->buffer_host_ptr))
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "expert tier: %s cannot use host memory in place", cdev->name);
+    if (dcache && !cdev->be->download)
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "expert tier: %s cannot download", cdev->name);
     dsii_xtier *xt = dsii_calloc(m->ctx, 1, sizeof *xt);
     if (!xt) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     xt->m = m;
     xt->ctx = m->ctx;
     xt->pl = pl;
     xt->dev = dev;
+    xt->cdev = cdev;
+    xt->dcache = dcache;
+    xt->hcpu = !pl->cpu_compute && pl->hybrid == DSII_HYBRID_CPU;
     xt->n_slots = pl->cache_slots;
     xt->slot_bytes = pl->expert_unit_bytes;
     xt->n_layer = m->hp.n_layer < 128 ? m->hp.n_layer : 128;
@@ -459,9 +739,35 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
         if (!pl->layer_streamed[l]) continue;
         const dsii_layer_tensors *T = &m->w.layer[l];
         L->streamed = 1;
+        L->host = pl->layer_host[l];
         L->t[0] = T->ffn_gate_exps;
         L->t[1] = T->ffn_up_exps;
         L->t[2] = T->ffn_down_exps;
+        if ((uint32_t)L->t[0]->ne[0] > xt->max_D) xt->max_D = (uint32_t)L->t[0]->ne[0];
+        if ((uint32_t)L->t[0]->ne[1] > xt->max_F) xt->max_F = (uint32_t)L->t[0]->ne[1];
+        if (m->hp.layer[l].n_expert > xt->max_E) xt->max_E = m->hp.layer[l].n_expert;
+        if (m->hp.layer[l].n_expert_used > xt->max_k) xt->max_k = m->hp.layer[l].n_expert_used;
+        if (xt->hcpu && L->host) {
+            /* computed in place by the CPU instance: the host-tier tensors as CPU weights */
+            for (int j = 0; j < 3; j++) {
+                const dsii_tensor *t = L->t[j];
+                if (!t->data) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: '%s' is not in host memory", t->name);
+                dsib_error be_err = {{0}};
+                dsi_status st = cdev->be->buffer_wrap_host(cdev->inst, (void *)(uintptr_t)t->data, t->nbytes,
+                                                           DSIB_BUFFER_WEIGHTS, &L->hb[j], &be_err);
+                if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", cdev->name, be_err.msg);
+                dsib_weight *hw = &L->hw[j];
+                memset(hw, 0, sizeof *hw);
+                hw->buf = L->hb[j];
+                hw->type = t->type;
+                hw->id = (uint32_t)(t - m->tensors) + 1;
+                hw->ne[0] = t->ne[0];
+                hw->ne[1] = t->ne[1];
+                hw->ne[2] = t->ne[2];
+                hw->nb1 = t->row_stride;
+                hw->nb2 = (uint64_t)t->ne[1] * t->row_stride;
+            }
+        }
         uint64_t o = 0;
         for (int j = 0; j < 3; j++) {
             L->slice[j] = (uint64_t)L->t[j]->ne[1] * L->t[j]->row_stride;
@@ -479,23 +785,45 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
         xt->L[l].next = nx;
         if (xt->L[l].streamed) nx = l;
     }
-    xt->slots = dsii_calloc(m->ctx, xt->n_slots, sizeof *xt->slots);
+    xt->slots = dsii_calloc(m->ctx, xt->n_slots ? xt->n_slots : 1, sizeof *xt->slots);
     if (!xt->slots) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     for (uint32_t s = 0; s < xt->n_slots; s++) {
         xt->slots[s].layer = -1;
         xt->slots[s].expert = -1;
     }
-    xt->mem = dsii_malloc_aligned(m->ctx, (size_t)pl->cache_bytes, 4096);
-    if (!xt->mem)
-        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory for the %llu-byte cache",
-                         (unsigned long long)pl->cache_bytes);
-    host_add(pl, pl->cache_bytes + pl->tier_bytes);
     (void)extra;
-    dsib_error be_err = {{0}};
-    dsi_status st = dev->be->buffer_wrap_host(dev->inst, xt->mem, pl->cache_bytes, DSIB_BUFFER_WEIGHTS,
-                                              &xt->buf, &be_err);
-    if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", dev->name, be_err.msg);
-    if (!(pl->flags & DSII_PLACE_FLAG_NO_PREFETCH)) {
+    host_add(pl, pl->tier_bytes);
+    xt->tier_counted = 1;
+    if (xt->n_slots) {
+        dsib_error be_err = {{0}};
+        dsi_status st;
+        if (dcache) {
+            /* the cache on the GPU, a slot never straddling an allocation piece; disk reads
+             * through host staging pieces (counted in tier_bytes) */
+            if (cdev->be->buffer_alloc_rows)
+                st = cdev->be->buffer_alloc_rows(cdev->inst, pl->cache_bytes, xt->slot_bytes, DSIB_BUFFER_WEIGHTS,
+                                                 &xt->buf, &be_err);
+            else
+                st = cdev->be->buffer_alloc(cdev->inst, pl->cache_bytes, DSIB_BUFFER_WEIGHTS, &xt->buf, &be_err);
+            if (st != DSI_OK)
+                return dsii_fail(e, st, "expert tier: the %llu-byte expert cache on %s: %s",
+                                 (unsigned long long)pl->cache_bytes, cdev->name, be_err.msg);
+            if (pl->n_experts_streamed)
+                for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++)
+                    if (!(xt->stage[i] = dsii_malloc_aligned(m->ctx, READ_PIECE, 4096)))
+                        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory");
+        } else {
+            xt->mem = dsii_malloc_aligned(m->ctx, (size_t)pl->cache_bytes, 4096);
+            if (!xt->mem)
+                return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory for the %llu-byte cache",
+                                 (unsigned long long)pl->cache_bytes);
+            host_add(pl, pl->cache_bytes);
+            st = cdev->be->buffer_wrap_host(cdev->inst, xt->mem, pl->cache_bytes, DSIB_BUFFER_WEIGHTS, &xt->buf,
+                                            &be_err);
+            if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", cdev->name, be_err.msg);
+        }
+    }
+    if (xt->n_slots && !(pl->flags & DSII_PLACE_FLAG_NO_PREFETCH)) {
         if (pthread_create(&xt->th, NULL, reader_main, xt) == 0) xt->th_on = 1;
         else dsii_log(m->ctx, DSI_LOG_WARN, "expert tier: no reader thread; read-ahead off");
     }
@@ -559,12 +887,21 @@ void dsii_place_exec_fini(dsi_model *m) {
         pthread_mutex_unlock(&xt->mu);
         pthread_join(xt->th, NULL);
     }
-    if (xt->buf) xt->dev->be->buffer_free(xt->dev->inst, xt->buf);
+    const dsib_backend *cb = xt->cdev->be;
+    for (int i = 0; i < NWORK; i++) {
+        if (xt->W[i].s) cb->stream_destroy(xt->W[i].s);
+        if (xt->W[i].b) cb->buffer_free(xt->cdev->inst, xt->W[i].b);
+    }
+    if (xt->buf) cb->buffer_free(xt->cdev->inst, xt->buf);
+    for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++) dsii_free_aligned(m->ctx, xt->stage[i]);
     if (xt->mem) {
         dsii_free_aligned(m->ctx, xt->mem);
-        atomic_fetch_sub(&pl->host_used, pl->cache_bytes + pl->tier_bytes);
+        atomic_fetch_sub(&pl->host_used, pl->cache_bytes);
     }
+    if (xt->tier_counted) atomic_fetch_sub(&pl->host_used, pl->tier_bytes);
     for (uint32_t l = 0; l < xt->n_layer; l++) {
+        for (int j = 0; j < 3; j++)
+            if (xt->L[l].hb[j]) cb->buffer_free(xt->cdev->inst, xt->L[l].hb[j]);
         dsii_free(m->ctx, xt->L[l].map);
         dsii_free(m->ctx, xt->L[l].freq);
     }
@@ -611,3 +948,5 @@ dsi_status dsii_place_bind_experts(dsii_wtable *wt, int32_t layer, const dsii_te
 uint32_t dsii_xtier_slots(const dsi_model *m) {
     return m && m->place && m->place->xt ? m->place->xt->n_slots : 0;
 }
+
+int dsii_xtier_active(const dsi_model *m) { return m && m->place && m->place->xt; }

@@ -23,7 +23,21 @@
  *  6. threads: four sessions on four threads share one streamed model (k slots: they wait
  *     for each other's pinned slots; and 10 %), each bit-identical to its resident run.
  *
- * Skips (77) only without the tiny models / dsinfer-mkmodel.
+ *
+ * With argv[1] "vulkan" (test_place_vulkan): hybrid steps, a Vulkan compute device with the
+ * CPU instance beside it —
+ *  7. hybrid_upload: the routed experts in the disk tier (pread) and in the host tier (mmap,
+ *     pread) served by an expert cache on the GPU (DSI_HYBRID_UPLOAD) with 100 %, 50 %, 10 %
+ *     and 0 % (k slots) of them cached, LRU / LFU, read-ahead on and off: logits bit-identical
+ *     to the all-resident Vulkan run; the device's weight bytes never above the device
+ *     budget; tiny-moe with a device budget several times smaller than the model;
+ *  8. hybrid_cpu: the same tiers computed by the CPU instance (DSI_HYBRID_CPU): bit-identical
+ *     to each other (host tier mmap / pread, disk tier with 10 % cached, a per-layer
+ *     override), and within the CPU–Vulkan bound of test_backend_model (rounding off: max
+ *     |Δlogit| <= 2e-3, argmax equal at every position) of the all-resident Vulkan run;
+ *  9. hybrid_bad: option and budget errors of hybrid plans.
+ *
+ * Skips (77) only without the tiny models / dsinfer-mkmodel / (argv vulkan) a Vulkan device.
  */
 #define _POSIX_C_SOURCE 200809L
 #define DSI_EXPERIMENTAL
@@ -38,8 +52,11 @@
 #include "api/session_impl.h"
 #include "engram/engram.h"
 #include "model_test_util.h"
+#include "tests/common/filter.h"
 #include "tests/common/skip.h"
+#include "tests/common/vk_validation.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -52,6 +69,7 @@
 #define NCTX 256
 
 static const char *g_models[2];
+static const char *g_backend; /* argv[1]: the compute device (NULL: cpu) */
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -60,6 +78,7 @@ static dsi_context *new_ctx(dsi_context_options *co_in) {
     if (co_in) co = *co_in;
     else dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = 2;
+    if (g_backend) co.backend = g_backend;
     dsi_context *ctx = NULL;
     if (dsi_context_create(&co, &ctx) != DSI_OK) {
         printf("# context: %s\n", dsi_last_error());
@@ -82,8 +101,8 @@ static dsi_model *load(dsi_context *ctx, const char *path, int32_t access, const
 }
 
 /* Prefill NTOK-4 tokens in chunks of 7, then 4 decode steps: all logits. */
-static float *run(dsi_model *m, const dsi_token *toks, int32_t V) {
-    dsi_session *s = mt_session(m, NCTX, 7, 0);
+static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags) {
+    dsi_session *s = mt_session(m, NCTX, 7, flags);
     if (!s) return NULL;
     float *all = malloc(sizeof(float) * NTOK * (size_t)V);
     dsi_status st = DSI_OK;
@@ -101,6 +120,8 @@ static float *run(dsi_model *m, const dsi_token *toks, int32_t V) {
     dsi_session_free(s);
     return all;
 }
+
+static float *run(dsi_model *m, const dsi_token *toks, int32_t V) { return run_flags(m, toks, V, 0); }
 
 static uint32_t pos_of(const dsi_session *s) {
     uint32_t p = 0;
@@ -794,13 +815,360 @@ static void threads(void **state) {
     }
 }
 
-int main(void) {
+/* ---- 7.–9. hybrid steps (argv[1] = vulkan) ---------------------------------------------- */
+
+/* Facts of a GPU plan with an unlimited device budget, hybrid UPLOAD: the resident weights on
+ * the device, the slot size, the tiered experts (every one fits: slots = experts). */
+typedef struct gpu_facts {
+    uint64_t dev_resident, unit;
+    uint32_t n_tiered;
+} gpu_facts;
+
+static void gpu_facts_of(dsi_context *ctx, const char *path, uint32_t policy, int32_t access, gpu_facts *g) {
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = policy;
+    po.hybrid = DSI_HYBRID_UPLOAD;
+    po.device_budget = (uint64_t)1 << 40;
+    po.host_budget = (uint64_t)1 << 40;
+    po.flags = DSI_PLACE_FLAG_NO_PREFETCH;
+    dsi_model *m = load(ctx, path, access, &po, NULL);
+    assert_non_null(m);
+    dsi_place_info pi;
+    info_of(m, &pi);
+    assert_int_equal(pi.policy, policy);
+    assert_int_equal(pi.hybrid, DSI_HYBRID_UPLOAD);
+    assert_int_equal(pi.expert_cache_tier, DSI_TIER_DEVICE);
+    assert_true(pi.expert_cache_slots > 0);
+    g->dev_resident = pi.device_bytes;
+    g->unit = pi.expert_cache_bytes / pi.expert_cache_slots;
+    g->n_tiered = pi.expert_cache_slots;
+    /* the plan counts every resident tensor on the device; some are used on the host only
+     * (Engram tables: rows are gathered there), so the device holds at most that */
+    assert_true(pi.device_weight_bytes <= g->dev_resident + pi.expert_cache_bytes);
+    assert_true(pi.device_weight_bytes > pi.expert_cache_bytes);
+    dsi_model_free(m);
+}
+
+static uint64_t dev_budget_for(const gpu_facts *g, double frac, uint32_t k, uint32_t *slots) {
+    uint64_t n = (uint64_t)(frac * g->n_tiered);
+    if (n < k) n = k;
+    *slots = (uint32_t)n;
+    return g->dev_resident + n * g->unit;
+}
+
+/* Under the Vulkan validation layer (many times slower on lavapipe; that run is about layer
+ * errors, the full comparisons run without it): tiny-v4 only, fewer placements. */
+static int quick(void) { return dsit_vk_validation_requested(); }
+
+static void hybrid_upload(void **state) {
+    (void)state;
+    for (int mi = 0; mi < (quick() ? 1 : 2); mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 777u + (uint32_t)mi);
+        float *ref = run(m, toks, V);
+        assert_non_null(ref);
+        dsi_model_free(m);
+
+        struct {
+            uint32_t policy;
+            int32_t access;
+            double frac;
+            uint32_t cache, flags;
+        } cases[] = {
+            {DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, 1.0, DSI_CACHE_LRU, DSI_PLACE_FLAG_NO_PREFETCH},
+            {DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, 0.5, DSI_CACHE_LRU, 0},
+            {DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, 0.1, DSI_CACHE_LFU, 0},
+            {DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, 0.0, DSI_CACHE_LRU, DSI_PLACE_FLAG_NO_PREFETCH},
+            {DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_MMAP, 0.1, DSI_CACHE_LRU, 0},
+            {DSI_PLACE_EXPERTS_HOST, DSI_ACCESS_MMAP, 0.1, DSI_CACHE_LRU, 0},
+            {DSI_PLACE_EXPERTS_HOST, DSI_ACCESS_PREAD, 0.0, DSI_CACHE_LFU, DSI_PLACE_FLAG_NO_PREFETCH},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            if (quick() && c != 2 && c != 5) continue;
+            gpu_facts gf;
+            const gpu_facts *g = &gf;
+            gpu_facts_of(ctx, path, cases[c].policy, cases[c].access, &gf);
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = cases[c].policy;
+            po.hybrid = DSI_HYBRID_UPLOAD;
+            po.cache_policy = cases[c].cache;
+            po.flags = cases[c].flags;
+            po.host_budget = (uint64_t)1 << 40;
+            uint32_t slots = 0;
+            po.device_budget = dev_budget_for(g, cases[c].frac, 2, &slots);
+            m = load(ctx, path, cases[c].access, &po, NULL);
+            assert_non_null(m);
+            float *got = run(m, toks, V);
+            assert_non_null(got);
+            dsi_place_info pi;
+            info_of(m, &pi);
+            printf("# %s: upload, %s %s, %.0f %% cached (%u slots): hits %llu misses %llu prefetches %llu, "
+                   "read %llu, uploaded %llu bytes, %llu device experts; device weights %llu of budget %llu\n",
+                   path, cases[c].policy == DSI_PLACE_EXPERTS_HOST ? "host" : "disk",
+                   cases[c].access == DSI_ACCESS_MMAP ? "mmap" : "pread", cases[c].frac * 100,
+                   pi.expert_cache_slots, (unsigned long long)pi.cache_hits, (unsigned long long)pi.cache_misses,
+                   (unsigned long long)pi.prefetches, (unsigned long long)pi.bytes_read,
+                   (unsigned long long)pi.bytes_uploaded, (unsigned long long)pi.device_experts,
+                   (unsigned long long)pi.device_weight_bytes, (unsigned long long)po.device_budget);
+            assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
+            assert_int_equal(pi.hybrid, DSI_HYBRID_UPLOAD);
+            assert_int_equal(pi.expert_cache_tier, DSI_TIER_DEVICE);
+            assert_int_equal(pi.expert_cache_slots, slots);
+            assert_true(pi.device_weight_bytes <= po.device_budget);
+            assert_true(pi.device_experts > 0);
+            assert_int_equal(pi.cpu_experts, 0);
+            assert_true(pi.bytes_uploaded > 0);
+            assert_true(pi.cache_hits + pi.cache_misses > 0);
+            if (cases[c].policy == DSI_PLACE_EXPERTS_HOST) assert_int_equal(pi.bytes_read, 0);
+            else assert_true(pi.bytes_read > 0);
+            if (cases[c].frac == 1.0) assert_true(pi.cache_misses <= slots); /* first uses only */
+            free(got);
+            dsi_model_free(m);
+        }
+        free(ref);
+        dsi_context_free(ctx);
+    }
+    /* a model several times larger than the device budget: tiny-moe, experts ~85 % */
+    int absent = 0;
+    const char *mp = mt_mkmodel("tiny-moe", "q8_0", "tiny-moe-q8_0.gguf", &absent);
+    if (!mp) {
+        if (absent) DSIT_SKIP_TEST("MODELS", "no dsinfer-mkmodel for tiny-moe");
+        fail_msg("dsinfer-mkmodel failed for tiny-moe");
+    }
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    dsi_place_options pr;
+    dsi_place_options_init(&pr);
+    pr.policy = DSI_PLACE_ALL_RESIDENT;
+    dsi_model *m = load(ctx, mp, DSI_ACCESS_MMAP, &pr, NULL);
+    assert_non_null(m);
+    dsi_token toks[NTOK];
+    mt_tokens(toks, NTOK, 1024, 99u);
+    float *ref = run(m, toks, 1024);
+    assert_non_null(ref);
+    dsi_place_info pi;
+    info_of(m, &pi);
+    uint64_t all_dev = pi.device_weight_bytes;
+    dsi_model_free(m);
+    gpu_facts g;
+    gpu_facts_of(ctx, mp, DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, &g);
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_AUTO; /* AUTO next to a GPU: experts leave the device when they must */
+    po.hybrid = DSI_HYBRID_UPLOAD;
+    uint32_t slots = 0;
+    po.device_budget = dev_budget_for(&g, 0.1, 2, &slots);
+    m = load(ctx, mp, DSI_ACCESS_PREAD, &po, NULL);
+    assert_non_null(m);
+    float *got = run(m, toks, 1024);
+    assert_non_null(got);
+    info_of(m, &pi);
+    printf("# tiny-moe: all resident %llu device bytes; budget %llu (%.1fx smaller): policy %u, device weights %llu, "
+           "device in use %llu (+ the model's state pool and step buffers), %u slots, uploaded %llu bytes\n",
+           (unsigned long long)all_dev, (unsigned long long)po.device_budget, (double)all_dev / (double)po.device_budget,
+           pi.policy, (unsigned long long)pi.device_weight_bytes, (unsigned long long)pi.device_used,
+           pi.expert_cache_slots, (unsigned long long)pi.bytes_uploaded);
+    assert_memory_equal(got, ref, sizeof(float) * NTOK * 1024);
+    assert_true(all_dev >= 3 * po.device_budget);
+    assert_int_equal(pi.policy, DSI_PLACE_EXPERTS_HOST);
+    assert_true(pi.device_weight_bytes <= po.device_budget);
+    free(got);
+    free(ref);
+    dsi_model_free(m);
+    dsi_context_free(ctx);
+}
+
+static void max_diff(const float *a, const float *b, size_t n_pos, int32_t V, double *md, size_t *argmax_diff) {
+    *md = 0;
+    *argmax_diff = 0;
+    for (size_t p = 0; p < n_pos; p++) {
+        const float *x = a + p * (size_t)V, *y = b + p * (size_t)V;
+        int32_t ax = 0, ay = 0;
+        for (int32_t i = 0; i < V; i++) {
+            double d = fabs((double)x[i] - (double)y[i]);
+            if (!(d <= *md)) *md = d;
+            if (x[i] > x[ax]) ax = i;
+            if (y[i] > y[ay]) ay = i;
+        }
+        *argmax_diff += ax != ay;
+    }
+}
+
+static void hybrid_cpu(void **state) {
+    (void)state;
+    for (int mi = 0; mi < (quick() ? 1 : 2); mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 4242u + (uint32_t)mi);
+        float *ref = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+        assert_non_null(ref);
+        dsi_model_free(m);
+        plan_facts f;
+        facts_access(ctx, path, DSI_ACCESS_PREAD, &f);
+        struct {
+            uint32_t policy;
+            int32_t access;
+            const char *ovr;
+        } cases[] = {
+            {DSI_PLACE_EXPERTS_HOST, DSI_ACCESS_MMAP, NULL},
+            {DSI_PLACE_EXPERTS_HOST, DSI_ACCESS_PREAD, NULL},
+            {DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, NULL},
+            {DSI_PLACE_ALL_RESIDENT, DSI_ACCESS_PREAD, "blk.[12].ffn_*_exps.weight=host"},
+        };
+        float *first = NULL;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            if (quick() && c != 0 && c != 2) continue;
+            /* rounding on too for the first case (and where a test of the CPU run's rounding
+             * path would differ: nowhere else) */
+            for (int rounding = 0; rounding < (c == 0 ? 2 : 1); rounding++) {
+                dsi_place_options po;
+                dsi_place_options_init(&po);
+                po.policy = cases[c].policy;
+                po.hybrid = DSI_HYBRID_CPU;
+                po.overrides = cases[c].ovr;
+                po.host_budget = cases[c].policy == DSI_PLACE_EXPERTS_STREAMED ? budget_for(&f, 0.1, 2)
+                                                                              : (uint64_t)1 << 40;
+                m = load(ctx, path, cases[c].access, &po, NULL);
+                assert_non_null(m);
+                float *got = run_flags(m, toks, V, rounding ? 0 : DSI_SESSION_FLAG_NO_FAKE_QUANT);
+                assert_non_null(got);
+                dsi_place_info pi;
+                info_of(m, &pi);
+                double md = 0;
+                size_t ad = 0;
+                if (!rounding) max_diff(got, ref, NTOK, V, &md, &ad);
+                printf("# %s: cpu, %s %s%s%s, rounding %s: %llu cpu experts, %llu device experts, hits %llu misses "
+                       "%llu, uploaded %llu%s",
+                       path, cases[c].policy == DSI_PLACE_EXPERTS_HOST ? "host" : cases[c].ovr ? "override" : "disk",
+                       cases[c].access == DSI_ACCESS_MMAP ? "mmap" : "pread", cases[c].ovr ? " " : "",
+                       cases[c].ovr ? cases[c].ovr : "", rounding ? "on" : "off", (unsigned long long)pi.cpu_experts,
+                       (unsigned long long)pi.device_experts, (unsigned long long)pi.cache_hits,
+                       (unsigned long long)pi.cache_misses, (unsigned long long)pi.bytes_uploaded,
+                       rounding ? "\n" : "");
+                if (!rounding) printf("; vs all on vulkan: max |dlogit| %.3e, argmax differs at %zu\n", md, ad);
+                assert_int_equal(pi.hybrid, DSI_HYBRID_CPU);
+                assert_true(pi.cpu_experts > 0);
+                assert_int_equal(pi.device_experts, 0);
+                assert_int_equal(pi.bytes_uploaded, 0);
+                if (!rounding) {
+                    assert_int_equal(ad, 0);
+                    assert_true(md <= 2e-3);
+                }
+                if (cases[c].ovr) {
+                    /* a mixed plan: other layers' experts on the GPU, so not the bytes of the
+                     * all-CPU placements; its own bound holds (above) */
+                    assert_int_equal(pi.classes[3].tier, DSI_TIER_DEVICE);
+                    assert_true(pi.classes[3].host_bytes > 0);
+                    free(got);
+                } else if (rounding == 0 && c == 0) {
+                    first = got;
+                } else if (rounding == 0) {
+                    /* the same CPU kernels on the same bytes: identical across tiers */
+                    assert_memory_equal(got, first, sizeof(float) * NTOK * (size_t)V);
+                    free(got);
+                } else {
+                    free(got);
+                }
+                dsi_model_free(m);
+            }
+        }
+        free(first);
+        free(ref);
+        dsi_context_free(ctx);
+    }
+}
+
+static void hybrid_bad(void **state) {
+    (void)state;
+    const char *path = g_models[0] ? g_models[0] : g_models[1];
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    gpu_facts g;
+    gpu_facts_of(ctx, path, DSI_PLACE_EXPERTS_STREAMED, DSI_ACCESS_PREAD, &g);
+    dsi_place_options po;
+    dsi_status st;
+    /* hybrid 7 */
+    dsi_place_options_init(&po);
+    po.hybrid = 7;
+    assert_null(load(ctx, path, DSI_ACCESS_PREAD, &po, &st));
+    assert_int_equal(st, DSI_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsi_last_error(), "hybrid 7"));
+    /* an attention tensor in host RAM next to the GPU */
+    dsi_place_options_init(&po);
+    po.overrides = "blk.*.attn_q_a.weight=host";
+    assert_null(load(ctx, path, DSI_ACCESS_PREAD, &po, &st));
+    assert_int_equal(st, DSI_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dsi_last_error(), "only routed experts and Engram tables"));
+    /* a GPU cache below k slots */
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_EXPERTS_STREAMED;
+    po.hybrid = DSI_HYBRID_UPLOAD;
+    po.device_budget = g.dev_resident + g.unit; /* one slot */
+    assert_null(load(ctx, path, DSI_ACCESS_PREAD, &po, &st));
+    assert_int_equal(st, DSI_ERR_OUT_OF_DEVICE_MEMORY);
+    assert_non_null(strstr(dsi_last_error(), "an expert cache on"));
+    printf("# %s\n", dsi_last_error());
+    /* everything resident above the budget */
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_ALL_RESIDENT;
+    po.device_budget = g.dev_resident;
+    assert_null(load(ctx, path, DSI_ACCESS_PREAD, &po, &st));
+    assert_int_equal(st, DSI_ERR_OUT_OF_DEVICE_MEMORY);
+    assert_non_null(strstr(dsi_last_error(), "DSI_PLACE_EXPERTS_HOST"));
+    printf("# %s\n", dsi_last_error());
+    /* hybrid CPU needs no device room for experts: the resident part alone fits */
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_EXPERTS_HOST;
+    po.device_budget = g.dev_resident;
+    dsi_model *m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+    assert_non_null(m);
+    dsi_place_info pi;
+    info_of(m, &pi);
+    assert_int_equal(pi.hybrid, DSI_HYBRID_CPU);
+    assert_int_equal(pi.expert_cache_slots, 0);
+    assert_true(pi.device_weight_bytes <= po.device_budget);
+    dsi_model_free(m);
+    dsi_context_free(ctx);
+}
+
+int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
+    dsit_filter();
+    if (argc > 1 && strcmp(argv[1], "cpu") != 0) g_backend = argv[1];
     const char *p0 = mt_model_path("tiny-v4.gguf", NULL); /* a static buffer */
     g_models[0] = p0 ? strdup(p0) : NULL;
     const char *p1 = mt_model_path("tiny-v41.gguf", NULL);
     g_models[1] = p1 ? strdup(p1) : NULL;
     if (!g_models[0] && !g_models[1]) return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
+    if (g_backend) {
+        dsi_context *probe = new_ctx(NULL);
+        if (!probe) return dsit_absent("VULKAN", "no %s backend: %s", g_backend, dsi_last_error());
+        const struct CMUnitTest gpu_tests[] = {
+            cmocka_unit_test(hybrid_bad),
+            cmocka_unit_test(hybrid_upload),
+            cmocka_unit_test(hybrid_cpu),
+        };
+        int rc = cmocka_run_group_tests_name("test_place_gpu", gpu_tests, NULL, NULL);
+        /* the validation counters live in the loaded module: read them with a context open */
+        if (strcmp(g_backend, "vulkan") == 0 && dsit_vk_validation_check("test_place vulkan") != 0) rc++;
+        dsi_context_free(probe);
+        return rc;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
         cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),

@@ -276,7 +276,8 @@ class place_options(Struct):
     _fields_ = [("struct_size", ctypes.c_uint32), ("policy", ctypes.c_uint32),
                 ("device_budget", ctypes.c_uint64), ("host_budget", ctypes.c_uint64),
                 ("overrides", ctypes.c_char_p), ("cache_policy", ctypes.c_uint32),
-                ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64)]
+                ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64),
+                ("hybrid", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
 
 
 class place_class(Struct):
@@ -301,7 +302,9 @@ class place_info(Struct):
                 ("cpu_experts", ctypes.c_uint64), ("device_experts", ctypes.c_uint64),
                 ("host_peak", ctypes.c_uint64), ("engram_cache_bytes", ctypes.c_uint64),
                 ("engram_hits", ctypes.c_uint64), ("engram_misses", ctypes.c_uint64),
-                ("engram_bytes_read", ctypes.c_uint64)]
+                ("engram_bytes_read", ctypes.c_uint64), ("hybrid", ctypes.c_uint32),
+                ("expert_cache_tier", ctypes.c_uint32), ("device_weight_bytes", ctypes.c_uint64),
+                ("device_used", ctypes.c_uint64)]
 
 
 # Opaque handles are plain void pointers.

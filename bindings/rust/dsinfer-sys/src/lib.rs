@@ -403,6 +403,8 @@ pub const DSI_PLACE_FLAG_NO_PREFETCH: u32 = 1 << 0;
 pub const DSI_TIER_DEVICE: u32 = 0;
 pub const DSI_TIER_HOST: u32 = 1;
 pub const DSI_TIER_DISK: u32 = 2;
+pub const DSI_HYBRID_CPU: u32 = 0;
+pub const DSI_HYBRID_UPLOAD: u32 = 1;
 pub const DSI_PLACE_MAX_CLASSES: u32 = 8;
 
 #[repr(C)]
@@ -416,6 +418,9 @@ pub struct dsi_place_options {
     pub cache_policy: u32,
     pub flags: u32,
     pub engram_cache_bytes: u64,
+    /// since 0.3.1
+    pub hybrid: u32,
+    pub reserved: u32,
 }
 
 #[repr(C)]
@@ -462,6 +467,11 @@ pub struct dsi_place_info {
     pub engram_hits: u64,
     pub engram_misses: u64,
     pub engram_bytes_read: u64,
+    /// since 0.3.1
+    pub hybrid: u32,
+    pub expert_cache_tier: u32,
+    pub device_weight_bytes: u64,
+    pub device_used: u64,
 }
 
 extern "C" {
