@@ -55,6 +55,12 @@ typedef struct {
     const char *prompt_cache;  /* --prompt-cache DIR */
     const char *session_save;  /* --session-save FILE */
     const char *session_load;  /* --session-load FILE */
+    /* memory tiers (docs/placement.md) */
+    int place;                 /* 0: no plan; else DSI_PLACE_* + 1 */
+    const char *overrides;     /* -ot */
+    int hybrid;                /* -1: default; DSI_HYBRID_* */
+    uint64_t device_budget, host_budget;
+    int no_mmap;
 } cli_opts;
 
 static void usage(FILE *f) {
@@ -85,6 +91,15 @@ static void usage(FILE *f) {
             "                   on, auto (same output; -v prints accepted drafts per step)\n"
             "  --draft-max N    drafts per step (default: the draft block's, DSpark 5, MTP 1)\n"
             "  --draft-confidence C  DSpark: end a proposal below confidence C (0..1, default 0)\n"
+            "  --place POLICY   where the weights live: auto, resident, experts-host, experts-streamed\n"
+            "                   (docs/placement.md; -v prints the plan and its counters)\n"
+            "  -ot PATTERN=TIER[,...]  per-tensor tiers (device, host, disk), e.g.\n"
+            "                   'blk.*.ffn_*_exps.weight=host'; implies --place auto if not given\n"
+            "  --hybrid MODE    GPU backends: cpu (the CPU computes experts outside the GPU, default)\n"
+            "                   or upload (they are cached on the GPU)\n"
+            "  --device-budget B, --host-budget B  bytes for weights and caches (K, M, G suffixes;\n"
+            "                   default: the device's free memory / half the RAM)\n"
+            "  --no-mmap        read the model into library-owned memory (pread) instead of mapping it\n"
             "  --list-devices   list the devices of the chosen backend(s) and exit\n"
             "  --version        print the library version and exit\n"
             "  -v               verbose: per-turn token counts\n"
@@ -123,6 +138,24 @@ static int parse_f(const char *opt, const char *s, double lo, double hi, int lo_
     return 1;
 }
 
+static int parse_bytes(const char *opt, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+    if (end != s && *end && !end[1]) {
+        if (*end == 'K' || *end == 'k') mul = 1ull << 10;
+        else if (*end == 'M' || *end == 'm') mul = 1ull << 20;
+        else if (*end == 'G' || *end == 'g') mul = 1ull << 30;
+        else mul = 0;
+        if (mul) end++;
+    }
+    if (errno || end == s || *end || s[0] == '-' || v == 0 || mul == 0 || v > UINT64_MAX / mul)
+        return bad_value(opt, s, "expected a positive byte count (K, M, G suffixes allowed)");
+    *out = (uint64_t)v * mul;
+    return 1;
+}
+
 /* Returns 1 on success, 0 on a bad command line (message printed). */
 static int parse_args(int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
@@ -130,6 +163,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->temp = 1.0f;
     o->top_p = 1.0f;
     o->think = -1;
+    o->hybrid = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define NEXT()                                                                         \
@@ -174,6 +208,24 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             else if (!strcmp(argv[i], "auto")) o->spec = DSI_SPEC_AUTO;
             else return bad_value(a, argv[i], "expected off, on or auto");
         }
+        else if (!strcmp(a, "--place")) {
+            NEXT();
+            if (!strcmp(argv[i], "auto")) o->place = 1 + DSI_PLACE_AUTO;
+            else if (!strcmp(argv[i], "resident")) o->place = 1 + DSI_PLACE_ALL_RESIDENT;
+            else if (!strcmp(argv[i], "experts-host")) o->place = 1 + DSI_PLACE_EXPERTS_HOST;
+            else if (!strcmp(argv[i], "experts-streamed")) o->place = 1 + DSI_PLACE_EXPERTS_STREAMED;
+            else return bad_value(a, argv[i], "expected auto, resident, experts-host or experts-streamed");
+        }
+        else if (!strcmp(a, "-ot") || !strcmp(a, "--override-tensor")) { NEXT(); o->overrides = argv[i]; }
+        else if (!strcmp(a, "--hybrid")) {
+            NEXT();
+            if (!strcmp(argv[i], "cpu")) o->hybrid = DSI_HYBRID_CPU;
+            else if (!strcmp(argv[i], "upload")) o->hybrid = DSI_HYBRID_UPLOAD;
+            else return bad_value(a, argv[i], "expected cpu or upload");
+        }
+        else if (!strcmp(a, "--device-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->device_budget)) return 0; }
+        else if (!strcmp(a, "--host-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->host_budget)) return 0; }
+        else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
         else if (!strcmp(a, "--draft-max")) { NEXT(); if (!parse_i64(a, argv[i], 1, 16, &v)) return 0; o->draft_max = (uint32_t)v; }
         else if (!strcmp(a, "--draft-confidence")) { NEXT(); if (!parse_f(a, argv[i], 0, 1, 0, &o->draft_conf)) return 0; }
         else if (!strcmp(a, "--temp")) { NEXT(); if (!parse_f(a, argv[i], 0, 1e6, 0, &o->temp)) return 0; }
@@ -575,10 +627,42 @@ int main(int argc, char **argv) {
     dsi_sampler *smp = NULL;
     char *file_text = NULL;
     dsi_token *toks = NULL;
-    if (dsi_model_load(ctx, path, NULL, &model) != DSI_OK) {
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    if (o.no_mmap) mo.access = DSI_ACCESS_PREAD;
+    if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget) {
+        po.policy = o.place ? (uint32_t)(o.place - 1) : DSI_PLACE_AUTO;
+        po.overrides = o.overrides;
+        po.hybrid = o.hybrid >= 0 ? (uint32_t)o.hybrid : DSI_HYBRID_CPU;
+        po.device_budget = o.device_budget;
+        po.host_budget = o.host_budget;
+        mo.place = &po;
+    }
+    if (dsi_model_load(ctx, path, &mo, &model) != DSI_OK) {
         fprintf(stderr, "%s: cannot load model '%s': %s\n", prog, path, dsi_last_error());
         rc = 1;
         goto done;
+    }
+    if (o.verbose && mo.place) {
+        dsi_place_info pi;
+        dsi_place_info_init(&pi);
+        if (dsi_model_place_info(model, &pi) == DSI_OK) {
+            static const char *const tiers[] = {"device", "host", "disk"};
+            fprintf(stderr, "[placement: policy %u, hybrid %s; device %llu bytes (budget %llu), host %llu (budget %llu), "
+                            "disk %llu, mapped %llu; expert cache %u slots, %llu bytes in %s]\n",
+                    pi.policy, pi.hybrid == DSI_HYBRID_UPLOAD ? "upload" : "cpu",
+                    (unsigned long long)pi.device_weight_bytes, (unsigned long long)pi.device_budget,
+                    (unsigned long long)pi.host_bytes, (unsigned long long)pi.host_budget,
+                    (unsigned long long)pi.disk_bytes, (unsigned long long)pi.mapped_bytes, pi.expert_cache_slots,
+                    (unsigned long long)pi.expert_cache_bytes, tiers[pi.expert_cache_tier < 3 ? pi.expert_cache_tier : 0]);
+            for (uint32_t c = 0; c < pi.n_classes && c < DSI_PLACE_MAX_CLASSES; c++)
+                if (pi.classes[c].bytes)
+                    fprintf(stderr, "[  %-14s %-6s %llu bytes]\n", pi.classes[c].name,
+                            tiers[pi.classes[c].tier < 3 ? pi.classes[c].tier : 0],
+                            (unsigned long long)pi.classes[c].bytes);
+        }
     }
     dsi_session_options so;
     dsi_session_options_init(&so);
@@ -678,6 +762,17 @@ save:
     }
 
 done:
+    if (model && o.verbose && mo.place) {
+        dsi_place_info pi;
+        dsi_place_info_init(&pi);
+        if (dsi_model_place_info(model, &pi) == DSI_OK && pi.steps)
+            fprintf(stderr, "[placement counters: %llu steps, expert cache hits %llu misses %llu, %llu bytes read, "
+                            "%llu uploaded; experts computed by the cpu %llu, by the device %llu]\n",
+                    (unsigned long long)pi.steps, (unsigned long long)pi.cache_hits,
+                    (unsigned long long)pi.cache_misses, (unsigned long long)pi.bytes_read,
+                    (unsigned long long)pi.bytes_uploaded, (unsigned long long)pi.cpu_experts,
+                    (unsigned long long)pi.device_experts);
+    }
     /* the signal handler may cancel g_session: unpublish it before the free (docs/api.md
      * "Cancellation"); the library's threads block SIGINT, so the handler runs on this one */
     g_generating = 0;

@@ -109,6 +109,33 @@ static void test_one_shot(void **state) {
     assert_string_equal(first, out);
 }
 
+/* Memory tiers from the command line (docs/placement.md): bad values are usage errors; the
+ * routed experts streamed from the file give the resident run's greedy text, and -v prints
+ * the plan and the counters. */
+static void test_placement(void **state) {
+    (void)state;
+    assert_int_equal(run("--hybrid gpu -p x", NULL), 2);
+    assert_non_null(strstr(err, "--hybrid"));
+    assert_int_equal(run("--device-budget 12X -p x", NULL), 2);
+    assert_non_null(strstr(err, "--device-budget"));
+    assert_int_equal(run("--host-budget 0 -p x", NULL), 2);
+    assert_int_equal(run("--place nowhere -p x", NULL), 2);
+    assert_non_null(strstr(err, "experts-streamed"));
+    char args[8400], ref[sizeof out];
+    snprintf(args, sizeof args, "-m %s -p 'Hello world' -n 6 --temp 0", model);
+    assert_int_equal(run(args, NULL), 0);
+    strcpy(ref, out);
+    snprintf(args, sizeof args, "-m %s -p 'Hello world' -n 6 --temp 0 --place experts-streamed --no-mmap -v", model);
+    assert_int_equal(run(args, NULL), 0);
+    assert_string_equal(out, ref);
+    assert_non_null(strstr(err, "[placement: policy 3"));
+    assert_non_null(strstr(err, "experts computed by the cpu"));
+    /* an override that puts an attention tensor on disk is refused at load */
+    snprintf(args, sizeof args, "-m %s -p x -ot 'blk.*.attn_q_a.weight=disk'", model);
+    assert_int_equal(run(args, NULL), 1);
+    assert_non_null(strstr(err, "the disk tier holds routed experts and Engram tables only"));
+}
+
 static void test_default_model(void **state) {
     (void)state;
     int rc = run("-p 'Hi' -n 2 --temp 0", NULL);
@@ -149,6 +176,7 @@ int main(void) {
         cmocka_unit_test(test_version_and_help),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_one_shot),
+        cmocka_unit_test(test_placement),
         cmocka_unit_test(test_default_model),
         cmocka_unit_test(test_chat_reuse),
     };
