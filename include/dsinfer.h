@@ -937,6 +937,8 @@ DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
 #define DSI_HYBRID_CPU 0u             /* the CPU instance computes them from host RAM (default) */
 #define DSI_HYBRID_UPLOAD 1u          /* they are copied into an expert cache on the GPU and
                                          computed there (logits bit-identical to all-resident) */
+/* dsi_place_options.device_experts: as many per tiered layer as the device budget leaves */
+#define DSI_DEVICE_EXPERTS_AUTO 0xFFFFFFFFu
 
 /* Tiers (dsi_place_class.tier) */
 #define DSI_TIER_DEVICE 0u            /* the compute device's memory (the CPU: host RAM, in use in place) */
@@ -964,7 +966,10 @@ typedef struct dsi_place_options {
                                     the host budget); 0 = none */
     /* since 0.3.1 */
     uint32_t hybrid;           /* DSI_HYBRID_*; default CPU. Ignored on the CPU device */
-    uint32_t reserved;
+    uint32_t device_experts;   /* DSI_HYBRID_CPU: routed experts 0 .. N-1 of every tiered layer
+                                  kept on the GPU (computed there while the CPU computes the
+                                  rest of the step's experts); DSI_DEVICE_EXPERTS_AUTO: as many
+                                  as the device budget leaves; default 0 (all on the CPU) */
 } dsi_place_options;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest (policy AUTO, auto budgets). */
@@ -1026,6 +1031,10 @@ typedef struct dsi_place_info {
                                       (never above device_budget) */
     uint64_t device_used;          /* everything the compute device instance holds now
                                       (weights, caches, sessions' state and scratch) */
+    uint32_t device_experts_per_layer; /* DSI_HYBRID_CPU: experts per tiered layer kept on the GPU */
+    uint32_t reserved;
+    uint64_t overlap_cpu_ns;       /* DSI_HYBRID_CPU: time the CPU instance spent on experts */
+    uint64_t overlap_wait_ns;      /* ... time then spent waiting for the GPU's part */
 } dsi_place_info;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest. */

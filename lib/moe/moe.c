@@ -11,6 +11,27 @@
         if (st_ != DSI_OK) return dsii_fail(e, st_, "moe: %s failed", what);                \
     } while (0)
 
+/* The shared expert's SwiGLU and down projection (its gate / up ran with the router). */
+typedef struct shared_rec {
+    const dsii_device *dev;
+    dsib_stream *strm;
+    const dsii_moe_weights *w;
+    const dsii_moe_scratch *s;
+    uint32_t n, D;
+} shared_rec;
+
+static dsi_status record_shared(void *ctx, dsii_error *e) {
+    const shared_rec *r = ctx;
+    const dsib_ops *ops = r->dev->be->ops;
+    const dsii_moe_weights *w = r->w;
+    const dsii_moe_scratch *s = r->s;
+    uint32_t F = (uint32_t)w->sh_gate.ne[1], n = r->n, D = r->D;
+    dsib_stream *strm = r->strm;
+    CK(ops->swiglu(strm, s->sh_g, F, s->sh_u, F, s->sh_g, F, n, F, w->limit_shared), "swiglu");
+    CK(ops->matmul(strm, &w->sh_down, 0, s->sh_g, F, s->sh_out, D, n), "shared down");
+    return DSI_OK;
+}
+
 dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsii_moe_weights *w,
                             const dsii_moe_scratch *s, dsib_view x, uint32_t ldx, dsib_view ids,
                             uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e) {
@@ -28,10 +49,14 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
                       w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n,
                       s->sel, s->wts),
        "routing");
+    shared_rec sr = {dev, strm, w, s, n, D};
+    dsii_xtier_shared sh = {record_shared, &sr};
     if (w->xt) {
-        /* experts from the tier's cache (lib/place): bit-identical to the resident path */
+        /* experts from the tier (lib/place): bit-identical to the resident path on the device
+         * that computes them; the tier records the shared expert (next to a GPU computing on
+         * the CPU: while the CPU works) */
         dsi_status st = dsii_xtier_experts(w->xt, dev, strm, w, x, ldx, s->sel, s->wts, n,
-                                           s->routed, D, s->cancel, e);
+                                           s->routed, D, s->cancel, shared ? &sh : NULL, e);
         if (st != DSI_OK) return st;
         dsii_xtier_predict(w->xt, dev, strm, w->xt_layer, x, ldx, ids, n, s->logits, s->sel, s->wts);
     } else {
@@ -43,9 +68,10 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
         CK(dsii_op_copy_rows(dev, strm, s->routed, D, out, ldo, n, D), "moe copy");
         return DSI_OK;
     }
-    uint32_t F = SF;
-    CK(ops->swiglu(strm, s->sh_g, F, s->sh_u, F, s->sh_g, F, n, F, w->limit_shared), "swiglu");
-    CK(ops->matmul(strm, &w->sh_down, 0, s->sh_g, F, s->sh_out, D, n), "shared down");
+    if (!w->xt) {
+        dsi_status st = record_shared(&sr, e);
+        if (st != DSI_OK) return st;
+    }
     CK(ops->add(strm, s->routed, D, s->sh_out, D, out, ldo, n, D), "add");
     return DSI_OK;
 }

@@ -452,6 +452,24 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
         pl->cache_bytes = slots * pl->expert_unit_bytes;
         pl->tier_bytes = fixed + slots * per_slot;
     }
+    if (!pl->cpu_compute && pl->n_tiered_layers && pl->hybrid == DSII_HYBRID_CPU && o.device_experts) {
+        /* experts 0 .. m-1 of every tiered layer on the GPU: what the device budget leaves,
+         * or the number asked for (at most the smallest layer's experts) */
+        uint32_t emin = UINT32_MAX;
+        for (uint32_t l = 0; l < hp->n_layer && l < 128; l++)
+            if (pl->layer_streamed[l] && hp->layer[l].n_expert < emin) emin = hp->layer[l].n_expert;
+        uint64_t per = (uint64_t)pl->n_tiered_layers * pl->expert_unit_bytes; /* one expert per layer */
+        uint64_t avail = pl->device_budget - pl->device_bytes;
+        uint64_t m = o.device_experts == DSI_DEVICE_EXPERTS_AUTO ? (per ? avail / per : 0) : o.device_experts;
+        if (m > emin) m = emin;
+        if (m * per > avail)
+            return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
+                             "placement: %u experts of each of %u tiered layers on %s need %" PRIu64
+                             " bytes beside the resident weights (%" PRIu64 "), the device budget is %" PRIu64,
+                             (unsigned)m, pl->n_tiered_layers, dev->name, m * per, pl->device_bytes, pl->device_budget);
+        pl->dev_experts = (uint32_t)m;
+        pl->dev_split_bytes = m * per;
+    }
     if (!pl->cpu_compute && pl->n_tiered_layers && !pl->tier_bytes) {
         /* hybrid CPU over host-tier layers only: no cache, the tier's maps */
         uint64_t fixed = 0, per_slot = 0;
@@ -499,10 +517,13 @@ DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *
         f.host_bytes = pl->owned_bytes + (pl->cache_on_device ? 0 : pl->cache_bytes) + pl->tier_bytes +
                        pl->engram_cache_bytes;
         f.hybrid = pl->hybrid;
+        f.device_experts_per_layer = pl->dev_experts;
+        f.overlap_cpu_ns = atomic_load(&((dsii_place *)(uintptr_t)pl)->overlap_cpu_ns);
+        f.overlap_wait_ns = atomic_load(&((dsii_place *)(uintptr_t)pl)->overlap_wait_ns);
         f.expert_cache_tier = pl->cache_on_device ? DSI_TIER_DEVICE : DSI_TIER_HOST;
         if (model->exec) {
             const dsii_exec *ex = model->exec;
-            f.device_weight_bytes = ex->wt.bytes + (pl->cache_on_device ? pl->cache_bytes : 0);
+            f.device_weight_bytes = ex->wt.bytes + (pl->cache_on_device ? pl->cache_bytes : 0) + pl->dev_split_bytes;
             if (ex->dev && ex->dev->be->memory_used) f.device_used = ex->dev->be->memory_used(ex->dev->inst);
         }
         f.engram_cache_bytes = pl->engram_cache_bytes;

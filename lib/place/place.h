@@ -80,6 +80,9 @@ typedef struct dsii_place {
     uint32_t n_experts_tiered;    /* (layer, expert) pairs of those layers */
     uint32_t hybrid;              /* DSII_HYBRID_* (GPU compute device with tiered layers) */
     int32_t cache_on_device;      /* the expert cache is GPU memory (hybrid UPLOAD) */
+    uint32_t dev_experts;         /* hybrid CPU: experts 0 .. dev_experts-1 of each tiered layer
+                                     kept on the GPU */
+    uint64_t dev_split_bytes;     /* their device bytes */
     uint64_t expert_unit_bytes;   /* largest (gate + up + down) slice of one expert, 64-aligned parts */
     uint32_t n_experts_streamed;
     uint32_t max_k;               /* largest k of the streamed layers */
@@ -98,7 +101,7 @@ typedef struct dsii_place {
     atomic_ullong engram_hits, engram_misses, engram_bytes_read;
     /* counters */
     atomic_ullong hits, misses, prefetches, prefetch_hits, bytes_read, bytes_uploaded, read_ns,
-        steps, cpu_experts, device_experts, host_used, host_peak;
+        steps, cpu_experts, device_experts, host_used, host_peak, overlap_cpu_ns, overlap_wait_ns;
 } dsii_place;
 
 /* Plans the model's placement (called by the loader after binding, before any weight is
@@ -129,10 +132,18 @@ dsi_status dsii_place_bind_experts(struct dsii_wtable *wt, int32_t layer,
  * bytes; hybrid CPU next to a GPU: the CPU instance's results, uploaded into y). Syncs `strm`
  * (the routing is read on the host). `cancel` (may be NULL): a nonzero value stops a long
  * read with CANCELLED. */
+/* `shared` (may be NULL): records the layer's shared expert on `strm`; hybrid CPU records it
+ * right after the routing and lets it run on the GPU while the CPU computes (the caller then
+ * records only the final add); else the tier calls it after the routed experts. */
+typedef struct dsii_xtier_shared {
+    dsi_status (*record)(void *ctx, dsii_error *e);
+    void *ctx;
+} dsii_xtier_shared;
 dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
                               const struct dsii_moe_weights *w, dsib_view x, uint32_t ldx,
                               dsib_view sel, dsib_view wts, uint32_t n, dsib_view y,
-                              uint32_t ldy, const atomic_int *cancel, dsii_error *e);
+                              uint32_t ldy, const atomic_int *cancel,
+                              const dsii_xtier_shared *shared, dsii_error *e);
 
 /* Read-ahead (after layer `layer`'s routed experts, before its shared expert): predicts the
  * next streamed layer's experts from this layer's input `x` with that layer's router (hash

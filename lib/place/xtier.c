@@ -70,6 +70,8 @@ typedef struct xlayer {
     int32_t host;             /* host tier (t->data in host RAM) */
     dsib_buffer *hb[3];       /* hybrid CPU, host tier: the tensors wrapped on the CPU instance */
     dsib_weight hw[3];
+    dsib_buffer *gb[3];       /* hybrid CPU with device experts: experts 0 .. m-1 on the GPU */
+    dsib_weight gw[3];
 } xlayer;
 
 #define QCAP 1024
@@ -84,8 +86,12 @@ typedef struct cpuw {
     dsib_buffer *b;
     uint8_t *p;
     uint32_t cap, ldx;
-    uint64_t ox, osel, owts, oy;
+    uint64_t ox, osel, owts, oy, osg, owg; /* osg / owg: the GPU part's ids and weights */
     int busy;
+    /* on the GPU (the compute device): an event after the routing, the CPU part's rows */
+    dsib_event *ev;
+    dsib_buffer *gb;
+    uint32_t gcap;
 } cpuw;
 
 struct dsii_xtier {
@@ -101,6 +107,7 @@ struct dsii_xtier {
     uint8_t *stage[DSII_XTIER_STAGES];
     int stage_busy[DSII_XTIER_STAGES];
     cpuw W[NWORK];
+    uint32_t dev_experts;     /* hybrid CPU: experts 0 .. m-1 of each tiered layer on the GPU */
     int tier_counted;         /* tier_bytes added to the host use */
     uint32_t max_D, max_F, max_E, max_k;
     uint32_t n_slots;
@@ -578,7 +585,11 @@ static cpuw *worker_take(dsii_xtier *xt, uint32_t n, uint32_t ldx, dsii_error *e
         wk->owts = o;
         o += ((uint64_t)cap * xt->max_k * 4 + 63) & ~(uint64_t)63;
         wk->oy = o;
-        o += (uint64_t)cap * xt->max_D * 4;
+        o += ((uint64_t)cap * xt->max_D * 4 + 63) & ~(uint64_t)63;
+        wk->osg = o;
+        o += ((uint64_t)cap * xt->max_k * 4 + 63) & ~(uint64_t)63;
+        wk->owg = o;
+        o += (uint64_t)cap * xt->max_k * 4;
         dsi_status st = be->stream_create(xt->cdev->inst, &d, &wk->s, &be_err);
         if (st == DSI_OK) st = be->buffer_alloc(xt->cdev->inst, o, DSIB_BUFFER_SCRATCH, &wk->b, &be_err);
         if (st == DSI_OK && !(wk->p = be->buffer_host_ptr(xt->cdev->inst, wk->b))) {
@@ -600,6 +611,26 @@ static cpuw *worker_take(dsii_xtier *xt, uint32_t n, uint32_t ldx, dsii_error *e
         }
         wk->cap = cap;
         wk->ldx = lx;
+        /* the GPU side: an event (overlap) and, with device experts, the CPU part's rows */
+        const dsib_backend *gbe = xt->dev->be;
+        if (!wk->ev && gbe->event_create && gbe->event_record && gbe->event_sync && gbe->submit)
+            if (gbe->event_create(xt->dev->inst, &wk->ev, &be_err) != DSI_OK) wk->ev = NULL;
+        if (xt->dev_experts && wk->gcap < cap) {
+            if (wk->gb) gbe->buffer_free(xt->dev->inst, wk->gb);
+            wk->gb = NULL;
+            wk->gcap = 0;
+            if (gbe->buffer_alloc(xt->dev->inst, (uint64_t)cap * xt->max_D * 4, DSIB_BUFFER_SCRATCH, &wk->gb,
+                                  &be_err) != DSI_OK) {
+                pthread_mutex_lock(&xt->mu);
+                wk->busy = 0;
+                pthread_cond_broadcast(&xt->cv);
+                pthread_mutex_unlock(&xt->mu);
+                dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY, "expert tier: %s: rows for %u CPU results: %s",
+                          xt->dev->name, cap, be_err.msg);
+                return NULL;
+            }
+            wk->gcap = cap;
+        }
         return wk;
     }
 }
@@ -618,21 +649,56 @@ static dsi_status check_ids(const xlayer *L, const int32_t *sl, uint64_t count, 
     return DSI_OK;
 }
 
-/* Hybrid CPU: the layer's routed experts on the CPU instance from the downloaded rows; the
- * result uploaded into y on the GPU. The GPU stream has been synced. */
-static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, const dsii_moe_weights *w,
-                             int32_t l, dsib_view x, uint32_t ldx, dsib_view sel, dsib_view wts,
-                             uint32_t n, dsib_view y, uint32_t ldy, const atomic_int *cancel,
-                             dsii_error *e) {
+static uint64_t count_distinct(const int32_t *sl, const float *wt, uint64_t count) {
+    uint64_t d = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        if (wt && wt[i] == 0.0f) continue; /* a placeholder entry of the other side */
+        uint64_t j = 0;
+        while (j < i && (sl[j] != sl[i] || (wt && wt[j] == 0.0f))) j++;
+        d += j == i;
+    }
+    return d;
+}
+
+/* Hybrid CPU: the layer's routed experts computed by the CPU instance from the downloaded
+ * rows — with device experts (experts 0 .. m-1 on the GPU) the GPU computes those entries of
+ * the step's rows at the same time — and the shared expert running on the GPU meanwhile.
+ *
+ * A row's k entries split by expert id: the GPU call gets the row's entries with id < m and,
+ * in place of the others, a placeholder (an expert of its side that the call computes anyway)
+ * with router weight 0, which adds exactly +0 / -0 to the row; the CPU call the converse.
+ * Each side sums its entries in k order; the row's result is GPU part + CPU part (one add on
+ * the GPU). The split depends on expert ids only, so a row's result does not depend on the
+ * other rows of the step or on chunking. */
+static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
+                             const dsii_moe_weights *w, int32_t l, dsib_view x, uint32_t ldx,
+                             dsib_view sel, dsib_view wts, uint32_t n, dsib_view y, uint32_t ldy,
+                             const atomic_int *cancel, const dsii_xtier_shared *shared, dsii_error *e) {
     xlayer *L = &xt->L[l];
-    const uint32_t k = w->k, D = (uint32_t)w->w1.ne[0];
+    const uint32_t k = w->k, D = (uint32_t)w->w1.ne[0], m = xt->dev_experts;
     if (k > xt->max_k || D > xt->max_D || ldx < D)
         return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d shape exceeds the tier's", l);
     cpuw *wk = worker_take(xt, n, ldx, e);
     if (!wk) return e->status;
     const dsib_backend *gb = dev->be, *cb = xt->cdev->be;
     dsib_error be_err = {{0}};
-    dsi_status st = gb->download(dev->inst, x.buf, x.offset, wk->p + wk->ox, ((uint64_t)(n - 1) * ldx + D) * 4, &be_err);
+    dsi_status st = DSI_OK;
+    /* the routing on the host; the shared expert recorded behind it keeps the GPU busy */
+    if (wk->ev && shared) {
+        st = gb->event_record(strm, wk->ev, &be_err);
+        if (st == DSI_OK) st = shared->record(shared->ctx, e) == DSI_OK ? DSI_OK : DSI_ERR_BACKEND;
+        if (st == DSI_OK) st = gb->submit(strm, &be_err);
+        if (st == DSI_OK) st = gb->event_sync(dev->inst, wk->ev, &be_err);
+        shared = NULL;
+    } else {
+        st = gb->sync(strm, &be_err);
+    }
+    if (st != DSI_OK) {
+        worker_give(xt, wk);
+        if (st == DSI_ERR_BACKEND && e->status != DSI_OK) return e->status;
+        return dsii_fail(e, st, "%s: routing failed: %s", dev->name, be_err.msg);
+    }
+    st = gb->download(dev->inst, x.buf, x.offset, wk->p + wk->ox, ((uint64_t)(n - 1) * ldx + D) * 4, &be_err);
     if (st == DSI_OK) st = gb->download(dev->inst, sel.buf, sel.offset, wk->p + wk->osel, (uint64_t)n * k * 4, &be_err);
     if (st == DSI_OK) st = gb->download(dev->inst, wts.buf, wts.offset, wk->p + wk->owts, (uint64_t)n * k * 4, &be_err);
     if (st != DSI_OK) {
@@ -640,37 +706,80 @@ static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, const dsii_
         return dsii_fail(e, st, "expert tier: %s: download of the routing failed: %s", dev->name, be_err.msg);
     }
     int32_t *sl = (int32_t *)(void *)(wk->p + wk->osel);
+    float *wt = (float *)(void *)(wk->p + wk->owts);
     st = check_ids(L, sl, (uint64_t)n * k, e);
+    const uint64_t nk = (uint64_t)n * k;
+    int gpu_part = 0, cpu_part = 1;
+    if (st == DSI_OK && m) {
+        /* split by expert id; placeholders: the first entry of the side in the step */
+        int32_t *sg = (int32_t *)(void *)(wk->p + wk->osg);
+        float *wg = (float *)(void *)(wk->p + wk->owg);
+        int32_t g0 = -1, c0 = -1;
+        for (uint64_t i = 0; i < nk; i++) {
+            if (sl[i] < (int32_t)m && g0 < 0) g0 = sl[i];
+            if (sl[i] >= (int32_t)m && c0 < 0) c0 = sl[i];
+        }
+        gpu_part = g0 >= 0;
+        cpu_part = c0 >= 0;
+        for (uint64_t i = 0; i < nk; i++) {
+            int g = sl[i] < (int32_t)m;
+            sg[i] = g ? sl[i] : g0;
+            wg[i] = g ? wt[i] : 0.0f;
+            if (g) {
+                sl[i] = c0;
+                wt[i] = 0.0f;
+            }
+        }
+        if (gpu_part) {
+            atomic_fetch_add_explicit(&xt->pl->device_experts, count_distinct(sg, wg, nk), memory_order_relaxed);
+            st = gb->upload(dev->inst, sel.buf, sel.offset, sg, nk * 4, &be_err);
+            if (st == DSI_OK) st = gb->upload(dev->inst, wts.buf, wts.offset, wg, nk * 4, &be_err);
+            if (st == DSI_OK)
+                st = gb->ops->moe_experts(strm, x, ldx, sel, wts, k, &L->gw[0], &L->gw[1], &L->gw[2], w->limit, n, y, ldy);
+            if (st == DSI_OK) st = gb->submit(strm, &be_err);
+            if (st != DSI_OK) dsii_fail(e, st, "moe: routed experts (%s part) failed: %s", dev->name, be_err.msg);
+        }
+    }
+    if (shared && st == DSI_OK) st = shared->record(shared->ctx, e); /* no event support: in order */
+    uint64_t t0 = now_ns();
     dsib_view xv = {wk->b, wk->ox}, sv = {wk->b, wk->osel}, wv = {wk->b, wk->owts}, yv = {wk->b, wk->oy};
-    if (st == DSI_OK && L->host) {
+    if (st == DSI_OK && cpu_part && L->host) {
         /* in place from host RAM: every selected expert, one call */
         st = cb->ops->moe_experts(wk->s, xv, ldx, sv, wv, k, &L->hw[0], &L->hw[1], &L->hw[2], w->limit, n, yv, D);
         if (st == DSI_OK) st = cb->sync(wk->s, &be_err);
-        if (st != DSI_OK) {
-            dsii_fail(e, st, "moe: routed experts (cpu, host tier) failed: %s", be_err.msg);
-        } else {
-            uint64_t distinct = 0;
-            for (uint64_t i = 0; i < (uint64_t)n * k; i++) {
-                uint64_t j = 0;
-                while (j < i && sl[j] != sl[i]) j++;
-                distinct += j == i;
-            }
-            atomic_fetch_add_explicit(&xt->pl->cpu_experts, distinct, memory_order_relaxed);
-        }
-    } else if (st == DSI_OK) {
+        if (st != DSI_OK) dsii_fail(e, st, "moe: routed experts (cpu, host tier) failed: %s", be_err.msg);
+        else atomic_fetch_add_explicit(&xt->pl->cpu_experts, count_distinct(sl, m ? wt : NULL, nk), memory_order_relaxed);
+    } else if (st == DSI_OK && cpu_part) {
         st = run_chunks(xt, wk->s, w, l, xv, ldx, sl, sv, 0, wv, n, yv, D, cancel, e);
     }
-    if (st == DSI_OK) {
+    uint64_t t1 = now_ns();
+    if (st == DSI_OK && cpu_part) {
+        /* the CPU rows into y (no device experts) or beside the GPU part, added on the GPU */
         const uint8_t *yh = wk->p + wk->oy;
-        if (ldy == D) {
-            st = gb->upload(dev->inst, y.buf, y.offset, yh, (uint64_t)n * D * 4, &be_err);
+        dsib_buffer *dst = gpu_part ? wk->gb : y.buf;
+        uint64_t off = gpu_part ? 0 : y.offset;
+        uint32_t ld = gpu_part ? D : ldy;
+        if (ld == D) {
+            st = gb->upload(dev->inst, dst, off, yh, (uint64_t)n * D * 4, &be_err);
         } else {
             for (uint32_t r = 0; r < n && st == DSI_OK; r++)
-                st = gb->upload(dev->inst, y.buf, y.offset + (uint64_t)r * ldy * 4, yh + (uint64_t)r * D * 4,
+                st = gb->upload(dev->inst, dst, off + (uint64_t)r * ld * 4, yh + (uint64_t)r * D * 4,
                                 (uint64_t)D * 4, &be_err);
         }
-        if (st != DSI_OK) dsii_fail(e, st, "expert tier: %s: upload of the routed output failed: %s", dev->name, be_err.msg);
+        if (st == DSI_OK && gpu_part) {
+            dsib_view gv = {wk->gb, 0};
+            st = gb->ops->add(strm, y, ldy, gv, D, y, ldy, n, D);
+        }
+        if (st != DSI_OK) dsii_fail(e, st, "expert tier: %s: the CPU's routed output: %s", dev->name, be_err.msg);
     }
+    /* the worker's GPU rows are read by the add above: keep the worker until it ran */
+    uint64_t t2 = now_ns();
+    if (gpu_part && cpu_part) {
+        dsi_status s2 = gb->sync(strm, &be_err);
+        if (st == DSI_OK && s2 != DSI_OK) st = dsii_fail(e, s2, "%s: step failed: %s", dev->name, be_err.msg);
+    }
+    atomic_fetch_add_explicit(&xt->pl->overlap_cpu_ns, t1 - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&xt->pl->overlap_wait_ns, now_ns() - t2, memory_order_relaxed);
     worker_give(xt, wk);
     return st;
 }
@@ -678,23 +787,25 @@ static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, const dsii_
 dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm,
                               const dsii_moe_weights *w, dsib_view x, uint32_t ldx, dsib_view sel,
                               dsib_view wts, uint32_t n, dsib_view y, uint32_t ldy,
-                              const atomic_int *cancel, dsii_error *e) {
+                              const atomic_int *cancel, const dsii_xtier_shared *shared,
+                              dsii_error *e) {
     const dsib_backend *be = dev->be;
     dsib_error be_err = {{0}};
     int32_t l = w->xt_layer;
     if (l < 0 || (uint32_t)l >= xt->n_layer || !xt->L[l].streamed)
         return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d is not streamed", l);
-    if (n == 0) return DSI_OK;
+    if (n == 0) return shared ? shared->record(shared->ctx, e) : DSI_OK;
+    if (xt->hcpu) return hybrid_cpu(xt, dev, strm, w, l, x, ldx, sel, wts, n, y, ldy, cancel, shared, e);
     /* the routing is read on the host: everything recorded so far runs first */
     dsi_status st = be->sync(strm, &be_err);
     if (st != DSI_OK) return dsii_fail(e, st, "%s: routing failed: %s", dev->name, be_err.msg);
-    if (xt->hcpu) return hybrid_cpu(xt, dev, w, l, x, ldx, sel, wts, n, y, ldy, cancel, e);
     int32_t *tmp = NULL;
     int32_t *sl = routing_host(xt, dev, sel, (uint64_t)n * w->k, &tmp, &be_err);
     if (!sl) return dsii_fail(e, DSI_ERR_BACKEND, "expert tier: %s: reading the routing failed: %s", dev->name, be_err.msg);
     st = check_ids(&xt->L[l], sl, (uint64_t)n * w->k, e);
     if (st == DSI_OK) st = run_chunks(xt, strm, w, l, x, ldx, sl, sel, tmp != NULL, wts, n, y, ldy, cancel, e);
     dsii_free(xt->ctx, tmp);
+    if (st == DSI_OK && shared) st = shared->record(shared->ctx, e);
     return st;
 }
 
@@ -823,6 +934,64 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
             if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", cdev->name, be_err.msg);
         }
     }
+    if (xt->hcpu && pl->dev_experts) {
+        /* experts 0 .. m-1 of every tiered layer on the GPU (hybrid CPU splits a step's
+         * entries by expert id) */
+        xt->dev_experts = pl->dev_experts;
+        uint64_t total = 0;
+        uint8_t *piece = NULL;
+        for (uint32_t l = 0; l < xt->n_layer; l++) {
+            xlayer *L = &xt->L[l];
+            if (!L->streamed) continue;
+            for (int j = 0; j < 3; j++) {
+                const dsii_tensor *t = L->t[j];
+                uint64_t bytes = (uint64_t)xt->dev_experts * L->slice[j];
+                dsib_error be_err = {{0}};
+                dsi_status st = dev->be->buffer_alloc_rows
+                                    ? dev->be->buffer_alloc_rows(dev->inst, bytes, t->row_stride, DSIB_BUFFER_WEIGHTS,
+                                                                 &L->gb[j], &be_err)
+                                    : dev->be->buffer_alloc(dev->inst, bytes, DSIB_BUFFER_WEIGHTS, &L->gb[j], &be_err);
+                for (uint64_t o = 0; st == DSI_OK && o < bytes;) {
+                    uint64_t nb = bytes - o < READ_PIECE ? bytes - o : READ_PIECE;
+                    const void *src = t->data ? (const uint8_t *)t->data + o : NULL;
+                    if (!src) {
+                        if (!piece && !(piece = dsii_malloc(m->ctx, READ_PIECE))) {
+                            st = DSI_ERR_OUT_OF_HOST_MEMORY;
+                            snprintf(be_err.msg, sizeof be_err.msg, "out of host memory");
+                            break;
+                        }
+                        dsii_error re;
+                        dsii_error_clear(&re);
+                        st = dsii_model_tensor_read(m, t, o, nb, piece, &re);
+                        if (st != DSI_OK) {
+                            snprintf(be_err.msg, sizeof be_err.msg, "%.200s", re.msg);
+                            break;
+                        }
+                        src = piece;
+                    }
+                    st = dev->be->upload(dev->inst, L->gb[j], o, src, nb, &be_err);
+                    o += nb;
+                }
+                if (st != DSI_OK) {
+                    dsii_free(m->ctx, piece);
+                    return dsii_fail(e, st, "expert tier: experts 0..%u of '%s' on %s: %s", xt->dev_experts - 1,
+                                     t->name, dev->name, be_err.msg);
+                }
+                dsib_weight *gw = &L->gw[j];
+                memset(gw, 0, sizeof *gw);
+                gw->buf = L->gb[j];
+                gw->type = t->type;
+                gw->ne[0] = t->ne[0];
+                gw->ne[1] = t->ne[1];
+                gw->ne[2] = xt->dev_experts;
+                gw->nb1 = t->row_stride;
+                gw->nb2 = L->slice[j];
+                total += bytes;
+            }
+        }
+        dsii_free(m->ctx, piece);
+        pl->dev_split_bytes = total;
+    }
     if (xt->n_slots && !(pl->flags & DSII_PLACE_FLAG_NO_PREFETCH)) {
         if (pthread_create(&xt->th, NULL, reader_main, xt) == 0) xt->th_on = 1;
         else dsii_log(m->ctx, DSI_LOG_WARN, "expert tier: no reader thread; read-ahead off");
@@ -887,10 +1056,12 @@ void dsii_place_exec_fini(dsi_model *m) {
         pthread_mutex_unlock(&xt->mu);
         pthread_join(xt->th, NULL);
     }
-    const dsib_backend *cb = xt->cdev->be;
+    const dsib_backend *cb = xt->cdev->be, *gbe = xt->dev->be;
     for (int i = 0; i < NWORK; i++) {
         if (xt->W[i].s) cb->stream_destroy(xt->W[i].s);
         if (xt->W[i].b) cb->buffer_free(xt->cdev->inst, xt->W[i].b);
+        if (xt->W[i].ev) gbe->event_destroy(xt->dev->inst, xt->W[i].ev);
+        if (xt->W[i].gb) gbe->buffer_free(xt->dev->inst, xt->W[i].gb);
     }
     if (xt->buf) cb->buffer_free(xt->cdev->inst, xt->buf);
     for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++) dsii_free_aligned(m->ctx, xt->stage[i]);
@@ -900,8 +1071,10 @@ void dsii_place_exec_fini(dsi_model *m) {
     }
     if (xt->tier_counted) atomic_fetch_sub(&pl->host_used, pl->tier_bytes);
     for (uint32_t l = 0; l < xt->n_layer; l++) {
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 3; j++) {
             if (xt->L[l].hb[j]) cb->buffer_free(xt->cdev->inst, xt->L[l].hb[j]);
+            if (xt->L[l].gb[j]) gbe->buffer_free(xt->dev->inst, xt->L[l].gb[j]);
+        }
         dsii_free(m->ctx, xt->L[l].map);
         dsii_free(m->ctx, xt->L[l].freq);
     }

@@ -35,7 +35,12 @@
  *     to each other (host tier mmap / pread, disk tier with 10 % cached, a per-layer
  *     override), and within the CPU–Vulkan bound of test_backend_model (rounding off: max
  *     |Δlogit| <= 2e-3, argmax equal at every position) of the all-resident Vulkan run;
- *  9. hybrid_bad: option and budget errors of hybrid plans.
+ *  9. hybrid_split: DSI_HYBRID_CPU with device experts (experts 0 .. E/2-1 of every tiered
+ *     layer on the GPU, the rest on the CPU, one step's entries split by expert id): within
+ *     the same bound of all-resident Vulkan; host tier and disk tier bit-identical to each
+ *     other; prefill chunks of 7 and of 3 bit-identical (the split depends on expert ids
+ *     only); DSI_DEVICE_EXPERTS_AUTO under a budget for E/4 experts per layer takes E/4;
+ * 10. hybrid_bad: option and budget errors of hybrid plans.
  *
  * Skips (77) only without the tiny models / dsinfer-mkmodel / (argv vulkan) a Vulkan device.
  */
@@ -101,8 +106,8 @@ static dsi_model *load(dsi_context *ctx, const char *path, int32_t access, const
 }
 
 /* Prefill NTOK-4 tokens in chunks of 7, then 4 decode steps: all logits. */
-static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags) {
-    dsi_session *s = mt_session(m, NCTX, 7, flags);
+static float *run_batch(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags, uint32_t n_batch) {
+    dsi_session *s = mt_session(m, NCTX, n_batch, flags);
     if (!s) return NULL;
     float *all = malloc(sizeof(float) * NTOK * (size_t)V);
     dsi_status st = DSI_OK;
@@ -121,6 +126,9 @@ static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t
     return all;
 }
 
+static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags) {
+    return run_batch(m, toks, V, flags, 7);
+}
 static float *run(dsi_model *m, const dsi_token *toks, int32_t V) { return run_flags(m, toks, V, 0); }
 
 static uint32_t pos_of(const dsi_session *s) {
@@ -1093,6 +1101,97 @@ static void hybrid_cpu(void **state) {
     }
 }
 
+static void hybrid_split(void **state) {
+    (void)state;
+    for (int mi = 0; mi < (quick() ? 1 : 2); mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_model_info mi_;
+        dsi_model_info_init(&mi_);
+        assert_int_equal(dsi_model_get_info(m, &mi_), DSI_OK);
+        const uint32_t E = (uint32_t)mi_.n_experts;
+        assert_true(E >= 4);
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 99u + (uint32_t)mi);
+        float *ref = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+        assert_non_null(ref);
+        dsi_model_free(m);
+        plan_facts f;
+        facts_access(ctx, path, DSI_ACCESS_PREAD, &f);
+        float *got[2] = {NULL, NULL};
+        for (int c = 0; c < 2; c++) {
+            dsi_place_options po;
+            dsi_place_options_init(&po);
+            po.policy = c == 0 ? DSI_PLACE_EXPERTS_HOST : DSI_PLACE_EXPERTS_STREAMED;
+            po.hybrid = DSI_HYBRID_CPU;
+            po.device_experts = E / 2;
+            po.host_budget = c == 0 ? (uint64_t)1 << 40 : budget_for(&f, 0.1, 2);
+            m = load(ctx, path, c == 0 ? DSI_ACCESS_MMAP : DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            got[c] = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+            assert_non_null(got[c]);
+            dsi_place_info pi;
+            info_of(m, &pi);
+            double md = 0;
+            size_t ad = 0;
+            max_diff(got[c], ref, NTOK, V, &md, &ad);
+            printf("# %s: split, %s, experts 0..%u of %u on the GPU: %llu device + %llu cpu experts; cpu %.1f ms, then "
+                   "waiting for the GPU %.1f ms; vs all on vulkan: max |dlogit| %.3e, argmax differs at %zu\n",
+                   path, c == 0 ? "host mmap" : "disk pread 10 %", pi.device_experts_per_layer - 1, E,
+                   (unsigned long long)pi.device_experts, (unsigned long long)pi.cpu_experts,
+                   pi.overlap_cpu_ns / 1e6, pi.overlap_wait_ns / 1e6, md, ad);
+            assert_int_equal(pi.device_experts_per_layer, E / 2);
+            assert_true(pi.device_experts > 0);
+            assert_true(pi.cpu_experts > 0);
+            assert_true(pi.overlap_cpu_ns > 0);
+            assert_int_equal(ad, 0);
+            assert_true(md <= 2e-3);
+            if (c == 0) {
+                /* chunks of 3 instead of 7: the same bytes */
+                float *g3 = run_batch(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT, 3);
+                assert_non_null(g3);
+                assert_memory_equal(g3, got[0], sizeof(float) * NTOK * (size_t)V);
+                free(g3);
+            }
+            dsi_model_free(m);
+        }
+        /* host and disk tiers: the same kernels on the same bytes on each side */
+        assert_memory_equal(got[0], got[1], sizeof(float) * NTOK * (size_t)V);
+        /* AUTO: as many per layer as the budget leaves (E/4 here) */
+        gpu_facts g;
+        gpu_facts_of(ctx, path, DSI_PLACE_EXPERTS_HOST, DSI_ACCESS_PREAD, &g);
+        const uint32_t n_layers = g.n_tiered / E;
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = DSI_PLACE_EXPERTS_HOST;
+        po.hybrid = DSI_HYBRID_CPU;
+        po.device_experts = DSI_DEVICE_EXPERTS_AUTO;
+        po.device_budget = g.dev_resident + (uint64_t)(E / 4) * n_layers * g.unit;
+        m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+        assert_non_null(m);
+        dsi_place_info pi;
+        info_of(m, &pi);
+        assert_int_equal(pi.device_experts_per_layer, E / 4);
+        assert_true(pi.device_weight_bytes <= po.device_budget);
+        dsi_model_free(m);
+        /* more than the budget holds */
+        po.device_experts = E / 2;
+        dsi_status st;
+        assert_null(load(ctx, path, DSI_ACCESS_PREAD, &po, &st));
+        assert_int_equal(st, DSI_ERR_OUT_OF_DEVICE_MEMORY);
+        printf("# %s\n", dsi_last_error());
+        free(got[0]);
+        free(got[1]);
+        free(ref);
+        dsi_context_free(ctx);
+    }
+}
+
 static void hybrid_bad(void **state) {
     (void)state;
     const char *path = g_models[0] ? g_models[0] : g_models[1];
@@ -1162,6 +1261,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(hybrid_bad),
             cmocka_unit_test(hybrid_upload),
             cmocka_unit_test(hybrid_cpu),
+            cmocka_unit_test(hybrid_split),
         };
         int rc = cmocka_run_group_tests_name("test_place_gpu", gpu_tests, NULL, NULL);
         /* the validation counters live in the loaded module: read them with a context open */

@@ -277,7 +277,7 @@ class place_options(Struct):
                 ("device_budget", ctypes.c_uint64), ("host_budget", ctypes.c_uint64),
                 ("overrides", ctypes.c_char_p), ("cache_policy", ctypes.c_uint32),
                 ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64),
-                ("hybrid", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+                ("hybrid", ctypes.c_uint32), ("device_experts", ctypes.c_uint32)]
 
 
 class place_class(Struct):
@@ -304,7 +304,9 @@ class place_info(Struct):
                 ("engram_hits", ctypes.c_uint64), ("engram_misses", ctypes.c_uint64),
                 ("engram_bytes_read", ctypes.c_uint64), ("hybrid", ctypes.c_uint32),
                 ("expert_cache_tier", ctypes.c_uint32), ("device_weight_bytes", ctypes.c_uint64),
-                ("device_used", ctypes.c_uint64)]
+                ("device_used", ctypes.c_uint64), ("device_experts_per_layer", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint32), ("overlap_cpu_ns", ctypes.c_uint64),
+                ("overlap_wait_ns", ctypes.c_uint64)]
 
 
 # Opaque handles are plain void pointers.

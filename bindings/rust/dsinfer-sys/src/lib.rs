@@ -405,6 +405,7 @@ pub const DSI_TIER_HOST: u32 = 1;
 pub const DSI_TIER_DISK: u32 = 2;
 pub const DSI_HYBRID_CPU: u32 = 0;
 pub const DSI_HYBRID_UPLOAD: u32 = 1;
+pub const DSI_DEVICE_EXPERTS_AUTO: u32 = 0xFFFF_FFFF;
 pub const DSI_PLACE_MAX_CLASSES: u32 = 8;
 
 #[repr(C)]
@@ -420,7 +421,7 @@ pub struct dsi_place_options {
     pub engram_cache_bytes: u64,
     /// since 0.3.1
     pub hybrid: u32,
-    pub reserved: u32,
+    pub device_experts: u32,
 }
 
 #[repr(C)]
@@ -472,6 +473,10 @@ pub struct dsi_place_info {
     pub expert_cache_tier: u32,
     pub device_weight_bytes: u64,
     pub device_used: u64,
+    pub device_experts_per_layer: u32,
+    pub reserved: u32,
+    pub overlap_cpu_ns: u64,
+    pub overlap_wait_ns: u64,
 }
 
 extern "C" {
