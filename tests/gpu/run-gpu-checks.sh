@@ -12,6 +12,8 @@
 #   trained   test_cuda_models: tiny and trained models (models/kjv-v41.gguf, kjv-v4.gguf),
 #             320 tokens: argmax equal, max |dlogit| <= 5e-3, three schedules bit-identical
 #   batch     test_batch (cuda nocapture / capture): multi-sequence and capture / replay invariance
+#   place     test_place_vulkan cuda: hybrid steps (GPU expert cache bit-identical, CPU experts
+#             within 2e-3, the split by expert id) and the device budget
 #   peak      cuda_peak: copy bandwidth, bf16 and FP8 tensor throughput (cuBLAS / cuBLASLt)
 #   bench     dsinfer-bench --backend cuda on bench-v41 and bench-v41-q8 (decode and prefill)
 #   memcheck, racecheck   compute-sanitizer on a short tiny-model run
@@ -86,6 +88,7 @@ s["ops_nmse"] = ops
 s["ops_failed_tests"] = re.findall(r"^\[  FAILED  \] (\S+)", read("ops.log"), re.M)
 s["models"] = [l for l in read("trained.log").splitlines() if l.startswith("MODEL ")]
 s["tiny_invariance"] = [l.strip() for l in read("tiny.log").splitlines() if "n_batch" in l]
+s["place"] = [l.strip() for l in read("place.log").splitlines() if l.startswith("# ") or "FAILED" in l]
 for k in ("batch", "capture", "memcheck", "racecheck"):
     t = read(k + ".log")
     m = re.search(r"ERROR SUMMARY: (\d+) error", t)
@@ -144,7 +147,7 @@ build() {
 # the cmocka programs separately: a machine without cmocka still runs the other parts
 build_tests() {
   cmake --build "$b" -j"$jobs" --target test_cuda_host test_cuda_backend test_backend_ops \
-        test_backend_model test_batch_vulkan
+        test_backend_model test_batch_vulkan test_place_vulkan
 }
 peak_build() {
   /usr/local/cuda/bin/nvcc -O2 -arch=native "$root/tests/gpu/cuda_peak.cu" -o "$b/cuda_peak" \
@@ -173,6 +176,8 @@ part trained 60 "$T/test_cuda_models" --tokens 320 --tol 5e-3 "${models[@]}"
 part tiny 90 "$T/test_backend_model" cuda
 part batch 45 "$T/test_batch_vulkan" cuda nocapture
 part capture 45 "$T/test_batch_vulkan" cuda capture
+# hybrid steps: experts in host RAM / on disk, cached on the GPU or computed by the CPU
+part place 60 "$T/test_place_vulkan" cuda
 
 # ---- speed: limits and the bench, same run ----------------------------------------------------
 part peak 30 "$b/cuda_peak"

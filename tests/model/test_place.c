@@ -1256,7 +1256,9 @@ int main(int argc, char **argv) {
     if (!g_models[0] && !g_models[1]) return dsit_absent("MODELS", "no tiny models in $DSI_MODELS_DIR");
     if (g_backend) {
         dsi_context *probe = new_ctx(NULL);
-        if (!probe) return dsit_absent("VULKAN", "no %s backend: %s", g_backend, dsi_last_error());
+        if (!probe)
+            return dsit_absent(strcmp(g_backend, "cuda") == 0 ? "CUDA_DEVICE" : "VULKAN", "no %s backend: %s",
+                               g_backend, dsi_last_error());
         const struct CMUnitTest gpu_tests[] = {
             cmocka_unit_test(hybrid_bad),
             cmocka_unit_test(hybrid_upload),
