@@ -84,7 +84,7 @@ typedef struct opts {
     const char *place_csv;
 } opts;
 
-int run_place(const char *path, int threads, int p, int n, const char *csv); /* bench_place.c */
+int run_place(const char *path, int threads, int p, int n, const char *csv, const char *backend); /* bench_place.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -1673,7 +1673,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");
             return 2;
         }
-        return run_place(o.model, o.t, o.p_given ? o.p : 32, o.n_given ? o.n : 32, o.place_csv);
+        return run_place(o.model, o.t, o.p_given ? o.p : 32, o.n_given ? o.n : 32, o.place_csv, o.backend);
     }
     return o.kernels ? run_kernels(&o) : run_model(&o);
 }

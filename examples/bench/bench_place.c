@@ -15,12 +15,21 @@
  *     so re-reads of an expert within a placement may come from the page cache.
  *
  * --place-csv FILE writes one CSV row per placement (tools/plot_placement.py draws it).
+ *
+ * With --backend vulkan / cuda: hybrid steps instead (docs/placement.md "Hybrid steps"): all
+ * resident on the GPU; the experts in host RAM cached on the GPU (DSI_HYBRID_UPLOAD, 100 / 10 %
+ * of them); computed by the CPU instance (DSI_HYBRID_CPU, none on the GPU); split by expert id
+ * (half of every layer's experts on the GPU), and the split's two parts measured alone (a
+ * benchmark hook: the other part adds nothing) — the overlap figure is the split step's time
+ * over the longer part's.
  */
 #define _POSIX_C_SOURCE 200809L
 #define DSI_EXPERIMENTAL
 #include "dsinfer.h"
+#include "place/place.h" /* dsii_xtier_part_test */
 
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-int run_place(const char *path, int threads, int p, int n, const char *csv);
+int run_place(const char *path, int threads, int p, int n, const char *csv, const char *backend);
 
 static double now_s(void) {
     struct timespec ts;
@@ -65,9 +74,160 @@ typedef struct pcase {
     uint32_t flags;
 } pcase;
 
-int run_place(const char *path, int threads, int p, int n, const char *csv) {
+typedef struct hcase {
+    const char *name;
+    uint32_t policy, hybrid;
+    double frac;     /* UPLOAD: the cached fraction */
+    int split;       /* device experts: half of each layer's */
+    int part;        /* dsii_xtier_part_test */
+} hcase;
+
+/* Decode tokens/s of one GPU placement; *up: bytes uploaded per token, *cpu_ms / *wait_ms per
+ * token: the CPU's expert time and the wait for the GPU after it. */
+static int hybrid_run(dsi_context *ctx, const char *path, const dsi_place_options *po, const dsi_token *toks,
+                      int p, int n, double *tps, double *up, double *cpu_ms, double *wait_ms) {
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.place = po;
+    dsi_model *m = NULL;
+    if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) return -1;
+    dsi_session_options so;
+    dsi_session_options_init(&so);
+    so.n_ctx = (uint32_t)(p + n + 8);
+    dsi_session *s = NULL;
+    dsi_status st = dsi_session_create(m, &so, &s);
+    if (st == DSI_OK) st = dsi_session_append(s, toks, (size_t)p);
+    dsi_place_info a, b;
+    dsi_place_info_init(&a);
+    dsi_place_info_init(&b);
+    dsi_model_place_info(m, &a);
+    double t0 = now_s();
+    for (int i = 0; st == DSI_OK && i < n; i++) st = dsi_session_append(s, toks + p + i, 1);
+    double dt = now_s() - t0;
+    dsi_model_place_info(m, &b);
+    if (st == DSI_OK) {
+        *tps = n / dt;
+        *up = (double)(b.bytes_uploaded - a.bytes_uploaded) / n;
+        *cpu_ms = (double)(b.overlap_cpu_ns - a.overlap_cpu_ns) / 1e6 / n;
+        *wait_ms = (double)(b.overlap_wait_ns - a.overlap_wait_ns) / 1e6 / n;
+    }
+    dsi_session_free(s);
+    dsi_model_free(m);
+    return st == DSI_OK ? 0 : -1;
+}
+
+static int run_place_gpu(const char *path, int threads, int p, int n, const char *backend) {
+    dsi_context_options co;
+    dsi_context_options_init(&co, DSI_ABI_VERSION);
+    co.n_threads = threads;
+    co.backend = backend;
+    dsi_context *ctx = NULL;
+    if (dsi_context_create(&co, &ctx) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: context: %s\n", dsi_last_error());
+        return 1;
+    }
+    /* plan facts: the resident part on the device and the slot size (an unlimited GPU cache) */
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_EXPERTS_HOST;
+    po.hybrid = DSI_HYBRID_UPLOAD;
+    po.device_budget = (uint64_t)1 << 46;
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.place = &po;
+    dsi_model *m = NULL;
+    if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: %s: %s\n", path, dsi_last_error());
+        dsi_context_free(ctx);
+        return 1;
+    }
+    dsi_place_info pi;
+    dsi_place_info_init(&pi);
+    dsi_model_place_info(m, &pi);
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    dsi_model_get_info(m, &info);
+    dsi_model_free(m);
+    const uint64_t n_tiered = pi.expert_cache_slots;
+    const uint64_t unit = n_tiered ? pi.expert_cache_bytes / n_tiered : 0;
+    const uint64_t resident = pi.device_bytes;
+    const uint32_t k = info.n_experts_used ? info.n_experts_used : 1, E = (uint32_t)info.n_experts;
+    if (!n_tiered || E < 2) {
+        fprintf(stderr, "dsinfer-bench: %s has no routed experts to place\n", path);
+        dsi_context_free(ctx);
+        return 1;
+    }
+    const hcase cases[] = {
+        {"gpu-resident", DSI_PLACE_ALL_RESIDENT, 0, 0, 0, 0},
+        {"upload-100%", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_UPLOAD, 1.0, 0, 0},
+        {"upload-10%", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_UPLOAD, 0.1, 0, 0},
+        {"cpu-all", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_CPU, 0, 0, 0},
+        {"split-50%", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_CPU, 0, 1, 0},
+        {"split-gpu-part-alone", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_CPU, 0, 1, 1},
+        {"split-cpu-part-alone", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_CPU, 0, 1, 2},
+        {"split-neither-part", DSI_PLACE_EXPERTS_HOST, DSI_HYBRID_CPU, 0, 1, 3},
+    };
+    printf("model %s on %s + the cpu instance: %u layers, %llu tiered experts of %.2f MiB, resident part %.1f "
+           "MiB; %d cpu threads, prompt %d, decode %d tokens\n",
+           path, backend, info.n_layers, (unsigned long long)n_tiered, unit / 1048576.0, resident / 1048576.0,
+           threads, p, n);
+    printf("| placement | decode t/s | ms / token | uploaded MiB / token | cpu experts ms / token | then waiting for "
+           "the gpu ms / token |\n");
+    printf("| --------- | ---------: | ---------: | -------------------: | ---------------------: | "
+           "-----------------------------: |\n");
+    dsi_token *toks = malloc(sizeof(dsi_token) * (size_t)(p + n));
+    uint32_t seed = 12345u;
+    for (int i = 0; toks && i < p + n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        toks[i] = (dsi_token)(seed % (uint32_t)info.n_vocab);
+    }
+    int fail = !toks;
+    double ms[8] = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0] && toks; c++) {
+        dsi_place_options o2;
+        dsi_place_options_init(&o2);
+        o2.policy = cases[c].policy;
+        o2.hybrid = cases[c].hybrid;
+        if (cases[c].hybrid == DSI_HYBRID_UPLOAD) {
+            uint64_t slots = (uint64_t)(cases[c].frac * (double)n_tiered);
+            if (slots < k) slots = k;
+            o2.device_budget = resident + slots * unit;
+        }
+        if (cases[c].split) o2.device_experts = E / 2;
+        atomic_store(&dsii_xtier_part_test, cases[c].part);
+        double tps = 0, up = 0, cms = 0, wms = 0;
+        int rc = hybrid_run(ctx, path, &o2, toks, p, n, &tps, &up, &cms, &wms);
+        atomic_store(&dsii_xtier_part_test, 0);
+        if (rc != 0) {
+            fprintf(stderr, "dsinfer-bench: %s: %s\n", cases[c].name, dsi_last_error());
+            fail = 1;
+            continue;
+        }
+        ms[c] = 1e3 / tps;
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", cases[c].name, tps, ms[c], up / 1048576.0, cms, wms);
+    }
+    if (ms[4] > 0 && ms[5] > 0 && ms[6] > 0 && ms[7] > 0) {
+        double longer = ms[5] > ms[6] ? ms[5] : ms[6];
+        double g = ms[5] - ms[7], c = ms[6] - ms[7], sp = ms[4] - ms[7], lx = g > c ? g : c;
+        printf("overlap: the split step takes %.2f ms, its parts alone %.2f (gpu) and %.2f (cpu) ms: %.2fx the longer "
+               "(aim <= 1.2)\n",
+               ms[4], ms[5], ms[6], ms[4] / longer);
+        printf("routed experts alone (each step minus the step computing neither part, %.2f ms): gpu %.2f, cpu %.2f, "
+               "split %.2f ms per token: %.2fx the longer part, %.2fx their sum\n",
+               ms[7], g, c, sp, lx > 0 ? sp / lx : 0.0, g + c > 0 ? sp / (g + c) : 0.0);
+    }
+    free(toks);
+    dsi_context_free(ctx);
+    return fail;
+}
+
+int run_place(const char *path, int threads, int p, int n, const char *csv, const char *backend) {
     if (p <= 0) p = 32;
     if (n <= 0) n = 32;
+    if (backend && strcmp(backend, "cpu") != 0) {
+        (void)csv;
+        return run_place_gpu(path, threads, p, n, backend);
+    }
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = threads;

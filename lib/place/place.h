@@ -159,6 +159,11 @@ void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot
 
 /* Slots of the model's expert cache (0: none); lanes size their workspace for them. */
 uint32_t dsii_xtier_slots(const dsi_model *m);
+/* Benchmark hook (dsinfer-bench --place on a GPU; never set by the library): 1 = hybrid-CPU
+ * split steps compute only the GPU's part, 2 = only the CPU's part (the other adds nothing:
+ * wrong logits, the time of one part alone). Set while no step runs. */
+extern atomic_int dsii_xtier_part_test; /* (3: neither part) */
+
 /* Nonzero when the model's steps read routing on the host mid-step (tiered layers): such
  * steps cannot be captured and replayed. */
 int dsii_xtier_active(const dsi_model *m);

@@ -127,6 +127,8 @@ struct dsii_xtier {
     uint64_t gen;
 };
 
+atomic_int dsii_xtier_part_test;
+
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -719,8 +721,9 @@ static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, dsib_stream
             if (sl[i] < (int32_t)m && g0 < 0) g0 = sl[i];
             if (sl[i] >= (int32_t)m && c0 < 0) c0 = sl[i];
         }
-        gpu_part = g0 >= 0;
-        cpu_part = c0 >= 0;
+        const int part = atomic_load_explicit(&dsii_xtier_part_test, memory_order_relaxed);
+        gpu_part = g0 >= 0 && part != 2 && part != 3;
+        cpu_part = c0 >= 0 && part != 1 && part != 3;
         for (uint64_t i = 0; i < nk; i++) {
             int g = sl[i] < (int32_t)m;
             sg[i] = g ? sl[i] : g0;
