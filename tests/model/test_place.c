@@ -522,11 +522,61 @@ typedef struct mem_reader {
     uint64_t size;
     atomic_int fail, slow;
     atomic_int calls;
+    /* 7. overlap: with `gate` set, a read waits until the step has started (its layer 0 was
+     * reached, g_gate.started) or 1 s, then sleeps `late_us` and fails if `fail_late` */
+    atomic_int gate, late_us, fail_late;
+    atomic_int released, timeouts;
 } mem_reader;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started;
+} g_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static void gate_probe(uint32_t layer) {
+    if (layer != 0) return;
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.started = 1;
+    pthread_cond_broadcast(&g_gate.cv);
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
+static void gate_reset(void) {
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.started = 0;
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
+static void gate_wait(mem_reader *r) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 1;
+    pthread_mutex_lock(&g_gate.mu);
+    int rc = 0;
+    while (!g_gate.started && rc == 0) rc = pthread_cond_timedwait(&g_gate.cv, &g_gate.mu, &dl);
+    if (g_gate.started) {
+        atomic_fetch_add(&r->released, 1);
+    } else {
+        /* read before the step started: the gathers were not overlapped; stop gating */
+        atomic_fetch_add(&r->timeouts, 1);
+        atomic_store(&r->gate, 0);
+    }
+    pthread_mutex_unlock(&g_gate.mu);
+    int us = atomic_load(&r->late_us);
+    if (us > 0) {
+        struct timespec ts = {0, (long)us * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 static int32_t mr_pread(void *ud, void *buf, uint64_t size, uint64_t off) {
     mem_reader *r = ud;
     atomic_fetch_add(&r->calls, 1);
+    if (atomic_load(&r->gate)) {
+        gate_wait(r);
+        if (atomic_load(&r->fail_late)) return -1;
+    }
     if (atomic_load(&r->slow)) {
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -794,6 +844,123 @@ static void threads(void **state) {
     }
 }
 
+/* ---- 7. Engram gathers overlapped with the first layers (issue 17) ------------------------------
+ * tiny-v41, its Engram tables in the disk tier (no row cache: every step reads its rows) behind
+ * a reader, the rest resident. The reader holds every Engram read until the step has reached
+ * its layer 0 (the forward pass's test probe) and then answers it late: with the overlap the
+ * reads are released by the step itself (none waits for the 1 s timeout) and the logits of a
+ * prefill step and decode steps are the resident reference bit for bit — so the step waited
+ * for the late rows before its Engram layers; with the overlap off (dsii_engram_overlap_test,
+ * the A/B switch) the reads happen before the step starts (timeouts), same logits. A read
+ * failing while overlapped fails the step with IO naming the Engram row, the session keeps
+ * its position, and the same append after the repair gives the reference logits. */
+
+#define OV_PRE 8
+#define OV_DEC 6
+
+/* Prefill OV_PRE tokens in one step, then OV_DEC one-token steps: the last row's logits of each
+ * call, (1 + OV_DEC) × V. With a reader r, its gate is armed for each decode call. */
+static dsi_status ov_run(dsi_model *m, mem_reader *r, const dsi_token *toks, int32_t V, float *out,
+                         dsi_session **keep) {
+    dsi_session *s = mt_session(m, NCTX, OV_PRE, 0);
+    if (!s) return DSI_ERR_INTERNAL;
+    const float *lg = NULL;
+    int32_t nl = 0;
+    dsi_status st = DSI_OK;
+    for (int c = 0; st == DSI_OK && c <= OV_DEC; c++) {
+        gate_reset();
+        /* decode steps are gated (not the prefill); after a timeout, no more (1 s each) */
+        if (r && c > 0 && atomic_load(&r->timeouts) == 0) atomic_store(&r->gate, 1);
+        st = c == 0 ? dsi_session_append(s, toks, OV_PRE) : dsi_session_append(s, toks + OV_PRE + c - 1, 1);
+        if (st == DSI_OK) st = dsi_session_logits(s, &lg, &nl);
+        if (st == DSI_OK) memcpy(out + (size_t)c * (size_t)V, lg, sizeof(float) * (size_t)V);
+        else printf("# ov_run: %s\n", dsi_session_last_error(s));
+    }
+    if (r) atomic_store(&r->gate, 0);
+    if (keep) *keep = s;
+    else dsi_session_free(s);
+    return st;
+}
+
+static void overlap(void **state) {
+    (void)state;
+    const char *path = g_models[1];
+    if (!path) skip();
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(m);
+    const int32_t V = n_vocab(m);
+    dsi_token toks[OV_PRE + OV_DEC];
+    mt_tokens(toks, OV_PRE + OV_DEC, V, 9001u);
+    const size_t nf = (size_t)(1 + OV_DEC) * (size_t)V;
+    float *ref = malloc(sizeof(float) * nf), *got = malloc(sizeof(float) * nf);
+    assert_non_null(ref);
+    assert_non_null(got);
+    assert_int_equal(ov_run(m, NULL, toks, V, ref, NULL), DSI_OK);
+    dsi_model_free(m);
+    mem_reader r;
+    memset(&r, 0, sizeof r);
+    r.data = slurp(path, &r.size);
+    assert_non_null(r.data);
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_ALL_RESIDENT;
+    po.overrides = "*engram?embd*=disk";
+    po.host_budget = (uint64_t)1 << 40;
+    atomic_store(&dsii_engram_step_probe, gate_probe);
+    for (int off = 1; off >= 0; off--) {
+        atomic_store(&dsii_engram_overlap_test, off);
+        m = load_reader(ctx, &r, &po);
+        atomic_store(&dsii_engram_overlap_test, 0);
+        assert_non_null(m);
+        atomic_store(&r.released, 0);
+        atomic_store(&r.timeouts, 0);
+        atomic_store(&r.late_us, 3000);
+        assert_int_equal(ov_run(m, &r, toks, V, got, NULL), DSI_OK);
+        printf("# overlap %s: %d Engram reads released by the step, %d before it\n", off ? "off" : "on",
+               atomic_load(&r.released), atomic_load(&r.timeouts));
+        if (off) {
+            assert_true(atomic_load(&r.timeouts) > 0);
+        } else {
+            assert_int_equal(atomic_load(&r.timeouts), 0);
+            assert_true(atomic_load(&r.released) >= OV_DEC);
+        }
+        assert_memory_equal(got, ref, sizeof(float) * nf);
+        if (!off) {
+            /* a read failing while overlapped: prefill, then a decode step whose rows fail */
+            dsi_session *s = mt_session(m, NCTX, OV_PRE, 0);
+            assert_non_null(s);
+            assert_int_equal(dsi_session_append(s, toks, OV_PRE), DSI_OK);
+            gate_reset();
+            atomic_store(&r.timeouts, 0);
+            atomic_store(&r.fail_late, 1);
+            atomic_store(&r.gate, 1);
+            dsi_status st = dsi_session_append(s, toks + OV_PRE, 1);
+            atomic_store(&r.gate, 0);
+            atomic_store(&r.fail_late, 0);
+            printf("# overlapped read error: %s: %s\n", dsi_status_string(st), dsi_session_last_error(s));
+            assert_int_equal(st, DSI_ERR_IO);
+            assert_non_null(strstr(dsi_session_last_error(s), "engram gather: row"));
+            assert_int_equal(atomic_load(&r.timeouts), 0);
+            assert_int_equal(pos_of(s), OV_PRE);
+            assert_int_equal(dsi_session_append(s, toks + OV_PRE, 1), DSI_OK);
+            const float *lg = NULL;
+            int32_t nl = 0;
+            assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+            assert_memory_equal(lg, ref + (size_t)V, sizeof(float) * (size_t)V);
+            dsi_session_free(s);
+        }
+        dsi_model_free(m);
+    }
+    atomic_store(&r.late_us, 0);
+    atomic_store(&dsii_engram_step_probe, NULL);
+    free(r.data);
+    free(ref);
+    free(got);
+    dsi_context_free(ctx);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0);
     const char *p0 = mt_model_path("tiny-v4.gguf", NULL); /* a static buffer */
@@ -804,6 +971,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
         cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
+        cmocka_unit_test(overlap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
