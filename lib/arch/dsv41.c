@@ -909,6 +909,7 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
         jobs[j].rows = v->erows + (size_t)j * lane->max_rows * C;
         jobs[j].n = (size_t)v->pending_rows * C;
         jobs[j].dst = (float *)(void *)(lane->io_host + lane->io_extra + v->io_eng[j]);
+        jobs[j].cancel = lane->cancel; /* a cancel stops the reads, as it does expert reads */
     }
     v->pending = 0;
     if (v->pending_rows != sh->n)

@@ -174,6 +174,12 @@ dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t ro
  * the rows before the failing one). */
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
                               const uint32_t *rows, size_t n, float *dst, dsii_error *err);
+/* The same, and a read from the file is not started once *cancel is nonzero: the gather
+ * then fails with CANCELLED (as a failed read: cache slots it was filling left empty).
+ * cancel NULL: dsii_engram_gather. */
+dsi_status dsii_engram_gather_c(const dsi_context *ctx, const dsii_engram_table *t,
+                                const uint32_t *rows, size_t n, float *dst,
+                                const atomic_int *cancel, dsii_error *err);
 
 /* Overlapped gathers (issue 17, docs/placement.md "Engram overlap"): a helper thread that
  * runs a step's gathers, one job after the other in the order given, while the step's first
@@ -187,6 +193,7 @@ typedef struct dsii_engram_job {
     const uint32_t *rows;  /* [n], read by the helper until the job is done */
     size_t n;
     float *dst;            /* [n][row_elems], written by the helper until the job is done */
+    const atomic_int *cancel; /* stops the job's reads (CANCELLED), or NULL */
 } dsii_engram_job;
 typedef struct dsii_engram_async dsii_engram_async;
 

@@ -177,7 +177,7 @@ static void *async_main(void *arg) {
             dsii_error e;
             e.status = DSI_OK;
             e.msg[0] = 0;
-            dsi_status s = dsii_engram_gather(jctx, j.t, j.rows, j.n, j.dst, &e);
+            dsi_status s = dsii_engram_gather_c(jctx, j.t, j.rows, j.n, j.dst, j.cancel, &e);
             pthread_mutex_lock(&a->mu);
             a->st[k] = s;
             a->err[k] = e;
