@@ -38,6 +38,7 @@
 #include "api/session_impl.h"
 #include "engram/engram.h"
 #include "model_test_util.h"
+#include "tests/common/filter.h"
 #include "tests/common/skip.h"
 
 #include <pthread.h>
@@ -1094,6 +1095,7 @@ static void overlap_bench(void **state) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IONBF, 0);
+    dsit_filter();
     const char *p0 = mt_model_path("tiny-v4.gguf", NULL); /* a static buffer */
     g_models[0] = p0 ? strdup(p0) : NULL;
     const char *p1 = mt_model_path("tiny-v41.gguf", NULL);
