@@ -9,8 +9,11 @@
  *
  *   X = hc_expand(embed(ids))                        §4.1
  *   for every layer i:
- *     if Engram layer: X += gate · value             §4.6 (rows hashed and gathered on the
- *                                                    host into the io block before the step)
+ *     if Engram layer: X += gate · value             §4.6 (rows hashed on the host before the
+ *                                                    step and gathered into the io block —
+ *                                                    on the CPU with disk-tier tables by the
+ *                                                    lane's helper while the first layers
+ *                                                    run, see v41_prepare)
  *     lagged mHC around attention and MoE            §4.2
  *   logits = head · RMSNorm(Σ_h f_pre[h] X[h])       §4.1 (last layer's FFN pre mix), for the
  *                                                    output rows, in one pass, into the io block
