@@ -9,8 +9,11 @@
  *
  *   X = hc_expand(embed(ids))                        §4.1
  *   for every layer i:
- *     if Engram layer: X += gate · value             §4.6 (rows hashed and gathered on the
- *                                                    host into the io block before the step)
+ *     if Engram layer: X += gate · value             §4.6 (rows hashed on the host before the
+ *                                                    step and gathered into the io block —
+ *                                                    on the CPU with disk-tier tables by the
+ *                                                    lane's helper while the first layers
+ *                                                    run, see v41_prepare)
  *     lagged mHC around attention and MoE            §4.2
  *   logits = head · RMSNorm(Σ_h f_pre[h] X[h])       §4.1 (last layer's FFN pre mix), for the
  *                                                    output rows, in one pass, into the io block
@@ -63,6 +66,8 @@ struct dsii_arch_model {
     dsii_engram_layout elay[DSII_MAX_ENGRAM_LAYERS];
     dsii_engram_table etab[DSII_MAX_ENGRAM_LAYERS];
     dsii_engram_readers *ereaders;      /* disk-tier tables: parallel readers (issue 17), or NULL */
+    int32_t overlap;                    /* Engram gathers overlap the step's first layers (issue
+                                           17): CPU backend and a table in the disk tier */
     /* DSpark draft stages (§4.5): window-only lagged-mHC blocks with their own rings */
     uint32_t n_stage;
     v41_lw *dl;                         /* [n_stage] */
@@ -77,7 +82,11 @@ typedef struct v41_lane {
     uint64_t o_taps;                    /* DSII_LANE_TAPS: [rows][T·D] DSpark target inputs */
     uint64_t o_idx[DSII_MAX_LAYERS];    /* index sources: top-k [rows][topk] */
     uint64_t io_eng[DSII_MAX_ENGRAM_LAYERS]; /* io block: Engram rows [rows][C·K] */
-    uint32_t *erows;                    /* host [max_rows][C] */
+    uint32_t *erows;                    /* host row ids [max_rows][C]; with overlap one such
+                                           array per Engram layer (the helper reads them) */
+    dsii_engram_async *async;           /* overlap: the lane's gather helper, or NULL */
+    int32_t pending;                    /* overlap: prepare hashed a step, record gathers it */
+    uint32_t pending_rows;
 } v41_lane;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -329,7 +338,14 @@ static dsi_status v41_model_create(dsi_model *model, dsii_wtable *wt, dsii_arch_
                 s = dsii_engram_table_host(&am->etab[j], t->type, t->ne[0], (uint64_t)t->ne[1],
                                            t->data, e);
             if (s != DSI_OK) goto fail;
+            if (am->etab[j].placement == DSII_ENGRAM_PLACE_PREAD) am->overlap = 1;
         }
+        /* Overlap (issue 17, docs/placement.md "Engram overlap"): only where ops run as they
+         * are recorded (the CPU backend), so that a host wait right before a layer's Engram op
+         * is the whole ordering; and only for tables in the disk tier (a resident gather is a
+         * copy, cheaper than the hand-over). dsii_engram_overlap_test 1 (tests, A/B): off. */
+        if (strcmp(am->dev->name, "cpu") != 0 || atomic_load(&dsii_engram_overlap_test) == 1)
+            am->overlap = 0;
     }
     *out = am;
     return DSI_OK;
@@ -414,10 +430,17 @@ static dsi_status v41_lane_init(const dsii_arch_model *am, dsii_lane *lane, dsii
         for (uint32_t j = 0; j < eh->n_layer; j++) v->io_eng[j] = take(&io, n * C * K * 4);
     lane->io_extra_bytes = io;
     if (hp->has_engram && eh->n_layer > 0) {
-        v->erows = (uint32_t *)dsii_calloc(ctx, (size_t)n * (C ? C : 1), sizeof(uint32_t));
-        if (!v->erows) {
+        const size_t per = (size_t)n * (C ? C : 1);
+        v->erows = (uint32_t *)dsii_calloc(ctx, am->overlap ? per * eh->n_layer : per,
+                                           sizeof(uint32_t));
+        dsi_status s = v->erows ? DSI_OK
+                                : dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: engram staging");
+        if (s == DSI_OK && am->overlap && eh->n_layer <= DSII_ENGRAM_ASYNC_MAX)
+            s = dsii_engram_async_create(ctx, &v->async, e); /* NULL: gathers before the step */
+        if (s != DSI_OK) {
+            dsii_free(ctx, v->erows);
             dsii_free(ctx, v);
-            return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "deepseek41: engram staging");
+            return s;
         }
     }
     lane->priv = v;
@@ -436,34 +459,53 @@ static dsi_status v41_lane_init(const dsii_arch_model *am, dsii_lane *lane, dsii
 static void v41_lane_fini(dsii_lane *lane) {
     v41_lane *v = lane->priv;
     if (!v) return;
+    dsii_engram_async_free(v->async); /* joins the helper (after any batch it runs) */
     dsii_free(lane->ex->ctx, v->erows);
     dsii_free(lane->ex->ctx, v);
     lane->priv = NULL;
 }
 
 /* Engram rows (§4.6): hashes from each sequence's own timeline (so the n-gram history is
- * exact across chunks, decode, batches and rebuilds), rows gathered into the io block. */
+ * exact across chunks, decode, batches and rebuilds), rows gathered into the io block.
+ *
+ * Without overlap the gathers run here, before the step. With overlap (am->overlap and the
+ * lane's helper) only the hashes run here, into one row-id array per Engram layer; record()
+ * hands the gathers to the helper as its first action and waits for layer j's rows right
+ * before layer j's Engram op (on the CPU backend an op runs as it is recorded, so that host
+ * wait orders the rows before their use), and finishes the whole batch before it returns,
+ * on every path. Starting them in record() rather than here means no gather can outlive
+ * the step: exec.c runs record() whenever the step runs at all, and prepare() has nothing
+ * to undo when the step fails before that. GPU backends keep the gathers here: their work
+ * is submitted (or a captured graph launched) only after the host has written the whole io
+ * block, which is the only ordering the backend interface gives for host writes. */
 static dsi_status v41_prepare(const dsii_arch_model *am, dsii_lane *lane, const dsii_seq_step *seqs,
                               uint32_t n_seqs, uint32_t n_rows, dsii_error *e) {
     const dsii_hparams *hp = am->hp;
     if (!hp->has_engram) return DSI_OK;
     const dsii_engram_hparams *eh = &hp->engram;
-    const v41_lane *v = lane->priv;
-    const uint32_t C = eh->n_cols, K = eh->key_length, nh = eh->max_ngram - 1;
+    v41_lane *v = lane->priv;
+    const uint32_t C = eh->n_cols, nh = eh->max_ngram - 1;
+    const int overlap = v->async != NULL;
+    v->pending = 0;
     for (uint32_t j = 0; j < eh->n_layer; j++) {
+        uint32_t *rows = v->erows + (overlap ? (size_t)j * lane->max_rows * C : 0);
         uint32_t t = 0;
         for (uint32_t i = 0; i < n_seqs; i++) {
             const dsii_seq_step *q = &seqs[i];
             const uint32_t h0 = q->pos > nh ? q->pos - nh : 0;
             dsii_engram_hash(&am->elay[j], q->tokens + h0, (int32_t)(q->pos - h0),
-                             q->tokens + q->pos, (int32_t)q->n, v->erows + (size_t)t * C);
+                             q->tokens + q->pos, (int32_t)q->n, rows + (size_t)t * C);
             t += q->n;
         }
+        if (overlap) continue;
         float *dst = (float *)(void *)(lane->io_host + lane->io_extra + v->io_eng[j]);
-        dsi_status s = dsii_engram_gather(am->m->ctx, &am->etab[j], v->erows, (size_t)n_rows * C,
+        dsi_status s = dsii_engram_gather(am->m->ctx, &am->etab[j], rows, (size_t)n_rows * C,
                                           dst, e);
         if (s != DSI_OK) return s;
-        (void)K;
+    }
+    if (overlap) {
+        v->pending = 1;
+        v->pending_rows = n_rows;
     }
     return DSI_OK;
 }
@@ -747,10 +789,11 @@ static dsi_status dspark_attention(const v41_step *P, uint32_t st, dsib_view aro
     return DSI_OK;
 }
 
-static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
-                             const dsii_step_shape *sh, dsii_error *e) {
+static dsi_status record_step(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                              const dsii_step_shape *sh, int overlapped, dsii_error *e) {
     const dsii_hparams *hp = am->hp;
     const v41_lane *v = lane->priv;
+    const dsii_engram_probe_fn probe = hp->has_engram ? atomic_load(&dsii_engram_step_probe) : NULL;
     v41_step P = {am, hp, am->dev, am->dev->be->ops, lane->stream, lane, v, pool,
                   dsii_lane_io(lane, lane->io_rows), sh->n, sh->fq_flags};
     const dsib_ops *o = P.o;
@@ -768,8 +811,15 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
         const dsii_layer_hparams *lh = &hp->layer[il];
         const v41_lw *w = &am->lw[il];
         int il_ = (int)il;
+        if (probe) probe(il);
         if (lh->engram_index >= 0) { /* §4.6: before the block */
             const uint32_t j = (uint32_t)lh->engram_index, CK_ = eh->n_cols * eh->key_length;
+            if (overlapped) { /* the rows this op reads: the helper's job j */
+                DSII_PROF_BEGIN();
+                s = dsii_engram_async_wait(v->async, j, e);
+                DSII_PROF_END("Engram rows (wait for the overlapped gather)");
+                if (s != DSI_OK) return s;
+            }
             CK(o->matmul(S, &w->eng_wkv, 0, dsii_lane_io(lane, lane->io_extra + v->io_eng[j]), CK_,
                          SV(&P, v->o_ekv), (hc + 1) * D, n),
                "matmul engram wkv", il_);
@@ -842,6 +892,38 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
                  hp->n_vocab, no),
        "matmul output", -1);
     return DSI_OK;
+}
+
+/* The step: with an overlapped gather pending (prepare()), hands the gathers of every Engram
+ * layer to the lane's helper first, records (runs, on the CPU) the layers — each Engram layer
+ * waits for its rows — and finishes the batch before returning, whatever happened. A failed
+ * gather is the step's error even when an op failed earlier (e.g. an expert read of a
+ * layer before the first Engram layer): the first failing layer's message, as when the
+ * gathers ran before the step. */
+static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv_pool *pool,
+                             const dsii_step_shape *sh, dsii_error *e) {
+    v41_lane *v = lane->priv;
+    if (!v->pending || !v->async) return record_step(am, lane, pool, sh, 0, e);
+    const dsii_engram_hparams *eh = &am->hp->engram;
+    const uint32_t C = eh->n_cols;
+    dsii_engram_job jobs[DSII_ENGRAM_ASYNC_MAX];
+    for (uint32_t j = 0; j < eh->n_layer; j++) {
+        jobs[j].t = &am->etab[j];
+        jobs[j].rows = v->erows + (size_t)j * lane->max_rows * C;
+        jobs[j].n = (size_t)v->pending_rows * C;
+        jobs[j].dst = (float *)(void *)(lane->io_host + lane->io_extra + v->io_eng[j]);
+        jobs[j].cancel = lane->cancel; /* a cancel stops the reads, as it does expert reads */
+    }
+    v->pending = 0;
+    if (v->pending_rows != sh->n)
+        return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: %u Engram rows prepared, step of %u",
+                         v->pending_rows, sh->n);
+    dsii_engram_async_start(v->async, am->m->ctx, jobs, eh->n_layer);
+    dsi_status s = record_step(am, lane, pool, sh, 1, e);
+    dsii_error ge;
+    dsi_status gs = dsii_engram_async_finish(v->async, &ge);
+    if (gs != DSI_OK) return dsii_fail(e, gs, "%s", ge.msg);
+    return s;
 }
 
 /* §4.5 drafting: draft_ids = [next, noise × (B−1)] at positions p+1 .. p+B (p = the last

@@ -174,5 +174,56 @@ dsi_status dsii_engram_table_file(dsii_engram_table *t, int32_t type, int64_t ro
  * the rows before the failing one). */
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
                               const uint32_t *rows, size_t n, float *dst, dsii_error *err);
+/* The same, and a read from the file is not started once *cancel is nonzero: the gather
+ * then fails with CANCELLED (as a failed read: cache slots it was filling left empty).
+ * cancel NULL: dsii_engram_gather. */
+dsi_status dsii_engram_gather_c(const dsi_context *ctx, const dsii_engram_table *t,
+                                const uint32_t *rows, size_t n, float *dst,
+                                const atomic_int *cancel, dsii_error *err);
+
+/* Overlapped gathers (issue 17, docs/placement.md "Engram overlap"): a helper thread that
+ * runs a step's gathers, one job after the other in the order given, while the step's first
+ * layers run; the step waits for job k right before the first op that reads its rows. Each
+ * job is one dsii_engram_gather (so it uses the tables' parallel readers). One helper per
+ * lane (execution context): a batch is started, waited for job by job, and finished by the
+ * one thread that drives the lane's steps. */
+#define DSII_ENGRAM_ASYNC_MAX 16
+typedef struct dsii_engram_job {
+    const dsii_engram_table *t;
+    const uint32_t *rows;  /* [n], read by the helper until the job is done */
+    size_t n;
+    float *dst;            /* [n][row_elems], written by the helper until the job is done */
+    const atomic_int *cancel; /* stops the job's reads (CANCELLED), or NULL */
+} dsii_engram_job;
+typedef struct dsii_engram_async dsii_engram_async;
+
+/* Starts the helper thread. If it cannot be started, logs a warning and returns DSI_OK with
+ * *out NULL (the caller gathers synchronously). */
+dsi_status dsii_engram_async_create(const dsi_context *ctx, dsii_engram_async **out,
+                                    dsii_error *err);
+/* Finishes a running batch (its result is dropped), stops and joins the thread. NULL
+ * accepted. */
+void dsii_engram_async_free(dsii_engram_async *a);
+/* Hands jobs[0..n) (n <= DSII_ENGRAM_ASYNC_MAX; copied) to the helper, which runs them in
+ * order with `ctx` for scratch. A batch started must be finished before the next one. */
+void dsii_engram_async_start(dsii_engram_async *a, const dsi_context *ctx,
+                             const dsii_engram_job *jobs, uint32_t n);
+/* Waits until job k of the running batch is done; its status (and message in *err). */
+dsi_status dsii_engram_async_wait(dsii_engram_async *a, uint32_t k, dsii_error *err);
+/* Waits for every job of the running batch (the helper is idle afterwards) and returns the
+ * status of the first failing job in job order, with its message in *err (DSI_OK: none).
+ * No-op (DSI_OK) without a running batch. */
+dsi_status dsii_engram_async_finish(dsii_engram_async *a, dsii_error *err);
+/* Whether a batch is running (started, not finished). */
+int dsii_engram_async_running(const dsii_engram_async *a);
+
+/* Tests only (not API): the overlap of models loaded from now on. 0: the default (overlapped
+ * where it applies: CPU backend, tables in the disk tier); 1: off, every gather before the
+ * step as before issue 17's overlap (the A/B switch). */
+extern atomic_int dsii_engram_overlap_test;
+/* Tests only: when set, the V4.1 forward pass calls it at the start of every layer of a step
+ * that has Engram layers (on the thread running the step), before that layer's first op. */
+typedef void (*dsii_engram_probe_fn)(uint32_t layer);
+extern _Atomic(dsii_engram_probe_fn) dsii_engram_step_probe;
 
 #endif /* DSI_ENGRAM_ENGRAM_H */

@@ -133,3 +133,151 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
         pthread_mutex_unlock(&r->mu);
     }
 }
+
+/* ---- overlapped gathers (issue 17): one helper thread per lane --------------------------------
+ * The lane's step thread starts a batch (the step's gathers, in the order the step needs
+ * them), waits for each job right before the op that reads its rows, and finishes the batch
+ * (waits for all of it) before the step returns. Everything the helper shares with the step
+ * thread is under mu: the jobs are copied in at start; a job's rows / dst belong to the helper
+ * from start until its `done` is published under mu, which orders its writes before the
+ * step thread's reads. */
+
+atomic_int dsii_engram_overlap_test;
+_Atomic(dsii_engram_probe_fn) dsii_engram_step_probe;
+
+struct dsii_engram_async {
+    const dsi_context *ctx;        /* the helper's own allocations */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;             /* start, job done, batch done, stop (broadcast) */
+    pthread_t th;
+    int stop;
+    int pending;                   /* a started batch the helper has not taken yet */
+    int running;                   /* started and not finished (step thread's view) */
+    int busy;                      /* the helper is inside a batch */
+    const dsi_context *job_ctx;
+    uint32_t n_jobs, n_done;       /* jobs of the batch; jobs done, in order */
+    dsii_engram_job jobs[DSII_ENGRAM_ASYNC_MAX];
+    dsi_status st[DSII_ENGRAM_ASYNC_MAX];
+    dsii_error err[DSII_ENGRAM_ASYNC_MAX];
+};
+
+static void *async_main(void *arg) {
+    dsii_engram_async *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->stop && !a->pending) pthread_cond_wait(&a->cv, &a->mu);
+        if (!a->pending) break; /* stop, nothing left to run */
+        a->pending = 0;
+        a->busy = 1;
+        const uint32_t n = a->n_jobs;
+        for (uint32_t k = 0; k < n; k++) {
+            const dsii_engram_job j = a->jobs[k];
+            const dsi_context *jctx = a->job_ctx;
+            pthread_mutex_unlock(&a->mu);
+            dsii_error e;
+            e.status = DSI_OK;
+            e.msg[0] = 0;
+            dsi_status s = dsii_engram_gather_c(jctx, j.t, j.rows, j.n, j.dst, j.cancel, &e);
+            pthread_mutex_lock(&a->mu);
+            a->st[k] = s;
+            a->err[k] = e;
+            a->n_done = k + 1;
+            pthread_cond_broadcast(&a->cv);
+        }
+        a->busy = 0;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+dsi_status dsii_engram_async_create(const dsi_context *ctx, dsii_engram_async **out,
+                                    dsii_error *err) {
+    *out = NULL;
+    dsii_engram_async *a = dsii_calloc(ctx, 1, sizeof *a);
+    if (!a) return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "engram overlap: out of host memory");
+    a->ctx = ctx;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    if (pthread_create(&a->th, NULL, async_main, a) != 0) {
+        /* no helper: the gathers run before the step, which is correct, only slower */
+        dsii_log(ctx, DSI_LOG_WARN, "engram overlap: no helper thread; Engram rows are gathered "
+                                    "before each step");
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+        dsii_free(ctx, a);
+        return DSI_OK;
+    }
+    *out = a;
+    return DSI_OK;
+}
+
+void dsii_engram_async_free(dsii_engram_async *a) {
+    if (!a) return;
+    dsii_error e;
+    dsii_engram_async_finish(a, &e);
+    pthread_mutex_lock(&a->mu);
+    a->stop = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->th, NULL);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    dsii_free(a->ctx, a);
+}
+
+void dsii_engram_async_start(dsii_engram_async *a, const dsi_context *ctx,
+                             const dsii_engram_job *jobs, uint32_t n) {
+    if (n > DSII_ENGRAM_ASYNC_MAX) n = DSII_ENGRAM_ASYNC_MAX; /* callers check */
+    pthread_mutex_lock(&a->mu);
+    for (uint32_t k = 0; k < n; k++) {
+        a->jobs[k] = jobs[k];
+        a->st[k] = DSI_OK;
+    }
+    a->job_ctx = ctx;
+    a->n_jobs = n;
+    a->n_done = 0;
+    a->running = 1;
+    a->pending = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+dsi_status dsii_engram_async_wait(dsii_engram_async *a, uint32_t k, dsii_error *err) {
+    pthread_mutex_lock(&a->mu);
+    if (!a->running || k >= a->n_jobs) {
+        pthread_mutex_unlock(&a->mu);
+        return dsii_fail(err, DSI_ERR_INTERNAL, "engram overlap: no job %u running", (unsigned)k);
+    }
+    while (a->n_done <= k) pthread_cond_wait(&a->cv, &a->mu);
+    dsi_status s = a->st[k];
+    if (s != DSI_OK) dsii_fail(err, s, "%s", a->err[k].msg);
+    pthread_mutex_unlock(&a->mu);
+    return s;
+}
+
+dsi_status dsii_engram_async_finish(dsii_engram_async *a, dsii_error *err) {
+    pthread_mutex_lock(&a->mu);
+    if (!a->running) {
+        pthread_mutex_unlock(&a->mu);
+        return DSI_OK;
+    }
+    while (a->pending || a->busy) pthread_cond_wait(&a->cv, &a->mu);
+    a->running = 0;
+    dsi_status s = DSI_OK;
+    for (uint32_t k = 0; k < a->n_jobs && s == DSI_OK; k++)
+        if (a->st[k] != DSI_OK) {
+            s = a->st[k];
+            dsii_fail(err, s, "%s", a->err[k].msg);
+        }
+    pthread_mutex_unlock(&a->mu);
+    return s;
+}
+
+int dsii_engram_async_running(const dsii_engram_async *a) {
+    if (!a) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)(uintptr_t)&a->mu);
+    int r = a->running;
+    pthread_mutex_unlock((pthread_mutex_t *)(uintptr_t)&a->mu);
+    return r;
+}

@@ -122,6 +122,7 @@ typedef struct gather_job {
     const size_t *miss;   /* [n_miss] index into rows of each read */
     uint8_t *raw;         /* [n_miss][row_bytes] */
     float *dst;
+    const atomic_int *cancel; /* or NULL */
     pthread_mutex_t mu;   /* the first failure */
     size_t fail_k;        /* SIZE_MAX: none */
     dsii_error err;
@@ -133,7 +134,11 @@ static int gather_item(void *arg, size_t k) {
     const size_t i = j->miss[k];
     dsii_error e;
     uint8_t *raw = j->raw + k * (size_t)t->row_bytes;
-    if (read_row(t, j->rows[i], raw, &e) != DSI_OK) {
+    dsi_status st = j->cancel && atomic_load_explicit(j->cancel, memory_order_acquire)
+                        ? dsii_fail(&e, DSI_ERR_CANCELLED, "engram gather: cancelled before reading "
+                                    "row %u", (unsigned)j->rows[i])
+                        : read_row(t, j->rows[i], raw, &e);
+    if (st != DSI_OK) {
         /* items are claimed in order, so the lowest failing k is the serial path's failure */
         pthread_mutex_lock(&j->mu);
         if (k < j->fail_k) {
@@ -149,7 +154,7 @@ static int gather_item(void *arg, size_t k) {
 
 static dsi_status gather_parallel(const dsi_context *ctx, const dsii_engram_table *t,
                                   const dsii_type_traits *tr, const uint32_t *rows, size_t n,
-                                  float *dst, dsii_error *err) {
+                                  float *dst, const atomic_int *cancel, dsii_error *err) {
     const size_t rb = (size_t)t->row_bytes;
     uint64_t raw_bytes = 0;
     if (!dsii_mul_u64(n, t->row_bytes, &raw_bytes) || raw_bytes > SIZE_MAX)
@@ -185,7 +190,7 @@ static dsi_status gather_parallel(const dsi_context *ctx, const dsii_engram_tabl
         miss[nm++] = i;
     }
     gather_job j = {.t = t, .tr = tr, .rows = rows, .miss = miss, .raw = raw, .dst = dst,
-                    .fail_k = SIZE_MAX};
+                    .cancel = cancel, .fail_k = SIZE_MAX};
     pthread_mutex_init(&j.mu, NULL);
     if (nm) dsii_engram_readers_run(nm > 1 ? t->readers : NULL, nm, gather_item, &j);
     pthread_mutex_destroy(&j.mu);
@@ -224,6 +229,21 @@ static dsi_status gather_parallel(const dsi_context *ctx, const dsii_engram_tabl
 
 dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t,
                               const uint32_t *rows, size_t n, float *dst, dsii_error *err) {
+    return dsii_engram_gather_c(ctx, t, rows, n, dst, NULL, err);
+}
+
+/* A read the cancel request stops: CANCELLED, like any failed read. */
+static dsi_status read_row_c(const dsii_engram_table *t, uint32_t row, uint8_t *dst,
+                             const atomic_int *cancel, dsii_error *err) {
+    if (cancel && atomic_load_explicit(cancel, memory_order_acquire))
+        return dsii_fail(err, DSI_ERR_CANCELLED, "engram gather: cancelled before reading row %u",
+                         (unsigned)row);
+    return read_row(t, row, dst, err);
+}
+
+dsi_status dsii_engram_gather_c(const dsi_context *ctx, const dsii_engram_table *t,
+                                const uint32_t *rows, size_t n, float *dst,
+                                const atomic_int *cancel, dsii_error *err) {
     const int row264 = t->type == DSII_TYPE_ENGRAM_ROW264;
     const dsii_type_traits *tr = row264 ? NULL : dsii_type_get(t->type);
     if (!row264 && (!tr || !tr->dequantize_row))
@@ -235,7 +255,7 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
     /* two or more rows and readers: the parallel path (a gather that turns out to be all
      * hits, or one read, runs there on the calling thread alone) */
     if (t->placement == DSII_ENGRAM_PLACE_PREAD && t->readers && n >= 2 && n < ((size_t)1 << 30))
-        return gather_parallel(ctx, t, tr, rows, n, dst, err);
+        return gather_parallel(ctx, t, tr, rows, n, dst, cancel, err);
     uint8_t *scratch = NULL;
     if (t->placement == DSII_ENGRAM_PLACE_PREAD) {
         scratch = (uint8_t *)dsii_malloc(ctx, (size_t)t->row_bytes);
@@ -256,7 +276,7 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
                 memcpy(scratch, cd, (size_t)t->row_bytes);
                 if (c->hits) atomic_fetch_add_explicit(c->hits, 1, memory_order_relaxed);
             } else {
-                st = read_row(t, rows[i], scratch, err);
+                st = read_row_c(t, rows[i], scratch, cancel, err);
                 if (st == DSI_OK) {
                     memcpy(cd, scratch, (size_t)t->row_bytes);
                     c->tag[slot] = (uint64_t)rows[i] + 1;
@@ -269,7 +289,7 @@ dsi_status dsii_engram_gather(const dsi_context *ctx, const dsii_engram_table *t
             if (st != DSI_OK) break;
             src = scratch;
         } else {
-            st = read_row(t, rows[i], scratch, err);
+            st = read_row_c(t, rows[i], scratch, cancel, err);
             if (st != DSI_OK) break;
             src = scratch;
         }

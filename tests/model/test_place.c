@@ -22,7 +22,8 @@
  *     step), promptly, with the timeline at 0; the prompt then evaluates to the reference;
  *  6. threads: four sessions on four threads share one streamed model (k slots: they wait
  *     for each other's pinned slots; and 10 %), each bit-identical to its resident run.
- *
+ *  overlap, overlap_bench: Engram gathers overlapped with the first layers (the section's own
+ *     comment, "7. Engram gathers overlapped ...").
  *
  * With argv[1] "vulkan" (test_place_vulkan): hybrid steps, a Vulkan compute device with the
  * CPU instance beside it —
@@ -68,6 +69,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #define NTOK 24
@@ -551,13 +553,64 @@ typedef struct mem_reader {
     uint64_t size;
     atomic_int fail, slow;
     atomic_int calls;
+    /* 7. overlap: with `gate` set, a read waits until the step has started (its layer 0 was
+     * reached, g_gate.started) or 1 s, then sleeps `late_us` and fails if `fail_late` */
+    atomic_int gate, late_us, fail_late;
+    atomic_int released, timeouts;
 } mem_reader;
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started;
+} g_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static void gate_probe(uint32_t layer) {
+    if (layer != 0) return;
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.started = 1;
+    pthread_cond_broadcast(&g_gate.cv);
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
+static void gate_reset(void) {
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.started = 0;
+    pthread_mutex_unlock(&g_gate.mu);
+}
+
+static void gate_wait(mem_reader *r) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 1;
+    pthread_mutex_lock(&g_gate.mu);
+    int rc = 0;
+    while (!g_gate.started && rc == 0) rc = pthread_cond_timedwait(&g_gate.cv, &g_gate.mu, &dl);
+    if (g_gate.started) {
+        atomic_fetch_add(&r->released, 1);
+    } else {
+        /* read before the step started: the gathers were not overlapped; stop gating */
+        atomic_fetch_add(&r->timeouts, 1);
+        atomic_store(&r->gate, 0);
+    }
+    pthread_mutex_unlock(&g_gate.mu);
+    int us = atomic_load(&r->late_us);
+    if (us > 0) {
+        struct timespec ts = {0, (long)us * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
 
 static int32_t mr_pread(void *ud, void *buf, uint64_t size, uint64_t off) {
     mem_reader *r = ud;
     atomic_fetch_add(&r->calls, 1);
-    if (atomic_load(&r->slow)) {
-        struct timespec ts = {0, 20 * 1000 * 1000};
+    if (atomic_load(&r->gate)) {
+        gate_wait(r);
+        if (atomic_load(&r->fail_late)) return -1;
+    }
+    if (atomic_load(&r->slow)) { /* 1: 20 ms; more: that many ms */
+        const int ms = atomic_load(&r->slow) > 1 ? atomic_load(&r->slow) : 20;
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     if (atomic_load(&r->fail)) return -1;
@@ -1245,6 +1298,252 @@ static void hybrid_bad(void **state) {
     dsi_context_free(ctx);
 }
 
+/* ---- 7. Engram gathers overlapped with the first layers (issue 17) ------------------------------
+ * tiny-v41, its Engram tables in the disk tier (no row cache: every step reads its rows) behind
+ * a reader, the rest resident. The reader holds every Engram read until the step has reached
+ * its layer 0 (the forward pass's test probe) and then answers it late: with the overlap the
+ * reads are released by the step itself (none waits for the 1 s timeout) and the logits of a
+ * prefill step and decode steps are the resident reference bit for bit — so the step waited
+ * for the late rows before its Engram layers; with the overlap off (dsii_engram_overlap_test,
+ * the A/B switch) the reads happen before the step starts (timeouts), same logits. A read
+ * failing while overlapped fails the step with IO naming the Engram row, the session keeps
+ * its position, and the same append after the repair gives the reference logits. */
+
+#define OV_PRE 8
+#define DSII_MAX_LAYERS_TEST 64
+#define OV_DEC 6
+
+/* Prefill OV_PRE tokens in one step, then OV_DEC one-token steps: the last row's logits of each
+ * call, (1 + OV_DEC) × V. With a reader r, its gate is armed for each decode call. */
+static dsi_status ov_run(dsi_model *m, mem_reader *r, const dsi_token *toks, int32_t V, float *out,
+                         dsi_session **keep) {
+    dsi_session *s = mt_session(m, NCTX, OV_PRE, 0);
+    if (!s) return DSI_ERR_INTERNAL;
+    const float *lg = NULL;
+    int32_t nl = 0;
+    dsi_status st = DSI_OK;
+    for (int c = 0; st == DSI_OK && c <= OV_DEC; c++) {
+        gate_reset();
+        /* decode steps are gated (not the prefill); after a timeout, no more (1 s each) */
+        if (r && c > 0 && atomic_load(&r->timeouts) == 0) atomic_store(&r->gate, 1);
+        st = c == 0 ? dsi_session_append(s, toks, OV_PRE) : dsi_session_append(s, toks + OV_PRE + c - 1, 1);
+        if (st == DSI_OK) st = dsi_session_logits(s, &lg, &nl);
+        if (st == DSI_OK) memcpy(out + (size_t)c * (size_t)V, lg, sizeof(float) * (size_t)V);
+        else printf("# ov_run: %s\n", dsi_session_last_error(s));
+    }
+    if (r) atomic_store(&r->gate, 0);
+    if (keep) *keep = s;
+    else dsi_session_free(s);
+    return st;
+}
+
+static void overlap(void **state) {
+    (void)state;
+    const char *path = g_models[1];
+    if (!path) skip();
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(m);
+    const int32_t V = n_vocab(m);
+    dsi_token toks[OV_PRE + OV_DEC];
+    mt_tokens(toks, OV_PRE + OV_DEC, V, 9001u);
+    const size_t nf = (size_t)(1 + OV_DEC) * (size_t)V;
+    float *ref = malloc(sizeof(float) * nf), *got = malloc(sizeof(float) * nf);
+    assert_non_null(ref);
+    assert_non_null(got);
+    assert_int_equal(ov_run(m, NULL, toks, V, ref, NULL), DSI_OK);
+    dsi_model_free(m);
+    mem_reader r;
+    memset(&r, 0, sizeof r);
+    r.data = slurp(path, &r.size);
+    assert_non_null(r.data);
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_ALL_RESIDENT;
+    po.overrides = "*engram?embd*=disk";
+    po.host_budget = (uint64_t)1 << 40;
+    atomic_store(&dsii_engram_step_probe, gate_probe);
+    for (int off = 1; off >= 0; off--) {
+        atomic_store(&dsii_engram_overlap_test, off);
+        m = load_reader(ctx, &r, &po);
+        atomic_store(&dsii_engram_overlap_test, 0);
+        assert_non_null(m);
+        atomic_store(&r.released, 0);
+        atomic_store(&r.timeouts, 0);
+        atomic_store(&r.late_us, 3000);
+        assert_int_equal(ov_run(m, &r, toks, V, got, NULL), DSI_OK);
+        printf("# overlap %s: %d Engram reads released by the step, %d before it\n", off ? "off" : "on",
+               atomic_load(&r.released), atomic_load(&r.timeouts));
+        if (off) {
+            assert_true(atomic_load(&r.timeouts) > 0);
+        } else {
+            assert_int_equal(atomic_load(&r.timeouts), 0);
+            assert_true(atomic_load(&r.released) >= OV_DEC);
+        }
+        assert_memory_equal(got, ref, sizeof(float) * nf);
+        if (!off) {
+            /* a read failing while overlapped: prefill, then a decode step whose rows fail */
+            dsi_session *s = mt_session(m, NCTX, OV_PRE, 0);
+            assert_non_null(s);
+            assert_int_equal(dsi_session_append(s, toks, OV_PRE), DSI_OK);
+            gate_reset();
+            atomic_store(&r.timeouts, 0);
+            atomic_store(&r.fail_late, 1);
+            atomic_store(&r.gate, 1);
+            dsi_status st = dsi_session_append(s, toks + OV_PRE, 1);
+            atomic_store(&r.gate, 0);
+            atomic_store(&r.fail_late, 0);
+            printf("# overlapped read error: %s: %s\n", dsi_status_string(st), dsi_session_last_error(s));
+            assert_int_equal(st, DSI_ERR_IO);
+            assert_non_null(strstr(dsi_session_last_error(s), "engram gather: row"));
+            assert_int_equal(atomic_load(&r.timeouts), 0);
+            assert_int_equal(pos_of(s), OV_PRE);
+            assert_int_equal(dsi_session_append(s, toks + OV_PRE, 1), DSI_OK);
+            const float *lg = NULL;
+            int32_t nl = 0;
+            assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+            assert_memory_equal(lg, ref + (size_t)V, sizeof(float) * (size_t)V);
+            dsi_session_free(s);
+            /* cancel while overlapped: every read takes 100 ms (the prefill's gathers: seconds);
+             * the cancel 200 ms in stops the step's Engram reads (CANCELLED, promptly, the
+             * timeline at 0), then the prompt evaluates to the reference */
+            s = mt_session(m, NCTX, OV_PRE, 0);
+            assert_non_null(s);
+            atomic_store(&r.slow, 100);
+            canceller c = {s, 0.0};
+            pthread_t th;
+            assert_int_equal(pthread_create(&th, NULL, cancel_main, &c), 0);
+            st = dsi_session_append(s, toks, OV_PRE);
+            const double done = now_s();
+            pthread_join(th, NULL);
+            atomic_store(&r.slow, 0);
+            printf("# overlapped cancel: %s, %.3f s after the request: %s\n", dsi_status_string(st),
+                   done - c.at, dsi_session_last_error(s));
+            assert_int_equal(st, DSI_ERR_CANCELLED);
+            assert_int_equal(pos_of(s), 0);
+            assert_true(done - c.at < 0.6);
+            assert_int_equal(dsi_session_append(s, toks, OV_PRE), DSI_OK);
+            assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+            assert_memory_equal(lg, ref, sizeof(float) * (size_t)V);
+            dsi_session_free(s);
+        }
+        dsi_model_free(m);
+    }
+    atomic_store(&r.late_us, 0);
+    atomic_store(&dsii_engram_step_probe, NULL);
+    free(r.data);
+    free(ref);
+    free(got);
+    dsi_context_free(ctx);
+}
+
+/* Measurement (not run by default): DSI_ENGRAM_OVERLAP_BENCH=N times N decode steps of tiny-v41
+ * with its Engram tables in the disk tier (pread of a private copy of the file, no row cache),
+ * the overlap off and on (two models, steps interleaved, the order alternating), "cold" (the
+ * file's pages dropped with posix_fadvise(DONTNEED) before each step, so the rows come from the
+ * disk) and "warm" (page cache). Prints mean / median / p10 / p90 per case, and the time the
+ * step takes from its layer 0 to each Engram layer (what the overlap can hide). */
+static double g_lt[DSII_MAX_LAYERS_TEST];
+static void bench_probe(uint32_t layer) {
+    if (layer < DSII_MAX_LAYERS_TEST) g_lt[layer] = now_s();
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void overlap_bench(void **state) {
+    (void)state;
+    const char *env = getenv("DSI_ENGRAM_OVERLAP_BENCH");
+    const char *path = g_models[1];
+    if (!env || !path) return;
+    const int N = atoi(env) > 0 ? atoi(env) : 100;
+    uint64_t size = 0;
+    uint8_t *data = slurp(path, &size);
+    assert_non_null(data);
+    char tmp[] = "/tmp/dsi-ovbench-XXXXXX";
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, data, (size_t)size), (ssize_t)size);
+    fsync(fd);
+    free(data);
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_ALL_RESIDENT;
+    po.overrides = "*engram?embd*=disk";
+    po.host_budget = (uint64_t)1 << 40;
+    dsi_model *m[2];
+    dsi_session *s[2];
+    /* DSI_ENGRAM_OVERLAP_READERS: the tables' parallel readers (1: serial gathers) */
+    const char *rd = getenv("DSI_ENGRAM_OVERLAP_READERS");
+    for (int k = 0; k < 2; k++) { /* k = 0: overlap off, 1: on */
+        atomic_store(&dsii_engram_overlap_test, k ? 0 : 1);
+        atomic_store(&dsii_engram_readers_test, rd ? atoi(rd) : 0);
+        m[k] = load(ctx, tmp, DSI_ACCESS_PREAD, &po, NULL);
+        atomic_store(&dsii_engram_overlap_test, 0);
+        atomic_store(&dsii_engram_readers_test, 0);
+        assert_non_null(m[k]);
+        s[k] = mt_session(m[k], (uint32_t)(2 * N + 64), 8, 0);
+        assert_non_null(s[k]);
+    }
+    const int32_t V = n_vocab(m[0]);
+    dsi_token *toks = malloc(sizeof(dsi_token) * (size_t)(2 * N + 8));
+    assert_non_null(toks);
+    mt_tokens(toks, (size_t)(2 * N + 8), V, 4711u);
+    /* rows never repeat within a decode step's gathers here (no row cache anyway) */
+    for (int k = 0; k < 2; k++) assert_int_equal(dsi_session_append(s[k], toks, 8), DSI_OK);
+    double *t = malloc(sizeof(double) * (size_t)N * 4), *to_l = calloc(DSII_MAX_LAYERS_TEST, sizeof(double));
+    assert_non_null(t);
+    assert_non_null(to_l);
+    atomic_store(&dsii_engram_step_probe, bench_probe);
+    /* steps alternate cold / warm and, within each, which model goes first: drift of the
+     * shared machine's load spreads over all four cases */
+    int cnt[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 2 * N; i++) {
+        const int cold = i & 1;
+        for (int q = 0; q < 2; q++) {
+            const int k = ((i >> 1) + q) & 1;
+            if (cold) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            for (int l = 0; l < DSII_MAX_LAYERS_TEST; l++) g_lt[l] = 0;
+            const double t0 = now_s();
+            assert_int_equal(dsi_session_append(s[k], toks + 8 + i, 1), DSI_OK);
+            const double t1 = now_s();
+            const int c = cold * 2 + k;
+            t[(size_t)c * (size_t)N + (size_t)cnt[c]++] = (t1 - t0) * 1e3;
+            if (!cold && k == 1)
+                for (int l = 1; l < DSII_MAX_LAYERS_TEST; l++)
+                    if (g_lt[l] > 0) to_l[l] += (g_lt[l] - g_lt[0]) * 1e3 / N;
+        }
+    }
+    atomic_store(&dsii_engram_step_probe, NULL);
+    for (int c = 0; c < 4; c++) {
+        double *x = t + (size_t)c * (size_t)N, mean = 0;
+        for (int i = 0; i < N; i++) mean += x[i] / N;
+        qsort(x, (size_t)N, sizeof *x, cmp_d);
+        printf("# bench: readers %s, %s, overlap %s: decode step mean %.3f ms, median %.3f, p10 %.3f, "
+               "p90 %.3f (%d steps)\n", rd ? rd : "default", c >= 2 ? "cold (DONTNEED)" : "warm",
+               (c & 1) ? "on " : "off", mean, x[N / 2], x[N / 10], x[N * 9 / 10], N);
+    }
+    printf("# bench: warm, overlap on: mean time from layer 0 to layer l:");
+    for (int l = 1; l < DSII_MAX_LAYERS_TEST; l++)
+        if (to_l[l] > 0) printf(" %d: %.3f ms", l, to_l[l]);
+    printf("\n");
+    for (int k = 0; k < 2; k++) {
+        dsi_session_free(s[k]);
+        dsi_model_free(m[k]);
+    }
+    free(t);
+    free(to_l);
+    free(toks);
+    dsi_context_free(ctx);
+    close(fd);
+    unlink(tmp);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     dsit_filter();
@@ -1274,6 +1573,12 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
         cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
+        cmocka_unit_test(overlap),
     };
+    if (getenv("DSI_ENGRAM_OVERLAP_BENCH")) {
+        /* a measurement, not a test: only when asked for (docs/placement.md) */
+        const struct CMUnitTest bench[] = {cmocka_unit_test(overlap_bench)};
+        return cmocka_run_group_tests_name("engram_overlap_bench", bench, NULL, NULL);
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

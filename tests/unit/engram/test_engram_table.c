@@ -386,6 +386,80 @@ static void test_parallel_read_error(void **state) {
     dsii_engram_readers_free(NULL);
 }
 
+/* Overlapped gathers (issue 17): the lane helper runs a batch's jobs in order; each job's result
+ * is its own (a failing job does not stop the later ones); finish returns the first failing
+ * job in job order and returns only when the helper is idle (no read after it); a batch can
+ * follow; a cancel request stops a job's reads (CANCELLED, no read); freeing with a batch
+ * running joins it. Outputs equal the resident table's. */
+static void test_async(void **state) {
+    (void)state;
+    pr_fill(&g_src);
+    dsii_error e;
+    dsii_engram_readers *rd = NULL;
+    assert_int_equal(dsii_engram_readers_create(NULL, 4, &rd, &e), DSI_OK);
+    dsii_engram_table th;
+    assert_int_equal(dsii_engram_table_host(&th, DSI_TYPE_FP8_E4M3_R32, PR_ELEMS, PR_ROWS, g_src.data, &e),
+                     DSI_OK);
+    pr_side p;
+    pr_open(&p, &g_src, rd, 0);
+    dsii_engram_async *a = NULL;
+    assert_int_equal(dsii_engram_async_create(NULL, &a, &e), DSI_OK);
+    assert_non_null(a);
+    assert_int_equal(dsii_engram_async_finish(a, &e), DSI_OK); /* nothing running */
+    static const uint32_t r0[6] = {1, 2, 3, 4, 5, 6}, r1[5] = {7, 40, 8, 41, 9}, r2[4] = {10, 11, 12, 13};
+    static float d[3][6 * PR_ELEMS], h[6 * PR_ELEMS];
+    dsii_engram_job jobs[3] = {{&p.t, r0, 6, d[0], NULL}, {&p.t, r1, 5, d[1], NULL},
+                               {&p.t, r2, 4, d[2], NULL}};
+    atomic_store(&g_src.fail_off, 40 * PR_RB + 3); /* job 1 fails */
+    dsii_engram_async_start(a, NULL, jobs, 3);
+    assert_true(dsii_engram_async_running(a));
+    assert_int_equal(dsii_engram_async_wait(a, 0, &e), DSI_OK);
+    assert_int_equal(dsii_engram_gather(NULL, &th, r0, 6, h, &e), DSI_OK);
+    assert_memory_equal(d[0], h, 6 * PR_ELEMS * sizeof(float));
+    assert_int_equal(dsii_engram_async_wait(a, 1, &e), DSI_ERR_IO);
+    assert_non_null(strstr(e.msg, "row 40 at offset 2640"));
+    dsii_error fe;
+    assert_int_equal(dsii_engram_async_finish(a, &fe), DSI_ERR_IO);
+    assert_non_null(strstr(fe.msg, "row 40 at offset 2640"));
+    assert_false(dsii_engram_async_running(a));
+    int calls = atomic_load(&g_src.calls);
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(atomic_load(&g_src.calls), calls); /* the helper and its readers are done */
+    assert_int_equal(atomic_load(&g_src.in_flight), 0);
+    assert_int_equal(dsii_engram_gather(NULL, &th, r2, 4, h, &e), DSI_OK); /* job 2 still ran */
+    assert_memory_equal(d[2], h, 4 * PR_ELEMS * sizeof(float));
+    /* the next batch, repaired */
+    atomic_store(&g_src.fail_off, -1);
+    memset(d, 0, sizeof d);
+    dsii_engram_async_start(a, NULL, jobs, 3);
+    assert_int_equal(dsii_engram_async_finish(a, &e), DSI_OK);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(dsii_engram_gather(NULL, &th, jobs[k].rows, jobs[k].n, h, &e), DSI_OK);
+        assert_memory_equal(d[k], h, jobs[k].n * PR_ELEMS * sizeof(float));
+    }
+    /* cancel requested: no read, CANCELLED */
+    atomic_int cancel;
+    atomic_init(&cancel, 1);
+    jobs[0].cancel = &cancel;
+    atomic_store(&g_src.calls, 0);
+    dsii_engram_async_start(a, NULL, jobs, 1);
+    assert_int_equal(dsii_engram_async_wait(a, 0, &e), DSI_ERR_CANCELLED);
+    assert_int_equal(dsii_engram_async_finish(a, &e), DSI_ERR_CANCELLED);
+    assert_int_equal(atomic_load(&g_src.calls), 0);
+    jobs[0].cancel = NULL;
+    /* freed while a batch runs: joined */
+    dsii_engram_async_start(a, NULL, jobs, 3);
+    dsii_engram_async_free(a);
+    calls = atomic_load(&g_src.calls);
+    nanosleep(&ts, NULL);
+    assert_int_equal(atomic_load(&g_src.calls), calls);
+    assert_int_equal(atomic_load(&g_src.in_flight), 0);
+    dsii_engram_async_free(NULL);
+    pr_close(&p);
+    dsii_engram_readers_free(rd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_host_and_pread),
@@ -395,6 +469,7 @@ int main(void) {
         cmocka_unit_test(test_bad_tables),
         cmocka_unit_test(test_parallel_readers),
         cmocka_unit_test(test_parallel_read_error),
+        cmocka_unit_test(test_async),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
