@@ -59,6 +59,7 @@ typedef struct {
     int place;                 /* 0: no plan; else DSI_PLACE_* + 1 */
     const char *overrides;     /* -ot */
     int hybrid;                /* -1: default; DSI_HYBRID_* */
+    uint32_t device_experts;   /* --device-experts (DSI_DEVICE_EXPERTS_AUTO: auto) */
     uint64_t device_budget, host_budget;
     int no_mmap;
 } cli_opts;
@@ -97,6 +98,8 @@ static void usage(FILE *f) {
             "                   'blk.*.ffn_*_exps.weight=host'; implies --place auto if not given\n"
             "  --hybrid MODE    GPU backends: cpu (the CPU computes experts outside the GPU, default)\n"
             "                   or upload (they are cached on the GPU)\n"
+            "  --device-experts N|auto  with --hybrid cpu: experts 0..N-1 of every layer kept on the\n"
+            "                   GPU, computed there while the CPU computes the rest (auto: what fits)\n"
             "  --device-budget B, --host-budget B  bytes for weights and caches (K, M, G suffixes;\n"
             "                   default: the device's free memory / half the RAM)\n"
             "  --no-mmap        read the model into library-owned memory (pread) instead of mapping it\n"
@@ -222,6 +225,12 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             if (!strcmp(argv[i], "cpu")) o->hybrid = DSI_HYBRID_CPU;
             else if (!strcmp(argv[i], "upload")) o->hybrid = DSI_HYBRID_UPLOAD;
             else return bad_value(a, argv[i], "expected cpu or upload");
+        }
+        else if (!strcmp(a, "--device-experts")) {
+            NEXT();
+            if (!strcmp(argv[i], "auto")) o->device_experts = DSI_DEVICE_EXPERTS_AUTO;
+            else if (!parse_i64(a, argv[i], 0, 1 << 20, &v)) return 0;
+            else o->device_experts = (uint32_t)v;
         }
         else if (!strcmp(a, "--device-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->device_budget)) return 0; }
         else if (!strcmp(a, "--host-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->host_budget)) return 0; }
@@ -632,12 +641,13 @@ int main(int argc, char **argv) {
     dsi_place_options po;
     dsi_place_options_init(&po);
     if (o.no_mmap) mo.access = DSI_ACCESS_PREAD;
-    if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget) {
+    if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget || o.device_experts) {
         po.policy = o.place ? (uint32_t)(o.place - 1) : DSI_PLACE_AUTO;
         po.overrides = o.overrides;
         po.hybrid = o.hybrid >= 0 ? (uint32_t)o.hybrid : DSI_HYBRID_CPU;
         po.device_budget = o.device_budget;
         po.host_budget = o.host_budget;
+        po.device_experts = o.device_experts;
         mo.place = &po;
     }
     if (dsi_model_load(ctx, path, &mo, &model) != DSI_OK) {
@@ -651,12 +661,14 @@ int main(int argc, char **argv) {
         if (dsi_model_place_info(model, &pi) == DSI_OK) {
             static const char *const tiers[] = {"device", "host", "disk"};
             fprintf(stderr, "[placement: policy %u, hybrid %s; device %llu bytes (budget %llu), host %llu (budget %llu), "
-                            "disk %llu, mapped %llu; expert cache %u slots, %llu bytes in %s]\n",
+                            "disk %llu, mapped %llu; expert cache %u slots, %llu bytes in %s; %u experts per layer on the "
+                            "device]\n",
                     pi.policy, pi.hybrid == DSI_HYBRID_UPLOAD ? "upload" : "cpu",
                     (unsigned long long)pi.device_weight_bytes, (unsigned long long)pi.device_budget,
                     (unsigned long long)pi.host_bytes, (unsigned long long)pi.host_budget,
                     (unsigned long long)pi.disk_bytes, (unsigned long long)pi.mapped_bytes, pi.expert_cache_slots,
-                    (unsigned long long)pi.expert_cache_bytes, tiers[pi.expert_cache_tier < 3 ? pi.expert_cache_tier : 0]);
+                    (unsigned long long)pi.expert_cache_bytes, tiers[pi.expert_cache_tier < 3 ? pi.expert_cache_tier : 0],
+                    pi.device_experts_per_layer);
             for (uint32_t c = 0; c < pi.n_classes && c < DSI_PLACE_MAX_CLASSES; c++)
                 if (pi.classes[c].bytes)
                     fprintf(stderr, "[  %-14s %-6s %llu bytes]\n", pi.classes[c].name,

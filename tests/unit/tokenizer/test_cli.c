@@ -119,6 +119,8 @@ static void test_placement(void **state) {
     assert_int_equal(run("--device-budget 12X -p x", NULL), 2);
     assert_non_null(strstr(err, "--device-budget"));
     assert_int_equal(run("--host-budget 0 -p x", NULL), 2);
+    assert_int_equal(run("--device-experts many -p x", NULL), 2);
+    assert_non_null(strstr(err, "--device-experts"));
     assert_int_equal(run("--place nowhere -p x", NULL), 2);
     assert_non_null(strstr(err, "experts-streamed"));
     char args[8400], ref[sizeof out];
