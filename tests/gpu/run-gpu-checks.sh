@@ -16,6 +16,7 @@
 #             within 2e-3, the split by expert id) and the device budget
 #   peak      cuda_peak: copy bandwidth, bf16 and FP8 tensor throughput (cuBLAS / cuBLASLt)
 #   bench     dsinfer-bench --backend cuda on bench-v41 and bench-v41-q8 (decode and prefill)
+#   place-bench  dsinfer-bench --place --backend cuda on bench-v41-q8: hybrid placements
 #   memcheck, racecheck   compute-sanitizer on a short tiny-model run
 # Environment: DSI_GPU_BUDGET_S (default 470) bounds the whole run.
 set -u
@@ -89,6 +90,7 @@ s["ops_failed_tests"] = re.findall(r"^\[  FAILED  \] (\S+)", read("ops.log"), re
 s["models"] = [l for l in read("trained.log").splitlines() if l.startswith("MODEL ")]
 s["tiny_invariance"] = [l.strip() for l in read("tiny.log").splitlines() if "n_batch" in l]
 s["place"] = [l.strip() for l in read("place.log").splitlines() if l.startswith("# ") or "FAILED" in l]
+s["place_bench"] = [l.strip() for l in read("place-bench.log").splitlines() if l.startswith("|") or l.startswith("overlap") or l.startswith("routed")]
 for k in ("batch", "capture", "memcheck", "racecheck"):
     t = read(k + ".log")
     m = re.search(r"ERROR SUMMARY: (\d+) error", t)
@@ -187,6 +189,8 @@ for m in bench-v41 bench-v41-q8; do
   part "$m" 50 "$b/bin/dsinfer-bench" -m "$b/$m.gguf" --backend cuda -p 512 -n 64 -r 2 \
        --no-limits --json
 done
+# hybrid placements on the GPU (tokens/s against the resident fraction, the split's overlap)
+part place-bench 60 "$b/bin/dsinfer-bench" -m "$b/bench-v41-q8.gguf" --place --backend cuda -p 32 -n 16
 
 # ---- compute-sanitizer on a short tiny-model run ----------------------------------------------
 cs=/usr/local/cuda/bin/compute-sanitizer
