@@ -931,6 +931,10 @@ DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
 
 /* dsi_place_options.flags */
 #define DSI_PLACE_FLAG_NO_PREFETCH (1u << 0) /* no read-ahead of the next layer's experts */
+/* since 0.3.1: the expert tier reads the disk tier with O_DIRECT (bypassing the page cache,
+ * so streamed experts are not cached twice); a model loaded from a path in pread mode only
+ * (INVALID_ARGUMENT otherwise; UNSUPPORTED where the file system refuses O_DIRECT) */
+#define DSI_PLACE_FLAG_DIRECT_IO (1u << 1)
 
 /* dsi_place_options.hybrid (since 0.3.1): how a GPU compute device runs the routed experts
  * it does not hold (host or disk tier) */

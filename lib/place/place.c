@@ -213,9 +213,13 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if (o.hybrid > DSI_HYBRID_UPLOAD)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                          "dsi_place_options.hybrid %u is not DSI_HYBRID_CPU or DSI_HYBRID_UPLOAD", o.hybrid);
-    if (o.flags & ~(uint32_t)DSI_PLACE_FLAG_NO_PREFETCH)
+    const uint32_t known_flags = DSI_PLACE_FLAG_NO_PREFETCH | DSI_PLACE_FLAG_DIRECT_IO;
+    if (o.flags & ~known_flags)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT, "dsi_place_options.flags has unknown bits 0x%x",
-                         o.flags & ~(uint32_t)DSI_PLACE_FLAG_NO_PREFETCH);
+                         o.flags & ~known_flags);
+    if ((o.flags & DSI_PLACE_FLAG_DIRECT_IO) && m->access != DSI_ACCESS_PREAD)
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                         "DSI_PLACE_FLAG_DIRECT_IO needs a model loaded from a path with DSI_ACCESS_PREAD");
     ovr ov[MAX_OVR];
     int n_ov = 0;
     TRY(parse_overrides(o.overrides, ov, &n_ov, e));
@@ -417,7 +421,7 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
                              dev->name, need, pl->max_k, pl->expert_unit_bytes, pl->device_bytes, pl->device_budget);
         uint64_t fixed = 0, per_slot = 0;
         dsii_xtier_cost(pl->n_experts_tiered, &fixed, &per_slot);
-        fixed += pl->n_experts_streamed ? (uint64_t)DSII_XTIER_STAGES * DSII_XTIER_PIECE : 0;
+        fixed += pl->n_experts_streamed ? (uint64_t)DSII_XTIER_STAGES * (DSII_XTIER_PIECE + 2 * DSII_XTIER_DIO_ALIGN) : 0;
         uint64_t slots = avail / pl->expert_unit_bytes;
         if (slots > pl->n_experts_tiered) slots = pl->n_experts_tiered;
         if (slots > (1u << 20)) slots = 1u << 20;
@@ -436,6 +440,8 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
         uint64_t avail = pl->host_budget - pl->owned_bytes - pl->engram_cache_bytes;
         uint64_t fixed = 0, per_slot = 0;
         dsii_xtier_cost(pl->n_experts_tiered, &fixed, &per_slot);
+        if (pl->flags & DSII_PLACE_FLAG_DIRECT_IO) /* aligned bounce pieces */
+            fixed += (uint64_t)DSII_XTIER_STAGES * (DSII_XTIER_PIECE + 2 * DSII_XTIER_DIO_ALIGN);
         uint64_t need = fixed + (uint64_t)pl->max_k * (pl->expert_unit_bytes + per_slot);
         if (avail < need)
             return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY,

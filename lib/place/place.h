@@ -57,6 +57,9 @@ enum { DSII_CACHE_LRU = 0, DSII_CACHE_LFU = 1 };
 /* How a GPU compute device runs the routed experts of tiered layers (public DSI_HYBRID_*). */
 enum { DSII_HYBRID_CPU = 0, DSII_HYBRID_UPLOAD = 1 };
 #define DSII_PLACE_FLAG_NO_PREFETCH (1u << 0)
+#define DSII_PLACE_FLAG_DIRECT_IO (1u << 1)
+/* O_DIRECT reads: offsets, lengths and buffers aligned to this */
+#define DSII_XTIER_DIO_ALIGN 4096u
 
 typedef struct dsii_xtier dsii_xtier;
 

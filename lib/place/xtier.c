@@ -33,7 +33,7 @@
  *     the shared expert is added as usual.
  * Steps with tiered layers read the routing mid-step, so their lanes do not capture graphs.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* O_DIRECT */
 #include "place/place.h"
 
 #include "arch/arch.h"
@@ -41,7 +41,10 @@
 #include "model/model.h"
 #include "moe/moe.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -104,8 +107,9 @@ struct dsii_xtier {
     int hcpu;                 /* hybrid CPU: cdev is the CPU instance next to a GPU */
     uint8_t *mem;             /* host cache (cdev = the CPU) */
     dsib_buffer *buf;         /* the cache as a buffer of cdev */
-    uint8_t *stage[DSII_XTIER_STAGES];
+    uint8_t *stage[DSII_XTIER_STAGES]; /* PIECE + 2 DIO_ALIGN bytes, DIO_ALIGN-aligned */
     int stage_busy[DSII_XTIER_STAGES];
+    int dio_fd;               /* DSII_PLACE_FLAG_DIRECT_IO: the model file opened O_DIRECT, or -1 */
     cpuw W[NWORK];
     uint32_t dev_experts;     /* hybrid CPU: experts 0 .. m-1 of each tiered layer on the GPU */
     int tier_counted;         /* tier_bytes added to the host use */
@@ -163,13 +167,49 @@ static void stage_give(dsii_xtier *xt, int i) {
     pthread_mutex_unlock(&xt->mu);
 }
 
+/* O_DIRECT: bytes [off, off + n) of tensor t (n <= READ_PIECE) through a staging piece read
+ * at aligned offsets; *src points at them inside the piece. */
+static dsi_status direct_read(dsii_xtier *xt, const dsii_tensor *t, uint64_t off, uint64_t n, int *stage,
+                              const uint8_t **src, dsii_error *e) {
+    const uint64_t A = DSII_XTIER_DIO_ALIGN;
+    uint64_t a = t->file_offset + off, a0 = a & ~(A - 1), a1 = (a + n + A - 1) & ~(A - 1);
+    if (*stage < 0) *stage = stage_take(xt);
+    uint8_t *b = xt->stage[*stage];
+    uint64_t want = a1 - a0, got = 0;
+    while (got < want) {
+        ssize_t r = pread(xt->dio_fd, b + got, (size_t)(want - got), (off_t)(a0 + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return dsii_fail(e, DSI_ERR_IO, "%s: O_DIRECT read of %llu bytes at offset %llu: %s",
+                             dsii_file_name(dsii_gguf_file(xt->m->gguf)), (unsigned long long)want,
+                             (unsigned long long)a0, strerror(errno));
+        }
+        if (r == 0) break;
+        got += (uint64_t)r;
+    }
+    if (got < a - a0 + n)
+        return dsii_fail(e, DSI_ERR_IO, "%s: short read: %llu of %llu bytes at offset %llu (was the file truncated?)",
+                         dsii_file_name(dsii_gguf_file(xt->m->gguf)), (unsigned long long)(got > a - a0 ? got - (a - a0) : 0),
+                         (unsigned long long)n, (unsigned long long)a);
+    *src = b + (a - a0);
+    return DSI_OK;
+}
+
 /* One piece of an expert slice into slot bytes [at, at + n) of the cache: host cache: read
- * in place; GPU cache: upload from the host tier's bytes, or read into a staging piece and
- * upload that. */
+ * in place (O_DIRECT: through a staging piece); GPU cache: upload from the host tier's bytes,
+ * or read into a staging piece and upload that. */
 static dsi_status put_piece(dsii_xtier *xt, const dsii_tensor *t, uint64_t off, uint64_t n,
                             uint64_t at, int *stage, dsii_error *e) {
-    if (!xt->dcache) return dsii_model_tensor_read(xt->m, t, off, n, xt->mem + at, e);
     const uint8_t *src = t->data ? (const uint8_t *)t->data + off : NULL;
+    if (!src && xt->dio_fd >= 0) {
+        dsi_status st = direct_read(xt, t, off, n, stage, &src, e);
+        if (st != DSI_OK) return st;
+        if (!xt->dcache) {
+            memcpy(xt->mem + at, src, (size_t)n);
+            return DSI_OK;
+        }
+    }
+    if (!xt->dcache) return dsii_model_tensor_read(xt->m, t, off, n, xt->mem + at, e);
     if (!src) {
         if (*stage < 0) *stage = stage_take(xt);
         dsi_status st = dsii_model_tensor_read(xt->m, t, off, n, xt->stage[*stage], e);
@@ -839,6 +879,7 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     xt->cdev = cdev;
     xt->dcache = dcache;
     xt->hcpu = !pl->cpu_compute && pl->hybrid == DSII_HYBRID_CPU;
+    xt->dio_fd = -1;
     xt->n_slots = pl->cache_slots;
     xt->slot_bytes = pl->expert_unit_bytes;
     xt->n_layer = m->hp.n_layer < 128 ? m->hp.n_layer : 128;
@@ -922,10 +963,7 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
             if (st != DSI_OK)
                 return dsii_fail(e, st, "expert tier: the %llu-byte expert cache on %s: %s",
                                  (unsigned long long)pl->cache_bytes, cdev->name, be_err.msg);
-            if (pl->n_experts_streamed)
-                for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++)
-                    if (!(xt->stage[i] = dsii_malloc_aligned(m->ctx, READ_PIECE, 4096)))
-                        return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory");
+
         } else {
             xt->mem = dsii_malloc_aligned(m->ctx, (size_t)pl->cache_bytes, 4096);
             if (!xt->mem)
@@ -937,6 +975,24 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
             if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", cdev->name, be_err.msg);
         }
     }
+    if (pl->n_experts_streamed && (pl->flags & DSII_PLACE_FLAG_DIRECT_IO)) {
+        const dsii_file *f = dsii_gguf_file(m->gguf);
+        if (dsii_file_mode(f) != DSII_FILE_PREAD)
+            return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                             "DSI_PLACE_FLAG_DIRECT_IO needs a model loaded from a path with DSI_ACCESS_PREAD");
+#if defined(O_DIRECT)
+        xt->dio_fd = open(dsii_file_name(f), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (xt->dio_fd < 0)
+            return dsii_fail(e, DSI_ERR_UNSUPPORTED, "DSI_PLACE_FLAG_DIRECT_IO: %s cannot be opened with O_DIRECT: %s",
+                             dsii_file_name(f), strerror(errno));
+#else
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "DSI_PLACE_FLAG_DIRECT_IO: no O_DIRECT on this system");
+#endif
+    }
+    if (pl->n_experts_streamed && (dcache || xt->dio_fd >= 0))
+        for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++)
+            if (!(xt->stage[i] = dsii_malloc_aligned(m->ctx, READ_PIECE + 2 * DSII_XTIER_DIO_ALIGN, DSII_XTIER_DIO_ALIGN)))
+                return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory");
     if (xt->hcpu && pl->dev_experts) {
         /* experts 0 .. m-1 of every tiered layer on the GPU (hybrid CPU splits a step's
          * entries by expert id) */
@@ -1068,6 +1124,7 @@ void dsii_place_exec_fini(dsi_model *m) {
     }
     if (xt->buf) cb->buffer_free(xt->cdev->inst, xt->buf);
     for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++) dsii_free_aligned(m->ctx, xt->stage[i]);
+    if (xt->dio_fd >= 0) close(xt->dio_fd);
     if (xt->mem) {
         dsii_free_aligned(m->ctx, xt->mem);
         atomic_fetch_sub(&pl->host_used, pl->cache_bytes);
