@@ -62,6 +62,7 @@ typedef struct {
     uint32_t device_experts;   /* --device-experts (DSI_DEVICE_EXPERTS_AUTO: auto) */
     uint64_t device_budget, host_budget;
     int no_mmap;
+    int direct_io;             /* --direct-io */
 } cli_opts;
 
 static void usage(FILE *f) {
@@ -103,6 +104,8 @@ static void usage(FILE *f) {
             "  --device-budget B, --host-budget B  bytes for weights and caches (K, M, G suffixes;\n"
             "                   default: the device's free memory / half the RAM)\n"
             "  --no-mmap        read the model into library-owned memory (pread) instead of mapping it\n"
+            "  --direct-io      streamed experts read with O_DIRECT, bypassing the page cache (implies\n"
+            "                   --no-mmap; with --place experts-streamed)\n"
             "  --list-devices   list the devices of the chosen backend(s) and exit\n"
             "  --version        print the library version and exit\n"
             "  -v               verbose: per-turn token counts\n"
@@ -235,6 +238,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--device-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->device_budget)) return 0; }
         else if (!strcmp(a, "--host-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->host_budget)) return 0; }
         else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
+        else if (!strcmp(a, "--direct-io")) o->direct_io = o->no_mmap = 1;
         else if (!strcmp(a, "--draft-max")) { NEXT(); if (!parse_i64(a, argv[i], 1, 16, &v)) return 0; o->draft_max = (uint32_t)v; }
         else if (!strcmp(a, "--draft-confidence")) { NEXT(); if (!parse_f(a, argv[i], 0, 1, 0, &o->draft_conf)) return 0; }
         else if (!strcmp(a, "--temp")) { NEXT(); if (!parse_f(a, argv[i], 0, 1e6, 0, &o->temp)) return 0; }
@@ -641,13 +645,15 @@ int main(int argc, char **argv) {
     dsi_place_options po;
     dsi_place_options_init(&po);
     if (o.no_mmap) mo.access = DSI_ACCESS_PREAD;
-    if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget || o.device_experts) {
+    if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget || o.device_experts ||
+        o.direct_io) {
         po.policy = o.place ? (uint32_t)(o.place - 1) : DSI_PLACE_AUTO;
         po.overrides = o.overrides;
         po.hybrid = o.hybrid >= 0 ? (uint32_t)o.hybrid : DSI_HYBRID_CPU;
         po.device_budget = o.device_budget;
         po.host_budget = o.host_budget;
         po.device_experts = o.device_experts;
+        if (o.direct_io) po.flags |= DSI_PLACE_FLAG_DIRECT_IO;
         mo.place = &po;
     }
     if (dsi_model_load(ctx, path, &mo, &model) != DSI_OK) {
