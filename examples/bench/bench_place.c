@@ -331,7 +331,7 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
             uint64_t slots = (uint64_t)(cases[c].frac * (double)n_streamed);
             if (slots < k) slots = k;
             o2.host_budget = fixed + slots * unit;
-            if (cases[c].flags & DSI_PLACE_FLAG_DIRECT_IO) o2.host_budget += 2 * ((1u << 20) + 2 * 4096u);
+            if (cases[c].flags & DSI_PLACE_FLAG_DIRECT_IO) o2.host_budget += 4 * ((1u << 20) + 2 * 4096u);
         }
         /* every placement starts with the file's pages dropped (where the kernel allows) */
         int dfd = open(path, O_RDONLY);

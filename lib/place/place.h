@@ -63,10 +63,11 @@ enum { DSII_HYBRID_CPU = 0, DSII_HYBRID_UPLOAD = 1 };
 
 typedef struct dsii_xtier dsii_xtier;
 
-/* Disk reads into a GPU expert cache go through host staging pieces of DSII_XTIER_PIECE
- * bytes, at most DSII_XTIER_STAGES at once (counted in the host budget). */
+/* Disk reads into a GPU expert cache, and O_DIRECT reads, go through host staging pieces of
+ * DSII_XTIER_PIECE (+ alignment) bytes, at most DSII_XTIER_STAGES at once (counted in the
+ * host budget); a step reads its missing experts with up to 4 threads. */
 #define DSII_XTIER_PIECE (1u << 20)
-#define DSII_XTIER_STAGES 2u
+#define DSII_XTIER_STAGES 4u
 
 typedef struct dsii_place {
     uint32_t policy;              /* resolved (never AUTO) */

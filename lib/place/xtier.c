@@ -409,6 +409,74 @@ static int in_list(const int32_t *a, uint32_t n, int32_t v) {
     return 0;
 }
 
+/* A chunk's missing experts, read by the calling thread and up to READERS - 1 helpers (a
+ * deeper queue for the disk; the reads are independent slots). ok[i]: slot to_load[i] was
+ * read. On failure the first failure's status and message (the others stop claiming). */
+#define READERS 4
+typedef struct rjob {
+    dsii_xtier *xt;
+    const int32_t *to_load;
+    uint32_t n;
+    atomic_uint next;
+    atomic_int failed;
+    const atomic_int *cancel;
+    uint8_t *ok;
+    pthread_mutex_t mu;
+    dsii_error err;
+} rjob;
+
+static void rjob_run(rjob *j) {
+    for (;;) {
+        if (atomic_load_explicit(&j->failed, memory_order_acquire)) return;
+        uint32_t i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (i >= j->n) return;
+        const xslot *xs = &j->xt->slots[j->to_load[i]];
+        dsii_error e;
+        dsii_error_clear(&e);
+        if (read_slot(j->xt, xs->layer, xs->expert, (uint32_t)j->to_load[i], j->cancel, &e) == DSI_OK) {
+            j->ok[i] = 1;
+        } else {
+            pthread_mutex_lock(&j->mu);
+            if (!atomic_load(&j->failed)) j->err = e;
+            atomic_store_explicit(&j->failed, 1, memory_order_release);
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+}
+
+static void *rjob_main(void *arg) {
+    rjob_run(arg);
+    return NULL;
+}
+
+static dsi_status read_misses(dsii_xtier *xt, const int32_t *to_load, uint32_t n, const atomic_int *cancel,
+                              uint8_t *ok, dsii_error *e) {
+    memset(ok, 0, n ? n : 1);
+    if (n == 0) return DSI_OK;
+    rjob j;
+    memset(&j, 0, sizeof j);
+    j.xt = xt;
+    j.to_load = to_load;
+    j.n = n;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.failed, 0);
+    j.cancel = cancel;
+    j.ok = ok;
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_t th[READERS - 1];
+    int nth = 0;
+    for (uint32_t h = 1; h < n && h < READERS; h++)
+        if (pthread_create(&th[nth], NULL, rjob_main, &j) == 0) nth++;
+    rjob_run(&j);
+    for (int h = 0; h < nth; h++) pthread_join(th[h], NULL);
+    pthread_mutex_destroy(&j.mu);
+    if (atomic_load(&j.failed)) {
+        *e = j.err;
+        return j.err.status != DSI_OK ? j.err.status : DSI_ERR_IO;
+    }
+    return DSI_OK;
+}
+
 /* The rows of a tiered layer through the cache on xt->cdev: chunks whose distinct experts
  * fit slots that can be pinned; misses read (or uploaded); the chunk's ids in `sl` (host
  * memory) rewritten to slot ids — and uploaded into `sel` when sel_up (a GPU cache), else
@@ -515,17 +583,12 @@ static dsi_status run_chunks(dsii_xtier *xt, dsib_stream *cs, const dsii_moe_wei
         atomic_fetch_add_explicit(&xt->pl->misses, misses, memory_order_relaxed);
         atomic_fetch_add_explicit(&xt->pl->prefetch_hits, phits, memory_order_relaxed);
 
-        /* read the misses (outside the lock) */
-        uint32_t nread = 0;
-        st = DSI_OK;
-        for (; nread < nload; nread++) {
-            const xslot *xs = &xt->slots[to_load[nread]];
-            st = read_slot(xt, xs->layer, xs->expert, (uint32_t)to_load[nread], cancel, e);
-            if (st != DSI_OK) break;
-        }
+        /* read the misses (outside the lock), up to READERS at once */
+        uint8_t done_ok[CHUNK_MAX];
+        st = read_misses(xt, to_load, nload, cancel, done_ok, e);
         pthread_mutex_lock(&xt->mu);
         for (uint32_t i = 0; i < nload; i++) {
-            if (i < nread) xt->slots[to_load[i]].state = SLOT_READY;
+            if (done_ok[i]) xt->slots[to_load[i]].state = SLOT_READY;
             else slot_reset(xt, (uint32_t)to_load[i]);
         }
         pthread_cond_broadcast(&xt->cv);

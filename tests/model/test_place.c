@@ -742,7 +742,7 @@ static void direct_io(void **state) {
 #else
     DSIT_SKIP_TEST("O_DIRECT", "no O_DIRECT on this system");
 #endif
-    const uint64_t bounce = 2 * ((1u << 20) + 2 * 4096u); /* the tier's aligned staging pieces */
+    const uint64_t bounce = 4 * ((1u << 20) + 2 * 4096u); /* the tier's aligned staging pieces */
     for (int mi = 0; mi < 2; mi++) {
         const char *path = g_models[mi];
         if (!path) continue;
