@@ -41,7 +41,9 @@
  *     the same bound of all-resident Vulkan; host tier and disk tier bit-identical to each
  *     other; prefill chunks of 7 and of 3 bit-identical (the split depends on expert ids
  *     only); DSI_DEVICE_EXPERTS_AUTO under a budget for E/4 experts per layer takes E/4;
- * 10. hybrid_bad: option and budget errors of hybrid plans.
+ * 10. hybrid_bad: option and budget errors of hybrid plans;
+ * 11. engram_tiers_gpu: tiny-v41's Engram tables on disk (row cache), host and device next
+ *     to the GPU: bit-identical to all-resident.
  *
  * Skips (77) only without the tiny models / dsinfer-mkmodel / (argv vulkan) a Vulkan device.
  */
@@ -1352,6 +1354,56 @@ static void hybrid_split(void **state) {
     }
 }
 
+/* Engram tables in every tier next to the GPU (tiny-v41): disk (pread, a row cache), host and
+ * device (overrides; rows are gathered on the host in every case): logits bit-identical to
+ * the mapped all-resident run; the disk tier reads rows, the others none. */
+static void engram_tiers_gpu(void **state) {
+    (void)state;
+    const char *path = g_models[1];
+    if (!path) DSIT_SKIP_TEST("MODELS", "no tiny-v41 in $DSI_MODELS_DIR");
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(m);
+    int32_t V = n_vocab(m);
+    dsi_token toks[NTOK];
+    for (int i = 0; i < NTOK; i++) toks[i] = (dsi_token)((7 * (i % 5) + 3) % V); /* n-grams recur */
+    float *ref = run(m, toks, V);
+    assert_non_null(ref);
+    dsi_model_free(m);
+    const char *ovr[3] = {"*engram?embd*=disk", "*engram?embd*=host", "*engram?embd*=device"};
+    for (int c = 0; c < 3; c++) {
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = DSI_PLACE_ALL_RESIDENT;
+        po.overrides = ovr[c];
+        po.engram_cache_bytes = 64 * 1024; /* planned only over tables in the disk tier */
+        m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+        assert_non_null(m);
+        float *got = run(m, toks, V);
+        assert_non_null(got);
+        dsi_place_info pi;
+        info_of(m, &pi);
+        printf("# %s on %s: Engram %s: hits %llu misses %llu, %llu bytes read\n", path, g_backend, ovr[c],
+               (unsigned long long)pi.engram_hits, (unsigned long long)pi.engram_misses,
+               (unsigned long long)pi.engram_bytes_read);
+        assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
+        if (c == 0) {
+            assert_int_equal(pi.engram_cache_bytes, po.engram_cache_bytes);
+            assert_true(pi.engram_misses > 0);
+            assert_true(pi.engram_hits > 0);
+        } else {
+            /* resident: no table in the disk tier, so no row cache and nothing read */
+            assert_int_equal(pi.engram_cache_bytes, 0);
+            assert_int_equal(pi.engram_misses + pi.engram_hits, 0);
+        }
+        free(got);
+        dsi_model_free(m);
+    }
+    free(ref);
+    dsi_context_free(ctx);
+}
+
 static void hybrid_bad(void **state) {
     (void)state;
     const char *path = g_models[0] ? g_models[0] : g_models[1];
@@ -1670,6 +1722,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(hybrid_upload),
             cmocka_unit_test(hybrid_cpu),
             cmocka_unit_test(hybrid_split),
+            cmocka_unit_test(engram_tiers_gpu),
         };
         int rc = cmocka_run_group_tests_name("test_place_gpu", gpu_tests, NULL, NULL);
         /* the validation counters live in the loaded module: read them with a context open */
