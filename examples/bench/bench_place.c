@@ -77,6 +77,27 @@ typedef struct pcase {
     uint32_t flags;
 } pcase;
 
+/* Loads `path` with the plan `po` (access mode `access`), reads its plan and model facts, frees
+ * it. 0 on success; else the message is printed. */
+static int plan_facts(dsi_context *ctx, const char *path, int32_t access, const dsi_place_options *po,
+                      dsi_place_info *pi, dsi_model_info *info) {
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    mo.access = access;
+    mo.place = po;
+    dsi_model *m = NULL;
+    if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) {
+        fprintf(stderr, "dsinfer-bench: %s: %s\n", path, dsi_last_error());
+        return -1;
+    }
+    dsi_place_info_init(pi);
+    dsi_model_place_info(m, pi);
+    dsi_model_info_init(info);
+    dsi_model_get_info(m, info);
+    dsi_model_free(m);
+    return 0;
+}
+
 typedef struct hcase {
     const char *name;
     uint32_t policy, hybrid;
@@ -135,22 +156,12 @@ static int run_place_gpu(const char *path, int threads, int p, int n, const char
     po.policy = DSI_PLACE_EXPERTS_HOST;
     po.hybrid = DSI_HYBRID_UPLOAD;
     po.device_budget = (uint64_t)1 << 46;
-    dsi_model_options mo;
-    dsi_model_options_init(&mo);
-    mo.place = &po;
-    dsi_model *m = NULL;
-    if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) {
-        fprintf(stderr, "dsinfer-bench: %s: %s\n", path, dsi_last_error());
+    dsi_place_info pi;
+    dsi_model_info info;
+    if (plan_facts(ctx, path, DSI_ACCESS_MMAP, &po, &pi, &info) != 0) {
         dsi_context_free(ctx);
         return 1;
     }
-    dsi_place_info pi;
-    dsi_place_info_init(&pi);
-    dsi_model_place_info(m, &pi);
-    dsi_model_info info;
-    dsi_model_info_init(&info);
-    dsi_model_get_info(m, &info);
-    dsi_model_free(m);
     const uint64_t n_tiered = pi.expert_cache_slots;
     const uint64_t unit = n_tiered ? pi.expert_cache_bytes / n_tiered : 0;
     const uint64_t resident = pi.device_bytes;
@@ -244,23 +255,14 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
     dsi_place_options_init(&po);
     po.policy = DSI_PLACE_EXPERTS_STREAMED;
     po.host_budget = (uint64_t)1 << 46;
-    dsi_model_options mo;
-    dsi_model_options_init(&mo);
-    mo.access = DSI_ACCESS_PREAD;
-    mo.place = &po;
-    dsi_model *m = NULL;
-    if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) {
-        fprintf(stderr, "dsinfer-bench: %s: %s\n", path, dsi_last_error());
+    dsi_place_info pi;
+    dsi_model_info info;
+    if (plan_facts(ctx, path, DSI_ACCESS_PREAD, &po, &pi, &info) != 0) {
         dsi_context_free(ctx);
         return 1;
     }
-    dsi_place_info pi;
-    dsi_place_info_init(&pi);
-    dsi_model_place_info(m, &pi);
-    dsi_model_info info;
-    dsi_model_info_init(&info);
-    dsi_model_get_info(m, &info);
-    dsi_model_free(m);
+    dsi_model_options mo;
+    dsi_model *m = NULL;
     const uint64_t n_streamed = pi.n_experts_streamed;
     const uint64_t unit = n_streamed ? pi.expert_cache_bytes / n_streamed : 0;
     const uint64_t fixed = pi.host_bytes - pi.expert_cache_bytes; /* resident + bookkeeping */

@@ -728,6 +728,20 @@ static void faults(void **state) {
     }
 }
 
+/* A test's reference: `path` all resident (mapped) on the context's device; toks[NTOK] from
+ * `seed`; the logits of run_flags(flags). *V: the vocabulary. */
+static float *reference(dsi_context *ctx, const char *path, uint32_t seed, uint32_t flags, dsi_token *toks,
+                        int32_t *V) {
+    dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(m);
+    *V = n_vocab(m);
+    mt_tokens(toks, NTOK, *V, seed);
+    float *ref = run_flags(m, toks, *V, flags);
+    assert_non_null(ref);
+    dsi_model_free(m);
+    return ref;
+}
+
 /* ---- 4b. O_DIRECT reads of the disk tier -------------------------------------------------
  * DSI_PLACE_FLAG_DIRECT_IO: the expert tier reads through aligned staging pieces with O_DIRECT
  * (no page cache): logits bit-identical to the resident run at 10 % and 0 % cached; a file
@@ -750,14 +764,10 @@ static void direct_io(void **state) {
         if (!path) continue;
         dsi_context *ctx = new_ctx(NULL);
         assert_non_null(ctx);
-        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-        assert_non_null(m);
-        int32_t V = n_vocab(m);
+        int32_t V = 0;
         dsi_token toks[NTOK];
-        mt_tokens(toks, NTOK, V, 555u + (uint32_t)mi);
-        float *ref = run(m, toks, V);
-        assert_non_null(ref);
-        dsi_model_free(m);
+        float *ref = reference(ctx, path, 555u + (uint32_t)mi, 0, toks, &V);
+        dsi_model *m = NULL;
         plan_facts f;
         facts(ctx, path, &f);
         const double fr[2] = {0.1, 0.0};
@@ -1038,14 +1048,10 @@ static void hybrid_upload(void **state) {
         if (!path) continue;
         dsi_context *ctx = new_ctx(NULL);
         assert_non_null(ctx);
-        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-        assert_non_null(m);
-        int32_t V = n_vocab(m);
+        int32_t V = 0;
         dsi_token toks[NTOK];
-        mt_tokens(toks, NTOK, V, 777u + (uint32_t)mi);
-        float *ref = run(m, toks, V);
-        assert_non_null(ref);
-        dsi_model_free(m);
+        float *ref = reference(ctx, path, 777u + (uint32_t)mi, 0, toks, &V);
+        dsi_model *m = NULL;
 
         struct {
             uint32_t policy;
@@ -1180,14 +1186,10 @@ static void hybrid_cpu(void **state) {
         if (!path) continue;
         dsi_context *ctx = new_ctx(NULL);
         assert_non_null(ctx);
-        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-        assert_non_null(m);
-        int32_t V = n_vocab(m);
+        int32_t V = 0;
         dsi_token toks[NTOK];
-        mt_tokens(toks, NTOK, V, 4242u + (uint32_t)mi);
-        float *ref = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
-        assert_non_null(ref);
-        dsi_model_free(m);
+        float *ref = reference(ctx, path, 4242u + (uint32_t)mi, DSI_SESSION_FLAG_NO_FAKE_QUANT, toks, &V);
+        dsi_model *m = NULL;
         plan_facts f;
         facts_access(ctx, path, DSI_ACCESS_PREAD, &f);
         struct {
