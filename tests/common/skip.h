@@ -18,6 +18,7 @@
  *   CUDA_TOOLKIT  the CUDA module, built where nvcc is found
  *   CUDA_DEVICE   an NVIDIA GPU with its driver
  *   ISA           a CPU instruction set (AVX2, AVX-512) a kernel path needs
+ *   O_DIRECT      a file system that accepts O_DIRECT where the tiny models are (tmpfs does not)
  *   TRAIN         python3-torch and bible-kjv (tools/train; Python tests, tests/common/skip.py)
  * The Python test programs skip through tests/common/skip.py, the same contract.
  * Header only; include it after <cmocka.h> to use DSIT_SKIP_TEST.
