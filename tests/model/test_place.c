@@ -1708,7 +1708,10 @@ static void overlap_bench(void **state) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     dsit_filter();
-    if (argc > 1 && strcmp(argv[1], "cpu") != 0) g_backend = argv[1];
+    /* argv[1] "threads": the threaded cases only (test_place_threads, label concurrency: the
+     * ThreadSanitizer stage; no tiny-moe, which that build does not write) */
+    const int threads_only = argc > 1 && strcmp(argv[1], "threads") == 0;
+    if (argc > 1 && strcmp(argv[1], "cpu") != 0 && !threads_only) g_backend = argv[1];
     const char *p0 = mt_model_path("tiny-v4.gguf", NULL); /* a static buffer */
     g_models[0] = p0 ? strdup(p0) : NULL;
     const char *p1 = mt_model_path("tiny-v41.gguf", NULL);
@@ -1737,6 +1740,13 @@ int main(int argc, char **argv) {
         cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
         cmocka_unit_test(overlap),     cmocka_unit_test(direct_io),
     };
+    if (threads_only) {
+        const struct CMUnitTest th[] = {
+            cmocka_unit_test(threads), cmocka_unit_test(faults), cmocka_unit_test(cancel),
+            cmocka_unit_test(overlap), cmocka_unit_test(direct_io),
+        };
+        return cmocka_run_group_tests_name("test_place_threads", th, NULL, NULL);
+    }
     if (getenv("DSI_ENGRAM_OVERLAP_BENCH")) {
         /* a measurement, not a test: only when asked for (docs/placement.md) */
         const struct CMUnitTest bench[] = {cmocka_unit_test(overlap_bench)};
