@@ -400,12 +400,13 @@ pub const DSI_PLACE_EXPERTS_STREAMED: u32 = 3;
 pub const DSI_CACHE_LRU: u32 = 0;
 pub const DSI_CACHE_LFU: u32 = 1;
 pub const DSI_PLACE_FLAG_NO_PREFETCH: u32 = 1 << 0;
+pub const DSI_PLACE_FLAG_DIRECT_IO: u32 = 1 << 1;
 pub const DSI_TIER_DEVICE: u32 = 0;
 pub const DSI_TIER_HOST: u32 = 1;
 pub const DSI_TIER_DISK: u32 = 2;
 pub const DSI_HYBRID_CPU: u32 = 0;
 pub const DSI_HYBRID_UPLOAD: u32 = 1;
-pub const DSI_DEVICE_EXPERTS_AUTO: u32 = 0xFFFF_FFFF;
+pub const DSI_DEVICE_EXPERTS_AUTO: u32 = 0xFFFFFFFF;
 pub const DSI_PLACE_MAX_CLASSES: u32 = 8;
 
 #[repr(C)]

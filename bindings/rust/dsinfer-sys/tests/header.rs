@@ -265,7 +265,13 @@ fn parse_header() -> Api {
 /// Value of `-3`, `12`, `(1u << 16)`, `1 << 16`.
 fn const_value(t: &[String]) -> Option<i64> {
     let t: Vec<&str> = t.iter().map(|s| s.as_str()).filter(|s| *s != "(" && *s != ")").collect();
-    let num = |s: &str| s.trim_end_matches('u').parse::<i64>().ok();
+    let num = |s: &str| {
+        let s = s.trim_end_matches('u').replace('_', "");
+        match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            Some(h) => i64::from_str_radix(h, 16).ok(),
+            None => s.parse::<i64>().ok(),
+        }
+    };
     match t.as_slice() {
         [n] => num(n),
         ["-", n] => num(n).map(|v| -v),
