@@ -754,13 +754,15 @@ static dsi_status check_ids(const xlayer *L, const int32_t *sl, uint64_t count, 
     return DSI_OK;
 }
 
+/* Distinct experts among `count` entries (entries with router weight 0 are the other side's
+ * placeholders when `wt` is given: not counted). Ids are < 65536 (moe_route's limit). */
 static uint64_t count_distinct(const int32_t *sl, const float *wt, uint64_t count) {
-    uint64_t d = 0;
+    uint64_t seen[65536 / 64] = {0}, d = 0;
     for (uint64_t i = 0; i < count; i++) {
-        if (wt && wt[i] == 0.0f) continue; /* a placeholder entry of the other side */
-        uint64_t j = 0;
-        while (j < i && (sl[j] != sl[i] || (wt && wt[j] == 0.0f))) j++;
-        d += j == i;
+        if ((wt && wt[i] == 0.0f) || sl[i] < 0 || sl[i] >= 65536) continue;
+        uint64_t bit = 1ull << (sl[i] & 63), *w = &seen[sl[i] >> 6];
+        d += !(*w & bit);
+        *w |= bit;
     }
     return d;
 }
