@@ -106,12 +106,14 @@ typedef struct hcase {
     int part;        /* dsii_xtier_part_test */
 } hcase;
 
-/* Decode tokens/s of one GPU placement; *up: bytes uploaded per token, *cpu_ms / *wait_ms per
- * token: the CPU's expert time and the wait for the GPU after it. */
-static int hybrid_run(dsi_context *ctx, const char *path, const dsi_place_options *po, const dsi_token *toks,
-                      int p, int n, double *tps, double *up, double *cpu_ms, double *wait_ms) {
+/* One placement: `path` loaded with `po` (access mode `access`), a prompt of p tokens, then n
+ * decode steps timed (*dt, seconds); *a / *b: the plan's counters before and after the
+ * decode. 0, or -1 with the message in dsi_last_error(). */
+static int decode_run(dsi_context *ctx, const char *path, int32_t access, const dsi_place_options *po,
+                      const dsi_token *toks, int p, int n, double *dt, dsi_place_info *a, dsi_place_info *b) {
     dsi_model_options mo;
     dsi_model_options_init(&mo);
+    mo.access = access;
     mo.place = po;
     dsi_model *m = NULL;
     if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) return -1;
@@ -121,26 +123,20 @@ static int hybrid_run(dsi_context *ctx, const char *path, const dsi_place_option
     dsi_session *s = NULL;
     dsi_status st = dsi_session_create(m, &so, &s);
     if (st == DSI_OK) st = dsi_session_append(s, toks, (size_t)p);
-    dsi_place_info a, b;
-    dsi_place_info_init(&a);
-    dsi_place_info_init(&b);
-    dsi_model_place_info(m, &a);
+    dsi_place_info_init(a);
+    dsi_place_info_init(b);
+    dsi_model_place_info(m, a);
     double t0 = now_s();
     for (int i = 0; st == DSI_OK && i < n; i++) st = dsi_session_append(s, toks + p + i, 1);
-    double dt = now_s() - t0;
-    dsi_model_place_info(m, &b);
-    if (st == DSI_OK) {
-        *tps = n / dt;
-        *up = (double)(b.bytes_uploaded - a.bytes_uploaded) / n;
-        *cpu_ms = (double)(b.overlap_cpu_ns - a.overlap_cpu_ns) / 1e6 / n;
-        *wait_ms = (double)(b.overlap_wait_ns - a.overlap_wait_ns) / 1e6 / n;
-    }
+    *dt = now_s() - t0;
+    dsi_model_place_info(m, b);
     dsi_session_free(s);
     dsi_model_free(m);
     return st == DSI_OK ? 0 : -1;
 }
 
-static int run_place_gpu(const char *path, int threads, int p, int n, const char *backend) {
+/* A context on `backend` (NULL: the CPU) with `threads` threads, or NULL (message printed). */
+static dsi_context *bench_ctx(int threads, const char *backend) {
     dsi_context_options co;
     dsi_context_options_init(&co, DSI_ABI_VERSION);
     co.n_threads = threads;
@@ -148,8 +144,25 @@ static int run_place_gpu(const char *path, int threads, int p, int n, const char
     dsi_context *ctx = NULL;
     if (dsi_context_create(&co, &ctx) != DSI_OK) {
         fprintf(stderr, "dsinfer-bench: context: %s\n", dsi_last_error());
-        return 1;
+        return NULL;
     }
+    return ctx;
+}
+
+/* p + n pseudo-random token ids below n_vocab (the same for every placement), or NULL. */
+static dsi_token *bench_tokens(int count, int32_t n_vocab) {
+    dsi_token *toks = malloc(sizeof(dsi_token) * (size_t)count);
+    uint32_t seed = 12345u;
+    for (int i = 0; toks && i < count; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        toks[i] = (dsi_token)(seed % (uint32_t)n_vocab);
+    }
+    return toks;
+}
+
+static int run_place_gpu(const char *path, int threads, int p, int n, const char *backend) {
+    dsi_context *ctx = bench_ctx(threads, backend);
+    if (!ctx) return 1;
     /* plan facts: the resident part on the device and the slot size (an unlimited GPU cache) */
     dsi_place_options po;
     dsi_place_options_init(&po);
@@ -189,12 +202,7 @@ static int run_place_gpu(const char *path, int threads, int p, int n, const char
            "the gpu ms / token |\n");
     printf("| --------- | ---------: | ---------: | -------------------: | ---------------------: | "
            "-----------------------------: |\n");
-    dsi_token *toks = malloc(sizeof(dsi_token) * (size_t)(p + n));
-    uint32_t seed = 12345u;
-    for (int i = 0; toks && i < p + n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        toks[i] = (dsi_token)(seed % (uint32_t)info.n_vocab);
-    }
+    dsi_token *toks = bench_tokens(p + n, info.n_vocab);
     int fail = !toks;
     double ms[8] = {0};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0] && toks; c++) {
@@ -209,14 +217,18 @@ static int run_place_gpu(const char *path, int threads, int p, int n, const char
         }
         if (cases[c].split) o2.device_experts = E / 2;
         atomic_store(&dsii_xtier_part_test, cases[c].part);
-        double tps = 0, up = 0, cms = 0, wms = 0;
-        int rc = hybrid_run(ctx, path, &o2, toks, p, n, &tps, &up, &cms, &wms);
+        double dt = 0;
+        dsi_place_info a, b;
+        int rc = decode_run(ctx, path, DSI_ACCESS_MMAP, &o2, toks, p, n, &dt, &a, &b);
         atomic_store(&dsii_xtier_part_test, 0);
         if (rc != 0) {
             fprintf(stderr, "dsinfer-bench: %s: %s\n", cases[c].name, dsi_last_error());
             fail = 1;
             continue;
         }
+        double tps = n / dt, up = (double)(b.bytes_uploaded - a.bytes_uploaded) / n;
+        double cms = (double)(b.overlap_cpu_ns - a.overlap_cpu_ns) / 1e6 / n;
+        double wms = (double)(b.overlap_wait_ns - a.overlap_wait_ns) / 1e6 / n;
         ms[c] = 1e3 / tps;
         printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", cases[c].name, tps, ms[c], up / 1048576.0, cms, wms);
     }
@@ -242,14 +254,8 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
         (void)csv;
         return run_place_gpu(path, threads, p, n, backend);
     }
-    dsi_context_options co;
-    dsi_context_options_init(&co, DSI_ABI_VERSION);
-    co.n_threads = threads;
-    dsi_context *ctx = NULL;
-    if (dsi_context_create(&co, &ctx) != DSI_OK) {
-        fprintf(stderr, "dsinfer-bench: context: %s\n", dsi_last_error());
-        return 1;
-    }
+    dsi_context *ctx = bench_ctx(threads, NULL);
+    if (!ctx) return 1;
     /* plan facts: resident bytes and the slot size from an unlimited streamed plan */
     dsi_place_options po;
     dsi_place_options_init(&po);
@@ -261,8 +267,6 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
         dsi_context_free(ctx);
         return 1;
     }
-    dsi_model_options mo;
-    dsi_model *m = NULL;
     const uint64_t n_streamed = pi.n_experts_streamed;
     const uint64_t unit = n_streamed ? pi.expert_cache_bytes / n_streamed : 0;
     const uint64_t fixed = pi.host_bytes - pi.expert_cache_bytes; /* resident + bookkeeping */
@@ -317,13 +321,8 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
            "read GB/s (wall) | of sequential |\n");
     printf("| --------- | ----: | ---------: | ----------------------: | -------: | --------------: | "
            "-------------: | -----------: |\n");
-    dsi_token *toks = malloc(sizeof(dsi_token) * (size_t)(p + n));
-    uint32_t seed = 12345u;
-    for (int i = 0; i < p + n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        toks[i] = (dsi_token)(seed % (uint32_t)info.n_vocab);
-    }
-    int fail = 0;
+    dsi_token *toks = bench_tokens(p + n, info.n_vocab);
+    int fail = !toks;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0] && toks; c++) {
         dsi_place_options o2;
         dsi_place_options_init(&o2);
@@ -342,29 +341,9 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
             (void)posix_fadvise(dfd, 0, 0, POSIX_FADV_DONTNEED);
             close(dfd);
         }
-        dsi_model_options_init(&mo);
-        mo.access = cases[c].access;
-        mo.place = &o2;
-        if (dsi_model_load(ctx, path, &mo, &m) != DSI_OK) {
-            fprintf(stderr, "dsinfer-bench: %s: %s\n", cases[c].name, dsi_last_error());
-            fail = 1;
-            continue;
-        }
-        dsi_session_options so;
-        dsi_session_options_init(&so);
-        so.n_ctx = (uint32_t)(p + n + 8);
-        dsi_session *s = NULL;
-        dsi_status st = dsi_session_create(m, &so, &s);
-        if (st == DSI_OK) st = dsi_session_append(s, toks, (size_t)p);
+        double dt = 0;
         dsi_place_info a, b;
-        dsi_place_info_init(&a);
-        dsi_place_info_init(&b);
-        dsi_model_place_info(m, &a);
-        double t0 = now_s();
-        for (int i = 0; st == DSI_OK && i < n; i++) st = dsi_session_append(s, toks + p + i, 1);
-        double dt = now_s() - t0;
-        dsi_model_place_info(m, &b);
-        if (st != DSI_OK) {
+        if (decode_run(ctx, path, cases[c].access, &o2, toks, p, n, &dt, &a, &b) != 0) {
             fprintf(stderr, "dsinfer-bench: %s: %s\n", cases[c].name, dsi_last_error());
             fail = 1;
         } else {
@@ -388,8 +367,6 @@ int run_place(const char *path, int threads, int p, int n, const char *csv, cons
                         cases[c].frac < 0 ? 1.0 : (double)b.expert_cache_slots / (double)n_streamed,
                         b.expert_cache_slots, tps, rd, hit, pfu, rgbs, bw * 1e-9);
         }
-        dsi_session_free(s);
-        dsi_model_free(m);
     }
     double la[1] = {0};
     FILE *lf = fopen("/proc/loadavg", "r");

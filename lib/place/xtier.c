@@ -227,7 +227,7 @@ static dsi_status read_slot(dsii_xtier *xt, int32_t l, int32_t ex, uint32_t s,
                             const atomic_int *cancel, dsii_error *e) {
     const xlayer *L = &xt->L[l];
     const uint64_t dst = (uint64_t)s * xt->slot_bytes;
-    uint64_t t0 = now_ns(), total = 0, from_file = 0;
+    uint64_t t0 = now_ns(), from_file = 0;
     int stage = -1;
     dsi_status st = DSI_OK;
     for (int j = 0; j < 3 && st == DSI_OK; j++) {
@@ -250,12 +250,10 @@ static dsi_status read_slot(dsii_xtier *xt, int32_t l, int32_t ex, uint32_t s,
                 break;
             }
             done += n;
-            total += n;
             if (!L->host) from_file += n; /* the host tier is not read from the file */
         }
     }
     if (stage >= 0) stage_give(xt, stage);
-    (void)total;
     atomic_fetch_add_explicit(&xt->pl->bytes_read, from_file, memory_order_relaxed);
     atomic_fetch_add_explicit(&xt->pl->read_ns, now_ns() - t0, memory_order_relaxed);
     return st;
@@ -952,7 +950,6 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     pthread_cond_init(&xt->cv, NULL);
     pthread_cond_init(&xt->qcv, NULL);
     pl->xt = xt;
-    uint64_t extra = 0;
     for (uint32_t l = 0; l < xt->n_layer; l++) {
         xlayer *L = &xt->L[l];
         L->next = -1;
@@ -999,7 +996,6 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
         L->freq = dsii_calloc(m->ctx, L->E ? L->E : 1, sizeof(uint32_t));
         if (!L->map || !L->freq) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
         for (uint32_t i = 0; i < L->E; i++) L->map[i] = -1;
-        extra += sizeof(int32_t) * 2 * L->E;
     }
     for (int32_t l = (int32_t)xt->n_layer - 1, nx = -1; l >= 0; l--) {
         xt->L[l].next = nx;
@@ -1011,7 +1007,6 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
         xt->slots[s].layer = -1;
         xt->slots[s].expert = -1;
     }
-    (void)extra;
     host_add(pl, pl->tier_bytes);
     xt->tier_counted = 1;
     if (xt->n_slots) {
