@@ -974,6 +974,15 @@ typedef struct dsi_place_options {
                                   kept on the GPU (computed there while the CPU computes the
                                   rest of the step's experts); DSI_DEVICE_EXPERTS_AUTO: as many
                                   as the device budget leaves; default 0 (all on the CPU) */
+    /* since 0.3.1: a routing profile — dsi_model_expert_counts of an earlier run of this
+     * model (or of a workload like the coming one), layer-major [n_layers][n_experts] as that
+     * call returns it. DSI_HYBRID_CPU then keeps, of every tiered layer, the device_experts
+     * most often routed experts on the GPU (ties: the lower id) instead of experts 0 .. N-1.
+     * The choice is made once, at the load: a session's logits do not depend on other
+     * sessions. NULL: none. Copied during the load. */
+    const uint64_t *expert_counts;
+    uint64_t n_expert_counts;  /* entries of expert_counts: n_layers × n_experts of the model
+                                  (INVALID_ARGUMENT otherwise) */
 } dsi_place_options;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest (policy AUTO, auto budgets). */
@@ -1048,6 +1057,22 @@ DSI_API void dsi_place_info_init(dsi_place_info *info);
  * without stopping running sessions: each is exact, together they are a near snapshot).
  * INVALID_ARGUMENT for NULL arguments or a bad struct_size. */
 DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *info);
+
+/* since 0.3.1 — [thread-safe] How often each routed expert was chosen since the load, over
+ * every session of the model (prompt and generated rows, speculative verification rows),
+ * layer-major: counts[l * n_experts + e] for backbone layer l (hash-routed layers too; draft
+ * blocks not counted). Counted where the routing ids reach the host anyway: on the CPU
+ * device, and for the tiered layers of a GPU model (experts in host RAM or on disk); layers
+ * whose experts are resident on a GPU count 0 (reading their ids would cost a
+ * synchronisation per layer). Each entry is exact; together they are a near snapshot while
+ * sessions run. The result can be given back as dsi_place_options.expert_counts.
+ * Two-call pattern: *n_needed (may be NULL) = n_layers × n_experts always; the counts are
+ * written only when `cap` holds them all (INVALID_ARGUMENT otherwise, nothing written).
+ * n_layers / n_experts may be NULL. INVALID_ARGUMENT for a NULL model, or NULL counts with
+ * a non-zero cap; UNSUPPORTED for a model without routed experts or forward pass. */
+DSI_API dsi_status dsi_model_expert_counts(const dsi_model *model, uint64_t *counts, uint64_t cap,
+                                           uint64_t *n_needed, uint32_t *n_layers,
+                                           uint32_t *n_experts);
 
 #endif /* DSI_EXPERIMENTAL */
 

@@ -63,6 +63,8 @@ typedef struct {
     uint64_t device_budget, host_budget;
     int no_mmap;
     int direct_io;             /* --direct-io */
+    const char *expert_counts; /* --expert-counts FILE (a routing profile) */
+    const char *save_counts;   /* --save-expert-counts FILE */
 } cli_opts;
 
 static void usage(FILE *f) {
@@ -99,8 +101,11 @@ static void usage(FILE *f) {
             "                   'blk.*.ffn_*_exps.weight=host'; implies --place auto if not given\n"
             "  --hybrid MODE    GPU backends: cpu (the CPU computes experts outside the GPU, default)\n"
             "                   or upload (they are cached on the GPU)\n"
-            "  --device-experts N|auto  with --hybrid cpu: experts 0..N-1 of every layer kept on the\n"
-            "                   GPU, computed there while the CPU computes the rest (auto: what fits)\n"
+            "  --device-experts N|auto  with --hybrid cpu: N experts of every layer kept on the GPU,\n"
+            "                   computed there while the CPU computes the rest (auto: what fits);\n"
+            "                   experts 0..N-1, or the most often routed of --expert-counts\n"
+            "  --save-expert-counts FILE  write how often each expert was routed (a routing profile)\n"
+            "  --expert-counts FILE  a routing profile written by --save-expert-counts for this model\n"
             "  --device-budget B, --host-budget B  bytes for weights and caches (K, M, G suffixes;\n"
             "                   default: the device's free memory / half the RAM)\n"
             "  --no-mmap        read the model into library-owned memory (pread) instead of mapping it\n"
@@ -239,6 +244,8 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--host-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->host_budget)) return 0; }
         else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
         else if (!strcmp(a, "--direct-io")) o->direct_io = o->no_mmap = 1;
+        else if (!strcmp(a, "--expert-counts")) { NEXT(); o->expert_counts = argv[i]; }
+        else if (!strcmp(a, "--save-expert-counts")) { NEXT(); o->save_counts = argv[i]; }
         else if (!strcmp(a, "--draft-max")) { NEXT(); if (!parse_i64(a, argv[i], 1, 16, &v)) return 0; o->draft_max = (uint32_t)v; }
         else if (!strcmp(a, "--draft-confidence")) { NEXT(); if (!parse_f(a, argv[i], 0, 1, 0, &o->draft_conf)) return 0; }
         else if (!strcmp(a, "--temp")) { NEXT(); if (!parse_f(a, argv[i], 0, 1e6, 0, &o->temp)) return 0; }
@@ -281,6 +288,69 @@ static void on_sigint(int sig) {
 }
 
 /* ---- helpers ---------------------------------------------------------------------------- */
+
+/* Routing profiles (--save-expert-counts / --expert-counts): a text file,
+ *   dsinfer-expert-counts 1 N_LAYERS N_EXPERTS
+ * then N_LAYERS lines of N_EXPERTS counts (dsi_model_expert_counts, layer-major). */
+static int save_counts(const dsi_model *model, const char *path) {
+    uint64_t n = 0;
+    uint32_t nl = 0, ne = 0;
+    dsi_status st = dsi_model_expert_counts(model, NULL, 0, &n, &nl, &ne);
+    if (st != DSI_OK && st != DSI_ERR_INVALID_ARGUMENT) {
+        fprintf(stderr, "%s: --save-expert-counts: %s\n", prog, dsi_last_error());
+        return 0;
+    }
+    uint64_t *c = calloc(n ? n : 1, sizeof *c);
+    if (!c || dsi_model_expert_counts(model, c, n, NULL, NULL, NULL) != DSI_OK) {
+        fprintf(stderr, "%s: --save-expert-counts: %s\n", prog, c ? dsi_last_error() : "out of memory");
+        free(c);
+        return 0;
+    }
+    FILE *f = fopen(path, "w");
+    int ok = f != NULL;
+    if (ok) {
+        fprintf(f, "dsinfer-expert-counts 1 %u %u\n", nl, ne);
+        for (uint32_t l = 0; l < nl; l++)
+            for (uint32_t x = 0; x < ne; x++)
+                fprintf(f, "%llu%c", (unsigned long long)c[(uint64_t)l * ne + x], x + 1 < ne ? ' ' : '\n');
+        ok = !ferror(f);
+        ok = fclose(f) == 0 && ok;
+    }
+    if (!ok) fprintf(stderr, "%s: --save-expert-counts: cannot write '%s': %s\n", prog, path, strerror(errno));
+    free(c);
+    return ok;
+}
+
+/* Reads a routing profile; NULL (message printed) when the file is missing or malformed. */
+static uint64_t *load_counts(const char *path, uint64_t *n_out) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "%s: --expert-counts: cannot open '%s': %s\n", prog, path, strerror(errno));
+        return NULL;
+    }
+    unsigned nl = 0, ne = 0, ver = 0;
+    uint64_t *c = NULL;
+    int ok = fscanf(f, "dsinfer-expert-counts %u %u %u", &ver, &nl, &ne) == 3 && ver == 1 && nl && ne &&
+             nl <= 4096 && ne <= 65536;
+    uint64_t n = ok ? (uint64_t)nl * ne : 0;
+    if (ok) ok = (c = calloc(n, sizeof *c)) != NULL;
+    for (uint64_t i = 0; ok && i < n; i++) {
+        unsigned long long v;
+        ok = fscanf(f, "%llu", &v) == 1;
+        c[i] = v;
+    }
+    char extra;
+    if (ok && fscanf(f, " %c", &extra) == 1) ok = 0;
+    fclose(f);
+    if (!ok) {
+        fprintf(stderr, "%s: --expert-counts: '%s' is not a routing profile (dsinfer-expert-counts 1 LAYERS EXPERTS "
+                        "and LAYERS x EXPERTS counts, as --save-expert-counts writes)\n", prog, path);
+        free(c);
+        return NULL;
+    }
+    *n_out = n;
+    return c;
+}
 
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -644,9 +714,14 @@ int main(int argc, char **argv) {
     dsi_model_options_init(&mo);
     dsi_place_options po;
     dsi_place_options_init(&po);
+    uint64_t *profile = NULL, n_profile = 0;
+    if (o.expert_counts && !(profile = load_counts(o.expert_counts, &n_profile))) {
+        rc = 1;
+        goto done;
+    }
     if (o.no_mmap) mo.access = DSI_ACCESS_PREAD;
     if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget || o.device_experts ||
-        o.direct_io) {
+        o.direct_io || profile) {
         po.policy = o.place ? (uint32_t)(o.place - 1) : DSI_PLACE_AUTO;
         po.overrides = o.overrides;
         po.hybrid = o.hybrid >= 0 ? (uint32_t)o.hybrid : DSI_HYBRID_CPU;
@@ -654,6 +729,8 @@ int main(int argc, char **argv) {
         po.host_budget = o.host_budget;
         po.device_experts = o.device_experts;
         if (o.direct_io) po.flags |= DSI_PLACE_FLAG_DIRECT_IO;
+        po.expert_counts = profile;
+        po.n_expert_counts = n_profile;
         mo.place = &po;
     }
     if (dsi_model_load(ctx, path, &mo, &model) != DSI_OK) {
@@ -791,6 +868,8 @@ done:
                     (unsigned long long)pi.bytes_uploaded, (unsigned long long)pi.cpu_experts,
                     (unsigned long long)pi.device_experts);
     }
+    if (model && o.save_counts && !save_counts(model, o.save_counts) && rc == 0) rc = 1;
+    free(profile);
     /* the signal handler may cancel g_session: unpublish it before the free (docs/api.md
      * "Cancellation"); the library's threads block SIGINT, so the handler runs on this one */
     g_generating = 0;

@@ -323,6 +323,11 @@ struct dsi_model {
     /* Memory tiers (lib/place): the placement plan made at load, NULL when the loader was
      * not asked for one (every tensor resident). */
     struct dsii_place *place;
+    /* Routing counts (dsi_model_expert_counts): [counts_layers][counts_experts] over the
+     * backbone's layers, bumped by lib/moe where the ids are on the host; NULL for a model
+     * without routed experts. */
+    _Atomic uint64_t *expert_counts;
+    uint32_t counts_layers, counts_experts;
 };
 
 /* ---- loading (lib/model/model_load.c) -------------------------------------------------- */

@@ -599,6 +599,7 @@ void dsii_model_destroy(dsi_model *m) {
     const dsi_context *ctx = m->ctx;
     if (m->exec_free) m->exec_free(m);
     dsii_place_free(m);
+    dsii_free(ctx, (void *)m->expert_counts);
     if (m->tokenizer) dsii_tokenizer_free(m->tokenizer);
     dsii_free_aligned(ctx, m->weights_buf);
     dsii_free(ctx, m->hp_arrays);
@@ -737,6 +738,19 @@ static dsi_status load_body(dsi_model *m, const dsi_model_options *opt, dsii_err
         if (st == DSI_OK && dsii_tokenizer_n_vocab(m->tokenizer) != (int32_t)m->hp.n_vocab)
             st = dsii_fail(err, DSI_ERR_BAD_FORMAT, "tokenizer has %d tokens, token_embd.weight has %u rows",
                            dsii_tokenizer_n_vocab(m->tokenizer), m->hp.n_vocab);
+    }
+    /* routing counts of the backbone's MoE layers (dsi_model_expert_counts; the planner
+     * checks a routing profile against their shape) */
+    if (st == DSI_OK) {
+        uint32_t emax = 0;
+        for (uint32_t l = 0; l < m->hp.n_layer && l < DSII_MAX_LAYERS; l++)
+            if (m->hp.layer[l].n_expert > emax) emax = m->hp.layer[l].n_expert;
+        if (emax) {
+            m->expert_counts = dsii_calloc(m->ctx, (size_t)m->hp.n_layer * emax, sizeof *m->expert_counts);
+            if (!m->expert_counts) st = dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of memory");
+            m->counts_layers = m->hp.n_layer;
+            m->counts_experts = emax;
+        }
     }
     /* memory tiers (lib/place): decides what stays in the file before anything is read */
     if (st == DSI_OK && opt && opt->struct_size >= DSII_FIELD_END(dsi_model_options, place) && opt->place)

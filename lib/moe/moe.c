@@ -3,6 +3,8 @@
 
 #include "place/place.h"
 
+#include <string.h>
+
 #define CK(call, what)                                                                      \
     do {                                                                                    \
         DSII_PROF_BEGIN();                                                                  \
@@ -32,6 +34,12 @@ static dsi_status record_shared(void *ctx, dsii_error *e) {
     return DSI_OK;
 }
 
+void dsii_moe_count(_Atomic uint64_t *counts, uint32_t E, const int32_t *ids, uint64_t nk) {
+    if (!counts) return;
+    for (uint64_t i = 0; i < nk; i++)
+        if (ids[i] >= 0 && (uint32_t)ids[i] < E) atomic_fetch_add_explicit(&counts[ids[i]], 1, memory_order_relaxed);
+}
+
 dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsii_moe_weights *w,
                             const dsii_moe_scratch *s, dsib_view x, uint32_t ldx, dsib_view ids,
                             uint32_t n, uint32_t D, dsib_view out, uint32_t ldo, dsii_error *e) {
@@ -49,6 +57,12 @@ dsi_status dsii_moe_forward(const dsii_device *dev, dsib_stream *strm, const dsi
                       w->tid2eid.buf ? &w->tid2eid : NULL, ids, w->norm_add, w->route_scale, n,
                       s->sel, s->wts),
        "routing");
+    if (w->counts && strcmp(dev->name, "cpu") == 0) {
+        /* the CPU runs each op at once: the ids are there (a GPU's are counted by the tier
+         * where it downloads them) */
+        const uint8_t *base = dev->be->buffer_host_ptr ? dev->be->buffer_host_ptr(dev->inst, s->sel.buf) : NULL;
+        if (base) dsii_moe_count(w->counts, E, (const int32_t *)(const void *)(base + s->sel.offset), (uint64_t)n * k);
+    }
     shared_rec sr = {dev, strm, w, s, n, D};
     dsii_xtier_shared sh = {record_shared, &sr};
     if (w->xt) {

@@ -28,7 +28,14 @@ typedef struct dsii_moe_weights {
      * tier (w1 / w3 / w2 carry their geometry only, buf NULL); NULL: resident. */
     struct dsii_xtier *xt;
     int32_t xt_layer;            /* backbone layer index in the tier */
+    /* The layer's row of the model's routing counts (dsi_model_expert_counts; n_expert
+     * entries), NULL: not counted (draft blocks). Bumped here on the CPU device, by the tier
+     * where it brings the ids to the host. */
+    _Atomic uint64_t *counts;
 } dsii_moe_weights;
+
+/* counts[ids[i]] += 1 for the `nk` routing ids (ids outside [0, E) skipped). */
+void dsii_moe_count(_Atomic uint64_t *counts, uint32_t E, const int32_t *ids, uint64_t nk);
 
 /* Scratch views, each sized for n rows: logits [n][E], sel int32 [n][k], wts [n][k],
  * routed [n][D], sh_g / sh_u [n][F_shared], sh_out [n][D]. */

@@ -189,11 +189,28 @@ static uint64_t phys_half(void) {
 
 /* ---- the plan --------------------------------------------------------------------------------- */
 
+/* The m most often routed of E experts by the profile row c (ties: the lower id) into
+ * out[0..m), ascending. */
+static void pick_hot(const uint64_t *c, uint32_t E, uint32_t m, uint32_t *out) {
+    uint8_t taken[65536 / 8] = {0};
+    if (E > 65536) E = 65536;
+    if (m > E) m = E;
+    for (uint32_t i = 0; i < m; i++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t x = 0; x < E; x++)
+            if (!(taken[x >> 3] & (1u << (x & 7))) && (best == UINT32_MAX || c[x] > c[best])) best = x;
+        taken[best >> 3] |= (uint8_t)(1u << (best & 7));
+    }
+    for (uint32_t x = 0, i = 0; x < E && i < m; x++)
+        if (taken[x >> 3] & (1u << (x & 7))) out[i++] = x;
+}
+
 void dsii_place_free(dsi_model *m) {
     dsii_place *pl = m ? m->place : NULL;
     if (!pl) return;
     dsii_free(m->ctx, pl->tier);
     dsii_free(m->ctx, pl->cls);
+    dsii_free(m->ctx, pl->dev_ids);
     dsii_free(m->ctx, pl);
     m->place = NULL;
 }
@@ -220,6 +237,15 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if ((o.flags & DSI_PLACE_FLAG_DIRECT_IO) && m->access != DSI_ACCESS_PREAD)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                          "DSI_PLACE_FLAG_DIRECT_IO needs a model loaded from a path with DSI_ACCESS_PREAD");
+    const uint64_t n_counts = (uint64_t)m->counts_layers * m->counts_experts;
+    if (o.expert_counts && o.n_expert_counts != n_counts)
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                         "dsi_place_options.n_expert_counts %" PRIu64 " is not the model's n_layers x n_experts = %u x %u"
+                         " (dsi_model_expert_counts of this model)",
+                         o.n_expert_counts, m->counts_layers, m->counts_experts);
+    if (!o.expert_counts && o.n_expert_counts)
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                         "dsi_place_options.expert_counts is NULL with n_expert_counts %" PRIu64, o.n_expert_counts);
     ovr ov[MAX_OVR];
     int n_ov = 0;
     TRY(parse_overrides(o.overrides, ov, &n_ov, e));
@@ -459,22 +485,32 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
         pl->tier_bytes = fixed + slots * per_slot;
     }
     if (!pl->cpu_compute && pl->n_tiered_layers && pl->hybrid == DSII_HYBRID_CPU && o.device_experts) {
-        /* experts 0 .. m-1 of every tiered layer on the GPU: what the device budget leaves,
+        /* nd experts of every tiered layer on the GPU: what the device budget leaves,
          * or the number asked for (at most the smallest layer's experts) */
         uint32_t emin = UINT32_MAX;
         for (uint32_t l = 0; l < hp->n_layer && l < 128; l++)
             if (pl->layer_streamed[l] && hp->layer[l].n_expert < emin) emin = hp->layer[l].n_expert;
         uint64_t per = (uint64_t)pl->n_tiered_layers * pl->expert_unit_bytes; /* one expert per layer */
         uint64_t avail = pl->device_budget - pl->device_bytes;
-        uint64_t m = o.device_experts == DSI_DEVICE_EXPERTS_AUTO ? (per ? avail / per : 0) : o.device_experts;
-        if (m > emin) m = emin;
-        if (m * per > avail)
+        uint64_t nd = o.device_experts == DSI_DEVICE_EXPERTS_AUTO ? (per ? avail / per : 0) : o.device_experts;
+        if (nd > emin) nd = emin;
+        if (nd * per > avail)
             return dsii_fail(e, DSI_ERR_OUT_OF_DEVICE_MEMORY,
                              "placement: %u experts of each of %u tiered layers on %s need %" PRIu64
                              " bytes beside the resident weights (%" PRIu64 "), the device budget is %" PRIu64,
-                             (unsigned)m, pl->n_tiered_layers, dev->name, m * per, pl->device_bytes, pl->device_budget);
-        pl->dev_experts = (uint32_t)m;
-        pl->dev_split_bytes = m * per;
+                             (unsigned)nd, pl->n_tiered_layers, dev->name, nd * per, pl->device_bytes, pl->device_budget);
+        pl->dev_experts = (uint32_t)nd;
+        pl->dev_split_bytes = nd * per;
+        if (nd && o.expert_counts) {
+            /* the routing profile: each tiered layer's nd most often routed experts (ties: the
+             * lower id), kept in ascending id order */
+            if (!(pl->dev_ids = dsii_calloc(m->ctx, (size_t)128 * nd, sizeof *pl->dev_ids)))
+                return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+            for (uint32_t l = 0; l < hp->n_layer && l < 128; l++)
+                if (pl->layer_streamed[l])
+                    pick_hot(o.expert_counts + (uint64_t)l * m->counts_experts, hp->layer[l].n_expert,
+                             (uint32_t)nd, pl->dev_ids + (size_t)l * nd);
+        }
     }
     if (!pl->cpu_compute && pl->n_tiered_layers && !pl->tier_bytes) {
         /* hybrid CPU over host-tier layers only: no cache, the tier's maps */
@@ -570,5 +606,26 @@ DSI_API dsi_status dsi_model_place_info(const dsi_model *model, dsi_place_info *
     }
     f.struct_size = info->struct_size;
     memcpy(info, &f, info->struct_size);
+    return DSI_OK;
+}
+
+DSI_API dsi_status dsi_model_expert_counts(const dsi_model *model, uint64_t *counts, uint64_t cap,
+                                           uint64_t *n_needed, uint32_t *n_layers, uint32_t *n_experts) {
+    if (!model) return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_model_expert_counts: model is NULL");
+    if (!counts && cap)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT, "dsi_model_expert_counts: counts is NULL with cap %" PRIu64,
+                                cap);
+    const uint64_t need = (uint64_t)model->counts_layers * model->counts_experts;
+    if (n_needed) *n_needed = need;
+    if (n_layers) *n_layers = model->counts_layers;
+    if (n_experts) *n_experts = model->counts_experts;
+    if (!model->expert_counts || !model->exec)
+        return dsii_thread_fail(DSI_ERR_UNSUPPORTED, "dsi_model_expert_counts: the model has no routed experts%s",
+                                model->expert_counts ? " it runs (no forward pass)" : "");
+    if (cap < need)
+        return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
+                                "dsi_model_expert_counts: cap %" PRIu64 " < %" PRIu64 " (n_layers %u x n_experts %u)",
+                                cap, need, model->counts_layers, model->counts_experts);
+    for (uint64_t i = 0; i < need; i++) counts[i] = atomic_load_explicit(&model->expert_counts[i], memory_order_relaxed);
     return DSI_OK;
 }

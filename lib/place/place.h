@@ -87,6 +87,10 @@ typedef struct dsii_place {
     uint32_t dev_experts;         /* hybrid CPU: experts 0 .. dev_experts-1 of each tiered layer
                                      kept on the GPU */
     uint64_t dev_split_bytes;     /* their device bytes */
+    uint32_t *dev_ids;            /* [128][dev_experts]: with a routing profile
+                                     (dsi_place_options.expert_counts), the experts of each
+                                     tiered layer kept on the GPU instead (ascending ids);
+                                     NULL: experts 0 .. dev_experts-1 */
     uint64_t expert_unit_bytes;   /* largest (gate + up + down) slice of one expert, 64-aligned parts */
     uint32_t n_experts_streamed;
     uint32_t max_k;               /* largest k of the streamed layers */

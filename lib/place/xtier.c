@@ -73,8 +73,9 @@ typedef struct xlayer {
     int32_t host;             /* host tier (t->data in host RAM) */
     dsib_buffer *hb[3];       /* hybrid CPU, host tier: the tensors wrapped on the CPU instance */
     dsib_weight hw[3];
-    dsib_buffer *gb[3];       /* hybrid CPU with device experts: experts 0 .. m-1 on the GPU */
+    dsib_buffer *gb[3];       /* hybrid CPU with device experts: m experts on the GPU */
     dsib_weight gw[3];
+    int32_t *gmap;            /* [E] with device experts: expert -> its index in gb, or -1 */
 } xlayer;
 
 #define QCAP 1024
@@ -111,7 +112,7 @@ struct dsii_xtier {
     int stage_busy[DSII_XTIER_STAGES];
     int dio_fd;               /* DSII_PLACE_FLAG_DIRECT_IO: the model file opened O_DIRECT, or -1 */
     cpuw W[NWORK];
-    uint32_t dev_experts;     /* hybrid CPU: experts 0 .. m-1 of each tiered layer on the GPU */
+    uint32_t dev_experts;     /* hybrid CPU: experts of each tiered layer on the GPU (m) */
     int tier_counted;         /* tier_bytes added to the host use */
     uint32_t max_D, max_F, max_E, max_k;
     uint32_t n_slots;
@@ -766,10 +767,12 @@ static uint64_t count_distinct(const int32_t *sl, const float *wt, uint64_t coun
 }
 
 /* Hybrid CPU: the layer's routed experts computed by the CPU instance from the downloaded
- * rows — with device experts (experts 0 .. m-1 on the GPU) the GPU computes those entries of
+ * rows — with device experts (m of each layer on the GPU: 0 .. m-1, or the routing profile's
+ * hottest, L->gmap) the GPU computes those entries of
  * the step's rows at the same time — and the shared expert running on the GPU meanwhile.
  *
- * A row's k entries split by expert id: the GPU call gets the row's entries with id < m and,
+ * A row's k entries split by expert id: the GPU call gets the row's entries of GPU experts
+ * (ids rewritten to their index in the GPU's copy) and,
  * in place of the others, a placeholder (an expert of its side that the call computes anyway)
  * with router weight 0, which adds exactly +0 / -0 to the row; the CPU call the converse.
  * Each side sums its entries in k order; the row's result is GPU part + CPU part (one add on
@@ -814,22 +817,25 @@ static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, dsib_stream
     float *wt = (float *)(void *)(wk->p + wk->owts);
     st = check_ids(L, sl, (uint64_t)n * k, e);
     const uint64_t nk = (uint64_t)n * k;
+    if (st == DSI_OK) dsii_moe_count(w->counts, L->E, sl, nk);
     int gpu_part = 0, cpu_part = 1;
     if (st == DSI_OK && m) {
-        /* split by expert id; placeholders: the first entry of the side in the step */
+        /* split by expert id (gmap: the GPU's experts, their index there); placeholders: the
+         * first entry of the side in the step */
         int32_t *sg = (int32_t *)(void *)(wk->p + wk->osg);
         float *wg = (float *)(void *)(wk->p + wk->owg);
+        const int32_t *gm = L->gmap;
         int32_t g0 = -1, c0 = -1;
         for (uint64_t i = 0; i < nk; i++) {
-            if (sl[i] < (int32_t)m && g0 < 0) g0 = sl[i];
-            if (sl[i] >= (int32_t)m && c0 < 0) c0 = sl[i];
+            if (gm[sl[i]] >= 0 && g0 < 0) g0 = gm[sl[i]];
+            if (gm[sl[i]] < 0 && c0 < 0) c0 = sl[i];
         }
         const int part = atomic_load_explicit(&dsii_xtier_part_test, memory_order_relaxed);
         gpu_part = g0 >= 0 && part != 2 && part != 3;
         cpu_part = c0 >= 0 && part != 1 && part != 3;
         for (uint64_t i = 0; i < nk; i++) {
-            int g = sl[i] < (int32_t)m;
-            sg[i] = g ? sl[i] : g0;
+            int g = gm[sl[i]] >= 0;
+            sg[i] = g ? gm[sl[i]] : g0;
             wg[i] = g ? wt[i] : 0.0f;
             if (g) {
                 sl[i] = c0;
@@ -909,6 +915,8 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
     int32_t *sl = routing_host(xt, dev, sel, (uint64_t)n * w->k, &tmp, &be_err);
     if (!sl) return dsii_fail(e, DSI_ERR_BACKEND, "expert tier: %s: reading the routing failed: %s", dev->name, be_err.msg);
     st = check_ids(&xt->L[l], sl, (uint64_t)n * w->k, e);
+    /* the CPU device's ids were counted by lib/moe */
+    if (st == DSI_OK && strcmp(dev->name, "cpu") != 0) dsii_moe_count(w->counts, xt->L[l].E, sl, (uint64_t)n * w->k);
     if (st == DSI_OK) st = run_chunks(xt, strm, w, l, x, ldx, sl, sel, tmp != NULL, wts, n, y, ldy, cancel, e);
     dsii_free(xt->ctx, tmp);
     if (st == DSI_OK && shared) st = shared->record(shared->ctx, e);
@@ -1054,14 +1062,22 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
             if (!(xt->stage[i] = dsii_malloc_aligned(m->ctx, READ_PIECE + 2 * DSII_XTIER_DIO_ALIGN, DSII_XTIER_DIO_ALIGN)))
                 return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory");
     if (xt->hcpu && pl->dev_experts) {
-        /* experts 0 .. m-1 of every tiered layer on the GPU (hybrid CPU splits a step's
-         * entries by expert id) */
+        /* m experts of every tiered layer on the GPU — 0 .. m-1, or the routing profile's
+         * hottest (pl->dev_ids) — copied into one buffer per tensor in ascending id order
+         * (hybrid CPU splits a step's entries by expert id through L->gmap) */
         xt->dev_experts = pl->dev_experts;
         uint64_t total = 0;
         uint8_t *piece = NULL;
         for (uint32_t l = 0; l < xt->n_layer; l++) {
             xlayer *L = &xt->L[l];
             if (!L->streamed) continue;
+            if (!(L->gmap = dsii_malloc(m->ctx, sizeof(int32_t) * (L->E ? L->E : 1)))) {
+                dsii_free(m->ctx, piece);
+                return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory");
+            }
+            for (uint32_t x = 0; x < L->E; x++) L->gmap[x] = -1;
+            const uint32_t *ids = pl->dev_ids ? pl->dev_ids + (size_t)l * xt->dev_experts : NULL;
+            for (uint32_t i = 0; i < xt->dev_experts; i++) L->gmap[ids ? ids[i] : i] = (int32_t)i;
             for (int j = 0; j < 3; j++) {
                 const dsii_tensor *t = L->t[j];
                 uint64_t bytes = (uint64_t)xt->dev_experts * L->slice[j];
@@ -1071,8 +1087,11 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
                                                                  &L->gb[j], &be_err)
                                     : dev->be->buffer_alloc(dev->inst, bytes, DSIB_BUFFER_WEIGHTS, &L->gb[j], &be_err);
                 for (uint64_t o = 0; st == DSI_OK && o < bytes;) {
-                    uint64_t nb = bytes - o < READ_PIECE ? bytes - o : READ_PIECE;
-                    const void *src = t->data ? (const uint8_t *)t->data + o : NULL;
+                    /* GPU expert i = expert ids[i] (or i) of the tensor; pieces within a slice */
+                    const uint64_t sl = L->slice[j], i = o / sl, in = o % sl;
+                    const uint64_t so = (ids ? ids[i] : i) * sl + in;
+                    uint64_t nb = sl - in < READ_PIECE ? sl - in : READ_PIECE;
+                    const void *src = t->data ? (const uint8_t *)t->data + so : NULL;
                     if (!src) {
                         if (!piece && !(piece = dsii_malloc(m->ctx, READ_PIECE))) {
                             st = DSI_ERR_OUT_OF_HOST_MEMORY;
@@ -1081,7 +1100,7 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
                         }
                         dsii_error re;
                         dsii_error_clear(&re);
-                        st = dsii_model_tensor_read(m, t, o, nb, piece, &re);
+                        st = dsii_model_tensor_read(m, t, so, nb, piece, &re);
                         if (st != DSI_OK) {
                             snprintf(be_err.msg, sizeof be_err.msg, "%.200s", re.msg);
                             break;
@@ -1093,7 +1112,7 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
                 }
                 if (st != DSI_OK) {
                     dsii_free(m->ctx, piece);
-                    return dsii_fail(e, st, "expert tier: experts 0..%u of '%s' on %s: %s", xt->dev_experts - 1,
+                    return dsii_fail(e, st, "expert tier: %u experts of '%s' on %s: %s", xt->dev_experts,
                                      t->name, dev->name, be_err.msg);
                 }
                 dsib_weight *gw = &L->gw[j];
@@ -1197,6 +1216,7 @@ void dsii_place_exec_fini(dsi_model *m) {
         }
         dsii_free(m->ctx, xt->L[l].map);
         dsii_free(m->ctx, xt->L[l].freq);
+        dsii_free(m->ctx, xt->L[l].gmap);
     }
     dsii_free(m->ctx, xt->slots);
     pthread_cond_destroy(&xt->qcv);
@@ -1215,6 +1235,8 @@ dsi_status dsii_place_bind_experts(dsii_wtable *wt, int32_t layer, const dsii_te
     dsii_place *pl = m ? m->place : NULL;
     mw->xt = NULL;
     mw->xt_layer = -1;
+    mw->counts = m && m->expert_counts && layer >= 0 && (uint32_t)layer < m->counts_layers
+                     ? m->expert_counts + (size_t)layer * m->counts_experts : NULL;
     if (!pl || !pl->xt || layer < 0 || layer >= 128 || !pl->layer_streamed[layer]) {
         dsi_status st = dsii_wtable_bind(wt, gate, &mw->w1, e);
         if (st == DSI_OK) st = dsii_wtable_bind(wt, up, &mw->w3, e);

@@ -59,6 +59,7 @@
 #include "dsinfer.h"
 #include "api/session_impl.h"
 #include "engram/engram.h"
+#include "model/model.h"
 #include "model_test_util.h"
 #include "tests/common/filter.h"
 #include "tests/common/skip.h"
@@ -380,6 +381,175 @@ static void identity(void **state) {
 }
 
 /* ---- 2. bad options ------------------------------------------------------------------------- */
+
+/* ---- routing counts and profiles (dsi_model_expert_counts, dsi_place_options.expert_counts) */
+
+/* The model's counts (n_layers x n_experts, checked against its info); malloc'ed. */
+static uint64_t *counts_of(dsi_model *m, uint32_t *nl_out, uint32_t *ne_out) {
+    dsi_model_info mi;
+    dsi_model_info_init(&mi);
+    assert_int_equal(dsi_model_get_info(m, &mi), DSI_OK);
+    uint64_t need = 0;
+    uint32_t nl = 0, ne = 0;
+    assert_int_equal(dsi_model_expert_counts(m, NULL, 0, &need, &nl, &ne), DSI_ERR_INVALID_ARGUMENT);
+    assert_int_equal(nl, (uint32_t)mi.n_layers);
+    assert_int_equal(ne, (uint32_t)mi.n_experts);
+    assert_int_equal(need, (uint64_t)nl * ne);
+    uint64_t *c = malloc(sizeof *c * (need + 1));
+    assert_non_null(c);
+    c[need] = 0xC0FFEEull;
+    assert_int_equal(dsi_model_expert_counts(m, c, need, NULL, NULL, NULL), DSI_OK);
+    assert_int_equal(c[need], 0xC0FFEEull); /* nothing written past n_layers x n_experts */
+    *nl_out = nl;
+    *ne_out = ne;
+    return c;
+}
+
+/* All NTOK tokens one step each (every step one row): the logits. */
+static float *run_single(dsi_model *m, const dsi_token *toks, int32_t V) {
+    dsi_session *s = mt_session(m, NCTX, 1, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+    if (!s) return NULL;
+    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
+    dsi_status st = DSI_OK;
+    for (int i = 0; st == DSI_OK && i < NTOK; i++) {
+        dsii_session_begin_call(s);
+        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
+    }
+    if (st != DSI_OK) {
+        printf("# run: %s\n", dsi_session_last_error(s));
+        free(all);
+        all = NULL;
+    }
+    dsi_session_free(s);
+    return all;
+}
+
+/* Every layer routed each of `rows` rows to k distinct experts: row sums rows * k, entries at
+ * most rows. */
+static void check_count_sums(const uint64_t *c, uint32_t nl, uint32_t ne, uint64_t rows, uint32_t k) {
+    for (uint32_t l = 0; l < nl; l++) {
+        uint64_t sum = 0;
+        for (uint32_t x = 0; x < ne; x++) {
+            assert_true(c[(uint64_t)l * ne + x] <= rows);
+            sum += c[(uint64_t)l * ne + x];
+        }
+        if (sum != rows * k) printf("# layer %u: %llu routed, expected %llu\n", l, (unsigned long long)sum,
+                                    (unsigned long long)(rows * k));
+        assert_int_equal(sum, rows * k);
+    }
+}
+
+/* Routing counts on the CPU: zero after the load; after NTOK rows every layer's counts sum to
+ * NTOK x k (each entry <= NTOK); a V4 hash layer's counts are exactly what its tid2eid table
+ * gives for the tokens (read from the file here); a second run adds the same counts again; a
+ * tiered (disk) placement counts the same (not twice); the two-call pattern and bad
+ * arguments; a routing profile of the wrong size is refused, a right one changes nothing on
+ * the CPU. */
+static void expert_counts(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_model_info info;
+        dsi_model_info_init(&info);
+        assert_int_equal(dsi_model_get_info(m, &info), DSI_OK);
+        const uint32_t k = (uint32_t)info.n_experts_used;
+        uint32_t nl = 0, ne = 0;
+        uint64_t *c0 = counts_of(m, &nl, &ne);
+        for (uint64_t i = 0; i < (uint64_t)nl * ne; i++) assert_int_equal(c0[i], 0);
+        /* bad arguments */
+        uint64_t need = 0, one = 7;
+        assert_int_equal(dsi_model_expert_counts(NULL, c0, 1, &need, NULL, NULL), DSI_ERR_INVALID_ARGUMENT);
+        assert_int_equal(dsi_model_expert_counts(m, NULL, 4, &need, NULL, NULL), DSI_ERR_INVALID_ARGUMENT);
+        assert_int_equal(dsi_model_expert_counts(m, &one, 1, &need, NULL, NULL), DSI_ERR_INVALID_ARGUMENT);
+        assert_int_equal(one, 7); /* too small: nothing written */
+        assert_int_equal(need, (uint64_t)nl * ne);
+        printf("# %s\n", dsi_last_error());
+
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 5u + (uint32_t)mi);
+        float *ref = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+        assert_non_null(ref);
+        uint64_t *c1 = counts_of(m, &nl, &ne);
+        check_count_sums(c1, nl, ne, NTOK, k);
+        /* hash layers (V4): tid2eid [V][k] decides */
+        uint32_t n_hash = 0;
+        for (uint32_t l = 0; l < nl; l++) {
+            if (!m->hp.layer[l].is_hash) continue;
+            const dsii_tensor *t = m->w.layer[l].tid2eid;
+            assert_non_null(t);
+            assert_non_null(t->data);
+            const int32_t *tab = t->data;
+            uint64_t want[256] = {0};
+            assert_true(ne <= 256);
+            for (int i = 0; i < NTOK; i++)
+                for (uint32_t j = 0; j < k; j++) want[tab[(size_t)toks[i] * k + j]]++;
+            for (uint32_t x = 0; x < ne; x++) assert_int_equal(c1[(uint64_t)l * ne + x], want[x]);
+            n_hash++;
+        }
+        printf("# %s: %u layers x %u experts, k %u; %u hash layers checked against tid2eid\n", path, nl, ne, k, n_hash);
+        if (mi == 0) assert_true(n_hash > 0); /* tiny-v4 has hash layers */
+        /* a second run: the same routing again */
+        float *again = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+        assert_non_null(again);
+        uint64_t *c2 = counts_of(m, &nl, &ne);
+        for (uint64_t i = 0; i < (uint64_t)nl * ne; i++) assert_int_equal(c2[i], 2 * c1[i]);
+        dsi_model_free(m);
+
+        /* the disk tier (the CPU computes from its cache): the same counts, once */
+        plan_facts f;
+        facts_access(ctx, path, DSI_ACCESS_PREAD, &f);
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = DSI_PLACE_EXPERTS_STREAMED;
+        po.host_budget = budget_for(&f, 0.5, 2);
+        m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+        assert_non_null(m);
+        float *got = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+        assert_non_null(got);
+        assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
+        uint64_t *ct = counts_of(m, &nl, &ne);
+        assert_memory_equal(ct, c1, sizeof *ct * nl * ne);
+        dsi_model_free(m);
+        free(got);
+
+        /* a routing profile: the wrong size is refused with a clear message; the right one
+         * is taken (and changes nothing on the CPU) */
+        dsi_status st;
+        po.policy = DSI_PLACE_AUTO;
+        po.host_budget = 0;
+        po.expert_counts = c1;
+        po.n_expert_counts = (uint64_t)nl * ne - 1;
+        assert_null(load(ctx, path, DSI_ACCESS_MMAP, &po, &st));
+        assert_int_equal(st, DSI_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(dsi_last_error(), "n_expert_counts"));
+        printf("# %s\n", dsi_last_error());
+        po.expert_counts = NULL;
+        po.n_expert_counts = (uint64_t)nl * ne;
+        assert_null(load(ctx, path, DSI_ACCESS_MMAP, &po, &st));
+        assert_int_equal(st, DSI_ERR_INVALID_ARGUMENT);
+        po.expert_counts = c1;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        got = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+        assert_non_null(got);
+        assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
+        dsi_model_free(m);
+        free(got);
+        free(again);
+        free(ref);
+        free(c0);
+        free(c1);
+        free(c2);
+        free(ct);
+        dsi_context_free(ctx);
+    }
+}
 
 static void bad_options(void **state) {
     (void)state;
@@ -1356,6 +1526,122 @@ static void hybrid_split(void **state) {
     }
 }
 
+/* The m most often routed experts of a row of E counts (ties: the lower id): sel[x] = 1. The
+ * test's own selection (the library's is lib/place's pick_hot). */
+static void top_m(const uint64_t *c, uint32_t E, uint32_t m, uint8_t *sel) {
+    memset(sel, 0, E);
+    for (uint32_t i = 0; i < m; i++) {
+        int32_t best = -1;
+        for (uint32_t x = 0; x < E; x++)
+            if (!sel[x] && (best < 0 || c[x] > c[best])) best = (int32_t)x;
+        sel[best] = 1;
+    }
+}
+
+/* Hybrid CPU with a routing profile (dsi_place_options.expert_counts): the counts of a run
+ * with every expert on the CPU (the tier counts the ids it downloads: NTOK x k per layer)
+ * taken as the profile, half the experts of each layer on the GPU. With one row per step,
+ * the device computes exactly the uses of the profile's top half of each layer (counted from
+ * this run's own routing, selected by the test) and the CPU the rest — more of them on the
+ * GPU than with experts 0 .. E/2-1; logits within the hybrid bound of all-resident Vulkan; a
+ * profile whose top half is 0 .. E/2-1 gives the plain split's logits bit for bit. */
+static void hybrid_profile(void **state) {
+    (void)state;
+    for (int mi = quick() ? 1 : 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_model_info info;
+        dsi_model_info_init(&info);
+        assert_int_equal(dsi_model_get_info(m, &info), DSI_OK);
+        const uint32_t E = (uint32_t)info.n_experts, k = (uint32_t)info.n_experts_used, half = E / 2;
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 41u + (uint32_t)mi);
+        float *ref = run_single(m, toks, V);
+        assert_non_null(ref);
+        uint32_t nl = 0, ne = 0;
+        uint64_t *cres = counts_of(m, &nl, &ne);
+        for (uint64_t i = 0; i < (uint64_t)nl * ne; i++) assert_int_equal(cres[i], 0); /* resident on a GPU: not counted */
+        dsi_model_free(m);
+        /* every expert on the CPU: the profile */
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = DSI_PLACE_EXPERTS_HOST;
+        po.hybrid = DSI_HYBRID_CPU;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        float *all_cpu = run_single(m, toks, V);
+        assert_non_null(all_cpu);
+        uint64_t *prof = counts_of(m, &nl, &ne);
+        check_count_sums(prof, nl, ne, NTOK, k);
+        dsi_model_free(m);
+        /* the plain split: experts 0 .. E/2-1 on the GPU */
+        po.device_experts = half;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        float *plain = run_single(m, toks, V);
+        assert_non_null(plain);
+        dsi_place_info pi0;
+        info_of(m, &pi0);
+        dsi_model_free(m);
+        /* the profile's split */
+        po.expert_counts = prof;
+        po.n_expert_counts = (uint64_t)nl * ne;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        float *hot = run_single(m, toks, V);
+        assert_non_null(hot);
+        dsi_place_info pi;
+        info_of(m, &pi);
+        uint64_t *c = counts_of(m, &nl, &ne);
+        check_count_sums(c, nl, ne, NTOK, k);
+        uint64_t want_dev = 0, want_cpu = 0;
+        uint8_t sel[256];
+        assert_true(ne <= 256);
+        for (uint32_t l = 0; l < nl; l++) {
+            top_m(prof + (uint64_t)l * ne, ne, half, sel);
+            for (uint32_t x = 0; x < ne; x++) *(sel[x] ? &want_dev : &want_cpu) += c[(uint64_t)l * ne + x];
+        }
+        double md = 0;
+        size_t ad = 0;
+        max_diff(hot, ref, NTOK, V, &md, &ad);
+        printf("# %s: profile split, the hottest %u of %u experts on the GPU: %llu device + %llu cpu expert uses "
+               "(experts 0..%u: %llu + %llu); vs all on vulkan: max |dlogit| %.3e, argmax differs at %zu\n",
+               path, half, E, (unsigned long long)pi.device_experts, (unsigned long long)pi.cpu_experts, half - 1,
+               (unsigned long long)pi0.device_experts, (unsigned long long)pi0.cpu_experts, md, ad);
+        assert_int_equal(pi.device_experts_per_layer, half);
+        assert_int_equal(pi.device_experts, want_dev);
+        assert_int_equal(pi.cpu_experts, want_cpu);
+        assert_int_equal(pi.device_experts + pi.cpu_experts, (uint64_t)NTOK * k * nl);
+        assert_true(pi.device_experts >= pi0.device_experts);
+        assert_int_equal(ad, 0);
+        assert_true(md <= 2e-3);
+        dsi_model_free(m);
+        /* a profile whose top half is 0 .. E/2-1: the plain split, bit for bit */
+        for (uint32_t l = 0; l < nl; l++)
+            for (uint32_t x = 0; x < ne; x++) prof[(uint64_t)l * ne + x] = x < half ? 1 : 0;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        float *same = run_single(m, toks, V);
+        assert_non_null(same);
+        assert_memory_equal(same, plain, sizeof(float) * NTOK * (size_t)V);
+        dsi_model_free(m);
+        free(same);
+        free(hot);
+        free(plain);
+        free(all_cpu);
+        free(ref);
+        free(cres);
+        free(prof);
+        free(c);
+        dsi_context_free(ctx);
+    }
+}
+
 /* Engram tables in every tier next to the GPU (tiny-v41): disk (pread, a row cache), host and
  * device (overrides; rows are gathered on the host in every case): logits bit-identical to
  * the mapped all-resident run; the disk tier reads rows, the others none. */
@@ -1727,6 +2013,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(hybrid_upload),
             cmocka_unit_test(hybrid_cpu),
             cmocka_unit_test(hybrid_split),
+            cmocka_unit_test(hybrid_profile),
             cmocka_unit_test(engram_tiers_gpu),
         };
         int rc = cmocka_run_group_tests_name("test_place_gpu", gpu_tests, NULL, NULL);
@@ -1738,7 +2025,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
         cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
-        cmocka_unit_test(overlap),     cmocka_unit_test(direct_io),
+        cmocka_unit_test(overlap),     cmocka_unit_test(direct_io), cmocka_unit_test(expert_counts),
     };
     if (threads_only) {
         const struct CMUnitTest th[] = {

@@ -277,7 +277,9 @@ class place_options(Struct):
                 ("device_budget", ctypes.c_uint64), ("host_budget", ctypes.c_uint64),
                 ("overrides", ctypes.c_char_p), ("cache_policy", ctypes.c_uint32),
                 ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64),
-                ("hybrid", ctypes.c_uint32), ("device_experts", ctypes.c_uint32)]
+                ("hybrid", ctypes.c_uint32), ("device_experts", ctypes.c_uint32),
+                ("expert_counts", ctypes.POINTER(ctypes.c_uint64)),
+                ("n_expert_counts", ctypes.c_uint64)]
 
 
 class place_class(Struct):
@@ -401,6 +403,8 @@ PROTOTYPES = {
     "dsi_place_options_init": (None, [P(place_options)]),
     "dsi_place_info_init": (None, [P(place_info)]),
     "dsi_model_place_info": (c_status, [H, P(place_info)]),
+    "dsi_model_expert_counts": (c_status, [H, P(u64), u64, P(u64), P(ctypes.c_uint32),
+                                           P(ctypes.c_uint32)]),
 }
 
 # Functions that a newer library may add (declared when present, see bind()).

@@ -132,6 +132,50 @@ static void test_placement(void **state) {
     assert_string_equal(out, ref);
     assert_non_null(strstr(err, "[placement: policy 3"));
     assert_non_null(strstr(err, "experts computed by the cpu"));
+    /* a routing profile: written after the run (the header, one line per layer of counts
+     * summing to the evaluated rows x k), read back (the same greedy text on the CPU); a
+     * malformed or missing one is an error before the load */
+    char prof[4200];
+    snprintf(prof, sizeof prof, "%s.prof", tmp);
+    snprintf(args, sizeof args, "-m %s -p 'Hello world' -n 6 --temp 0 --save-expert-counts %s", model, prof);
+    assert_int_equal(run(args, NULL), 0);
+    assert_string_equal(out, ref);
+    FILE *f = fopen(prof, "r");
+    assert_non_null(f);
+    unsigned ver = 0, nl = 0, ne = 0;
+    assert_int_equal(fscanf(f, "dsinfer-expert-counts %u %u %u", &ver, &nl, &ne), 3);
+    assert_int_equal(ver, 1);
+    assert_true(nl > 0 && ne > 0);
+    unsigned long long first = 0;
+    for (unsigned l = 0; l < nl; l++) {
+        unsigned long long sum = 0, v;
+        for (unsigned x = 0; x < ne; x++) {
+            assert_int_equal(fscanf(f, "%llu", &v), 1);
+            sum += v;
+        }
+        if (l == 0) first = sum;
+        assert_true(sum > 0);
+        assert_int_equal(sum, first); /* every layer routed the same rows */
+    }
+    fclose(f);
+    snprintf(args, sizeof args, "-m %s -p 'Hello world' -n 6 --temp 0 --expert-counts %s", model, prof);
+    assert_int_equal(run(args, NULL), 0);
+    assert_string_equal(out, ref);
+    f = fopen(prof, "w");
+    assert_non_null(f);
+    fputs("dsinfer-expert-counts 1 2 2\n1 2 3\n", f); /* one count short */
+    fclose(f);
+    assert_int_equal(run(args, NULL), 1);
+    assert_non_null(strstr(err, "is not a routing profile"));
+    f = fopen(prof, "w");
+    assert_non_null(f);
+    fputs("dsinfer-expert-counts 1 2 2\n1 2 3 4\n", f); /* well formed, not this model's shape */
+    fclose(f);
+    assert_int_equal(run(args, NULL), 1);
+    assert_non_null(strstr(err, "n_expert_counts 4 is not the model's"));
+    remove(prof);
+    assert_int_equal(run("--expert-counts /nonexistent/profile -p x", NULL), 1);
+    assert_non_null(strstr(err, "cannot open"));
     /* an override that puts an attention tensor on disk is refused at load */
     snprintf(args, sizeof args, "-m %s -p x -ot 'blk.*.attn_q_a.weight=disk'", model);
     assert_int_equal(run(args, NULL), 1);

@@ -423,6 +423,8 @@ pub struct dsi_place_options {
     /// since 0.3.1
     pub hybrid: u32,
     pub device_experts: u32,
+    pub expert_counts: *const u64,
+    pub n_expert_counts: u64,
 }
 
 #[repr(C)]
@@ -694,6 +696,14 @@ extern "C" {
     pub fn dsi_place_options_init(opt: *mut dsi_place_options);
     pub fn dsi_place_info_init(info: *mut dsi_place_info);
     pub fn dsi_model_place_info(model: *const dsi_model, info: *mut dsi_place_info) -> dsi_status;
+    pub fn dsi_model_expert_counts(
+        model: *const dsi_model,
+        counts: *mut u64,
+        cap: u64,
+        n_needed: *mut u64,
+        n_layers: *mut u32,
+        n_experts: *mut u32,
+    ) -> dsi_status;
     pub fn dsi_prompt_cache_stats_init(stats: *mut dsi_prompt_cache_stats);
     pub fn dsi_session_prompt_cache_stats(
         session: *const dsi_session,
