@@ -941,6 +941,13 @@ DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
 #define DSI_HYBRID_CPU 0u             /* the CPU instance computes them from host RAM (default) */
 #define DSI_HYBRID_UPLOAD 1u          /* they are copied into an expert cache on the GPU and
                                          computed there (logits bit-identical to all-resident) */
+/* since 0.3.1: chosen per step and layer — a step whose routed experts serve at least
+ * hybrid_rows rows each on average uploads them (moving an expert then costs less than
+ * computing its rows on the CPU), otherwise (decode, small batches) the CPU computes them
+ * from host RAM; layers on disk always upload. Trades the chunking-invariance of the logits
+ * for speed: a prompt chunked differently may give logits that differ in the last bits (a
+ * given chunking always gives the same logits) */
+#define DSI_HYBRID_AUTO 2u
 /* dsi_place_options.device_experts: as many per tiered layer as the device budget leaves */
 #define DSI_DEVICE_EXPERTS_AUTO 0xFFFFFFFFu
 
@@ -983,6 +990,9 @@ typedef struct dsi_place_options {
     const uint64_t *expert_counts;
     uint64_t n_expert_counts;  /* entries of expert_counts: n_layers × n_experts of the model
                                   (INVALID_ARGUMENT otherwise) */
+    uint32_t hybrid_rows;      /* since 0.3.1, DSI_HYBRID_AUTO: a step uploads when its routed
+                                  experts serve this many rows each on average (n·k >=
+                                  hybrid_rows × distinct experts); 0 = 16 */
 } dsi_place_options;
 
 /* since 0.3 — [thread-safe] Sets struct_size and zeroes the rest (policy AUTO, auto budgets). */

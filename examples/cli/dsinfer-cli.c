@@ -60,6 +60,7 @@ typedef struct {
     const char *overrides;     /* -ot */
     int hybrid;                /* -1: default; DSI_HYBRID_* */
     uint32_t device_experts;   /* --device-experts (DSI_DEVICE_EXPERTS_AUTO: auto) */
+    uint32_t hybrid_rows;      /* --hybrid-rows (0: the library's default) */
     uint64_t device_budget, host_budget;
     int no_mmap;
     int direct_io;             /* --direct-io */
@@ -99,8 +100,11 @@ static void usage(FILE *f) {
             "                   (docs/placement.md; -v prints the plan and its counters)\n"
             "  -ot PATTERN=TIER[,...]  per-tensor tiers (device, host, disk), e.g.\n"
             "                   'blk.*.ffn_*_exps.weight=host'; implies --place auto if not given\n"
-            "  --hybrid MODE    GPU backends: cpu (the CPU computes experts outside the GPU, default)\n"
-            "                   or upload (they are cached on the GPU)\n"
+            "  --hybrid MODE    GPU backends: cpu (the CPU computes experts outside the GPU, default),\n"
+            "                   upload (they are cached on the GPU) or auto (per step: a step whose\n"
+            "                   experts serve --hybrid-rows rows each on average uploads, else the CPU)\n"
+            "  --hybrid-rows N  with --hybrid auto: rows per routed expert from which a step\n"
+            "                   uploads (default 16)\n"
             "  --device-experts N|auto  with --hybrid cpu: N experts of every layer kept on the GPU,\n"
             "                   computed there while the CPU computes the rest (auto: what fits);\n"
             "                   experts 0..N-1, or the most often routed of --expert-counts\n"
@@ -232,7 +236,13 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             NEXT();
             if (!strcmp(argv[i], "cpu")) o->hybrid = DSI_HYBRID_CPU;
             else if (!strcmp(argv[i], "upload")) o->hybrid = DSI_HYBRID_UPLOAD;
-            else return bad_value(a, argv[i], "expected cpu or upload");
+            else if (!strcmp(argv[i], "auto")) o->hybrid = DSI_HYBRID_AUTO;
+            else return bad_value(a, argv[i], "expected cpu, upload or auto");
+        }
+        else if (!strcmp(a, "--hybrid-rows")) {
+            NEXT();
+            if (!parse_i64(a, argv[i], 1, 1 << 20, &v)) return 0;
+            o->hybrid_rows = (uint32_t)v;
         }
         else if (!strcmp(a, "--device-experts")) {
             NEXT();
@@ -721,7 +731,7 @@ int main(int argc, char **argv) {
     }
     if (o.no_mmap) mo.access = DSI_ACCESS_PREAD;
     if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget || o.device_experts ||
-        o.direct_io || profile) {
+        o.direct_io || profile || o.hybrid_rows) {
         po.policy = o.place ? (uint32_t)(o.place - 1) : DSI_PLACE_AUTO;
         po.overrides = o.overrides;
         po.hybrid = o.hybrid >= 0 ? (uint32_t)o.hybrid : DSI_HYBRID_CPU;
@@ -730,6 +740,7 @@ int main(int argc, char **argv) {
         po.device_experts = o.device_experts;
         if (o.direct_io) po.flags |= DSI_PLACE_FLAG_DIRECT_IO;
         po.expert_counts = profile;
+        po.hybrid_rows = o.hybrid_rows;
         po.n_expert_counts = n_profile;
         mo.place = &po;
     }
@@ -746,7 +757,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "[placement: policy %u, hybrid %s; device %llu bytes (budget %llu), host %llu (budget %llu), "
                             "disk %llu, mapped %llu; expert cache %u slots, %llu bytes in %s; %u experts per layer on the "
                             "device]\n",
-                    pi.policy, pi.hybrid == DSI_HYBRID_UPLOAD ? "upload" : "cpu",
+                    pi.policy, pi.hybrid == DSI_HYBRID_UPLOAD ? "upload" : pi.hybrid == DSI_HYBRID_AUTO ? "auto" : "cpu",
                     (unsigned long long)pi.device_weight_bytes, (unsigned long long)pi.device_budget,
                     (unsigned long long)pi.host_bytes, (unsigned long long)pi.host_budget,
                     (unsigned long long)pi.disk_bytes, (unsigned long long)pi.mapped_bytes, pi.expert_cache_slots,

@@ -227,9 +227,14 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if (o.cache_policy > DSI_CACHE_LFU)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
                          "dsi_place_options.cache_policy %u is not DSI_CACHE_LRU or DSI_CACHE_LFU", o.cache_policy);
-    if (o.hybrid > DSI_HYBRID_UPLOAD)
+    if (o.hybrid > DSI_HYBRID_AUTO)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
-                         "dsi_place_options.hybrid %u is not DSI_HYBRID_CPU or DSI_HYBRID_UPLOAD", o.hybrid);
+                         "dsi_place_options.hybrid %u is not DSI_HYBRID_CPU, DSI_HYBRID_UPLOAD or DSI_HYBRID_AUTO",
+                         o.hybrid);
+    if (o.hybrid == DSI_HYBRID_AUTO && o.device_experts)
+        return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT,
+                         "dsi_place_options.device_experts is for DSI_HYBRID_CPU (DSI_HYBRID_AUTO keeps an expert "
+                         "cache on the GPU instead)");
     const uint32_t known_flags = DSI_PLACE_FLAG_NO_PREFETCH | DSI_PLACE_FLAG_DIRECT_IO;
     if (o.flags & ~known_flags)
         return dsii_fail(e, DSI_ERR_INVALID_ARGUMENT, "dsi_place_options.flags has unknown bits 0x%x",
@@ -260,6 +265,7 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     pl->cache_policy = o.cache_policy;
     pl->flags = o.flags;
     pl->hybrid = o.hybrid;
+    pl->hybrid_rows = o.hybrid_rows ? o.hybrid_rows : 16;
     const dsii_device *dev = m->ctx ? dsii_context_compute(m->ctx) : NULL;
     pl->cpu_compute = !dev || strcmp(dev->name, "cpu") == 0;
     pl->host_budget = o.host_budget ? o.host_budget : phys_half();
@@ -433,7 +439,7 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
                          " (place the routed experts in host RAM or on disk: DSI_PLACE_EXPERTS_HOST or "
                          "_EXPERTS_STREAMED, or overrides)",
                          pl->device_bytes, dev->name, pl->device_budget);
-    if (!pl->cpu_compute && pl->n_tiered_layers && pl->hybrid == DSII_HYBRID_UPLOAD) {
+    if (!pl->cpu_compute && pl->n_tiered_layers && (pl->hybrid == DSII_HYBRID_UPLOAD || pl->hybrid == DSII_HYBRID_AUTO)) {
         /* an expert cache on the GPU: what the budget leaves after the resident weights, at
          * least k slots, at most every tiered expert; disk reads go through one host staging
          * piece per reader (DSII_XTIER_STAGES) */

@@ -55,7 +55,7 @@ enum {
 };
 enum { DSII_CACHE_LRU = 0, DSII_CACHE_LFU = 1 };
 /* How a GPU compute device runs the routed experts of tiered layers (public DSI_HYBRID_*). */
-enum { DSII_HYBRID_CPU = 0, DSII_HYBRID_UPLOAD = 1 };
+enum { DSII_HYBRID_CPU = 0, DSII_HYBRID_UPLOAD = 1, DSII_HYBRID_AUTO = 2 };
 #define DSII_PLACE_FLAG_NO_PREFETCH (1u << 0)
 #define DSII_PLACE_FLAG_DIRECT_IO (1u << 1)
 /* O_DIRECT reads: offsets, lengths and buffers aligned to this */
@@ -83,7 +83,8 @@ typedef struct dsii_place {
     uint32_t n_tiered_layers;     /* layers with layer_streamed set */
     uint32_t n_experts_tiered;    /* (layer, expert) pairs of those layers */
     uint32_t hybrid;              /* DSII_HYBRID_* (GPU compute device with tiered layers) */
-    int32_t cache_on_device;      /* the expert cache is GPU memory (hybrid UPLOAD) */
+    int32_t cache_on_device;      /* the expert cache is GPU memory (hybrid UPLOAD / AUTO) */
+    uint32_t hybrid_rows;         /* hybrid AUTO: steps of at least this many rows upload */
     uint32_t dev_experts;         /* hybrid CPU: experts 0 .. dev_experts-1 of each tiered layer
                                      kept on the GPU */
     uint64_t dev_split_bytes;     /* their device bytes */

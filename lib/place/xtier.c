@@ -106,6 +106,10 @@ struct dsii_xtier {
     dsii_device *cdev;        /* where the cache lives and the tiered experts are computed */
     int dcache;               /* the cache is GPU memory (hybrid UPLOAD): uploads, no `mem` */
     int hcpu;                 /* hybrid CPU: cdev is the CPU instance next to a GPU */
+    int autoh;                /* hybrid AUTO: a GPU cache (cdev = dev) and, for steps of fewer
+                                 than up_rows rows on host-tier layers, the hybrid CPU path */
+    uint32_t up_rows;
+    dsii_device *hdev;        /* the CPU instance of the hybrid CPU path (hcpu: cdev) */
     uint8_t *mem;             /* host cache (cdev = the CPU) */
     dsib_buffer *buf;         /* the cache as a buffer of cdev */
     uint8_t *stage[DSII_XTIER_STAGES]; /* PIECE + 2 DIO_ALIGN bytes, DIO_ALIGN-aligned */
@@ -359,12 +363,15 @@ static int32_t *routing_host(const dsii_xtier *xt, const dsii_device *dev, dsib_
     return h;
 }
 
+static uint64_t count_distinct(const int32_t *sl, const float *wt, uint64_t count);
+
 void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *strm, int32_t layer,
                         dsib_view x, uint32_t ldx, dsib_view ids, uint32_t n, dsib_view logits,
                         dsib_view sel, dsib_view wts) {
     if (!xt || !xt->th_on || layer < 0 || (uint32_t)layer >= xt->n_layer) return;
     int32_t l2 = xt->L[layer].next;
-    if (l2 < 0 || (xt->hcpu && xt->L[l2].host)) return; /* hybrid CPU: host-tier layers have no cache */
+    /* hybrid CPU (and AUTO's CPU steps): host-tier layers do not use the cache */
+    if (l2 < 0 || ((xt->hcpu || (xt->autoh && n < xt->up_rows)) && xt->L[l2].host)) return;
     const dsii_moe_weights *w = xt->L[l2].mw;
     if (!w || !w->gate_inp.buf) return;
     const dsib_ops *ops = dev->be->ops;
@@ -381,6 +388,10 @@ void dsii_xtier_predict(dsii_xtier *xt, const dsii_device *dev, dsib_stream *str
     int32_t *tmp = NULL;
     const int32_t *sl = routing_host(xt, dev, sel, (uint64_t)n * k, &tmp, &be_err);
     if (!sl) return;
+    if (xt->autoh && xt->L[l2].host && (uint64_t)n * k < (uint64_t)xt->up_rows * count_distinct(sl, NULL, (uint64_t)n * k)) {
+        dsii_free(xt->ctx, tmp); /* hybrid AUTO: that step will run on the CPU */
+        return;
+    }
     pthread_mutex_lock(&xt->mu);
     xt->gen++;
     xt->qhead = 0;
@@ -643,7 +654,7 @@ static dsi_status run_chunks(dsii_xtier *xt, dsib_stream *cs, const dsii_moe_wei
 
 /* A CPU worker (hybrid CPU) for n rows of stride ldx; waits while all are busy. */
 static cpuw *worker_take(dsii_xtier *xt, uint32_t n, uint32_t ldx, dsii_error *e) {
-    const dsib_backend *be = xt->cdev->be;
+    const dsib_backend *be = xt->hdev->be;
     dsib_error be_err = {{0}};
     pthread_mutex_lock(&xt->mu);
     for (;;) {
@@ -667,7 +678,7 @@ static cpuw *worker_take(dsii_xtier *xt, uint32_t n, uint32_t ldx, dsii_error *e
         if (fit >= 0) return wk;
         /* (re)create for at least 64 rows */
         if (wk->s) be->stream_destroy(wk->s);
-        if (wk->b) be->buffer_free(xt->cdev->inst, wk->b);
+        if (wk->b) be->buffer_free(xt->hdev->inst, wk->b);
         wk->s = NULL;
         wk->b = NULL;
         uint32_t cap = n > wk->cap ? n : wk->cap;
@@ -694,9 +705,9 @@ static cpuw *worker_take(dsii_xtier *xt, uint32_t n, uint32_t ldx, dsii_error *e
         o += ((uint64_t)cap * xt->max_k * 4 + 63) & ~(uint64_t)63;
         wk->owg = o;
         o += (uint64_t)cap * xt->max_k * 4;
-        dsi_status st = be->stream_create(xt->cdev->inst, &d, &wk->s, &be_err);
-        if (st == DSI_OK) st = be->buffer_alloc(xt->cdev->inst, o, DSIB_BUFFER_SCRATCH, &wk->b, &be_err);
-        if (st == DSI_OK && !(wk->p = be->buffer_host_ptr(xt->cdev->inst, wk->b))) {
+        dsi_status st = be->stream_create(xt->hdev->inst, &d, &wk->s, &be_err);
+        if (st == DSI_OK) st = be->buffer_alloc(xt->hdev->inst, o, DSIB_BUFFER_SCRATCH, &wk->b, &be_err);
+        if (st == DSI_OK && !(wk->p = be->buffer_host_ptr(xt->hdev->inst, wk->b))) {
             st = DSI_ERR_INTERNAL;
             snprintf(be_err.msg, sizeof be_err.msg, "no host pointer");
         }
@@ -788,7 +799,7 @@ static dsi_status hybrid_cpu(dsii_xtier *xt, const dsii_device *dev, dsib_stream
         return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d shape exceeds the tier's", l);
     cpuw *wk = worker_take(xt, n, ldx, e);
     if (!wk) return e->status;
-    const dsib_backend *gb = dev->be, *cb = xt->cdev->be;
+    const dsib_backend *gb = dev->be, *cb = xt->hdev->be;
     dsib_error be_err = {{0}};
     dsi_status st = DSI_OK;
     /* the routing on the host; the shared expert recorded behind it keeps the GPU busy */
@@ -907,7 +918,11 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
     if (l < 0 || (uint32_t)l >= xt->n_layer || !xt->L[l].streamed)
         return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: layer %d is not streamed", l);
     if (n == 0) return shared ? shared->record(shared->ctx, e) : DSI_OK;
-    if (xt->hcpu) return hybrid_cpu(xt, dev, strm, w, l, x, ldx, sel, wts, n, y, ldy, cancel, shared, e);
+    /* hybrid AUTO, the cost model (docs/placement.md): upload when the step's routed experts
+     * serve at least up_rows rows each on average (n·k >= up_rows·U), else the CPU computes
+     * them from host RAM. An expert serves at most n rows: below up_rows rows no ids needed */
+    if (xt->hcpu || (xt->autoh && xt->L[l].host && n < xt->up_rows))
+        return hybrid_cpu(xt, dev, strm, w, l, x, ldx, sel, wts, n, y, ldy, cancel, shared, e);
     /* the routing is read on the host: everything recorded so far runs first */
     dsi_status st = be->sync(strm, &be_err);
     if (st != DSI_OK) return dsii_fail(e, st, "%s: routing failed: %s", dev->name, be_err.msg);
@@ -915,6 +930,11 @@ dsi_status dsii_xtier_experts(dsii_xtier *xt, const dsii_device *dev, dsib_strea
     int32_t *sl = routing_host(xt, dev, sel, (uint64_t)n * w->k, &tmp, &be_err);
     if (!sl) return dsii_fail(e, DSI_ERR_BACKEND, "expert tier: %s: reading the routing failed: %s", dev->name, be_err.msg);
     st = check_ids(&xt->L[l], sl, (uint64_t)n * w->k, e);
+    if (st == DSI_OK && xt->autoh && xt->L[l].host &&
+        (uint64_t)n * w->k < (uint64_t)xt->up_rows * count_distinct(sl, NULL, (uint64_t)n * w->k)) {
+        dsii_free(xt->ctx, tmp);
+        return hybrid_cpu(xt, dev, strm, w, l, x, ldx, sel, wts, n, y, ldy, cancel, shared, e);
+    }
     /* the CPU device's ids were counted by lib/moe */
     if (st == DSI_OK && strcmp(dev->name, "cpu") != 0) dsii_moe_count(w->counts, xt->L[l].E, sl, (uint64_t)n * w->k);
     if (st == DSI_OK) st = run_chunks(xt, strm, w, l, x, ldx, sl, sel, tmp != NULL, wts, n, y, ldy, cancel, e);
@@ -934,9 +954,15 @@ void dsii_xtier_cost(uint64_t total_experts, uint64_t *fixed, uint64_t *per_slot
 dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     dsii_place *pl = m->place;
     if (!pl || !pl->n_tiered_layers || pl->xt) return DSI_OK;
-    dsii_device *cdev = pl->cpu_compute || pl->hybrid == DSII_HYBRID_UPLOAD ? dev : dsii_context_cpu(m->ctx);
+    const int gpu_cache = pl->hybrid == DSII_HYBRID_UPLOAD || pl->hybrid == DSII_HYBRID_AUTO;
+    dsii_device *cdev = pl->cpu_compute || gpu_cache ? dev : dsii_context_cpu(m->ctx);
     if (!cdev) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: the context has no CPU instance");
-    const int dcache = !pl->cpu_compute && pl->hybrid == DSII_HYBRID_UPLOAD;
+    const int dcache = !pl->cpu_compute && gpu_cache;
+    const int autoh = !pl->cpu_compute && pl->hybrid == DSII_HYBRID_AUTO;
+    dsii_device *hdev = autoh ? dsii_context_cpu(m->ctx) : cdev;
+    if (!hdev) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: the context has no CPU instance");
+    if (autoh && (!hdev->be->buffer_wrap_host || !hdev->be->buffer_host_ptr))
+        return dsii_fail(e, DSI_ERR_UNSUPPORTED, "expert tier: %s cannot use host memory in place", hdev->name);
     if (!dcache && (!cdev->be->buffer_wrap_host || !cdev->be->buffer_host_ptr))
         return dsii_fail(e, DSI_ERR_UNSUPPORTED, "expert tier: %s cannot use host memory in place", cdev->name);
     if (dcache && !cdev->be->download)
@@ -950,6 +976,9 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
     xt->cdev = cdev;
     xt->dcache = dcache;
     xt->hcpu = !pl->cpu_compute && pl->hybrid == DSII_HYBRID_CPU;
+    xt->autoh = autoh;
+    xt->up_rows = pl->hybrid_rows;
+    xt->hdev = hdev;
     xt->dio_fd = -1;
     xt->n_slots = pl->cache_slots;
     xt->slot_bytes = pl->expert_unit_bytes;
@@ -972,15 +1001,15 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
         if ((uint32_t)L->t[0]->ne[1] > xt->max_F) xt->max_F = (uint32_t)L->t[0]->ne[1];
         if (m->hp.layer[l].n_expert > xt->max_E) xt->max_E = m->hp.layer[l].n_expert;
         if (m->hp.layer[l].n_expert_used > xt->max_k) xt->max_k = m->hp.layer[l].n_expert_used;
-        if (xt->hcpu && L->host) {
+        if ((xt->hcpu || xt->autoh) && L->host) {
             /* computed in place by the CPU instance: the host-tier tensors as CPU weights */
             for (int j = 0; j < 3; j++) {
                 const dsii_tensor *t = L->t[j];
                 if (!t->data) return dsii_fail(e, DSI_ERR_INTERNAL, "expert tier: '%s' is not in host memory", t->name);
                 dsib_error be_err = {{0}};
-                dsi_status st = cdev->be->buffer_wrap_host(cdev->inst, (void *)(uintptr_t)t->data, t->nbytes,
+                dsi_status st = hdev->be->buffer_wrap_host(hdev->inst, (void *)(uintptr_t)t->data, t->nbytes,
                                                            DSIB_BUFFER_WEIGHTS, &L->hb[j], &be_err);
-                if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", cdev->name, be_err.msg);
+                if (st != DSI_OK) return dsii_fail(e, st, "expert tier: %s: %s", hdev->name, be_err.msg);
                 dsib_weight *hw = &L->hw[j];
                 memset(hw, 0, sizeof *hw);
                 hw->buf = L->hb[j];
@@ -1194,10 +1223,10 @@ void dsii_place_exec_fini(dsi_model *m) {
         pthread_mutex_unlock(&xt->mu);
         pthread_join(xt->th, NULL);
     }
-    const dsib_backend *cb = xt->cdev->be, *gbe = xt->dev->be;
+    const dsib_backend *cb = xt->cdev->be, *gbe = xt->dev->be, *hb = xt->hdev ? xt->hdev->be : cb;
     for (int i = 0; i < NWORK; i++) {
-        if (xt->W[i].s) cb->stream_destroy(xt->W[i].s);
-        if (xt->W[i].b) cb->buffer_free(xt->cdev->inst, xt->W[i].b);
+        if (xt->W[i].s) hb->stream_destroy(xt->W[i].s);
+        if (xt->W[i].b) hb->buffer_free(xt->hdev->inst, xt->W[i].b);
         if (xt->W[i].ev) gbe->event_destroy(xt->dev->inst, xt->W[i].ev);
         if (xt->W[i].gb) gbe->buffer_free(xt->dev->inst, xt->W[i].gb);
     }
@@ -1211,7 +1240,7 @@ void dsii_place_exec_fini(dsi_model *m) {
     if (xt->tier_counted) atomic_fetch_sub(&pl->host_used, pl->tier_bytes);
     for (uint32_t l = 0; l < xt->n_layer; l++) {
         for (int j = 0; j < 3; j++) {
-            if (xt->L[l].hb[j]) cb->buffer_free(xt->cdev->inst, xt->L[l].hb[j]);
+            if (xt->L[l].hb[j]) hb->buffer_free(xt->hdev->inst, xt->L[l].hb[j]);
             if (xt->L[l].gb[j]) gbe->buffer_free(xt->dev->inst, xt->L[l].gb[j]);
         }
         dsii_free(m->ctx, xt->L[l].map);

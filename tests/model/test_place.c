@@ -1642,6 +1642,131 @@ static void hybrid_profile(void **state) {
     }
 }
 
+#define AUTO_P 16
+
+/* A prefill of AUTO_P rows in one step (the executor runs it as one 16-row pass), then
+ * single-row steps: all logits; the place info
+ * and the routing counts after the prefill (pi1, c1; c1 malloc'ed) and at the end (pi2). */
+static float *run_auto(dsi_model *m, const dsi_token *toks, int32_t V, dsi_place_info *pi1, uint64_t **c1,
+                       dsi_place_info *pi2) {
+    dsi_session *s = mt_session(m, NCTX, NTOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+    if (!s) return NULL;
+    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
+    dsii_session_begin_call(s);
+    dsi_status st = dsii_session_append_all_logits(s, toks, AUTO_P, all);
+    uint32_t nl, ne;
+    if (st == DSI_OK && pi1) info_of(m, pi1);
+    if (st == DSI_OK && c1) *c1 = counts_of(m, &nl, &ne);
+    for (int i = AUTO_P; st == DSI_OK && i < NTOK; i++) {
+        dsii_session_begin_call(s);
+        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
+    }
+    if (st == DSI_OK && pi2) info_of(m, pi2);
+    if (st != DSI_OK) {
+        printf("# run: %s\n", dsi_session_last_error(s));
+        free(all);
+        all = NULL;
+    }
+    dsi_session_free(s);
+    return all;
+}
+
+/* DSI_HYBRID_AUTO, the per-step choice (experts in host RAM): with hybrid_rows 3 the
+ * 16-row prefill (2 x 16 entries over at most 8 experts: >= 4 rows each) uploads its experts into the GPU cache (no CPU work; the GPU computes each
+ * layer's distinct experts of the step, counted from the routing; logits bit-identical to
+ * all-resident Vulkan) and the single-row steps after it run on the CPU (exactly k experts
+ * per layer each, nothing uploaded; within the hybrid bound); with the default (16: not
+ * reached by 32 entries over several experts) the prefill runs on the CPU too: the DSI_HYBRID_CPU run bit for bit, nothing uploaded. Bad
+ * combinations are refused. */
+static void hybrid_auto(void **state) {
+    (void)state;
+    for (int mi = quick() ? 1 : 0; mi < 2; mi++) {
+        const char *path = g_models[mi];
+        if (!path) continue;
+        dsi_context *ctx = new_ctx(NULL);
+        assert_non_null(ctx);
+        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+        assert_non_null(m);
+        int32_t V = n_vocab(m);
+        dsi_model_info info;
+        dsi_model_info_init(&info);
+        assert_int_equal(dsi_model_get_info(m, &info), DSI_OK);
+        const uint32_t k = (uint32_t)info.n_experts_used, nl = (uint32_t)info.n_layers, E = (uint32_t)info.n_experts;
+        dsi_token toks[NTOK];
+        mt_tokens(toks, NTOK, V, 77u + (uint32_t)mi);
+        float *ref = run_auto(m, toks, V, NULL, NULL, NULL);
+        assert_non_null(ref);
+        dsi_model_free(m);
+        dsi_place_options po;
+        dsi_place_options_init(&po);
+        po.policy = DSI_PLACE_EXPERTS_HOST;
+        po.hybrid = DSI_HYBRID_CPU;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        float *cpu = run_auto(m, toks, V, NULL, NULL, NULL);
+        assert_non_null(cpu);
+        dsi_model_free(m);
+        /* steps whose experts serve 3 rows or more each upload */
+        po.hybrid = DSI_HYBRID_AUTO;
+        po.hybrid_rows = 3;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        dsi_place_info pi1, pi2;
+        uint64_t *c1 = NULL;
+        float *got = run_auto(m, toks, V, &pi1, &c1, &pi2);
+        assert_non_null(got);
+        assert_int_equal(pi1.hybrid, DSI_HYBRID_AUTO);
+        assert_int_equal(pi1.expert_cache_tier, DSI_TIER_DEVICE);
+        assert_true(pi1.expert_cache_slots >= k);
+        uint64_t distinct = 0;
+        for (uint64_t i = 0; i < (uint64_t)nl * E; i++) distinct += c1[i] > 0;
+        double md = 0;
+        size_t ad = 0;
+        max_diff(got + (size_t)AUTO_P * V, ref + (size_t)AUTO_P * V, NTOK - AUTO_P, V, &md, &ad);
+        printf("# %s: auto (3 rows per expert): prefill %llu device experts, %llu bytes uploaded, %llu cpu; decode %llu cpu "
+               "experts, %llu bytes uploaded; decode vs all on vulkan: max |dlogit| %.3e, argmax differs at %zu\n",
+               path, (unsigned long long)pi1.device_experts, (unsigned long long)pi1.bytes_uploaded,
+               (unsigned long long)pi1.cpu_experts, (unsigned long long)(pi2.cpu_experts - pi1.cpu_experts),
+               (unsigned long long)(pi2.bytes_uploaded - pi1.bytes_uploaded), md, ad);
+        assert_memory_equal(got, ref, sizeof(float) * AUTO_P * (size_t)V);
+        assert_int_equal(pi1.cpu_experts, 0);
+        assert_int_equal(pi1.device_experts, distinct);
+        assert_true(pi1.bytes_uploaded > 0);
+        assert_int_equal(pi2.bytes_uploaded, pi1.bytes_uploaded);
+        assert_int_equal(pi2.device_experts, pi1.device_experts);
+        assert_int_equal(pi2.cpu_experts, (uint64_t)(NTOK - AUTO_P) * k * nl);
+        assert_int_equal(ad, 0);
+        assert_true(md <= 2e-3);
+        dsi_model_free(m);
+        free(c1);
+        free(got);
+        /* the default (16 rows per expert): everything on the CPU */
+        po.hybrid_rows = 0;
+        m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
+        assert_non_null(m);
+        got = run_auto(m, toks, V, NULL, NULL, &pi2);
+        assert_non_null(got);
+        assert_memory_equal(got, cpu, sizeof(float) * NTOK * (size_t)V);
+        assert_int_equal(pi2.bytes_uploaded, 0);
+        assert_int_equal(pi2.device_experts, 0);
+        dsi_model_free(m);
+        free(got);
+        /* refused */
+        dsi_status st;
+        po.device_experts = 2;
+        assert_null(load(ctx, path, DSI_ACCESS_MMAP, &po, &st));
+        assert_int_equal(st, DSI_ERR_INVALID_ARGUMENT);
+        printf("# %s\n", dsi_last_error());
+        po.device_experts = 0;
+        po.hybrid = DSI_HYBRID_AUTO + 1;
+        assert_null(load(ctx, path, DSI_ACCESS_MMAP, &po, &st));
+        assert_int_equal(st, DSI_ERR_INVALID_ARGUMENT);
+        free(cpu);
+        free(ref);
+        dsi_context_free(ctx);
+    }
+}
+
 /* Engram tables in every tier next to the GPU (tiny-v41): disk (pread, a row cache), host and
  * device (overrides; rows are gathered on the host in every case): logits bit-identical to
  * the mapped all-resident run; the disk tier reads rows, the others none. */
@@ -2014,6 +2139,7 @@ int main(int argc, char **argv) {
             cmocka_unit_test(hybrid_cpu),
             cmocka_unit_test(hybrid_split),
             cmocka_unit_test(hybrid_profile),
+            cmocka_unit_test(hybrid_auto),
             cmocka_unit_test(engram_tiers_gpu),
         };
         int rc = cmocka_run_group_tests_name("test_place_gpu", gpu_tests, NULL, NULL);

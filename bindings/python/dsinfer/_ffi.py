@@ -279,7 +279,7 @@ class place_options(Struct):
                 ("flags", ctypes.c_uint32), ("engram_cache_bytes", ctypes.c_uint64),
                 ("hybrid", ctypes.c_uint32), ("device_experts", ctypes.c_uint32),
                 ("expert_counts", ctypes.POINTER(ctypes.c_uint64)),
-                ("n_expert_counts", ctypes.c_uint64)]
+                ("n_expert_counts", ctypes.c_uint64), ("hybrid_rows", ctypes.c_uint32)]
 
 
 class place_class(Struct):

@@ -406,6 +406,7 @@ pub const DSI_TIER_HOST: u32 = 1;
 pub const DSI_TIER_DISK: u32 = 2;
 pub const DSI_HYBRID_CPU: u32 = 0;
 pub const DSI_HYBRID_UPLOAD: u32 = 1;
+pub const DSI_HYBRID_AUTO: u32 = 2;
 pub const DSI_DEVICE_EXPERTS_AUTO: u32 = 0xFFFFFFFF;
 pub const DSI_PLACE_MAX_CLASSES: u32 = 8;
 
@@ -425,6 +426,7 @@ pub struct dsi_place_options {
     pub device_experts: u32,
     pub expert_counts: *const u64,
     pub n_expert_counts: u64,
+    pub hybrid_rows: u32,
 }
 
 #[repr(C)]
