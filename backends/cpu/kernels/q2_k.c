@@ -91,23 +91,30 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Super-block decode for DSIB_KQ_TILE_AVX512: vector s = 2-bit field s of qs[0..64); its
  * 16-byte quarters are the sub-blocks 2s, 2s+1, 8+2s, 9+2s, whose scales pshufb spreads
- * over the quarter's 8 int16 lanes from the scale bytes broadcast to every 128-bit lane;
- * the mins are in natural order, like the activation sums. */
-DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[4], __m256i *mn,
+ * over the quarter's 4 int32 lanes, paired per dsib_kq_token_avx512 (vectors 0 / 1, 2 / 3),
+ * from the scale bytes broadcast to every 128-bit lane; the mins are in natural order, like
+ * the activation sums. */
+DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *mn,
                                 __m128 *dmw) {
     const __m512i m3 = _mm512_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(0x0F);
     const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
     const __m512i sc4 = _mm512_broadcast_i32x4(_mm_and_si128(scb, m4));
     const __m512i q = _mm512_loadu_si512(blk + 16);
-    for (int s = 0; s < 4; s++) {
-        wv[s] = _mm512_and_si512(s ? _mm512_srli_epi16(q, 2 * s) : q, m3);
-        __m512i sel = _mm512_setzero_si512();
-        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (2 * s))), 0);
-        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (2 * s + 1))), 1);
-        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (8 + 2 * s))), 2);
-        sel = _mm512_inserti32x4(sel, _mm_set1_epi16((short)(0x8000 | (9 + 2 * s))), 3);
-        sc[s] = _mm512_shuffle_epi8(sc4, sel);
+    for (int s = 0; s < 4; s++) wv[s] = _mm512_and_si512(s ? _mm512_srli_epi16(q, 2 * s) : q, m3);
+    /* scale pairs (dsib_kq_token_avx512): in quarter c of vectors s, s + 1 (s = 0, 2) the
+     * sub-blocks g(s, c), g(s + 1, c), zero-extended to words */
+    for (int p = 0; p < 2; p++) {
+        const int s0 = 2 * p, s1 = 2 * p + 1;
+        const __m512i sel = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_set1_epi32((int)(0x80008000u | (uint32_t)(2 * s0) | ((uint32_t)(2 * s1) << 16)))),
+                _mm_set1_epi32((int)(0x80008000u | (uint32_t)(2 * s0 + 1) | ((uint32_t)(2 * s1 + 1) << 16))), 1)),
+            _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_set1_epi32((int)(0x80008000u | (uint32_t)(8 + 2 * s0) | ((uint32_t)(8 + 2 * s1) << 16)))),
+                _mm_set1_epi32((int)(0x80008000u | (uint32_t)(9 + 2 * s0) | ((uint32_t)(9 + 2 * s1) << 16))), 1),
+            1);
+        sc[p] = _mm512_shuffle_epi8(sc4, sel);
     }
     *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
     *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */

@@ -93,10 +93,10 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
 /* Super-block decode for DSIB_KQ_TILE_AVX512: vector v = low (v even) / high (v odd)
- * nibbles of qs[64·(v/2)..]; its int16 lanes 0-15 use the scale of sub-block P[2v], 16-31
- * that of P[2v+1] (vpermw over the 16 unpacked words: scales 0-7, mins 8-15); the mins are
- * doubled up to match the activation sums per 16. */
-DSIB_AI void q4_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[4], __m256i *mn,
+ * nibbles of qs[64·(v/2)..]; its int32 lanes 0-7 use the scale of sub-block P[2v], 8-15
+ * that of P[2v+1], paired per dsib_kq_token_avx512 (vpermw over the 16 unpacked words:
+ * scales 0-7, mins 8-15); the mins are doubled up to match the activation sums per 16. */
+DSIB_AI void q4_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *mn,
                                 __m128 *dmw) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m256i s16 = _mm256_cvtepu8_epi16(dsib_q4k_scales_sse(blk + 4));
@@ -105,11 +105,16 @@ DSIB_AI void q4_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[4]
     wv[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
     wv[2] = _mm512_and_si512(q1, m4);
     wv[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
-    for (int v = 0; v < 4; v++)
-        sc[v] = _mm512_permutexvar_epi16(
-            _mm512_inserti64x4(_mm512_set1_epi16(q4k_perm[2 * v]),
-                               _mm256_set1_epi16(q4k_perm[2 * v + 1]), 1),
-            _mm512_castsi256_si512(s16));
+    /* pairs (dsib_kq_token_avx512): lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks P[0], P[2] /
+     * P[1], P[3]; of vectors 2, 3: P[4], P[6] / P[5], P[7] */
+    sc[0] = _mm512_permutexvar_epi16(
+        _mm512_inserti64x4(_mm512_set1_epi32(q4k_perm[0] | (q4k_perm[2] << 16)),
+                           _mm256_set1_epi32(q4k_perm[1] | (q4k_perm[3] << 16)), 1),
+        _mm512_castsi256_si512(s16));
+    sc[1] = _mm512_permutexvar_epi16(
+        _mm512_inserti64x4(_mm512_set1_epi32(q4k_perm[4] | (q4k_perm[6] << 16)),
+                           _mm256_set1_epi32(q4k_perm[5] | (q4k_perm[7] << 16)), 1),
+        _mm512_castsi256_si512(s16));
     *mn = _mm256_permutexvar_epi16(
         _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
     *dmw = dsib_f16x2_hw(blk); /* d, dmin */

@@ -43,23 +43,31 @@ DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dmw, 
                             _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc);
 }
 
-/* One token of a K-quant super-block b: S = Σ_v sc_v · (wv_v · q_v) over the four 64-byte
- * vectors (maddubs + dpwssd, exact), M = mins · sums, then the epilogue above. */
-DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[4],
+/* One token of a K-quant super-block b: the exact lane sums of the four 64-byte vectors
+ * (dpbusd, 4 products per int32 lane; |.| < 2^15) paired into words — vector 0 low, vector 1
+ * high; vectors 2, 3 likewise — and multiplied by the pairs' scales sc[0], sc[1] (int32 lane
+ * j: the scale of the first vector's lane j in the low word, the second's in the high word)
+ * with one dpwssd per pair: S[j] = Σ_v sc_v[j] · (wv_v · q_v)[j] exactly. M = mins · sums,
+ * then the epilogue above. (Pairing the scales halves the scale shuffles and the
+ * multiply-port work of maddubs + dpwssd per vector: +5-17 % decode per core, docs/performance.md.) */
+DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[2],
                                     __m256i mn, __m128 dmw, const dsib_qrow *x, int64_t b) {
     const int8_t *xq = x->q + 256 * b;
-    __m512i S = _mm512_setzero_si512();
-    for (int v = 0; v < 4; v++)
-        S = _mm512_dpwssd_epi32(S, _mm512_maddubs_epi16(wv[v], _mm512_loadu_si512(xq + 64 * v)),
-                                sc[v]);
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i i0 = _mm512_dpbusd_epi32(z, wv[0], _mm512_loadu_si512(xq));
+    const __m512i i1 = _mm512_dpbusd_epi32(z, wv[1], _mm512_loadu_si512(xq + 64));
+    const __m512i i2 = _mm512_dpbusd_epi32(z, wv[2], _mm512_loadu_si512(xq + 128));
+    const __m512i i3 = _mm512_dpbusd_epi32(z, wv[3], _mm512_loadu_si512(xq + 192));
+    __m512i S = _mm512_dpwssd_epi32(z, _mm512_mask_blend_epi16(0xAAAAAAAAu, i0, _mm512_slli_epi32(i1, 16)), sc[0]);
+    S = _mm512_dpwssd_epi32(S, _mm512_mask_blend_epi16(0xAAAAAAAAu, i2, _mm512_slli_epi32(i3, 16)), sc[1]);
     const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x->s + 16 * b)));
     return dsib_kq_acc_avx512(acc, S, M, dmw, x->d[b]);
 }
 
 /* The whole AVX-512 tile of a K-quant (super-blocks of 256, BLK bytes, on a DSIB_ACT_Q8_K*
  * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
- * gives the super-block's four weight vectors (unsigned quants), the four int16 scale
- * vectors (one word per int16 lane of the maddubs result), the 16 mins as int16 in the
+ * gives the super-block's four weight vectors (unsigned quants), the two scale-pair vectors
+ * of dsib_kq_token_avx512 (vectors 0 / 1 and 2 / 3), the 16 mins as int16 in the
  * order of the activation sums (so mn · sums gives M), and (d, dmin). */
 #define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE)                                             \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
@@ -73,7 +81,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
             const int64_t b = b2 + u;                                                      \
             if (b >= nb) break;                                                            \
             for (int r = 0; r < R; r++) {                                                  \
-                __m512i wv[4], sc[4];                                                      \
+                __m512i wv[4], sc[2];                                                      \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
                 DSIB_PF(T, w + (size_t)r * rb + (BLK) * b, BLK);                           \
