@@ -983,10 +983,11 @@ typedef struct dsi_place_options {
                                   as the device budget leaves; default 0 (all on the CPU) */
     /* since 0.3.1: a routing profile — dsi_model_expert_counts of an earlier run of this
      * model (or of a workload like the coming one), layer-major [n_layers][n_experts] as that
-     * call returns it. DSI_HYBRID_CPU then keeps, of every tiered layer, the device_experts
-     * most often routed experts on the GPU (ties: the lower id) instead of experts 0 .. N-1.
-     * The choice is made once, at the load: a session's logits do not depend on other
-     * sessions. NULL: none. Copied during the load. */
+     * call returns it. The expert cache (host or GPU) starts with the most often routed
+     * experts that fit (read during the load), and DSI_HYBRID_CPU keeps, of every tiered
+     * layer, the device_experts most often routed experts on the GPU (ties: the lower id)
+     * instead of experts 0 .. N-1. Both are decided once, at the load: a session's logits
+     * do not depend on other sessions. NULL: none. Copied during the load. */
     const uint64_t *expert_counts;
     uint64_t n_expert_counts;  /* entries of expert_counts: n_layers × n_experts of the model
                                   (INVALID_ARGUMENT otherwise) */

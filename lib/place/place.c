@@ -211,6 +211,7 @@ void dsii_place_free(dsi_model *m) {
     dsii_free(m->ctx, pl->tier);
     dsii_free(m->ctx, pl->cls);
     dsii_free(m->ctx, pl->dev_ids);
+    dsii_free(m->ctx, pl->profile);
     dsii_free(m->ctx, pl);
     m->place = NULL;
 }
@@ -264,6 +265,12 @@ dsi_status dsii_place_plan(dsi_model *m, const void *popt, dsii_error *e) {
     if (!pl->tier || !pl->cls) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
     pl->cache_policy = o.cache_policy;
     pl->flags = o.flags;
+    if (o.expert_counts && n_counts) {
+        if (!(pl->profile = dsii_malloc(m->ctx, (size_t)n_counts * sizeof *pl->profile)))
+            return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory");
+        memcpy(pl->profile, o.expert_counts, (size_t)n_counts * sizeof *pl->profile);
+        pl->profile_stride = m->counts_experts;
+    }
     pl->hybrid = o.hybrid;
     pl->hybrid_rows = o.hybrid_rows ? o.hybrid_rows : 16;
     const dsii_device *dev = m->ctx ? dsii_context_compute(m->ctx) : NULL;

@@ -88,6 +88,9 @@ typedef struct dsii_place {
     uint32_t dev_experts;         /* hybrid CPU: experts 0 .. dev_experts-1 of each tiered layer
                                      kept on the GPU */
     uint64_t dev_split_bytes;     /* their device bytes */
+    uint64_t *profile;            /* dsi_place_options.expert_counts (copied; NULL: none),
+                                     [n_layers][profile_stride] */
+    uint32_t profile_stride;
     uint32_t *dev_ids;            /* [128][dev_experts]: with a routing profile
                                      (dsi_place_options.expert_counts), the experts of each
                                      tiered layer kept on the GPU instead (ascending ids);

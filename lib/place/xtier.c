@@ -43,6 +43,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <stdio.h>
@@ -305,6 +306,56 @@ static void slot_reset(dsii_xtier *xt, uint32_t s) {
     x->layer = -1;
     x->expert = -1;
     x->prefetched = 0;
+}
+
+/* ---- the routing profile's pre-load ---------------------------------------------------------- */
+
+typedef struct hot_pair {
+    uint64_t c;
+    int32_t l, ex;
+} hot_pair;
+
+static int hot_cmp(const void *a, const void *b) {
+    const hot_pair *x = a, *y = b;
+    if (x->c != y->c) return x->c > y->c ? -1 : 1;
+    if (x->l != y->l) return x->l < y->l ? -1 : 1;
+    return x->ex < y->ex ? -1 : x->ex > y->ex;
+}
+
+/* With a routing profile, the cache starts with the profile's most often routed experts of
+ * the layers that use it (never-routed ones not), as many as there are slots: read at the
+ * load, so the first steps hit. Replacement then works as usual. */
+static dsi_status preload(dsii_xtier *xt, dsii_error *e) {
+    const dsii_place *pl = xt->pl;
+    if (!pl->profile || !xt->n_slots) return DSI_OK;
+    uint64_t nc = 0;
+    for (uint32_t l = 0; l < xt->n_layer; l++)
+        if (xt->L[l].streamed && !(xt->hcpu && xt->L[l].host)) nc += xt->L[l].E;
+    hot_pair *h = dsii_malloc(xt->ctx, (size_t)(nc ? nc : 1) * sizeof *h);
+    if (!h) return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory");
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < xt->n_layer; l++) {
+        const xlayer *L = &xt->L[l];
+        if (!L->streamed || (xt->hcpu && L->host)) continue;
+        for (uint32_t x = 0; x < L->E && x < pl->profile_stride; x++) {
+            uint64_t c = pl->profile[(uint64_t)l * pl->profile_stride + x];
+            if (c) h[n++] = (hot_pair){c, (int32_t)l, (int32_t)x};
+        }
+    }
+    qsort(h, (size_t)n, sizeof *h, hot_cmp);
+    dsi_status st = DSI_OK;
+    for (uint64_t i = 0; i < n && i < xt->n_slots && st == DSI_OK; i++) {
+        slot_assign(xt, (uint32_t)i, h[i].l, h[i].ex);
+        st = read_slot(xt, h[i].l, h[i].ex, (uint32_t)i, NULL, e);
+        if (st != DSI_OK) {
+            slot_reset(xt, (uint32_t)i);
+            break;
+        }
+        xt->slots[i].state = SLOT_READY;
+        xt->slots[i].last = ++xt->clock;
+    }
+    dsii_free(xt->ctx, h);
+    return st;
 }
 
 /* ---- read-ahead thread --------------------------------------------------------------------- */
@@ -1159,6 +1210,8 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
         dsii_free(m->ctx, piece);
         pl->dev_split_bytes = total;
     }
+    dsi_status pst = preload(xt, e);
+    if (pst != DSI_OK) return pst;
     if (xt->n_slots && !(pl->flags & DSII_PLACE_FLAG_NO_PREFETCH)) {
         if (pthread_create(&xt->th, NULL, reader_main, xt) == 0) xt->th_on = 1;
         else dsii_log(m->ctx, DSI_LOG_WARN, "expert tier: no reader thread; read-ahead off");

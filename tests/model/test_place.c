@@ -518,6 +518,34 @@ static void expert_counts(void **state) {
         dsi_model_free(m);
         free(got);
 
+        /* the profile pre-loads the expert cache (every expert fits; no read-ahead): the
+         * run that missed each routed expert once now misses none, the same uses hit, the
+         * same logits */
+        po.host_budget = (uint64_t)1 << 40;
+        po.flags = DSI_PLACE_FLAG_NO_PREFETCH;
+        dsi_place_info pa, pb;
+        for (int withp = 0; withp < 2; withp++) {
+            po.expert_counts = withp ? c1 : NULL;
+            po.n_expert_counts = withp ? (uint64_t)nl * ne : 0;
+            m = load(ctx, path, DSI_ACCESS_PREAD, &po, NULL);
+            assert_non_null(m);
+            got = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
+            assert_non_null(got);
+            assert_memory_equal(got, ref, sizeof(float) * NTOK * (size_t)V);
+            info_of(m, withp ? &pb : &pa);
+            dsi_model_free(m);
+            free(got);
+        }
+        uint64_t used = 0;
+        for (uint64_t i = 0; i < (uint64_t)nl * ne; i++) used += c1[i] > 0;
+        printf("# %s: cache of %u slots, disk tier: without a profile %llu misses + %llu hits; pre-loaded from the "
+               "profile %llu + %llu (%llu experts routed)\n",
+               path, pb.expert_cache_slots, (unsigned long long)pa.cache_misses, (unsigned long long)pa.cache_hits,
+               (unsigned long long)pb.cache_misses, (unsigned long long)pb.cache_hits, (unsigned long long)used);
+        assert_int_equal(pa.cache_misses, used);
+        assert_int_equal(pb.cache_misses, 0);
+        assert_int_equal(pb.cache_hits, pa.cache_hits + pa.cache_misses);
+        po.flags = 0;
         /* a routing profile: the wrong size is refused with a clear message; the right one
          * is taken (and changes nothing on the CPU) */
         dsi_status st;
@@ -1621,6 +1649,31 @@ static void hybrid_profile(void **state) {
         assert_int_equal(ad, 0);
         assert_true(md <= 2e-3);
         dsi_model_free(m);
+        /* the GPU cache (hybrid UPLOAD, every expert fits, no read-ahead) pre-loaded from
+         * the profile: no miss, all-resident logits bit for bit */
+        {
+            dsi_place_options pu;
+            dsi_place_options_init(&pu);
+            pu.policy = DSI_PLACE_EXPERTS_HOST;
+            pu.hybrid = DSI_HYBRID_UPLOAD;
+            pu.flags = DSI_PLACE_FLAG_NO_PREFETCH;
+            pu.expert_counts = prof;
+            pu.n_expert_counts = (uint64_t)nl * ne;
+            m = load(ctx, path, DSI_ACCESS_MMAP, &pu, NULL);
+            assert_non_null(m);
+            float *up = run_single(m, toks, V);
+            assert_non_null(up);
+            dsi_place_info pu_i;
+            info_of(m, &pu_i);
+            printf("# %s: upload, GPU cache of %u slots pre-loaded: %llu misses, %llu hits\n", path,
+                   pu_i.expert_cache_slots, (unsigned long long)pu_i.cache_misses, (unsigned long long)pu_i.cache_hits);
+            assert_true(pu_i.expert_cache_slots >= nl * ne);
+            assert_int_equal(pu_i.cache_misses, 0);
+            assert_int_equal(pu_i.cache_hits, (uint64_t)NTOK * k * nl);
+            assert_memory_equal(up, ref, sizeof(float) * NTOK * (size_t)V);
+            free(up);
+            dsi_model_free(m);
+        }
         /* a profile whose top half is 0 .. E/2-1: the plain split, bit for bit */
         for (uint32_t l = 0; l < nl; l++)
             for (uint32_t x = 0; x < ne; x++) prof[(uint64_t)l * ne + x] = x < half ? 1 : 0;
