@@ -1554,6 +1554,30 @@ static void hybrid_split(void **state) {
     }
 }
 
+/* A context, the model loaded resident (mmap), its shape and NTOK tokens of `seed`. */
+typedef struct tcase {
+    dsi_context *ctx;
+    dsi_model *m;
+    int32_t V;
+    uint32_t E, k, nl;
+    dsi_token toks[NTOK];
+} tcase;
+
+static void tcase_open(tcase *c, const char *path, uint32_t seed) {
+    c->ctx = new_ctx(NULL);
+    assert_non_null(c->ctx);
+    c->m = load(c->ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(c->m);
+    c->V = n_vocab(c->m);
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    assert_int_equal(dsi_model_get_info(c->m, &info), DSI_OK);
+    c->E = (uint32_t)info.n_experts;
+    c->k = (uint32_t)info.n_experts_used;
+    c->nl = (uint32_t)info.n_layers;
+    mt_tokens(c->toks, NTOK, c->V, seed);
+}
+
 /* The m most often routed experts of a row of E counts (ties: the lower id): sel[x] = 1. The
  * test's own selection (the library's is lib/place's pick_hot). */
 static void top_m(const uint64_t *c, uint32_t E, uint32_t m, uint8_t *sel) {
@@ -1578,17 +1602,13 @@ static void hybrid_profile(void **state) {
     for (int mi = quick() ? 1 : 0; mi < 2; mi++) {
         const char *path = g_models[mi];
         if (!path) continue;
-        dsi_context *ctx = new_ctx(NULL);
-        assert_non_null(ctx);
-        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-        assert_non_null(m);
-        int32_t V = n_vocab(m);
-        dsi_model_info info;
-        dsi_model_info_init(&info);
-        assert_int_equal(dsi_model_get_info(m, &info), DSI_OK);
-        const uint32_t E = (uint32_t)info.n_experts, k = (uint32_t)info.n_experts_used, half = E / 2;
-        dsi_token toks[NTOK];
-        mt_tokens(toks, NTOK, V, 41u + (uint32_t)mi);
+        tcase tc;
+        tcase_open(&tc, path, 41u + (uint32_t)mi);
+        dsi_context *ctx = tc.ctx;
+        dsi_model *m = tc.m;
+        const int32_t V = tc.V;
+        const uint32_t E = tc.E, k = tc.k, half = E / 2;
+        const dsi_token *toks = tc.toks;
         float *ref = run_single(m, toks, V);
         assert_non_null(ref);
         uint32_t nl = 0, ne = 0;
@@ -1725,28 +1745,25 @@ static float *run_auto(dsi_model *m, const dsi_token *toks, int32_t V, dsi_place
 }
 
 /* DSI_HYBRID_AUTO, the per-step choice (experts in host RAM): with hybrid_rows 3 the
- * 16-row prefill (2 x 16 entries over at most 8 experts: >= 4 rows each) uploads its experts into the GPU cache (no CPU work; the GPU computes each
- * layer's distinct experts of the step, counted from the routing; logits bit-identical to
- * all-resident Vulkan) and the single-row steps after it run on the CPU (exactly k experts
- * per layer each, nothing uploaded; within the hybrid bound); with the default (16: not
- * reached by 32 entries over several experts) the prefill runs on the CPU too: the DSI_HYBRID_CPU run bit for bit, nothing uploaded. Bad
- * combinations are refused. */
+ * 16-row prefill (2 x 16 entries over at most 8 experts: >= 4 rows each) uploads its
+ * experts into the GPU cache (no CPU work; the GPU computes each layer's distinct experts of
+ * the step, counted from the routing; logits bit-identical to all-resident Vulkan) and the
+ * single-row steps after it run on the CPU (exactly k experts per layer each, nothing
+ * uploaded; within the hybrid bound); with the default (16: not reached by 32 entries over
+ * several experts) the prefill runs on the CPU too: the DSI_HYBRID_CPU run bit for bit,
+ * nothing uploaded. Bad combinations are refused. */
 static void hybrid_auto(void **state) {
     (void)state;
     for (int mi = quick() ? 1 : 0; mi < 2; mi++) {
         const char *path = g_models[mi];
         if (!path) continue;
-        dsi_context *ctx = new_ctx(NULL);
-        assert_non_null(ctx);
-        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-        assert_non_null(m);
-        int32_t V = n_vocab(m);
-        dsi_model_info info;
-        dsi_model_info_init(&info);
-        assert_int_equal(dsi_model_get_info(m, &info), DSI_OK);
-        const uint32_t k = (uint32_t)info.n_experts_used, nl = (uint32_t)info.n_layers, E = (uint32_t)info.n_experts;
-        dsi_token toks[NTOK];
-        mt_tokens(toks, NTOK, V, 77u + (uint32_t)mi);
+        tcase tc;
+        tcase_open(&tc, path, 77u + (uint32_t)mi);
+        dsi_context *ctx = tc.ctx;
+        dsi_model *m = tc.m;
+        const int32_t V = tc.V;
+        const uint32_t k = tc.k, nl = tc.nl, E = tc.E;
+        const dsi_token *toks = tc.toks;
         float *ref = run_auto(m, toks, V, NULL, NULL, NULL);
         assert_non_null(ref);
         dsi_model_free(m);
