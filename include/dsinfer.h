@@ -944,9 +944,9 @@ DSI_API dsi_status dsi_session_prompt_cache_stats(const dsi_session *session,
 /* since 0.3.1: chosen per step and layer — a step whose routed experts serve at least
  * hybrid_rows rows each on average uploads them (moving an expert then costs less than
  * computing its rows on the CPU), otherwise (decode, small batches) the CPU computes them
- * from host RAM; layers on disk always upload. Trades the chunking-invariance of the logits
- * for speed: a prompt chunked differently may give logits that differ in the last bits (a
- * given chunking always gives the same logits) */
+ * from host RAM; layers on disk always upload. Trades the batch-invariance of the logits for
+ * speed: a prompt chunked differently, or rows sharing a step with other sessions' rows, may
+ * give logits that differ in the last bits (the same steps always give the same logits) */
 #define DSI_HYBRID_AUTO 2u
 /* dsi_place_options.device_experts: as many per tiered layer as the device budget leaves */
 #define DSI_DEVICE_EXPERTS_AUTO 0xFFFFFFFFu
