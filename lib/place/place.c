@@ -633,8 +633,8 @@ DSI_API dsi_status dsi_model_expert_counts(const dsi_model *model, uint64_t *cou
     if (n_layers) *n_layers = model->counts_layers;
     if (n_experts) *n_experts = model->counts_experts;
     if (!model->expert_counts || !model->exec)
-        return dsii_thread_fail(DSI_ERR_UNSUPPORTED, "dsi_model_expert_counts: the model has no routed experts%s",
-                                model->expert_counts ? " it runs (no forward pass)" : "");
+        return dsii_thread_fail(DSI_ERR_UNSUPPORTED, "dsi_model_expert_counts: the model has %s",
+                                model->expert_counts ? "no forward pass" : "no routed experts");
     if (cap < need)
         return dsii_thread_fail(DSI_ERR_INVALID_ARGUMENT,
                                 "dsi_model_expert_counts: cap %" PRIu64 " < %" PRIu64 " (n_layers %u x n_experts %u)",

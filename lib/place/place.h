@@ -84,7 +84,7 @@ typedef struct dsii_place {
     uint32_t n_experts_tiered;    /* (layer, expert) pairs of those layers */
     uint32_t hybrid;              /* DSII_HYBRID_* (GPU compute device with tiered layers) */
     int32_t cache_on_device;      /* the expert cache is GPU memory (hybrid UPLOAD / AUTO) */
-    uint32_t hybrid_rows;         /* hybrid AUTO: steps of at least this many rows upload */
+    uint32_t hybrid_rows;         /* hybrid AUTO: rows per routed expert from which a step uploads */
     uint32_t dev_experts;         /* hybrid CPU: experts 0 .. dev_experts-1 of each tiered layer
                                      kept on the GPU */
     uint64_t dev_split_bytes;     /* their device bytes */

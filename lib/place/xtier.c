@@ -107,8 +107,9 @@ struct dsii_xtier {
     dsii_device *cdev;        /* where the cache lives and the tiered experts are computed */
     int dcache;               /* the cache is GPU memory (hybrid UPLOAD): uploads, no `mem` */
     int hcpu;                 /* hybrid CPU: cdev is the CPU instance next to a GPU */
-    int autoh;                /* hybrid AUTO: a GPU cache (cdev = dev) and, for steps of fewer
-                                 than up_rows rows on host-tier layers, the hybrid CPU path */
+    int autoh;                /* hybrid AUTO: a GPU cache (cdev = dev) and, for steps whose
+                                 experts serve fewer than up_rows rows each (host-tier
+                                 layers), the hybrid CPU path */
     uint32_t up_rows;
     dsii_device *hdev;        /* the CPU instance of the hybrid CPU path (hcpu: cdev) */
     uint8_t *mem;             /* host cache (cdev = the CPU) */
