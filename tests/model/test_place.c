@@ -384,6 +384,30 @@ static void identity(void **state) {
 
 /* ---- routing counts and profiles (dsi_model_expert_counts, dsi_place_options.expert_counts) */
 
+/* A context, the model loaded resident (mmap), its shape and NTOK tokens of `seed`. */
+typedef struct tcase {
+    dsi_context *ctx;
+    dsi_model *m;
+    int32_t V;
+    uint32_t E, k, nl;
+    dsi_token toks[NTOK];
+} tcase;
+
+static void tcase_open(tcase *c, const char *path, uint32_t seed) {
+    c->ctx = new_ctx(NULL);
+    assert_non_null(c->ctx);
+    c->m = load(c->ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(c->m);
+    c->V = n_vocab(c->m);
+    dsi_model_info info;
+    dsi_model_info_init(&info);
+    assert_int_equal(dsi_model_get_info(c->m, &info), DSI_OK);
+    c->E = (uint32_t)info.n_experts;
+    c->k = (uint32_t)info.n_experts_used;
+    c->nl = (uint32_t)info.n_layers;
+    mt_tokens(c->toks, NTOK, c->V, seed);
+}
+
 /* The model's counts (n_layers x n_experts, checked against its info); malloc'ed. */
 static uint64_t *counts_of(dsi_model *m, uint32_t *nl_out, uint32_t *ne_out) {
     dsi_model_info mi;
@@ -450,15 +474,13 @@ static void expert_counts(void **state) {
     for (int mi = 0; mi < 2; mi++) {
         const char *path = g_models[mi];
         if (!path) continue;
-        dsi_context *ctx = new_ctx(NULL);
-        assert_non_null(ctx);
-        dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-        assert_non_null(m);
-        int32_t V = n_vocab(m);
-        dsi_model_info info;
-        dsi_model_info_init(&info);
-        assert_int_equal(dsi_model_get_info(m, &info), DSI_OK);
-        const uint32_t k = (uint32_t)info.n_experts_used;
+        tcase tc;
+        tcase_open(&tc, path, 5u + (uint32_t)mi);
+        dsi_context *ctx = tc.ctx;
+        dsi_model *m = tc.m;
+        const int32_t V = tc.V;
+        const uint32_t k = tc.k;
+        const dsi_token *toks = tc.toks;
         uint32_t nl = 0, ne = 0;
         uint64_t *c0 = counts_of(m, &nl, &ne);
         for (uint64_t i = 0; i < (uint64_t)nl * ne; i++) assert_int_equal(c0[i], 0);
@@ -471,8 +493,6 @@ static void expert_counts(void **state) {
         assert_int_equal(need, (uint64_t)nl * ne);
         printf("# %s\n", dsi_last_error());
 
-        dsi_token toks[NTOK];
-        mt_tokens(toks, NTOK, V, 5u + (uint32_t)mi);
         float *ref = run_flags(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT);
         assert_non_null(ref);
         uint64_t *c1 = counts_of(m, &nl, &ne);
@@ -1552,30 +1572,6 @@ static void hybrid_split(void **state) {
         free(ref);
         dsi_context_free(ctx);
     }
-}
-
-/* A context, the model loaded resident (mmap), its shape and NTOK tokens of `seed`. */
-typedef struct tcase {
-    dsi_context *ctx;
-    dsi_model *m;
-    int32_t V;
-    uint32_t E, k, nl;
-    dsi_token toks[NTOK];
-} tcase;
-
-static void tcase_open(tcase *c, const char *path, uint32_t seed) {
-    c->ctx = new_ctx(NULL);
-    assert_non_null(c->ctx);
-    c->m = load(c->ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
-    assert_non_null(c->m);
-    c->V = n_vocab(c->m);
-    dsi_model_info info;
-    dsi_model_info_init(&info);
-    assert_int_equal(dsi_model_get_info(c->m, &info), DSI_OK);
-    c->E = (uint32_t)info.n_experts;
-    c->k = (uint32_t)info.n_experts_used;
-    c->nl = (uint32_t)info.n_layers;
-    mt_tokens(c->toks, NTOK, c->V, seed);
 }
 
 /* The m most often routed experts of a row of E counts (ties: the lower id): sel[x] = 1. The
