@@ -347,7 +347,7 @@ static uint64_t *load_counts(const char *path, uint64_t *n_out) {
     for (uint64_t i = 0; ok && i < n; i++) {
         unsigned long long v;
         ok = fscanf(f, "%llu", &v) == 1;
-        c[i] = v;
+        if (ok) c[i] = v;
     }
     char extra;
     if (ok && fscanf(f, " %c", &extra) == 1) ok = 0;

@@ -111,32 +111,6 @@ static dsi_model *load(dsi_context *ctx, const char *path, int32_t access, const
     return m;
 }
 
-/* Prefill NTOK-4 tokens in chunks of 7, then 4 decode steps: all logits. */
-static float *run_batch(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags, uint32_t n_batch) {
-    dsi_session *s = mt_session(m, NCTX, n_batch, flags);
-    if (!s) return NULL;
-    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
-    dsi_status st = DSI_OK;
-    dsii_session_begin_call(s);
-    st = dsii_session_append_all_logits(s, toks, NTOK - 4, all);
-    for (int i = NTOK - 4; st == DSI_OK && i < NTOK; i++) {
-        dsii_session_begin_call(s);
-        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
-    }
-    if (st != DSI_OK) {
-        printf("# run: %s\n", dsi_session_last_error(s));
-        free(all);
-        all = NULL;
-    }
-    dsi_session_free(s);
-    return all;
-}
-
-static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags) {
-    return run_batch(m, toks, V, flags, 7);
-}
-static float *run(dsi_model *m, const dsi_token *toks, int32_t V) { return run_flags(m, toks, V, 0); }
-
 static uint32_t pos_of(const dsi_session *s) {
     uint32_t p = 0;
     assert_int_equal(dsi_session_position(s, &p), DSI_OK);
@@ -154,6 +128,48 @@ static void info_of(dsi_model *m, dsi_place_info *pi) {
     dsi_place_info_init(pi);
     assert_int_equal(dsi_model_place_info(m, pi), DSI_OK);
 }
+
+/* Prefill `P` tokens (one append: chunks of the session's n_batch), then one step per token
+ * up to NTOK: all logits. After the prefill the place info and the routing counts are read
+ * into pi_mid / counts_mid (the caller's n_counts entries), at the end into pi_end (each may
+ * be NULL). */
+static float *run_steps(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags, uint32_t n_batch, int P,
+                        dsi_place_info *pi_mid, uint64_t *counts_mid, uint64_t n_counts, dsi_place_info *pi_end) {
+    dsi_session *s = mt_session(m, NCTX, n_batch, flags);
+    if (!s) return NULL;
+    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
+    dsi_status st = DSI_OK;
+    if (P > 0) {
+        dsii_session_begin_call(s);
+        st = dsii_session_append_all_logits(s, toks, (uint32_t)P, all);
+    }
+    if (st == DSI_OK && pi_mid) info_of(m, pi_mid);
+    if (st == DSI_OK && counts_mid)
+        assert_int_equal(dsi_model_expert_counts(m, counts_mid, n_counts, NULL, NULL, NULL), DSI_OK);
+    for (int i = P; st == DSI_OK && i < NTOK; i++) {
+        dsii_session_begin_call(s);
+        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
+    }
+    if (st == DSI_OK && pi_end) info_of(m, pi_end);
+    if (st != DSI_OK) {
+        printf("# run: %s\n", dsi_session_last_error(s));
+        free(all);
+        all = NULL;
+    }
+    dsi_session_free(s);
+    return all;
+}
+
+/* Prefill NTOK-4 tokens in chunks of n_batch, then 4 decode steps: all logits. */
+static float *run_batch(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags, uint32_t n_batch) {
+    return run_steps(m, toks, V, flags, n_batch, NTOK - 4, NULL, NULL, 0, NULL);
+}
+
+static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t flags) {
+    return run_batch(m, toks, V, flags, 7);
+}
+static float *run(dsi_model *m, const dsi_token *toks, int32_t V) { return run_flags(m, toks, V, 0); }
+
 
 /* Plan facts from a streamed load with an unlimited budget: owned resident bytes, the slot
  * size, streamed experts, k. */
@@ -431,21 +447,7 @@ static uint64_t *counts_of(dsi_model *m, uint32_t *nl_out, uint32_t *ne_out) {
 
 /* All NTOK tokens one step each (every step one row): the logits. */
 static float *run_single(dsi_model *m, const dsi_token *toks, int32_t V) {
-    dsi_session *s = mt_session(m, NCTX, 1, DSI_SESSION_FLAG_NO_FAKE_QUANT);
-    if (!s) return NULL;
-    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
-    dsi_status st = DSI_OK;
-    for (int i = 0; st == DSI_OK && i < NTOK; i++) {
-        dsii_session_begin_call(s);
-        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
-    }
-    if (st != DSI_OK) {
-        printf("# run: %s\n", dsi_session_last_error(s));
-        free(all);
-        all = NULL;
-    }
-    dsi_session_free(s);
-    return all;
+    return run_steps(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT, 1, 0, NULL, NULL, 0, NULL);
 }
 
 /* Every layer routed each of `rows` rows to k distinct experts: row sums rows * k, entries at
@@ -1711,34 +1713,9 @@ static void hybrid_profile(void **state) {
     }
 }
 
+/* hybrid_auto's runs: a prefill of AUTO_P rows in one step (the executor runs it as one
+ * 16-row pass), then single-row steps (run_steps). */
 #define AUTO_P 16
-
-/* A prefill of AUTO_P rows in one step (the executor runs it as one 16-row pass), then
- * single-row steps: all logits; the place info
- * and the routing counts after the prefill (pi1, c1; c1 malloc'ed) and at the end (pi2). */
-static float *run_auto(dsi_model *m, const dsi_token *toks, int32_t V, dsi_place_info *pi1, uint64_t **c1,
-                       dsi_place_info *pi2) {
-    dsi_session *s = mt_session(m, NCTX, NTOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
-    if (!s) return NULL;
-    float *all = malloc(sizeof(float) * NTOK * (size_t)V);
-    dsii_session_begin_call(s);
-    dsi_status st = dsii_session_append_all_logits(s, toks, AUTO_P, all);
-    uint32_t nl, ne;
-    if (st == DSI_OK && pi1) info_of(m, pi1);
-    if (st == DSI_OK && c1) *c1 = counts_of(m, &nl, &ne);
-    for (int i = AUTO_P; st == DSI_OK && i < NTOK; i++) {
-        dsii_session_begin_call(s);
-        st = dsii_session_append_all_logits(s, toks + i, 1, all + (size_t)i * (size_t)V);
-    }
-    if (st == DSI_OK && pi2) info_of(m, pi2);
-    if (st != DSI_OK) {
-        printf("# run: %s\n", dsi_session_last_error(s));
-        free(all);
-        all = NULL;
-    }
-    dsi_session_free(s);
-    return all;
-}
 
 /* DSI_HYBRID_AUTO, the per-step choice (experts in host RAM): with hybrid_rows 3 the
  * 16-row prefill (2 x 16 entries over at most 8 experts: >= 4 rows each) uploads its
@@ -1760,7 +1737,7 @@ static void hybrid_auto(void **state) {
         const int32_t V = tc.V;
         const uint32_t k = tc.k, nl = tc.nl, E = tc.E;
         const dsi_token *toks = tc.toks;
-        float *ref = run_auto(m, toks, V, NULL, NULL, NULL);
+        float *ref = run_steps(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT, NTOK, AUTO_P, NULL, NULL, 0, NULL);
         assert_non_null(ref);
         dsi_model_free(m);
         dsi_place_options po;
@@ -1769,7 +1746,7 @@ static void hybrid_auto(void **state) {
         po.hybrid = DSI_HYBRID_CPU;
         m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
         assert_non_null(m);
-        float *cpu = run_auto(m, toks, V, NULL, NULL, NULL);
+        float *cpu = run_steps(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT, NTOK, AUTO_P, NULL, NULL, 0, NULL);
         assert_non_null(cpu);
         dsi_model_free(m);
         /* steps whose experts serve 3 rows or more each upload */
@@ -1778,8 +1755,9 @@ static void hybrid_auto(void **state) {
         m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
         assert_non_null(m);
         dsi_place_info pi1, pi2;
-        uint64_t *c1 = NULL;
-        float *got = run_auto(m, toks, V, &pi1, &c1, &pi2);
+        uint64_t *c1 = malloc(sizeof *c1 * nl * E);
+        assert_non_null(c1);
+        float *got = run_steps(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT, NTOK, AUTO_P, &pi1, c1, (uint64_t)nl * E, &pi2);
         assert_non_null(got);
         assert_int_equal(pi1.hybrid, DSI_HYBRID_AUTO);
         assert_int_equal(pi1.expert_cache_tier, DSI_TIER_DEVICE);
@@ -1810,7 +1788,7 @@ static void hybrid_auto(void **state) {
         po.hybrid_rows = 0;
         m = load(ctx, path, DSI_ACCESS_MMAP, &po, NULL);
         assert_non_null(m);
-        got = run_auto(m, toks, V, NULL, NULL, &pi2);
+        got = run_steps(m, toks, V, DSI_SESSION_FLAG_NO_FAKE_QUANT, NTOK, AUTO_P, NULL, NULL, 0, &pi2);
         assert_non_null(got);
         assert_memory_equal(got, cpu, sizeof(float) * NTOK * (size_t)V);
         assert_int_equal(pi2.bytes_uploaded, 0);
