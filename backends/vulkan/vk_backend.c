@@ -1318,6 +1318,13 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
     /* Only subgroup arithmetic is used by variants so far; it needs no enabling at device
      * creation. DSINFER_VULKAN_BASELINE=1 forces the baseline shaders (tests, debugging). */
     inst->variant_features = env_flag("DSINFER_VULKAN_BASELINE") ? 0 : (inst->vk_features & DSIB_VK_NEED_SUBGROUP_ARITH);
+    /* CPU implementations (lavapipe) run a work group's SIMD slices as coroutines that every
+     * barrier() suspends: there the matmul uses its NARROW variant (one subgroup per group, no
+     * barrier; matmul.comp), 2.2x faster per decode step on tiny-v41 (docs/vulkan.md).
+     * DSINFER_VULKAN_NO_NARROW=1 keeps the GPU variants (tests of those on lavapipe). */
+    if ((inst->variant_features & DSIB_VK_NEED_SUBGROUP_ARITH) && inst->desc.type == DSI_DEVICE_SOFTWARE &&
+        inst->desc.subgroup_size >= 8 && !env_flag("DSINFER_VULKAN_NO_NARROW"))
+        inst->variant_features |= DSIB_VK_NEED_NARROW;
     compute_queue_family(&inst->vk, inst->phys, &inst->queue_family);
 
     VkPhysicalDeviceProperties p;
@@ -1452,7 +1459,8 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
                 inst->subgroup_size, (unsigned long long)(inst->max_binding >> 20),
                 (unsigned long long)(inst->chunk_max >> 20), inst->desc.features,
                 inst->messenger ? ", validation on" : "",
-                inst->variant_features ? ", subgroup variants" : ", baseline shaders");
+                (inst->variant_features & DSIB_VK_NEED_NARROW) ? ", narrow variants"
+                : inst->variant_features ? ", subgroup variants" : ", baseline shaders");
     *out = inst;
     return DSI_OK;
 }

@@ -143,18 +143,21 @@ static dsi_status bind_param(opc *c, const dsib_weight *w, uint64_t count, dsib_
 
 static int shader(const char *name) { return dsib_vk_shader_index(name); }
 
-/* The best variant of a shader for this device: "<name>_sg" when the device has subgroup
- * arithmetic (and DSINFER_VULKAN_BASELINE is not set), else the baseline "<name>". */
+/* The best variant of a shader for this device: of the "<name>_<variant>" entries whose needs
+ * the device meets, the one that needs most ("_nw" on a CPU device, then "_sg" where the
+ * device has subgroup arithmetic; DSINFER_VULKAN_BASELINE / _NO_NARROW drop them), else the
+ * baseline "<name>". */
 static int pick(const dsib_instance *inst, const char *name) {
-    char buf[64];
+    int best = -1;
+    size_t n = strlen(name);
     for (size_t i = 0; i < dsib_vk_n_shaders; i++) {
         const dsib_vk_shader *s = &dsib_vk_shaders[i];
         if (!s->needs || (s->needs & ~inst->variant_features)) continue;
-        size_t n = strlen(name);
-        if (strncmp(s->name, name, n) == 0 && s->name[n] == '_' && n + 1 < sizeof buf) return (int)i;
+        if (strncmp(s->name, name, n) == 0 && s->name[n] == '_' &&
+            (best < 0 || s->needs > dsib_vk_shaders[best].needs))
+            best = (int)i;
     }
-    (void)buf;
-    return dsib_vk_shader_index(name);
+    return best >= 0 ? best : dsib_vk_shader_index(name);
 }
 
 /* Dispatches with gy split into chunks of at most 65535 rows; push word `base_word` carries
@@ -899,7 +902,10 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
         p[1] = ldq, p[2] = H, p[3] = hd, p[5] = window, p[7] = ring->rows;
         p[9] = ldkv, p[10] = comp_ratio, p[13] = topk, p[16] = fbits(scale), p[18] = ldo;
         p[20] = comp_ratio ? comp->rows : 0;
-        if (st == DSI_OK) st = dispatch_rows(&c, shader("attn_sink"), bd, 8, p, 32, H, n, 1, 19, 0);
+        /* CPU devices: the barrier-free variant where hd fits it (attn_sink.comp NARROW) */
+        int si = shader("attn_sink");
+        if ((c.inst->variant_features & DSIB_VK_NEED_NARROW) && hd <= 8 * 16) si = shader("attn_sink_nw");
+        if (st == DSI_OK) st = dispatch_rows(&c, si, bd, 8, p, 32, H, n, 1, 19, 0);
     }
     return op_end(&c, st);
 }

@@ -196,6 +196,86 @@ static const uint32_t spv_matmul_iq1_m_sg[] =
 
 /* needs: device features the variant requires (baseline shaders: none beyond Vulkan 1.1
  * compute; "<name>_sg": subgroup arithmetic); n_bindings: storage buffers the shader declares. */
+static const uint32_t spv_matmul_f32_nw[] =
+#include "matmul_f32_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_f16_nw[] =
+#include "matmul_f16_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_bf16_nw[] =
+#include "matmul_bf16_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q8_0_nw[] =
+#include "matmul_q8_0_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_k_nw[] =
+#include "matmul_q4_k_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q2_k_nw[] =
+#include "matmul_q2_k_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_mxfp4_nw[] =
+#include "matmul_mxfp4_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_fp8_b128_nw[] =
+#include "matmul_fp8_b128_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_fp8_b32_nw[] =
+#include "matmul_fp8_b32_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_0_nw[] =
+#include "matmul_q4_0_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q4_1_nw[] =
+#include "matmul_q4_1_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_0_nw[] =
+#include "matmul_q5_0_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_1_nw[] =
+#include "matmul_q5_1_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q3_k_nw[] =
+#include "matmul_q3_k_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q5_k_nw[] =
+#include "matmul_q5_k_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_q6_k_nw[] =
+#include "matmul_q6_k_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq4_nl_nw[] =
+#include "matmul_iq4_nl_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq4_xs_nw[] =
+#include "matmul_iq4_xs_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq3_xxs_nw[] =
+#include "matmul_iq3_xxs_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq3_s_nw[] =
+#include "matmul_iq3_s_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_xxs_nw[] =
+#include "matmul_iq2_xxs_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_xs_nw[] =
+#include "matmul_iq2_xs_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq2_s_nw[] =
+#include "matmul_iq2_s_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq1_s_nw[] =
+#include "matmul_iq1_s_nw.spv.inc"
+    ;
+static const uint32_t spv_matmul_iq1_m_nw[] =
+#include "matmul_iq1_m_nw.spv.inc"
+    ;
+
+static const uint32_t spv_attn_sink_nw[] =
+#include "attn_sink_nw.spv.inc"
+    ;
+
 const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_f32", spv_matmul_f32, sizeof spv_matmul_f32, 0, 4},
     {"matmul_f16", spv_matmul_f16, sizeof spv_matmul_f16, 0, 4},
@@ -259,5 +339,31 @@ const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_iq2_s_sg", spv_matmul_iq2_s_sg, sizeof spv_matmul_iq2_s_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
     {"matmul_iq1_s_sg", spv_matmul_iq1_s_sg, sizeof spv_matmul_iq1_s_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
     {"matmul_iq1_m_sg", spv_matmul_iq1_m_sg, sizeof spv_matmul_iq1_m_sg, DSIB_VK_NEED_SUBGROUP_ARITH, 4},
+    {"matmul_f32_nw", spv_matmul_f32_nw, sizeof spv_matmul_f32_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_f16_nw", spv_matmul_f16_nw, sizeof spv_matmul_f16_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_bf16_nw", spv_matmul_bf16_nw, sizeof spv_matmul_bf16_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q8_0_nw", spv_matmul_q8_0_nw, sizeof spv_matmul_q8_0_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q4_k_nw", spv_matmul_q4_k_nw, sizeof spv_matmul_q4_k_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q2_k_nw", spv_matmul_q2_k_nw, sizeof spv_matmul_q2_k_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_mxfp4_nw", spv_matmul_mxfp4_nw, sizeof spv_matmul_mxfp4_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_fp8_b128_nw", spv_matmul_fp8_b128_nw, sizeof spv_matmul_fp8_b128_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_fp8_b32_nw", spv_matmul_fp8_b32_nw, sizeof spv_matmul_fp8_b32_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q4_0_nw", spv_matmul_q4_0_nw, sizeof spv_matmul_q4_0_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q4_1_nw", spv_matmul_q4_1_nw, sizeof spv_matmul_q4_1_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q5_0_nw", spv_matmul_q5_0_nw, sizeof spv_matmul_q5_0_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q5_1_nw", spv_matmul_q5_1_nw, sizeof spv_matmul_q5_1_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q3_k_nw", spv_matmul_q3_k_nw, sizeof spv_matmul_q3_k_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q5_k_nw", spv_matmul_q5_k_nw, sizeof spv_matmul_q5_k_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_q6_k_nw", spv_matmul_q6_k_nw, sizeof spv_matmul_q6_k_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq4_nl_nw", spv_matmul_iq4_nl_nw, sizeof spv_matmul_iq4_nl_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq4_xs_nw", spv_matmul_iq4_xs_nw, sizeof spv_matmul_iq4_xs_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq3_xxs_nw", spv_matmul_iq3_xxs_nw, sizeof spv_matmul_iq3_xxs_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq3_s_nw", spv_matmul_iq3_s_nw, sizeof spv_matmul_iq3_s_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq2_xxs_nw", spv_matmul_iq2_xxs_nw, sizeof spv_matmul_iq2_xxs_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq2_xs_nw", spv_matmul_iq2_xs_nw, sizeof spv_matmul_iq2_xs_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq2_s_nw", spv_matmul_iq2_s_nw, sizeof spv_matmul_iq2_s_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq1_s_nw", spv_matmul_iq1_s_nw, sizeof spv_matmul_iq1_s_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"matmul_iq1_m_nw", spv_matmul_iq1_m_nw, sizeof spv_matmul_iq1_m_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
+    {"attn_sink_nw", spv_attn_sink_nw, sizeof spv_attn_sink_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 8},
 };
 const size_t dsib_vk_n_shaders = sizeof dsib_vk_shaders / sizeof dsib_vk_shaders[0];

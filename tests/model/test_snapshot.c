@@ -965,8 +965,17 @@ int main(int argc, char **argv) {
         cmocka_unit_test_prestate_setup_teardown(test_cross_backend, setup, teardown, &g_fx[0]),
         cmocka_unit_test_prestate_setup_teardown(test_cross_backend, setup, teardown, &g_fx[1]),
     };
+    /* Under the Vulkan validation layer (a second run of the same tests; that run is about
+     * validation errors, the plain run checks every case) one model per case: the same
+     * save / load / continue and cross-backend calls */
+    const struct CMUnitTest val_tests[] = {
+        cmocka_unit_test_prestate_setup_teardown(test_roundtrip, setup, teardown, &g_fx[1]),
+        cmocka_unit_test_prestate_setup_teardown(test_cross_backend, setup, teardown, &g_fx[0]),
+    };
     int rc;
     if (cpu) rc = cmocka_run_group_tests_name("snapshot", cpu_tests, NULL, NULL);
+    else if (dsit_vk_validation_requested())
+        rc = cmocka_run_group_tests_name("snapshot_gpu_validation", val_tests, NULL, NULL);
     else rc = cmocka_run_group_tests_name("snapshot_gpu", gpu_tests, NULL, NULL);
     /* the validation counters live in the loaded module: read them with a context open */
     if (strcmp(g_backend, "vulkan") == 0 && dsit_vk_validation_check("test_snapshot vulkan") != 0) rc++;

@@ -9,7 +9,21 @@
 //       20 comp rows per slot, 21/22/23/24 comp format / quantised values / values per scale /
 //       row bytes, 25/26/27/28 the same for the ring (format 0 = f32; packed: state.glsl)
 #extension GL_EXT_control_flow_attributes : enable
-layout(local_size_x = 64) in;
+#ifdef NARROW
+// Variant for CPU Vulkan devices (DSIB_VK_NEED_NARROW, as matmul.comp): one subgroup of 8
+// invocations per (row, head), each holding 16 values of q and o (hd <= 128; the host keeps
+// the 64-wide shader for larger heads: a 64-value unrolled variant took minutes to compile on
+// lavapipe), the dot product of each visible row reduced by one subgroupAdd: no barrier and
+// no shared memory (the 64-wide group's 8 barriers per visible row dominated prefill on
+// lavapipe). Per device the operation order is fixed.
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+#define WG 8u
+#else
+#define WG 64u
+#endif
+#define NK 16u
+layout(local_size_x = WG) in;
 layout(std430, binding = 0) readonly buffer QB { uint d[]; } qb;
 layout(std430, binding = 1) readonly buffer RB { uint d[]; } rb;
 layout(std430, binding = 2) readonly buffer KB { uint d[]; } kb;
@@ -23,8 +37,10 @@ layout(std430, binding = 7) readonly buffer RW { int d[]; } rw;
 #include "state.glsl"
 DEF_ST_LOAD(ld_comp, cb)
 DEF_ST_LOAD(ld_ring, rb)
+#ifndef NARROW
 shared float red[64];
-float q_[16], o_[16];
+#endif
+float q_[NK], o_[NK];
 float m_, den_;
 
 // value i of a row: src 0 comp, 1 ring (off: the row's first byte), 2 kv (off: word)
@@ -37,10 +53,13 @@ float val(uint src, uint off, uint i) {
 void row(uint src, uint off) {
     uint tid = gl_LocalInvocationID.x, hd = pc.p[3];
     float d = 0.0;
-    [[unroll]] for (uint k = 0u; k < 16u; k++) {
-        uint i = tid + 64u * k;
+    [[unroll]] for (uint k = 0u; k < NK; k++) {
+        uint i = tid + WG * k;
         if (i < hd) d += q_[k] * val(src, off, i);
     }
+#ifdef NARROW
+    float z = subgroupAdd(d) * PF(16);
+#else
     red[tid] = d;
     barrier();
     [[unroll]] for (uint s = 32u; s > 0u; s >>= 1) {
@@ -49,11 +68,12 @@ void row(uint src, uint off) {
     }
     float z = red[0] * PF(16);
     barrier();
+#endif
     float mn = max(m_, z);
     float a = exp(m_ - mn), e = exp(z - mn);
     den_ = den_ * a + e;
-    [[unroll]] for (uint k = 0u; k < 16u; k++) {
-        uint i = tid + 64u * k;
+    [[unroll]] for (uint k = 0u; k < NK; k++) {
+        uint i = tid + WG * k;
         if (i < hd) o_[k] = o_[k] * a + e * val(src, off, i);
     }
     m_ = mn;
@@ -70,8 +90,8 @@ void main() {
     int pos0 = rw.d[pc.p[4] + uint(first) * 4u];
     uint cbase = pc.p[11] * 4u + slot * pc.p[20] * pc.p[24]; // bytes
     uint qo = pc.p[0] + t * pc.p[1] + h * hd;
-    [[unroll]] for (uint k = 0u; k < 16u; k++) {
-        uint i = tid + 64u * k;
+    [[unroll]] for (uint k = 0u; k < NK; k++) {
+        uint i = tid + WG * k;
         q_[k] = i < hd ? uintBitsToFloat(qb.d[qo + i]) : 0.0;
         o_[k] = 0.0;
     }
@@ -97,8 +117,8 @@ void main() {
         else row(2u, pc.p[8] + uint(first + q - pos0) * pc.p[9]);
     }
     uint oo = pc.p[17] + t * pc.p[18] + h * hd;
-    [[unroll]] for (uint k = 0u; k < 16u; k++) {
-        uint i = tid + 64u * k;
+    [[unroll]] for (uint k = 0u; k < NK; k++) {
+        uint i = tid + WG * k;
         if (i < hd) ob.d[oo + i] = floatBitsToUint(o_[k] / den_);
     }
 }

@@ -1,6 +1,6 @@
 #version 450
 // Weight matmul / expert matmul / embedding rows for one weight type (WTYPE, a compile-time
-// define). One work group of 64 computes one output row for a tile of up to 4 tokens
+// define). One work group (64 invocations; 8 in the NARROW variant) computes one output row for a tile of up to 4 tokens
 // (mode 0), one (output row, id row) pair (mode 1), or 64 columns of one gathered row
 // (mode 2; mode 3 adds it). The caller splits big weights into windows (r_base/e_base ranges) that fit one
 // storage binding (docs/vulkan.md).
@@ -9,14 +9,25 @@
 //       per group), 16 ids_off (mode 3: step rows offset), 17 xdiv (mode 3: period), 18 row
 //       chunk base
 #extension GL_EXT_control_flow_attributes : enable
-#ifdef SUBGROUP
+#if defined(SUBGROUP) || defined(NARROW)
 // Variant for devices with subgroup arithmetic in compute (DSIB_VK_NEED_SUBGROUP_ARITH):
 // the 64-lane reductions use subgroupAdd and one shared-memory step instead of a 6-level
 // tree. Per device the operation order is still fixed (same pipeline for every n).
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #endif
-layout(local_size_x = 64) in;
+#ifdef NARROW
+// Variant for CPU Vulkan devices (lavapipe; DSIB_VK_NEED_NARROW): a work group of 8 invocations,
+// one subgroup (the host picks it only where the subgroup size is at least 8), so the
+// reductions are one subgroupAdd with no barrier and no shared memory: on a CPU device a
+// barrier suspends every SIMD slice of the group, which dominated the 64-wide groups' cost.
+// Same dispatch geometry (one group per output row / id row / 64 columns); per device the
+// operation order is fixed (same pipeline for every n).
+#define WG 8u
+#else
+#define WG 64u
+#endif
+layout(local_size_x = WG) in;
 layout(std430, binding = 0) readonly buffer WB { uint d[]; } wb;
 layout(std430, binding = 1) readonly buffer XB { uint d[]; } xb;
 layout(std430, binding = 2) buffer YB { uint d[]; } yb;
@@ -29,7 +40,9 @@ shared float red[4 * 64];
 void main() {
     uint tid = gl_LocalInvocationID.x;
 #ifdef DQ_INIT
-    DQ_INIT(tid); // shared codebook of the IQ types (wload_ggml.glsl), before any return
+    // shared codebook of the IQ types (wload_ggml.glsl), before any return: 64 shares, each
+    // call ends with a barrier (the same number of calls in every invocation)
+    for (uint sh = tid; sh < 64u; sh += WG) DQ_INIT(sh);
 #endif
     uint mode = pc.p[0], K = pc.p[4];
     if (mode >= 2u) {
@@ -37,13 +50,15 @@ void main() {
         uint t = gl_WorkGroupID.y;
         int id = mode == 2u ? ib.d[pc.p[16] + t] : int(uint(ib.d[pc.p[16] + t * 4u]) % pc.p[17]);
         if (id < int(pc.p[5]) || id >= int(pc.p[5] + pc.p[6])) return;
-        uint i = (gl_WorkGroupID.x + pc.p[18]) * 64u + tid;
-        if (i >= K) return;
         uint rb = pc.p[1] + uint(id - int(pc.p[5])) * pc.p[2];
-        uint yi = pc.p[11] + t * pc.p[12] + i;
-        float v = dq(rb, i);
-        if (mode == 3u) v += uintBitsToFloat(yb.d[yi]);
-        yb.d[yi] = floatBitsToUint(v);
+        for (uint c = tid; c < 64u; c += WG) {
+            uint i = (gl_WorkGroupID.x + pc.p[18]) * 64u + c;
+            if (i >= K) return;
+            uint yi = pc.p[11] + t * pc.p[12] + i;
+            float v = dq(rb, i);
+            if (mode == 3u) v += uintBitsToFloat(yb.d[yi]);
+            yb.d[yi] = floatBitsToUint(v);
+        }
         return;
     }
     uint orel = gl_WorkGroupID.x + pc.p[18];
@@ -57,8 +72,11 @@ void main() {
         uint rb = pc.p[1] + uint(e - int(pc.p[7])) * pc.p[3] + orel * pc.p[2];
         uint xo = pc.p[9] + (r / pc.p[17]) * pc.p[10] + xcol;
         float acc = 0.0;
-        for (uint i = tid; i < K; i += 64u) acc += dq(rb, i) * uintBitsToFloat(xb.d[xo + i]);
-#ifdef SUBGROUP
+        for (uint i = tid; i < K; i += WG) acc += dq(rb, i) * uintBitsToFloat(xb.d[xo + i]);
+#if defined(NARROW)
+        float s = subgroupAdd(acc);
+        if (tid == 0u) yb.d[pc.p[11] + r * pc.p[12] + o] = floatBitsToUint(s);
+#elif defined(SUBGROUP)
         float sg = subgroupAdd(acc);
         if (subgroupElect()) red[gl_SubgroupID] = sg;
         barrier();
@@ -84,12 +102,17 @@ void main() {
     uint rb = pc.p[1] + orel * pc.p[2];
     float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
     uint xo = pc.p[9] + t0 * pc.p[10] + xcol;
-    for (uint i = tid; i < K; i += 64u) {
+    for (uint i = tid; i < K; i += WG) {
         float w = dq(rb, i);
         [[unroll]] for (uint t = 0u; t < 4u; t++)
             if (t < nt) acc[t] += w * uintBitsToFloat(xb.d[xo + t * pc.p[10] + i]);
     }
-#ifdef SUBGROUP
+#if defined(NARROW)
+    [[unroll]] for (uint t = 0u; t < 4u; t++) {
+        float s = subgroupAdd(acc[t]);
+        if (tid == 0u && t < nt) yb.d[pc.p[11] + (t0 + t) * pc.p[12] + o] = floatBitsToUint(s);
+    }
+#elif defined(SUBGROUP)
     [[unroll]] for (uint t = 0u; t < 4u; t++) {
         float sg = subgroupAdd(acc[t]);
         if (subgroupElect()) red[t * 64u + gl_SubgroupID] = sg;
