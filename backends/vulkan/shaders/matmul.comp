@@ -35,7 +35,9 @@ layout(std430, binding = 3) readonly buffer IB { int d[]; } ib;
 #include "common.glsl"
 #include "wload.glsl"
 
+#ifndef NARROW
 shared float red[4 * 64];
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
