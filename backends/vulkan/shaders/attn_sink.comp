@@ -14,8 +14,9 @@
 // invocations per (row, head), each holding 16 values of q and o (hd <= 128; the host keeps
 // the 64-wide shader for larger heads: a 64-value unrolled variant took minutes to compile on
 // lavapipe), the dot product of each visible row reduced by one subgroupAdd: no barrier and
-// no shared memory (the 64-wide group's 8 barriers per visible row dominated prefill on
-// lavapipe). Per device the operation order is fixed.
+// no shared memory. What it saves on lavapipe is the 64-wide group's masked work (with
+// hd = 128 each of its 8 SIMD slices runs 16 value steps, 2 of them live): 4x prefill there
+// (docs/vulkan.md). Per device the operation order is fixed.
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #define WG 8u
