@@ -1319,8 +1319,9 @@ static dsi_status vk_create(const dsib_host *host, dsib_instance **out, dsib_err
      * creation. DSINFER_VULKAN_BASELINE=1 forces the baseline shaders (tests, debugging). */
     inst->variant_features = env_flag("DSINFER_VULKAN_BASELINE") ? 0 : (inst->vk_features & DSIB_VK_NEED_SUBGROUP_ARITH);
     /* CPU implementations (lavapipe) run a work group's SIMD slices as coroutines that every
-     * barrier() suspends: there the matmul uses its NARROW variant (one subgroup per group, no
-     * barrier; matmul.comp), 2.2x faster per decode step on tiny-v41 (docs/vulkan.md).
+     * barrier() suspends, divergent code under masks: there the matmul and the attention use
+     * their NARROW variants (one subgroup per group, no barrier; matmul.comp, attn_sink.comp),
+     * 4x prefill and 2.7x decode on tiny-v41 (docs/vulkan.md).
      * DSINFER_VULKAN_NO_NARROW=1 keeps the GPU variants (tests of those on lavapipe). */
     if ((inst->variant_features & DSIB_VK_NEED_SUBGROUP_ARITH) && inst->desc.type == DSI_DEVICE_SOFTWARE &&
         inst->desc.subgroup_size >= 8 && !env_flag("DSINFER_VULKAN_NO_NARROW"))

@@ -114,7 +114,7 @@ enum {
     DSIB_VK_NEED_STORAGE16 = 1u << 2,      /* storageBuffer16BitAccess */
     DSIB_VK_NEED_STORAGE8 = 1u << 3,       /* storageBuffer8BitAccess */
     DSIB_VK_NEED_INT_DOT = 1u << 4,        /* VK_KHR_shader_integer_dot_product */
-    DSIB_VK_NEED_NARROW = 1u << 5          /* a CPU device with subgroups of >= 8 (matmul.comp NARROW) */
+    DSIB_VK_NEED_NARROW = 1u << 5          /* a CPU device, subgroups >= 8 (NARROW variants) */
 };
 
 typedef struct dsib_vk_shader {

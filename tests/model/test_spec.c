@@ -901,7 +901,7 @@ int main(int argc, char **argv) {
     /* the restore and shared-step cases of the tiny models run on GPU backends too (about a
      * minute on lavapipe since its narrow shader variants, docs/vulkan.md); not in the
      * validation run, which covers their Vulkan calls in the cases above */
-    const int ext = !gpu || getenv("DSI_SPEC_PROMPTS") != NULL || !validating;
+    const int ext = !validating || getenv("DSI_SPEC_PROMPTS") != NULL;
     for (int i = 0; i < (ext ? (trained ? 4 : 2) : 0); i++)
         tests[nt++] = (struct CMUnitTest)FX(snapshot_continues, i);
     for (int i = 0; i < (ext ? (trained ? 4 : 2) : 0); i++)
