@@ -902,9 +902,8 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
         p[1] = ldq, p[2] = H, p[3] = hd, p[5] = window, p[7] = ring->rows;
         p[9] = ldkv, p[10] = comp_ratio, p[13] = topk, p[16] = fbits(scale), p[18] = ldo;
         p[20] = comp_ratio ? comp->rows : 0;
-        /* CPU devices: the barrier-free variant where hd fits it (attn_sink.comp NARROW) */
-        int si = shader("attn_sink");
-        if ((c.inst->variant_features & DSIB_VK_NEED_NARROW) && hd <= 8 * 16) si = shader("attn_sink_nw");
+        /* the device's variant (the narrow one on a CPU device) holds hd <= 128 values */
+        int si = hd <= 8 * 16 ? pick(c.inst, "attn_sink") : shader("attn_sink");
         if (st == DSI_OK) st = dispatch_rows(&c, si, bd, 8, p, 32, H, n, 1, 19, 0);
     }
     return op_end(&c, st);

@@ -170,7 +170,6 @@ static float *run_flags(dsi_model *m, const dsi_token *toks, int32_t V, uint32_t
 }
 static float *run(dsi_model *m, const dsi_token *toks, int32_t V) { return run_flags(m, toks, V, 0); }
 
-
 /* Plan facts from a streamed load with an unlimited budget: owned resident bytes, the slot
  * size, streamed experts, k. */
 typedef struct plan_facts {
