@@ -297,7 +297,8 @@ static int run_kernels(const opts *o) {
         int32_t isa = !strcmp(o->isa, "scalar") ? DSIB_ISA_SCALAR
                       : !strcmp(o->isa, "avx2") ? DSIB_ISA_AVX2
                       : !strcmp(o->isa, "avx512") ? DSIB_ISA_AVX512
-                      : !strcmp(o->isa, "avx512vnni") ? DSIB_ISA_AVX512VNNI : -1;
+                      : !strcmp(o->isa, "avx512vnni") ? DSIB_ISA_AVX512VNNI
+                      : !strcmp(o->isa, "amx")        ? DSIB_ISA_AMX : -1;
         kt = isa >= 0 ? dsib_kern_table_for(isa) : NULL;
         if (!kt) {
             fprintf(stderr, "dsinfer-bench: ISA path '%s' is not available here\n", o->isa);

@@ -99,11 +99,11 @@ static void bw_task(void *arg, int64_t task, int32_t slot) {
     j->sink[slot & 1023] ^= v;
 }
 
-/* The probes' vector width: the kernels' ISA, with AVX-512 VNNI probed as AVX-512 (VNNI adds
- * integer dot products only; the f32 FMA and load widths are AVX-512's). */
+/* The probes' vector width: the kernels' ISA, with AVX-512 VNNI and AMX probed as AVX-512
+ * (they add integer dot products only; the f32 FMA and load widths are AVX-512's). */
 static int probe_isa(void) {
     int isa = dsib_kern_table_get()->isa;
-    return isa == DSIB_ISA_AVX512VNNI ? DSIB_ISA_AVX512 : isa;
+    return isa >= DSIB_ISA_AVX512VNNI ? DSIB_ISA_AVX512 : isa;
 }
 
 double bench_cpu_seconds(void) {

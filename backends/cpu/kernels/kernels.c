@@ -3,6 +3,7 @@
  * scratch, threading over output rows, and the portable scalar exact path. See kernels.h
  * for the contract.
  */
+#define _DEFAULT_SOURCE /* syscall() for the AMX permission */
 #include "backends/cpu/kernels/kernels_impl.h"
 #include "backends/cpu/kernels/kernels_ggml.h"
 #include "backends/types.h"
@@ -11,6 +12,14 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
+#ifdef DSIB_KERN_X86
+#include <cpuid.h>
+#endif
+#if defined(DSIB_KERN_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* ---- type table -------------------------------------------------------------------------
  * The types with kernels: geometry from the shared table (backends/types.h), and the
@@ -250,6 +259,36 @@ void dsib_kern_rows_scalar(int32_t type, const uint8_t *w, size_t w_row_bytes, i
 
 /* ---- dispatch -------------------------------------------------------------------------- */
 
+#ifdef DSIB_KERN_X86
+/* AMX needs the CPU's AMX-TILE + AMX-INT8 (CPUID 7.0 EDX bits 24, 25) and, on Linux, the
+ * process's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA:
+ * granted once for the whole process, the kernel then saves the tile state of the threads
+ * that use it; docs/performance.md *AMX*). Asked only when the AMX path is wanted: by the
+ * process (amx_wanted) or by a test / benchmark through dsib_kern_table_for. Linux only. */
+static int amx_usable(void) {
+    static atomic_int state = -1;
+    int v = atomic_load_explicit(&state, memory_order_acquire);
+    if (v >= 0) return v;
+    int ok = 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1))
+        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                     18 /* XFEATURE_XTILEDATA */) == 0;
+#endif
+    atomic_store_explicit(&state, ok, memory_order_release);
+    return ok;
+}
+#endif
+
+/* The AMX path is opt-in (DSINFER_CPU_AMX=1, read when the process's path is fixed): its
+ * prefill is faster, its one-token decode slower than the AVX-512 path on the machine it
+ * was measured on (docs/performance.md *AMX*), and its Q8_0 results follow another order. */
+static int amx_wanted(void) {
+    const char *v = getenv("DSINFER_CPU_AMX");
+    return v && v[0] && strcmp(v, "0") != 0;
+}
+
 static int cpu_has_isa(int32_t isa) {
     if (isa == DSIB_ISA_SCALAR) return 1;
 #ifdef DSIB_KERN_X86
@@ -262,6 +301,7 @@ static int cpu_has_isa(int32_t isa) {
                  __builtin_cpu_supports("avx512dq");
     if (isa == DSIB_ISA_AVX512) return avx512;
     if (isa == DSIB_ISA_AVX512VNNI) return avx512 && __builtin_cpu_supports("avx512vnni");
+    if (isa == DSIB_ISA_AMX) return avx512 && __builtin_cpu_supports("avx512vnni") && amx_usable();
 #endif
     return 0;
 }
@@ -273,7 +313,7 @@ static int32_t process_isa(void) {
     if (v >= 0) return v;
     int best = DSIB_ISA_SCALAR;
     for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++)
-        if (cpu_has_isa(isa)) best = isa;
+        if ((isa != DSIB_ISA_AMX || amx_wanted()) && cpu_has_isa(isa)) best = isa;
     int expected = -1;
     /* The first caller fixes the path; everyone agrees on the stored value. */
     atomic_compare_exchange_strong(&kern_isa, &expected, best);
@@ -383,6 +423,7 @@ MATMUL_ROWS_ISA(scalar, DSIB_ISA_SCALAR)
 MATMUL_ROWS_ISA(avx2, DSIB_ISA_AVX2)
 MATMUL_ROWS_ISA(avx512, DSIB_ISA_AVX512)
 MATMUL_ROWS_ISA(avx512vnni, DSIB_ISA_AVX512VNNI)
+MATMUL_ROWS_ISA(amx, DSIB_ISA_AMX)
 
 static const dsib_kern_table kern_tables_full[DSIB_ISA_COUNT] = {
     {DSIB_ISA_SCALAR, "scalar", matmul_rows_scalar, act_quantize_scalar, qmatmul_rows_scalar},
@@ -390,6 +431,7 @@ static const dsib_kern_table kern_tables_full[DSIB_ISA_COUNT] = {
     {DSIB_ISA_AVX512, "avx512", matmul_rows_avx512, act_quantize_avx512, qmatmul_rows_avx512},
     {DSIB_ISA_AVX512VNNI, "avx512vnni", matmul_rows_avx512vnni, act_quantize_avx512vnni,
      qmatmul_rows_avx512vnni},
+    {DSIB_ISA_AMX, "amx", matmul_rows_amx, act_quantize_amx, qmatmul_rows_amx},
 };
 
 const dsib_kern_table *dsib_kern_table_get(void) { return &kern_tables_full[process_isa()]; }

@@ -38,7 +38,9 @@
  *
  * ---- ISA paths ------------------------------------------------------------------------
  * scalar (portable C, always), AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ) and AVX-512 + VNNI on
- * x86-64, chosen once per process by CPU detection (the first call fixes it). The SIMD
+ * x86-64, chosen once per process by CPU detection (the first call fixes it); AMX (Q8_0 in
+ * its own block-sum order, q8_0.c; other types use the VNNI kernels) only with
+ * DSINFER_CPU_AMX=1, so on that path Q8_0 is not bit-identical to the others. The SIMD
  * code is compiled per function for its target, so the library runs on any x86-64. Tests
  * reach a specific path through dsib_kern_table_for().
  *
@@ -85,7 +87,8 @@ enum {
     DSIB_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
     DSIB_ISA_AVX512 = 2,     /* AVX-512 F + BW + VL + DQ */
     DSIB_ISA_AVX512VNNI = 3, /* the above + AVX512_VNNI */
-    DSIB_ISA_COUNT = 4
+    DSIB_ISA_AMX = 4,        /* the above + AMX-TILE + AMX-INT8, tile data granted by the OS */
+    DSIB_ISA_COUNT = 5
 };
 
 /* Matmul flags. */
@@ -151,7 +154,7 @@ typedef void (*dsib_qmatmul_rows_fn)(int32_t type, const void *w, size_t w_row_b
 
 typedef struct dsib_kern_table {
     int32_t isa;                 /* DSIB_ISA_* */
-    const char *name;            /* "scalar", "avx2", "avx512", "avx512vnni" */
+    const char *name;            /* "scalar", "avx2", "avx512", "avx512vnni", "amx" */
     dsib_matmul_rows_fn matmul_rows;
     dsib_act_quantize_fn act_quantize;
     dsib_qmatmul_rows_fn qmatmul_rows;

@@ -105,6 +105,8 @@ const uint8_t *dsib_act_perm(int32_t fmt);
 #define DSIB_TGT_AVX2 "avx2,fma,f16c"
 #define DSIB_TGT_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define DSIB_TGT_AVX512VNNI "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
+#define DSIB_TGT_AMX                                                                       \
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8"
 #define DSIB_AI static inline __attribute__((always_inline))
 
 /* ---- shared scalar helpers (exact decoders; no libm) ---------------------------------- */

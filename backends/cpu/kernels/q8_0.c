@@ -19,6 +19,7 @@
 #include "backends/cpu/kernels/kernels_impl.h"
 
 #include <math.h>
+#include <string.h>
 
 /* ---- scalar ---------------------------------------------------------------------------- */
 
@@ -70,8 +71,169 @@ DSIB_QROWS_DEFINE(q8_0_rows_avx512, q8_0_tile_avx512)
 
 DSIB_TARGET_POP
 
+/* ---- AMX (AVX-512 + VNNI + AMX-TILE + AMX-INT8) ----------------------------------------
+ *
+ * Its own canonical order (the "block-sum order"; docs/performance.md *AMX*), because an AMX
+ * dot product sums a whole 32-element block: for output (o, t), acc = 0 and for every block
+ * b in order
+ *
+ *   I_b = Σ_{k<32} w[32b + k] · q[32b + k]      (exact int32)
+ *   s_b = dw_b · dx_b                            (one f32 rounding)
+ *   acc = fmaf(s_b, (float)I_b, acc)
+ *
+ * y = acc. One serial chain per output: no lanes, no final reduction. When the process
+ * uses this path, every Q8_0 call takes it (n_tok = 1 included), so the invariance contract
+ * holds as on the other ISAs (test_cpukernels test_amx_blocksum writes the order in plain C
+ * and compares bit for bit). Opt-in (DSINFER_CPU_AMX=1, kernels.c): measured faster for
+ * prefill and slower for one-token decode than the AVX-512 path.
+ *
+ * Tiles: C (tiles 0-3) = M weight rows × T tokens of int32, A (tiles 4, 5) = M rows × 32
+ * bytes of one block's weights, read in place with the row stride, B (tiles 6, 7) = the
+ * block's 32 activation bytes of T tokens in the VNNI layout (8 rows of T × 4 bytes),
+ * transposed into a small stack buffer once per (super-tile of 128 rows, token group of
+ * 16, chunk of 16 blocks); four blocks in flight. The float stage runs 16 tokens per zmm
+ * (one row per register); one token: 16 rows per zmm, B read in place. */
+DSIB_TARGET_PUSH(DSIB_TGT_AMX)
+#include "backends/cpu/kernels/simd_avx512.h"
+
+typedef struct __attribute__((packed)) amx_tilecfg {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+
+static void q8_0_amx_config(int M, int T) {
+    amx_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 4; i++) c.rows[i] = (uint8_t)M, c.colsb[i] = (uint16_t)(4 * T); /* C */
+    for (int i = 4; i < 6; i++) c.rows[i] = (uint8_t)M, c.colsb[i] = 32;               /* A */
+    for (int i = 6; i < 8; i++) c.rows[i] = 8, c.colsb[i] = (uint16_t)(4 * T);         /* B */
+    _tile_loadconfig(&c);
+}
+
+enum { Q8_AMX_SR = 128, Q8_AMX_CB = 16 }; /* rows per super-tile, blocks per chunk */
+
+/* Block c of the group into C tile CI (A tile AI, B tile BI); B from (bp, bs). */
+#define Q8_AMX_DP(CI, AI, BI, ablk, bp, bs)                                                \
+    do {                                                                                   \
+        _tile_loadd(AI, (ablk) + 2, (long)rb);                                             \
+        _tile_loadd(BI, bp, bs);                                                           \
+        _tile_zero(CI);                                                                    \
+        _tile_dpbssd(CI, AI, BI);                                                          \
+    } while (0)
+
+/* Up to four blocks' dot products of one row tile into cb[0..g) (row stride cs bytes): four
+ * C tiles, two A and two B tiles in turn, so the tile unit overlaps the blocks. */
+#define Q8_AMX_GROUP(g, ablk, bp, bstep, bs, cb, cs)                                       \
+    do {                                                                                   \
+        Q8_AMX_DP(0, 4, 6, (ablk), (bp), bs);                                              \
+        if ((g) > 1) Q8_AMX_DP(1, 5, 7, (ablk) + 34, (bp) + (bstep), bs);                  \
+        if ((g) > 2) Q8_AMX_DP(2, 4, 6, (ablk) + 68, (bp) + 2 * (bstep), bs);              \
+        if ((g) > 3) Q8_AMX_DP(3, 5, 7, (ablk) + 102, (bp) + 3 * (bstep), bs);             \
+        _tile_stored(0, (cb)[0], cs);                                                      \
+        if ((g) > 1) _tile_stored(1, (cb)[1], cs);                                         \
+        if ((g) > 2) _tile_stored(2, (cb)[2], cs);                                         \
+        if ((g) > 3) _tile_stored(3, (cb)[3], cs);                                         \
+    } while (0)
+
+/* One token: a row tile's 16 outputs are the lanes of one register (C stored 4 bytes per
+ * row), the B tile is the token's block read in place (8 rows of 4 bytes). */
+static void q8_0_amx_t1(const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int64_t o1,
+                        const dsib_qrow *x, float *y, int *cfg_m, int *cfg_t) {
+    _Alignas(64) int32_t cb[4][16];
+    const __m512i ridx = _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32((int)rb));
+    for (int64_t r0 = o0; r0 < o1; r0 += 16) {
+        const int M = o1 - r0 < 16 ? (int)(o1 - r0) : 16;
+        const __mmask16 mm = (__mmask16)((1u << M) - 1);
+        if (M != *cfg_m || 1 != *cfg_t) q8_0_amx_config(M, 1), *cfg_m = M, *cfg_t = 1;
+        const uint8_t *wr = w + (size_t)r0 * rb;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b += 4) {
+            const int g = nb - b < 4 ? (int)(nb - b) : 4;
+            const uint8_t *blk = wr + 34 * b;
+            for (int m = 0; m < M; m++) DSIB_PF(1, blk + (size_t)m * rb, 136);
+            Q8_AMX_GROUP(g, blk, x->q + 32 * b, 32, 4, cb, 4);
+            for (int i = 0; i < g; i++) {
+                const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
+                    _mm512_setzero_si512(), mm, ridx, blk + 34 * i, 1)));
+                acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x->d[b + i])),
+                                      _mm512_cvtepi32_ps(_mm512_maskz_load_epi32(mm, cb[i])), acc);
+            }
+        }
+        _mm512_mask_storeu_ps(y + r0, mm, acc);
+    }
+}
+
+static void q8_0_rows_amx(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                          const dsib_qrow *x, float *const *yp, int n) {
+    const int64_t nb = n_in / 32;
+    int cfg_m = -1, cfg_t = -1;
+    if (n == 1) {
+        q8_0_amx_t1(w, rb, nb, o0, o1, x, yp[0], &cfg_m, &cfg_t);
+        _tile_release();
+        return;
+    }
+    _Alignas(64) float acc[Q8_AMX_SR][16];
+    _Alignas(64) int32_t bt[Q8_AMX_CB][8][16]; /* B tiles of a chunk */
+    _Alignas(64) float dx[Q8_AMX_CB][16];      /* activation scales, [block][token] */
+    _Alignas(64) int32_t cb[4][16][16];        /* C of a group of blocks */
+    for (int64_t s0 = o0; s0 < o1; s0 += Q8_AMX_SR) {
+        const int64_t s1 = o1 - s0 < Q8_AMX_SR ? o1 : s0 + Q8_AMX_SR;
+        for (int t0 = 0; t0 < n; t0 += 16) {
+            const int T = n - t0 < 16 ? n - t0 : 16;
+            const __mmask16 tm = (__mmask16)((1u << T) - 1);
+            for (int r = 0; r < Q8_AMX_SR; r++) _mm512_store_ps(acc[r], _mm512_setzero_ps());
+            for (int64_t b0 = 0; b0 < nb; b0 += Q8_AMX_CB) {
+                const int nc = nb - b0 < Q8_AMX_CB ? (int)(nb - b0) : Q8_AMX_CB;
+                for (int c = 0; c < nc; c++) {
+                    for (int t = 0; t < T; t++) {
+                        const int32_t *src = (const int32_t *)(x[t0 + t].q + 32 * (b0 + c));
+                        for (int k = 0; k < 8; k++) bt[c][k][t] = src[k];
+                        dx[c][t] = x[t0 + t].d[b0 + c];
+                    }
+                }
+                for (int64_t r0 = s0; r0 < s1; r0 += 16) {
+                    const int M = s1 - r0 < 16 ? (int)(s1 - r0) : 16;
+                    if (M != cfg_m || T != cfg_t) q8_0_amx_config(M, T), cfg_m = M, cfg_t = T;
+                    const uint8_t *wr = w + (size_t)r0 * rb;
+                    __m512 a[16];
+                    for (int m = 0; m < 16; m++) a[m] = _mm512_load_ps(acc[r0 - s0 + m]);
+                    for (int c = 0; c < nc; c += 4) {
+                        const int g = nc - c < 4 ? nc - c : 4;
+                        const uint8_t *blk = wr + 34 * (b0 + c);
+                        Q8_AMX_GROUP(g, blk, (const uint8_t *)bt[c], 512, 64, cb, 64);
+                        for (int i = 0; i < g; i++) {
+                            const __m512 dxv = _mm512_maskz_load_ps(tm, dx[c + i]);
+                            for (int m = 0; m < 16; m++)
+                                if (m < M)
+                                    a[m] = _mm512_fmadd_ps(
+                                        _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_set1_epi16(
+                                                               *(const short *)(blk + 34 * i +
+                                                                                (size_t)m * rb)))),
+                                        _mm512_cvtepi32_ps(_mm512_maskz_load_epi32(tm, cb[i][m])),
+                                        a[m]);
+                        }
+                    }
+                    for (int m = 0; m < 16; m++)
+                        if (m < M) _mm512_store_ps(acc[r0 - s0 + m], a[m]);
+                }
+            }
+            for (int t = 0; t < T; t++)
+                for (int64_t r = 0; r < s1 - s0; r++) yp[t0 + t][s0 + r] = acc[r][t];
+        }
+    }
+    _tile_release();
+}
+
+DSIB_TARGET_POP
+
 const dsib_kern_qtype dsib_kq_q8_0 = {
-    DSI_TYPE_Q8_0, DSIB_ACT_Q8_32, {q8_0_rows_scalar, q8_0_rows_avx2, NULL, q8_0_rows_avx512}};
+    DSI_TYPE_Q8_0,
+    DSIB_ACT_Q8_32,
+    {q8_0_rows_scalar, q8_0_rows_avx2, NULL, q8_0_rows_avx512, q8_0_rows_amx}};
 
 #else
 
