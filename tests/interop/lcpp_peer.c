@@ -70,6 +70,11 @@ static struct llama_model *load_model(const char *path, int mtp) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
     mp.load_mtp = mtp != 0; /* also create (and so check) the MTP block's tensors */
+    /* No repacked weight copies ("extra buffer types": ggml's AMX / repack CPU layouts): the
+     * comparison is with llama.cpp's plain CPU kernels, and on a CPU with AMX this build's
+     * scheduler aborted on several types with them (GGML_ASSERT(*cur_backend_id != -1) in
+     * ggml_backend_sched_split_graph: Q4_K_M, q6_k, iq4_xs, seen 3 December 2026). */
+    mp.use_extra_bufts = false;
     struct llama_model *m = llama_model_load_from_file(path, mp);
     if (!m) fprintf(stderr, "lcpp_peer: llama.cpp refused %s (see the log above)\n", path);
     return m;
