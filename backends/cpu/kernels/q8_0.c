@@ -92,7 +92,7 @@ DSIB_TARGET_POP
  * block's 32 activation bytes of T tokens in the VNNI layout (8 rows of T × 4 bytes),
  * transposed into a small stack buffer once per (super-tile of 128 rows, token group of
  * 16, chunk of 16 blocks); four blocks in flight. The float stage runs 16 tokens per zmm
- * (one row per register); one token: 16 rows per zmm, B read in place. */
+ * (one row per register). Up to Q8_AMX_FEW tokens: no tiles (q8_0_amx_t1). */
 DSIB_TARGET_PUSH(DSIB_TGT_AMX)
 #include "backends/cpu/kernels/simd_avx512.h"
 
@@ -112,7 +112,11 @@ static void q8_0_amx_config(int M, int T) {
     _tile_loadconfig(&c);
 }
 
-enum { Q8_AMX_SR = 128, Q8_AMX_CB = 16 }; /* rows per super-tile, blocks per chunk */
+/* Rows per super-tile, blocks per chunk; up to Q8_AMX_FEW tokens a call runs the one-token
+ * kernel per token (the rows stay in L2 for the next token) instead of the tiles, whose
+ * set-up (activation transposes, tile configuration, accumulators of 128 rows) did not pay
+ * for two or three tokens on small matrices (the routed experts of a batched step). */
+enum { Q8_AMX_SR = 128, Q8_AMX_CB = 16, Q8_AMX_FEW = 3 };
 
 /* Block c of the group into C tile CI (A tile AI, B tile BI); B from (bp, bs). */
 #define Q8_AMX_DP(CI, AI, BI, ablk, bp, bs)                                                \
@@ -137,45 +141,97 @@ enum { Q8_AMX_SR = 128, Q8_AMX_CB = 16 }; /* rows per super-tile, blocks per chu
         if ((g) > 3) _tile_stored(3, (cb)[3], cs);                                         \
     } while (0)
 
-/* One token: a row tile's 16 outputs are the lanes of one register (C stored 4 bytes per
- * row), the B tile is the token's block read in place (8 rows of 4 bytes). */
+/* One token, in the block-sum order without tiles (a tile op per block of 16 rows was
+ * slower than memory for one token): 16 rows per register, lanes = rows. Per block pair and
+ * row, one vpdpbusd gives 16 lanes of four products (w + 128 against q, each lane starting at
+ * the token's correction c); a transpose-add tree of exact int32 additions turns the 16
+ * rows' vectors into the two blocks' sums I_b, I_b+1 of the 16 rows, in row order; then
+ * the two steps of the chain, block b first. */
+DSIB_AI __m512i q8_0_bs_pair(__m512i a, __m512i b) { /* [a0+a2, b0+b2, a1+a3, b1+b3] per 128 */
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 128 */
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
 static void q8_0_amx_t1(const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int64_t o1,
-                        const dsib_qrow *x, float *y, int *cfg_m, int *cfg_t) {
-    _Alignas(64) int32_t cb[4][16];
-    const __m512i ridx = _mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32((int)rb));
+                        const dsib_qrow *x, float *y) {
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    /* Prefetch: the next row tile's bytes (the task's rows are contiguous, so that is the
+     * stream's next 16 rows), spread evenly over this tile's block pairs, and in the first
+     * tile of the call each row half the one-row kernels' distance ahead; off when
+     * dsib_kern_prefetch is 0. */
+    const int pf_on = dsib_kern_prefetch > 0;
+    const int64_t npair = (nb + 1) / 2;
     for (int64_t r0 = o0; r0 < o1; r0 += 16) {
         const int M = o1 - r0 < 16 ? (int)(o1 - r0) : 16;
-        const __mmask16 mm = (__mmask16)((1u << M) - 1);
-        if (M != *cfg_m || 1 != *cfg_t) q8_0_amx_config(M, 1), *cfg_m = M, *cfg_t = 1;
-        const uint8_t *wr = w + (size_t)r0 * rb;
+        const uint8_t *wr[16];
+        int32_t ro[16];
+        for (int m = 0; m < 16; m++) { /* rows past the end repeat the first (not stored) */
+            ro[m] = m < M ? (int32_t)((size_t)m * rb) : 0;
+            wr[m] = w + (size_t)r0 * rb + (size_t)ro[m];
+        }
+        const __m512i ridx = _mm512_loadu_si512(ro);
+        const int64_t nx = o1 - (r0 + 16) < 16 ? o1 - (r0 + 16) : 16; /* rows of the next tile */
+        const char *pf = (const char *)(w + (size_t)(r0 + 16) * rb);
+        const size_t pf_bytes = nx > 0 && pf_on ? (size_t)nx * rb : 0;
+        const size_t pf_step = (pf_bytes / (size_t)npair + 63) & ~(size_t)63;
+        size_t pf_at = 0;
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b += 4) {
-            const int g = nb - b < 4 ? (int)(nb - b) : 4;
-            const uint8_t *blk = wr + 34 * b;
-            for (int m = 0; m < M; m++) DSIB_PF(1, blk + (size_t)m * rb, 136);
-            Q8_AMX_GROUP(g, blk, x->q + 32 * b, 32, 4, cb, 4);
-            for (int i = 0; i < g; i++) {
-                const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(
-                    _mm512_setzero_si512(), mm, ridx, blk + 34 * i, 1)));
-                acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x->d[b + i])),
-                                      _mm512_cvtepi32_ps(_mm512_maskz_load_epi32(mm, cb[i])), acc);
+        for (int64_t b = 0; b < nb; b += 2) {
+            const int half = b + 1 == nb;
+            const int64_t p = b / 2;
+            const __m512i xq = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x->q + 32 * b)
+                                    : _mm512_loadu_si512(x->q + 32 * b);
+            const __m512i c = half ? _mm512_maskz_loadu_epi32(0x00FF, x->c + 16 * p)
+                                   : _mm512_loadu_si512(x->c + 16 * p);
+            for (const size_t e = pf_at + pf_step; pf_at < e && pf_at < pf_bytes; pf_at += 64)
+                __builtin_prefetch(pf + pf_at, 0, 3);
+            __m512i z[16];
+            const int32_t pfr = r0 == o0 ? dsib_kern_prefetch / 2 : 0;
+            for (int m = 0; m < 16; m++) {
+                const uint8_t *blk = wr[m] + 34 * b;
+                if (pfr > 0) __builtin_prefetch(blk + pfr, 0, 3);
+                const __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                const __m512i v = half ? _mm512_zextsi256_si512(lo)
+                                       : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                                            _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
+                z[m] = _mm512_dpbusd_epi32(c, _mm512_xor_si512(v, c128), xq);
+            }
+            __m512i s2[8], s4[4];
+            for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
+            for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
+            /* s4[k] = [b: rows 4k.., half 0 | half 1 | b+1: half 0 | half 1] */
+            const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
+                                                _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
+            const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
+                                                _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
+            const __m512i i0 = _mm512_shuffle_i32x4(w0, w1, 0x88); /* I_b of rows 0..15 */
+            const uint8_t *sb = w + (size_t)r0 * rb + 34 * b;
+            const __m512 d0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                _mm512_i32gather_epi32(ridx, (const void *)sb, 1)));
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(d0, _mm512_set1_ps(x->d[b])),
+                                  _mm512_cvtepi32_ps(i0), acc);
+            if (!half) {
+                const __m512i i1 = _mm512_shuffle_i32x4(w0, w1, 0xDD); /* I_b+1 */
+                const __m512 d1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                    _mm512_i32gather_epi32(ridx, (const void *)(sb + 34), 1)));
+                acc = _mm512_fmadd_ps(_mm512_mul_ps(d1, _mm512_set1_ps(x->d[b + 1])),
+                                      _mm512_cvtepi32_ps(i1), acc);
             }
         }
-        _mm512_mask_storeu_ps(y + r0, mm, acc);
+        _mm512_mask_storeu_ps(y + r0, (__mmask16)((1u << M) - 1), acc);
     }
 }
 
 static void q8_0_rows_amx(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
                           const dsib_qrow *x, float *const *yp, int n) {
     const int64_t nb = n_in / 32;
-    int cfg_m = -1, cfg_t = -1;
-    if (n == 1) {
-        q8_0_amx_t1(w, rb, nb, o0, o1, x, yp[0], &cfg_m, &cfg_t);
-        _tile_release();
+    if (n <= Q8_AMX_FEW) { /* few tokens (decode, routed experts of a batch): no tiles */
+        for (int t = 0; t < n; t++) q8_0_amx_t1(w, rb, nb, o0, o1, &x[t], yp[t]);
         return;
     }
+    int cfg_m = -1, cfg_t = -1;
     _Alignas(64) float acc[Q8_AMX_SR][16];
     _Alignas(64) int32_t bt[Q8_AMX_CB][8][16]; /* B tiles of a chunk */
     _Alignas(64) float dx[Q8_AMX_CB][16];      /* activation scales, [block][token] */

@@ -804,7 +804,7 @@ static void test_amx_blocksum(void **state) {
         }
         size_t as = 0;
         void *act = quantize_all(kt, &p, &as);
-        /* whole; then rows [0,7) [7,300) with tokens [0,5) [5,40) */
+        /* whole; then rows [0,7) [7,300) with tokens [0,2) [2,5) [5,40) */
         run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, 0, p.n_tok, got, p.n_out);
         for (int64_t i = 0; i < p.n_out * p.n_tok; i++)
             if (memcmp(&want[i], &got[i], sizeof(float)))
@@ -812,9 +812,9 @@ static void test_amx_blocksum(void **state) {
                          (long long)p.n_in, (long long)(i % p.n_out), (long long)(i / p.n_out),
                          got[i], want[i]);
         memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        const int64_t rc[] = {0, 7, 300}, tc[] = {0, 5, 40};
+        const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
         for (int r = 0; r < 2; r++)
-            for (int c = 0; c < 2; c++)
+            for (int c = 0; c < 3; c++)
                 run_rows(kt, PATH_DEFAULT, &p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c],
                          got, p.n_out);
         assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
