@@ -263,7 +263,7 @@ void dsib_kern_rows_scalar(int32_t type, const uint8_t *w, size_t w_row_bytes, i
 /* AMX needs the CPU's AMX-TILE + AMX-INT8 (CPUID 7.0 EDX bits 24, 25) and, on Linux, the
  * process's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA:
  * granted once for the whole process, the kernel then saves the tile state of the threads
- * that use it; docs/performance.md *AMX*). Asked only when the AMX path is wanted: by the
+ * that use it; docs/performance.md 4.000000). Asked only when the AMX path is wanted: by the
  * process (amx_wanted) or by a test / benchmark through dsib_kern_table_for. Linux only. */
 static int amx_usable(void) {
     static atomic_int state = -1;
@@ -282,8 +282,8 @@ static int amx_usable(void) {
 #endif
 
 /* The AMX path is opt-in (DSINFER_CPU_AMX=1, read when the process's path is fixed): its
- * prefill is faster, its one-token decode slower than the AVX-512 path on the machine it
- * was measured on (docs/performance.md *AMX*), and its Q8_0 results follow another order. */
+ * prefill is faster and its decode as fast as the AVX-512 path's on the machine it was
+ * measured on, but its Q8_0 results follow another order (docs/performance.md 4.000000). */
 static int amx_wanted(void) {
     const char *v = getenv("DSINFER_CPU_AMX");
     return v && v[0] && strcmp(v, "0") != 0;

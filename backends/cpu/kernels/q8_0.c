@@ -73,7 +73,7 @@ DSIB_TARGET_POP
 
 /* ---- AMX (AVX-512 + VNNI + AMX-TILE + AMX-INT8) ----------------------------------------
  *
- * Its own canonical order (the "block-sum order"; docs/performance.md *AMX*), because an AMX
+ * Its own canonical order (the "block-sum order"; docs/performance.md 4.000000), because an AMX
  * dot product sums a whole 32-element block: for output (o, t), acc = 0 and for every block
  * b in order
  *
@@ -84,15 +84,15 @@ DSIB_TARGET_POP
  * y = acc. One serial chain per output: no lanes, no final reduction. When the process
  * uses this path, every Q8_0 call takes it (n_tok = 1 included), so the invariance contract
  * holds as on the other ISAs (test_cpukernels test_amx_blocksum writes the order in plain C
- * and compares bit for bit). Opt-in (DSINFER_CPU_AMX=1, kernels.c): measured faster for
- * prefill and slower for one-token decode than the AVX-512 path.
+ * and compares bit for bit). Opt-in (DSINFER_CPU_AMX=1, kernels.c; docs/performance.md
+ * 4.000000: prefill +56 %, decode as fast as the AVX-512 path, other last bits).
  *
  * Tiles: C (tiles 0-3) = M weight rows × T tokens of int32, A (tiles 4, 5) = M rows × 32
  * bytes of one block's weights, read in place with the row stride, B (tiles 6, 7) = the
  * block's 32 activation bytes of T tokens in the VNNI layout (8 rows of T × 4 bytes),
  * transposed into a small stack buffer once per (super-tile of 128 rows, token group of
  * 16, chunk of 16 blocks); four blocks in flight. The float stage runs 16 tokens per zmm
- * (one row per register). Up to Q8_AMX_FEW tokens: no tiles (q8_0_amx_t1). */
+ * (one row per register). Up to Q8_AMX_FEW tokens: no tiles (q8_0_bs_token). */
 DSIB_TARGET_PUSH(DSIB_TGT_AMX)
 #include "backends/cpu/kernels/simd_avx512.h"
 
@@ -101,6 +101,14 @@ typedef struct __attribute__((packed)) amx_tilecfg {
     uint16_t colsb[16];
     uint8_t rows[16];
 } amx_tilecfg;
+
+/* One f16 scale in all 16 lanes (dsib_pair_f16(p, p) gives the same with an insert more:
+ * n_tok = 4 measured 7.4–7.6 GB/s with it, 8.0–8.1 with this). */
+DSIB_AI __m512 q8_0_bcast_f16(const uint8_t *p) {
+    short h;
+    memcpy(&h, p, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16(h));
+}
 
 static void q8_0_amx_config(int M, int T) {
     amx_tilecfg c;
@@ -118,27 +126,28 @@ static void q8_0_amx_config(int M, int T) {
  * for two or three tokens on small matrices (the routed experts of a batched step). */
 enum { Q8_AMX_SR = 128, Q8_AMX_CB = 16, Q8_AMX_FEW = 3 };
 
-/* Block c of the group into C tile CI (A tile AI, B tile BI); B from (bp, bs). */
-#define Q8_AMX_DP(CI, AI, BI, ablk, bp, bs)                                                \
+/* Block i of a group into C tile CI (A tile AI, B tile BI): weights of block ablk + 34·i,
+ * activations from the B buffer bt[i] (64-byte rows). */
+#define Q8_AMX_DP(CI, AI, BI, i, ablk, bt)                                                 \
     do {                                                                                   \
-        _tile_loadd(AI, (ablk) + 2, (long)rb);                                             \
-        _tile_loadd(BI, bp, bs);                                                           \
+        _tile_loadd(AI, (ablk) + 34 * (i) + 2, (long)rb);                                  \
+        _tile_loadd(BI, (bt)[i], 64);                                                      \
         _tile_zero(CI);                                                                    \
         _tile_dpbssd(CI, AI, BI);                                                          \
     } while (0)
 
-/* Up to four blocks' dot products of one row tile into cb[0..g) (row stride cs bytes): four
- * C tiles, two A and two B tiles in turn, so the tile unit overlaps the blocks. */
-#define Q8_AMX_GROUP(g, ablk, bp, bstep, bs, cb, cs)                                       \
+/* Up to four blocks' dot products of one row tile into cb[0..g): four C tiles, two A and
+ * two B tiles in turn, so the tile unit overlaps the blocks. */
+#define Q8_AMX_GROUP(g, ablk, bt, cb)                                                      \
     do {                                                                                   \
-        Q8_AMX_DP(0, 4, 6, (ablk), (bp), bs);                                              \
-        if ((g) > 1) Q8_AMX_DP(1, 5, 7, (ablk) + 34, (bp) + (bstep), bs);                  \
-        if ((g) > 2) Q8_AMX_DP(2, 4, 6, (ablk) + 68, (bp) + 2 * (bstep), bs);              \
-        if ((g) > 3) Q8_AMX_DP(3, 5, 7, (ablk) + 102, (bp) + 3 * (bstep), bs);             \
-        _tile_stored(0, (cb)[0], cs);                                                      \
-        if ((g) > 1) _tile_stored(1, (cb)[1], cs);                                         \
-        if ((g) > 2) _tile_stored(2, (cb)[2], cs);                                         \
-        if ((g) > 3) _tile_stored(3, (cb)[3], cs);                                         \
+        Q8_AMX_DP(0, 4, 6, 0, ablk, bt);                                                   \
+        if ((g) > 1) Q8_AMX_DP(1, 5, 7, 1, ablk, bt);                                      \
+        if ((g) > 2) Q8_AMX_DP(2, 4, 6, 2, ablk, bt);                                      \
+        if ((g) > 3) Q8_AMX_DP(3, 5, 7, 3, ablk, bt);                                      \
+        _tile_stored(0, (cb)[0], 64);                                                      \
+        if ((g) > 1) _tile_stored(1, (cb)[1], 64);                                         \
+        if ((g) > 2) _tile_stored(2, (cb)[2], 64);                                         \
+        if ((g) > 3) _tile_stored(3, (cb)[3], 64);                                         \
     } while (0)
 
 /* One token, in the block-sum order without tiles (a tile op per block of 16 rows was
@@ -154,12 +163,13 @@ DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 
     return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
-static void q8_0_amx_t1(const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int64_t o1,
+static void q8_0_bs_token(const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int64_t o1,
                         const dsib_qrow *x, float *y) {
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
     /* Prefetch: the next row tile's bytes (the task's rows are contiguous, so that is the
      * stream's next 16 rows), spread evenly over this tile's block pairs, and in the first
-     * tile of the call each row half the one-row kernels' distance ahead; off when
+     * tile of the call each row half the one-row kernels' distance ahead (one core, from
+     * memory: 512 × 2048 10.3 → 11.1 GB/s with it, 2048 × 4096 the same); off when
      * dsib_kern_prefetch is 0. */
     const int pf_on = dsib_kern_prefetch > 0;
     const int64_t npair = (nb + 1) / 2;
@@ -228,7 +238,7 @@ static void q8_0_rows_amx(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,
                           const dsib_qrow *x, float *const *yp, int n) {
     const int64_t nb = n_in / 32;
     if (n <= Q8_AMX_FEW) { /* few tokens (decode, routed experts of a batch): no tiles */
-        for (int t = 0; t < n; t++) q8_0_amx_t1(w, rb, nb, o0, o1, &x[t], yp[t]);
+        for (int t = 0; t < n; t++) q8_0_bs_token(w, rb, nb, o0, o1, &x[t], yp[t]);
         return;
     }
     int cfg_m = -1, cfg_t = -1;
@@ -260,15 +270,13 @@ static void q8_0_rows_amx(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,
                     for (int c = 0; c < nc; c += 4) {
                         const int g = nc - c < 4 ? nc - c : 4;
                         const uint8_t *blk = wr + 34 * (b0 + c);
-                        Q8_AMX_GROUP(g, blk, (const uint8_t *)bt[c], 512, 64, cb, 64);
+                        Q8_AMX_GROUP(g, blk, bt + c, cb);
                         for (int i = 0; i < g; i++) {
                             const __m512 dxv = _mm512_maskz_load_ps(tm, dx[c + i]);
                             for (int m = 0; m < 16; m++)
                                 if (m < M)
                                     a[m] = _mm512_fmadd_ps(
-                                        _mm512_mul_ps(dxv, _mm512_cvtph_ps(_mm256_set1_epi16(
-                                                               *(const short *)(blk + 34 * i +
-                                                                                (size_t)m * rb)))),
+                                        _mm512_mul_ps(dxv, q8_0_bcast_f16(blk + 34 * i + (size_t)m * rb)),
                                         _mm512_cvtepi32_ps(_mm512_maskz_load_epi32(tm, cb[i][m])),
                                         a[m]);
                         }
