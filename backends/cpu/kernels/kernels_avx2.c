@@ -95,7 +95,7 @@ AI __m256 w_tail(int32_t type, const uint8_t *w, int64_t i, int64_t r) {
         ACC_DECL                                                                           \
         int64_t i = 0;                                                                     \
         for (; i + 32 <= n; i += 32) {                                                     \
-            DSIB_PF(T, w + (TYPE == DSI_TYPE_F32 ? 4 : 2) * i, 32 * (TYPE == DSI_TYPE_F32 ? 4 : 2)); \
+            DSIB_PF((T) == 1, w + (TYPE == DSI_TYPE_F32 ? 4 : 2) * i, 32 * (TYPE == DSI_TYPE_F32 ? 4 : 2)); \
             UNR for (int k = 0; k < 4; k++) {                                              \
                 __m256 wv = LD(w, i + 8 * k);                                              \
                 UNR for (int t = 0; t < T; t++) acc[t][k] = _mm256_fmadd_ps(               \

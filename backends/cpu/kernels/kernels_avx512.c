@@ -98,7 +98,7 @@ AI __m512 w_bf16_m(const uint8_t *w, int64_t i, __mmask16 m) {
         ACC_LOAD                                                                           \
         int64_t i = k0;                                                                    \
         for (; i + 64 <= k1; i += 64) {                                                     \
-            DSIB_PF(T, w + (ESZ) * i, 64 * (ESZ));                                          \
+            DSIB_PF((T) == 1, w + (ESZ) * i, 64 * (ESZ));                                  \
             UNR for (int k = 0; k < 4; k++) {                                              \
                 __m512 wv = LD(w, i + 16 * k);                                             \
                 UNR for (int t = 0; t < T; t++) acc[t][k] = _mm512_fmadd_ps(               \

@@ -87,7 +87,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
  * DSIB_KQ_TILE_AVX512, with eight 32-byte vectors. */
 #define DSIB_KQ_TILE_AVX2(NAME, BLK, DECODE)                                               \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
-                      float *out, const int R, const int T) {                              \
+                      float *out, const int R, const int T, const int PF) {                \
         __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++)                                                    \
@@ -102,7 +102,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
                 __m256i wq[8], sc[8];                                                      \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
-                DSIB_PF(T, w + (size_t)r * rb + (BLK) * b, BLK);                           \
+                DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, BLK);                          \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wq, sc, &mn, &dmw);                 \
                 for (int t = 0; t < T; t++)                                                \
                     dsib_kq_token_avx2(acc[r][t][u], wq, sc, mn, dmw, &x[t], b);           \
@@ -122,7 +122,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
  */
 #define DSIB_Q8_32_TILE_AVX2(NAME, BLK, WBLK, SBLK)                                        \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
-                      float *out, const int R, const int T) {                              \
+                      float *out, const int R, const int T, const int PF) {                \
         __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++)                                                    \
@@ -131,7 +131,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
         const int64_t nb = n_in / 32;                                                      \
         int64_t b = 0;                                                                     \
         for (; b + 4 <= nb; b += 4) {                                                      \
-            for (int r = 0; r < R; r++) DSIB_PF(T, w + (size_t)r * rb + (BLK) * b, 4 * (BLK)); \
+            for (int r = 0; r < R; r++) DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, 4 * (BLK)); \
             DSIB_Q8_32_BLOCK_AVX2_(b, 0, 0, BLK, WBLK, SBLK);                              \
             DSIB_Q8_32_BLOCK_AVX2_(b + 1, 0, 1, BLK, WBLK, SBLK);                          \
             DSIB_Q8_32_BLOCK_AVX2_(b + 2, 1, 0, BLK, WBLK, SBLK);                          \

@@ -71,7 +71,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
  * order of the activation sums (so mn · sums gives M), and (d, dmin). */
 #define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE)                                             \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
-                      float *out, const int R, const int T) {                              \
+                      float *out, const int R, const int T, const int PF) {                \
         __m512 acc[4][4][2]; /* [row][token][set] */                                       \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
@@ -84,7 +84,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
                 __m512i wv[4], sc[2];                                                      \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
-                DSIB_PF(T, w + (size_t)r * rb + (BLK) * b, BLK);                           \
+                DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, BLK);                          \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
                 for (int t = 0; t < T; t++)                                                \
                     acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, &x[t], b); \
@@ -112,7 +112,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
  */
 #define DSIB_Q8_32_TILE_AVX512(NAME, BLK, WPAIR, SPAIR)                                    \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
-                      float *out, const int R, const int T) {                              \
+                      float *out, const int R, const int T, const int PF) {                \
         __m512 acc[4][4][2]; /* [row][token][set] */                                       \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
@@ -137,7 +137,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
         }                                                                                  \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 2 * (BLK) * (p);                     \
-            DSIB_PF(T, blk, 2 * (BLK));                                                    \
+            DSIB_PF(PF, blk, 2 * (BLK));                                                   \
             const __m512 sw = SPAIR(blk, half);                                            \
             if (T == 1) {                                                                  \
                 const __m512i I = _mm512_dpbusd_epi32(                                     \
