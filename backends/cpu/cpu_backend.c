@@ -208,10 +208,10 @@ static size_t workspace_bytes(const dsib_stream_desc *d, int32_t nt) {
     size_t K = d->max_topk;
     size_t ns = (size_t)d->max_rows * k;
     size_t need = 0, v;
-    /* attn_sink: sinks [H] + per thread 4 × 2P scores, 2P row pointers and 2P row formats
+    /* attn_sink: sinks [H] + per thread 8 × 2P scores, 2P row pointers and 2P row formats
      * (packed state); a one-row step's decoded rows use what is left, if enough (else its
      * heads read the packed rows in place) */
-    v = al64(H * 4) + T * al64(2 * P * (4 * sizeof(float) + sizeof(float *))) +
+    v = al64(H * 4) + T * al64(2 * P * (8 * sizeof(float) + sizeof(float *))) +
         T * al64(2 * P) + 64;
     /* + multi-row steps over packed state: per thread the decoded visible rows (top-k +
      * window + the rows of one step, bounded; a layer that sees more reads in place) */

@@ -946,7 +946,7 @@ typedef struct attn_job {
     const float *q, *kv, *sinks;
     const dsib_state *ring, *comp;
     const int32_t *rows, *idx;
-    float *zs;                       /* per slot: 4 × max_rows scores */
+    float *zs;                       /* per slot: 8 × max_rows scores */
     const float **ps;                /* per slot: max_rows row pointers */
     float *out;
     uint8_t *fs;         /* per slot: max_rows row formats: 0 f32, 1 packed ring, 2 packed comp */
@@ -957,6 +957,7 @@ typedef struct attn_job {
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
     uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
     int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
+    int simd512;                     /* the AVX-512 eight-head path (hd % 32 == 0, <= 512) */
     int64_t max_rows;
     float scale;
 } attn_job;
@@ -1153,6 +1154,106 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
 #else
 #pragma GCC pop_options
 #endif
+
+/* AVX-512 (no FMA either): eight heads per call, the same operations per head as
+ * attn_head_scalar. Scores: one zmm holds two heads' 8 dot_fixed lanes side by side (the
+ * queries interleaved once per call into qx), the K row chunk broadcast to both halves; each
+ * half is then dot_fixed's lane tree. Outputs: 32 columns × 8 heads in registers per pass,
+ * each column the scalar path's row-order sum. hd % 32 == 0, hd <= ATTN8_MAX_HD. */
+#define ATTN8_MAX_HD 512
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,avx512f,avx512dq,avx512vl,avx512bw"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,avx512f,avx512dq,avx512vl,avx512bw")
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                               int64_t nr, float *z) {
+    const uint32_t hd = j->hd;
+    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * hd;
+    /* qx[c / 8][p] = heads 2p (low half) and 2p + 1 (high half), elements c .. c + 7 */
+    __m512 qx[ATTN8_MAX_HD / 8][4];
+    for (uint32_t c = 0; c < hd; c += 8)
+        for (int p = 0; p < 4; p++)
+            qx[c / 8][p] = _mm512_insertf32x8(
+                _mm512_castps256_ps512(_mm256_loadu_ps(q + (size_t)(2 * p) * hd + c)),
+                _mm256_loadu_ps(q + (size_t)(2 * p + 1) * hd + c), 1);
+    int64_t i = 0;
+    for (; i + 2 <= nr; i += 2) { /* two rows × eight heads: eight independent chains */
+        const float *ka = rp[i], *kb = rp[i + 1];
+        __m512 a[4], b[4];
+        for (int p = 0; p < 4; p++) a[p] = b[p] = _mm512_setzero_ps();
+        for (uint32_t c = 0; c < hd; c += 8) {
+            const __m512 ya = _mm512_broadcast_f32x8(_mm256_loadu_ps(ka + c));
+            const __m512 yb = _mm512_broadcast_f32x8(_mm256_loadu_ps(kb + c));
+            for (int p = 0; p < 4; p++) {
+                a[p] = _mm512_add_ps(a[p], _mm512_mul_ps(qx[c / 8][p], ya));
+                b[p] = _mm512_add_ps(b[p], _mm512_mul_ps(qx[c / 8][p], yb));
+            }
+        }
+        for (int p = 0; p < 4; p++) {
+            z[(size_t)(2 * p) * nr + i] = attn_tree8(_mm512_castps512_ps256(a[p])) * j->scale;
+            z[(size_t)(2 * p + 1) * nr + i] = attn_tree8(_mm512_extractf32x8_ps(a[p], 1)) * j->scale;
+            z[(size_t)(2 * p) * nr + i + 1] = attn_tree8(_mm512_castps512_ps256(b[p])) * j->scale;
+            z[(size_t)(2 * p + 1) * nr + i + 1] =
+                attn_tree8(_mm512_extractf32x8_ps(b[p], 1)) * j->scale;
+        }
+    }
+    for (; i < nr; i++) {
+        const float *ka = rp[i];
+        __m512 a[4];
+        for (int p = 0; p < 4; p++) a[p] = _mm512_setzero_ps();
+        for (uint32_t c = 0; c < hd; c += 8) {
+            const __m512 ya = _mm512_broadcast_f32x8(_mm256_loadu_ps(ka + c));
+            for (int p = 0; p < 4; p++) a[p] = _mm512_add_ps(a[p], _mm512_mul_ps(qx[c / 8][p], ya));
+        }
+        for (int p = 0; p < 4; p++) {
+            z[(size_t)(2 * p) * nr + i] = attn_tree8(_mm512_castps512_ps256(a[p])) * j->scale;
+            z[(size_t)(2 * p + 1) * nr + i] = attn_tree8(_mm512_extractf32x8_ps(a[p], 1)) * j->scale;
+        }
+    }
+    /* softmax weights (scalar expf, row order, as attn_heads4_avx2) */
+    float den[8];
+    for (int g = 0; g < 8; g++) {
+        float *zg = z + (size_t)g * nr, mg = j->sinks[h + (uint32_t)g];
+        for (int64_t r = 0; r < nr; r++)
+            if (zg[r] > mg) mg = zg[r];
+        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
+        for (int64_t r = 0; r < nr; r++) {
+            float e = expf(zg[r] - mg);
+            dg += e;
+            zg[r] = e;
+        }
+        den[g] = dg;
+    }
+    float *o = j->out + (size_t)t * j->ldo + (size_t)h * hd;
+    for (uint32_t c = 0; c < hd; c += 32) {
+        __m512 s[8][2];
+        for (int g = 0; g < 8; g++) s[g][0] = s[g][1] = _mm512_setzero_ps();
+        for (int64_t r = 0; r < nr; r++) {
+            const __m512 v0 = _mm512_loadu_ps(rp[r] + c), v1 = _mm512_loadu_ps(rp[r] + c + 16);
+            for (int g = 0; g < 8; g++) {
+                const __m512 e = _mm512_set1_ps(z[(size_t)g * nr + r]);
+                s[g][0] = _mm512_add_ps(s[g][0], _mm512_mul_ps(e, v0));
+                s[g][1] = _mm512_add_ps(s[g][1], _mm512_mul_ps(e, v1));
+            }
+        }
+        for (int g = 0; g < 8; g++) {
+            const __m512 d = _mm512_set1_ps(den[g]);
+            _mm512_storeu_ps(o + (size_t)g * hd + c, _mm512_div_ps(s[g][0], d));
+            _mm512_storeu_ps(o + (size_t)g * hd + c + 16, _mm512_div_ps(s[g][1], d));
+        }
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 #endif /* x86 */
 
 /* One head of step row t whose visible rows include packed ones (fm[i] != 0, statepack.h):
@@ -1214,7 +1315,7 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
     const uint32_t groups = (j->H + j->hg - 1) / j->hg;
     uint32_t t = (uint32_t)(task / groups), h0 = (uint32_t)(task % groups) * j->hg;
     uint32_t h1 = h0 + j->hg < j->H ? h0 + j->hg : j->H;
-    float *z = j->zs + (size_t)slot * 4 * (size_t)j->max_rows;
+    float *z = j->zs + (size_t)slot * 8 * (size_t)j->max_rows;
     const float **rp = j->ps + (size_t)slot * j->max_rows;
     int64_t nr;
     uint32_t h = h0;
@@ -1234,6 +1335,8 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
         }
     }
 #ifdef DSIB_OPS_X86
+    if (j->simd512)
+        for (; h + 8 <= h1; h += 8) attn_heads8_avx512(j, t, h, rp, nr, z);
     if (j->simd)
         for (; h + 4 <= h1; h += 4) attn_heads4_avx2(j, t, h, rp, nr, z);
 #endif
@@ -1294,18 +1397,23 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     size_t nt = (size_t)dsib_threadpool_n_threads(inst->pool);
     /* the head-group path: 4 heads share each K/V row load (same operations per head) */
     j.simd = DSIB_OPS_SIMD_OK && dsib_cpu_ops_isa() >= DSIB_ISA_AVX2 && hd % 8 == 0 && H >= 4;
+#ifdef DSIB_OPS_X86
+    j.simd512 = j.simd && dsib_cpu_ops_isa() >= DSIB_ISA_AVX512 && hd % 32 == 0 &&
+                hd <= ATTN8_MAX_HD && H >= 8;
+#endif
     j.hg = 1;
     if (j.simd) {
-        /* heads per task: a multiple of 4, at least 2 tasks per thread where possible */
-        j.hg = 4;
+        /* heads per task: a multiple of 4 (of 8 on the AVX-512 path), at least 2 tasks per
+         * thread where possible */
+        j.hg = j.simd512 ? 8 : 4;
         while (j.hg * 2 <= H && (uint64_t)n * (H / (j.hg * 2)) >= 2 * nt) j.hg *= 2;
     }
     const int packed = ring->format != DSIB_STATE_F32 ||
                        (comp_ratio && comp->format != DSIB_STATE_F32);
-    /* ws: sinks [H], then per thread scores [4 × max_rows], row pointers [max_rows] and row
+    /* ws: sinks [H], then per thread scores [8 × max_rows], row pointers [max_rows] and row
      * formats [max_rows] */
     size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
-    size_t o2 = o1 + ((sizeof(float) * 4 * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
+    size_t o2 = o1 + ((sizeof(float) * 8 * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
     size_t o3 = o2 + ((sizeof(float *) * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
     size_t o4 = o3 + (((size_t)j.max_rows * nt + 63) & ~(size_t)63);
     uint8_t *ws = dsib_cpu_ws(strm, o4);
