@@ -1030,6 +1030,25 @@ static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const fl
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
 }
 
+/* The head-group paths' softmax weights, attn_head_scalar's operations: for heads h .. h+G-1
+ * with scores z[g·nr + r], m = max(sink, scores), z ← exp(z − m) in row order and
+ * den[g] = exp(sink − m) + Σ_r z (scalar expf). */
+static void attn_softmax_heads(const attn_job *j, uint32_t h, int G, float *z, int64_t nr,
+                               float *den) {
+    for (int g = 0; g < G; g++) {
+        float *zg = z + (size_t)g * nr, mg = j->sinks[h + (uint32_t)g];
+        for (int64_t r = 0; r < nr; r++)
+            if (zg[r] > mg) mg = zg[r];
+        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
+        for (int64_t r = 0; r < nr; r++) {
+            float e = expf(zg[r] - mg);
+            dg += e;
+            zg[r] = e;
+        }
+        den[g] = dg;
+    }
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DSIB_OPS_X86 1
 /* AVX2 (no FMA: every product is rounded before its sum, exactly as the scalar code) */
@@ -1058,8 +1077,6 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
     const float *q0 = j->q + (size_t)t * j->ldq + (size_t)h * hd;
     const float *q1 = q0 + hd, *q2 = q1 + hd, *q3 = q2 + hd;
     float *z0 = z, *z1 = z + nr, *z2 = z + 2 * nr, *z3 = z + 3 * nr;
-    float m[4];
-    for (int g = 0; g < 4; g++) m[g] = j->sinks[h + (uint32_t)g];
     int64_t i = 0;
     for (; i + 2 <= nr; i += 2) { /* two rows × four heads: eight independent chains */
         const float *ka = rp[i], *kb = rp[i + 1];
@@ -1102,20 +1119,8 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
         z2[i] = attn_tree8(a2) * j->scale;
         z3[i] = attn_tree8(a3) * j->scale;
     }
-    /* softmax weights (scalar expf, row order) */
     float den[4];
-    for (int g = 0; g < 4; g++) {
-        float *zg = z + (size_t)g * nr, mg = m[g];
-        for (int64_t r = 0; r < nr; r++)
-            if (zg[r] > mg) mg = zg[r];
-        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
-        for (int64_t r = 0; r < nr; r++) {
-            float e = expf(zg[r] - mg);
-            dg += e;
-            zg[r] = e;
-        }
-        den[g] = dg;
-    }
+    attn_softmax_heads(j, h, 4, z, nr, den);
     /* o_g = (Σ_r e_g,r · v_r) / den_g: 16 columns × 4 heads in registers per pass */
     float *o0 = j->out + (size_t)t * j->ldo + (size_t)h * hd;
     for (uint32_t c = 0; c < hd; c += 16) {
@@ -1215,20 +1220,8 @@ static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const 
             z[(size_t)(2 * p + 1) * nr + i] = attn_tree8(_mm512_extractf32x8_ps(a[p], 1)) * j->scale;
         }
     }
-    /* softmax weights (scalar expf, row order, as attn_heads4_avx2) */
     float den[8];
-    for (int g = 0; g < 8; g++) {
-        float *zg = z + (size_t)g * nr, mg = j->sinks[h + (uint32_t)g];
-        for (int64_t r = 0; r < nr; r++)
-            if (zg[r] > mg) mg = zg[r];
-        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
-        for (int64_t r = 0; r < nr; r++) {
-            float e = expf(zg[r] - mg);
-            dg += e;
-            zg[r] = e;
-        }
-        den[g] = dg;
-    }
+    attn_softmax_heads(j, h, 8, z, nr, den);
     float *o = j->out + (size_t)t * j->ldo + (size_t)h * hd;
     for (uint32_t c = 0; c < hd; c += 32) {
         __m512 s[8][2];
