@@ -222,20 +222,11 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * weight block. Every tile runs the same per-(row, token) sequence, so results do not
  * depend on it. (The AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the
  * later token tiles of a call: DSIB_QTILE_FN_R below.) */
-#define DSIB_QTILE_FN(NAME, TILE, T)                                                       \
-    static void NAME##_t##T(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,         \
-                            int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {    \
-        for (int64_t o = o0; o < o1; o++) { /* the row loop inside: constants hoisted */  \
-            float out[T];                                                                  \
-            TILE(w + (size_t)o * rb, rb, n_in, x, out, 1, T, pf);                          \
-            for (int t = 0; t < (T); t++) yp[t][o] = out[t];                               \
-        }                                                                                  \
-    }
-/* The same with RR rows per tile for the later multi-token tiles of a call (T >= 2, pf = 0:
- * rows re-read from L2; the last odd row alone): the token rows' activations are loaded once
- * per RR rows. The first tile (cold weights, prefetching) and one-token tiles keep R = 1:
- * from memory, R = 2 measured slower (Zen 5, q8_0, 4 tokens: 18.2-18.9 against 19.8-22.2 GB/s),
- * from L2 faster (pp128 250-265 against 237-244 GFLOP/s). */
+/* RR rows per tile in the later multi-token tiles of a call (T >= 2, pf = 0: rows re-read
+ * from L2; the last odd row alone): the token rows' activations are loaded once per RR
+ * rows. The first tile (cold weights, prefetching) and one-token tiles keep R = 1: from
+ * memory, R = 2 measured slower (Zen 5, q8_0, 4 tokens: 18.2-18.9 against 19.8-22.2 GB/s),
+ * from L2 faster (128 tokens: 250-265 against 237-244 GFLOP/s). RR = 1: one row at a time. */
 #define DSIB_QTILE_FN_R(NAME, TILE, T, RR)                                                 \
     static void NAME##_t##T(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,         \
                             int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {    \
@@ -252,6 +243,7 @@ static inline float dsib_reduce32(const float a[2][16]) {
             for (int t = 0; t < (T); t++) yp[t][o] = out[t];                               \
         }                                                                                  \
     }
+#define DSIB_QTILE_FN(NAME, TILE, T) DSIB_QTILE_FN_R(NAME, TILE, T, 1)
 #define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
 #define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
