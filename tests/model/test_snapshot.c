@@ -407,11 +407,14 @@ static void test_corruption(void **state) {
     /* the same configuration with other weights (another seed) */
     char cmd[8192];
     const char *mk = getenv("DSI_MKMODEL");
-    char other[4096];
+    char other[1024];
+    char other_mtp[1024]; /* the default layout writes the MTP block beside the model */
     snprintf(other, sizeof other, "/tmp/dsi-snap-%ld-%s-seed7.gguf", (long)getpid(), f->config);
+    snprintf(other_mtp, sizeof other_mtp, "/tmp/dsi-snap-%ld-%s-seed7-mtp.gguf", (long)getpid(),
+             f->config);
     if (mk) {
-        snprintf(cmd, sizeof cmd, "'%s' --config %s --seed 7 -o '%s' >/dev/null 2>&1", mk,
-                 f->config, other);
+        snprintf(cmd, sizeof cmd, "'%s' --config %s --seed 7 -o '%s' --mtp-out '%s' >/dev/null 2>&1",
+                 mk, f->config, other, other_mtp);
         if (system(cmd) == 0) {
             dsi_model *om = NULL;
             dsi_model_options mo;
@@ -422,7 +425,10 @@ static void test_corruption(void **state) {
             dsi_session_free(os);
             dsi_model_free(om);
             unlink(other);
+            unlink(other_mtp);
         } else {
+            unlink(other);
+            unlink(other_mtp);
             fail_msg("%s: dsinfer-mkmodel --seed 7 failed", f->config);
         }
     } else {
