@@ -331,6 +331,106 @@ static void test_fake_quant_e2m1(void **state) {
     assert_true(fabsf(z[1] - 1.25f) < 1e-7f && fabsf(z[2] + 0.3f) < 1e-7f);
 }
 
+/* The AVX2 fake quant against the scalar one, bit for bit: every recipe, rounding on and
+ * off, on the rounding boundaries of both grids (scale 1: a block led by its amax), on
+ * random blocks over 60 binades, and on NaN / inf / ±0 / subnormal inputs; then the
+ * row-parallel call (>= 8 rows) against the rows one at a time. */
+static uint32_t fq_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float fq_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void test_fake_quant_simd(void **state) {
+    (void)state;
+    if (dsib_cpu_ops_isa() < DSIB_ISA_AVX2) {
+        print_message("skipped: this CPU has no AVX2 (the SIMD path cannot run)\n");
+        skip();
+    }
+    enum { BLK = 32, NMAX = 1 << 16 };
+    float *src = malloc(sizeof(float) * NMAX), *a = malloc(sizeof(float) * NMAX),
+          *b = malloc(sizeof(float) * NMAX);
+    assert_true(src && a && b);
+    const int32_t recipes[3] = {DSIB_FQ_E4M3_UE8M0, DSIB_FQ_E2M1_UE8M0, DSIB_FQ_E2M1_E4M3};
+    for (int ri = 0; ri < 3; ri++) {
+        const int e4m3 = recipes[ri] == DSIB_FQ_E4M3_UE8M0;
+        const float amax = e4m3 ? 448.0f : 6.0f; /* -> scale exactly 1 */
+        uint32_t n = 0;
+        /* 1. boundaries, in blocks led by amax */
+        float cand[4096];
+        uint32_t nc = 0;
+        if (e4m3) {
+            static const uint32_t low[8] = {0, 1, 0x7FFFE, 0x7FFFF, 0x80000, 0x80001, 0xFFFFE, 0xFFFFF};
+            for (uint32_t e = 110; e <= 135; e++)
+                for (uint32_t m3 = 0; m3 < 8; m3++)
+                    for (int k = 0; k < 8; k++) cand[nc++] = fq_float((e << 23) | (m3 << 20) | low[k]);
+            for (int k = 0; k <= 64; k++) { /* the subnormal grid's midpoints, ± 1 ulp */
+                const float m = (float)k * 0x1p-10f;
+                cand[nc++] = m;
+                cand[nc++] = nextafterf(m, 0.0f);
+                cand[nc++] = nextafterf(m, 1.0f);
+            }
+        } else {
+            for (int k = 0; k <= 28; k++) { /* quarter steps: every midpoint and grid point */
+                const float m = (float)k * 0.25f;
+                cand[nc++] = m;
+                cand[nc++] = nextafterf(m, 0.0f);
+                cand[nc++] = nextafterf(m, 10.0f);
+            }
+        }
+        for (uint32_t c = 0; c < nc; c++) {
+            if (n % BLK == 0) src[n++] = amax;
+            src[n++] = (c & 1) ? -cand[c] : cand[c];
+            if (n % BLK == 0) continue;
+            src[n++] = (c & 1) ? cand[c] : -cand[c];
+        }
+        while (n % BLK) src[n++] = 0.0f;
+        /* 2. random blocks, each with its own magnitude */
+        for (int blk = 0; blk < 512; blk++) {
+            const float mag = ldexpf(1.0f, (int)(frand() * 30.0f));
+            for (int i = 0; i < BLK; i++) src[n++] = frand() * mag;
+        }
+        /* 3. specials */
+        const float sp[8] = {NAN, -NAN, INFINITY, -INFINITY, -0.0f, 0x1p-140f, -0x1p-149f, 1.0f};
+        for (int blk = 0; blk < 16; blk++)
+            for (int i = 0; i < BLK; i++)
+                src[n++] = (i + blk) % 5 == 0 ? sp[(i + blk) % 8] : frand() * ldexpf(1.0f, blk - 8);
+        while (n % (2 * BLK)) src[n++] = 1.0f; /* whole rows of two blocks */
+        assert_true(n <= NMAX);
+        for (int round = 0; round < 2; round++) {
+            const uint32_t fl = round ? 0 : DSIB_FQ_NO_ROUND;
+            memcpy(a, src, sizeof(float) * n);
+            memcpy(b, src, sizeof(float) * n);
+            dsib_view va = wrap(a, sizeof(float) * n), vb = wrap(b, sizeof(float) * n);
+            dsib_cpu_ops_force_isa(DSIB_ISA_SCALAR);
+            for (uint32_t r = 0; r < n / BLK; r++) /* one row per call: the serial path */
+                assert_int_equal(ops->fake_quant(strm, (dsib_view){va.buf, (uint64_t)r * BLK * 4},
+                                                 BLK, 1, 0, BLK, BLK, recipes[ri], fl),
+                                 DSI_OK);
+            dsib_cpu_ops_force_isa(DSIB_ISA_AVX2);
+            /* all rows in one call (the pool), two blocks per row */
+            assert_int_equal(ops->fake_quant(strm, vb, 2 * BLK, n / (2 * BLK), 0, 2 * BLK, BLK,
+                                             recipes[ri], fl),
+                             DSI_OK);
+            dsib_cpu_ops_force_isa(-1);
+            for (uint32_t i = 0; i < n; i++)
+                if (fq_bits(a[i]) != fq_bits(b[i]))
+                    fail_msg("recipe %d round %d: element %u (input %a): scalar %a (0x%08x), "
+                             "avx2 %a (0x%08x)", (int)recipes[ri], round, i, (double)src[i],
+                             (double)a[i], fq_bits(a[i]), (double)b[i], fq_bits(b[i]));
+            unwrap(va);
+            unwrap(vb);
+        }
+    }
+    free(src);
+    free(a);
+    free(b);
+}
+
 /* ---- Hadamard, RoPE --------------------------------------------------------------------- */
 
 static void test_hadamard_rope(void **state) {
@@ -789,6 +889,7 @@ int main(void) {
         cmocka_unit_test(test_indexer_packed_scan),
         cmocka_unit_test(test_fake_quant_e4m3),
         cmocka_unit_test(test_fake_quant_e2m1),
+        cmocka_unit_test(test_fake_quant_simd),
         cmocka_unit_test(test_hadamard_rope),
         cmocka_unit_test(test_hc_mix),
         cmocka_unit_test(test_moe_route),
