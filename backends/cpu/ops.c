@@ -573,6 +573,64 @@ static dsi_status op_hc_expand(dsib_stream *strm, dsib_view e, uint32_t lde, dsi
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+typedef struct hcmix_job {
+    const float *xs;
+    float *cf;
+    uint32_t ldc, n_hc, D_, n_mix, iters;
+    int32_t mode;
+    float rms_eps, hc_eps, sc[3], bs[16 * 18];
+} hcmix_job;
+
+/* One token's coefficients from its raw mixes (§3.3): RMS scale, sigmoids, row softmax and
+ * the Sinkhorn iterations. Tokens are independent. */
+static void hc_mix_task(void *arg, int64_t t, int32_t slot) {
+    (void)slot;
+    const hcmix_job *j = arg;
+    const uint32_t n_hc = j->n_hc, n_mix = j->n_mix;
+    const float *sc = j->sc, *bs = j->bs, hc_eps = j->hc_eps;
+    const float *fl = j->xs + (size_t)t * n_hc * j->D_;
+    float ss = 0.0f;
+    for (size_t i = 0; i < (size_t)n_hc * j->D_; i++) ss += fl[i] * fl[i];
+    float rs = 1.0f / sqrtf(ss / (float)((size_t)n_hc * j->D_) + j->rms_eps);
+    float *m = j->cf + (size_t)t * j->ldc;
+    for (uint32_t i = 0; i < n_mix; i++) m[i] *= rs;
+    if (j->mode == DSIB_HC_HEAD) {
+        for (uint32_t h = 0; h < n_hc; h++) m[h] = sigmoidf_(m[h] * sc[0] + bs[h]) + hc_eps;
+        return;
+    }
+    for (uint32_t h = 0; h < n_hc; h++) {
+        m[h] = sigmoidf_(m[h] * sc[0] + bs[h]) + hc_eps;
+        m[n_hc + h] = 2.0f * sigmoidf_(m[n_hc + h] * sc[1] + bs[n_hc + h]);
+    }
+    float *C = m + 2 * n_hc;
+    for (uint32_t i = 0; i < n_hc * n_hc; i++) C[i] = C[i] * sc[2] + bs[2 * n_hc + i];
+    /* row softmax + eps */
+    for (uint32_t i = 0; i < n_hc; i++) {
+        float *row = C + i * n_hc, mx = row[0], s = 0.0f;
+        for (uint32_t k = 1; k < n_hc; k++) mx = row[k] > mx ? row[k] : mx;
+        for (uint32_t k = 0; k < n_hc; k++) {
+            row[k] = expf(row[k] - mx);
+            s += row[k];
+        }
+        for (uint32_t k = 0; k < n_hc; k++) row[k] = row[k] / s + hc_eps;
+    }
+    for (uint32_t it = 0; it < j->iters; it++) {
+        if (it > 0)
+            for (uint32_t i = 0; i < n_hc; i++) {
+                float s = 0.0f;
+                for (uint32_t k = 0; k < n_hc; k++) s += C[i * n_hc + k];
+                s += hc_eps;
+                for (uint32_t k = 0; k < n_hc; k++) C[i * n_hc + k] /= s;
+            }
+        for (uint32_t k = 0; k < n_hc; k++) {
+            float s = 0.0f;
+            for (uint32_t i = 0; i < n_hc; i++) s += C[i * n_hc + k];
+            s += hc_eps;
+            for (uint32_t i = 0; i < n_hc; i++) C[i * n_hc + k] /= s;
+        }
+    }
+}
+
 static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t n_hc,
                             uint32_t D, const dsib_weight *fn, const dsib_weight *scale,
                             const dsib_weight *base, float rms_eps, float hc_eps,
@@ -583,54 +641,26 @@ static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     dsi_status st = op_matmul(strm, fn, 0, X, n_hc * D, coef, ldc, n);
     if (st != DSI_OK) return dsib_cpu_ret(strm, st);
-    const float *xs = dsib_cpu_f32(X);
-    float *cf = dsib_cpu_f32(coef);
-    float sc[3], bs[16 * 18];
-    for (uint32_t i = 0; i < (mode == DSIB_HC_HEAD ? 1u : 3u); i++) sc[i] = dsib_cpu_weight_f32(scale, i);
-    for (uint32_t i = 0; i < n_mix; i++) bs[i] = dsib_cpu_weight_f32(base, i);
-    for (uint32_t t = 0; t < n; t++) {
-        const float *fl = xs + (size_t)t * n_hc * D;
-        float ss = 0.0f;
-        for (size_t i = 0; i < (size_t)n_hc * D; i++) ss += fl[i] * fl[i];
-        float rs = 1.0f / sqrtf(ss / (float)((size_t)n_hc * D) + rms_eps);
-        float *m = cf + (size_t)t * ldc;
-        for (uint32_t i = 0; i < n_mix; i++) m[i] *= rs;
-        if (mode == DSIB_HC_HEAD) {
-            for (uint32_t h = 0; h < n_hc; h++) m[h] = sigmoidf_(m[h] * sc[0] + bs[h]) + hc_eps;
-            continue;
-        }
-        for (uint32_t h = 0; h < n_hc; h++) {
-            m[h] = sigmoidf_(m[h] * sc[0] + bs[h]) + hc_eps;
-            m[n_hc + h] = 2.0f * sigmoidf_(m[n_hc + h] * sc[1] + bs[n_hc + h]);
-        }
-        float *C = m + 2 * n_hc;
-        for (uint32_t i = 0; i < n_hc * n_hc; i++) C[i] = C[i] * sc[2] + bs[2 * n_hc + i];
-        /* row softmax + eps */
-        for (uint32_t i = 0; i < n_hc; i++) {
-            float *row = C + i * n_hc, mx = row[0], s = 0.0f;
-            for (uint32_t j = 1; j < n_hc; j++) mx = row[j] > mx ? row[j] : mx;
-            for (uint32_t j = 0; j < n_hc; j++) {
-                row[j] = expf(row[j] - mx);
-                s += row[j];
-            }
-            for (uint32_t j = 0; j < n_hc; j++) row[j] = row[j] / s + hc_eps;
-        }
-        for (uint32_t it = 0; it < iters; it++) {
-            if (it > 0)
-                for (uint32_t i = 0; i < n_hc; i++) {
-                    float s = 0.0f;
-                    for (uint32_t j = 0; j < n_hc; j++) s += C[i * n_hc + j];
-                    s += hc_eps;
-                    for (uint32_t j = 0; j < n_hc; j++) C[i * n_hc + j] /= s;
-                }
-            for (uint32_t j = 0; j < n_hc; j++) {
-                float s = 0.0f;
-                for (uint32_t i = 0; i < n_hc; i++) s += C[i * n_hc + j];
-                s += hc_eps;
-                for (uint32_t i = 0; i < n_hc; i++) C[i * n_hc + j] /= s;
-            }
-        }
-    }
+    hcmix_job j;
+    memset(&j, 0, sizeof j);
+    j.xs = dsib_cpu_f32(X);
+    j.cf = dsib_cpu_f32(coef);
+    j.ldc = ldc;
+    j.n_hc = n_hc;
+    j.D_ = D;
+    j.n_mix = n_mix;
+    j.iters = iters;
+    j.mode = mode;
+    j.rms_eps = rms_eps;
+    j.hc_eps = hc_eps;
+    for (uint32_t i = 0; i < (mode == DSIB_HC_HEAD ? 1u : 3u); i++) j.sc[i] = dsib_cpu_weight_f32(scale, i);
+    for (uint32_t i = 0; i < n_mix; i++) j.bs[i] = dsib_cpu_weight_f32(base, i);
+    /* a token's few microseconds (the serial sum of squares, Sinkhorn) pay for the barrier
+     * from two tokens on */
+    if (n >= 2)
+        dsib_parallel_for(strm->inst->pool, n, hc_mix_task, &j);
+    else
+        for (uint32_t t = 0; t < n; t++) hc_mix_task(&j, t, 0);
     return DSI_OK;
 }
 
