@@ -47,9 +47,9 @@ typedef struct dsib_job {
     atomic_int slots;    /* next slot id for a helper (the submitter is 0) */
     uint64_t t_submit;   /* statistics on: submission time, else 0 */
     atomic_int picked;   /* statistics: a helper has started on it */
-    int refs;            /* helpers inside the job (pool mutex) */
+    atomic_int refs;     /* helpers inside the job: + under the pool mutex (when picked), -
+                            without it; the job's memory is the submitter's again at 0 */
     int linked;          /* in the open list (pool mutex) */
-    int waiting;         /* submitter sleeps on cv_done (pool mutex) */
     struct dsib_job *prev, *nextj;
 } dsib_job;
 
@@ -65,6 +65,7 @@ struct dsib_threadpool {
                              on it without the mutex, so a job whose tasks are all claimed
                              does not make them re-lock the mutex over and over */
     int n_sleeping;       /* workers in cv_wait (pool mutex) */
+    atomic_int done_waiters; /* submitters asleep on cv_done (changed under the pool mutex) */
     int stop;             /* (pool mutex) */
     dsib_pool_alloc alloc;
     atomic_int stats_on;
@@ -153,60 +154,65 @@ static void pool_unlink(dsib_threadpool *p, dsib_job *j) {
     j->linked = 0;
 }
 
+/* Spins (then yields) until the epoch moves from `seen_epoch` or DSIB_POOL_SPIN_NS pass,
+ * outside the mutex; 1 when it moved. */
+static int pool_spin_epoch(dsib_threadpool *p, unsigned seen_epoch) {
+    uint64_t t0 = pool_now_ns();
+    int polite = 0;
+    for (unsigned it = 0;; it++) {
+        if (atomic_load_explicit(&p->epoch, memory_order_acquire) != seen_epoch) return 1;
+        if (polite)
+            sched_yield();
+        else
+            DSIB_CPU_RELAX();
+        if ((it & 63u) == 63u) {
+            uint64_t dt = pool_now_ns() - t0;
+            if (dt > DSIB_POOL_SPIN_NS) return 0;
+            polite = dt > DSIB_POOL_HOT_NS;
+        }
+    }
+}
+
+/* A worker takes the mutex only to pick a job (and to sleep): it leaves a job without it
+ * (refs, done_waiters) and waits for the next one spinning on the epoch, so on the decode
+ * path — a job every few microseconds — neither side ever finds the mutex held by the
+ * other, which on a contended glibc mutex costs a futex wait and wake per job. */
 static void *worker_main(void *arg) {
     dsib_threadpool *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
         if (p->stop) break;
+        /* read before the pick: a job linked after this read moves the epoch later */
+        const unsigned seen_epoch = atomic_load_explicit(&p->epoch, memory_order_acquire);
         dsib_job *j = pool_pick(p);
-        if (!j) {
-            /* Spin outside the mutex for a while: new work usually follows at once. */
-            const unsigned seen_epoch = atomic_load_explicit(&p->epoch, memory_order_relaxed);
+        if (j) {
+            atomic_fetch_add_explicit(&j->refs, 1, memory_order_relaxed);
             pthread_mutex_unlock(&p->mu);
-            uint64_t t0 = pool_now_ns();
-            int seen = 0;
-            int polite = 0;
-            for (unsigned it = 0;; it++) {
-                if (atomic_load_explicit(&p->epoch, memory_order_acquire) != seen_epoch) {
-                    seen = 1;
-                    break;
-                }
-                if (polite)
-                    sched_yield();
-                else
-                    DSIB_CPU_RELAX();
-                if ((it & 63u) == 63u) {
-                    uint64_t dt = pool_now_ns() - t0;
-                    if (dt > DSIB_POOL_SPIN_NS) break;
-                    polite = dt > DSIB_POOL_HOT_NS;
-                }
+            int32_t slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
+            if (j->t_submit && atomic_exchange_explicit(&j->picked, 1, memory_order_relaxed) == 0) {
+                STAT_ADD(p, st_pickup_ns, pool_now_ns() - j->t_submit);
+                STAT_ADD(p, st_pickups, 1);
             }
-            pthread_mutex_lock(&p->mu);
-            if (seen || p->stop) continue;
-            j = pool_pick(p);
-            if (!j) {
-                if (atomic_load_explicit(&p->stats_on, memory_order_relaxed)) STAT_ADD(p, st_sleeps, 1);
-                p->n_sleeping++;
-                pthread_cond_wait(&p->cv_work, &p->mu);
-                p->n_sleeping--;
-                continue;
+            int64_t ran = job_run(j, slot);
+            if (j->t_submit) STAT_ADD(p, st_helper_tasks, ran);
+            /* j is not touched after this: its submitter may return at once */
+            atomic_fetch_sub_explicit(&j->refs, 1, memory_order_seq_cst);
+            if (atomic_load_explicit(&p->done_waiters, memory_order_seq_cst) > 0) {
+                pthread_mutex_lock(&p->mu);
+                pthread_cond_broadcast(&p->cv_done);
+                pthread_mutex_unlock(&p->mu);
             }
+        } else {
+            pthread_mutex_unlock(&p->mu);
         }
-        j->refs++;
-        pthread_mutex_unlock(&p->mu);
-
-        int32_t slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
-        if (j->t_submit && atomic_exchange_explicit(&j->picked, 1, memory_order_relaxed) == 0) {
-            STAT_ADD(p, st_pickup_ns, pool_now_ns() - j->t_submit);
-            STAT_ADD(p, st_pickups, 1);
-        }
-        int64_t ran = job_run(j, slot);
-        if (j->t_submit) STAT_ADD(p, st_helper_tasks, ran);
-
+        /* new work usually follows at once: spin outside the mutex for a while */
+        const int moved = pool_spin_epoch(p, seen_epoch);
         pthread_mutex_lock(&p->mu);
-        pool_unlink(p, j); /* nothing left to claim */
-        j->refs--;
-        if (j->refs == 0 && j->waiting) pthread_cond_broadcast(&p->cv_done);
+        if (moved || p->stop || pool_pick(p)) continue;
+        if (atomic_load_explicit(&p->stats_on, memory_order_relaxed)) STAT_ADD(p, st_sleeps, 1);
+        p->n_sleeping++;
+        pthread_cond_wait(&p->cv_work, &p->mu);
+        p->n_sleeping--;
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -242,6 +248,7 @@ dsi_status dsib_threadpool_create(int32_t n_threads, const dsib_pool_alloc *allo
     p->alloc = a;
     p->n_threads = n_threads;
     atomic_init(&p->epoch, 0u);
+    atomic_init(&p->done_waiters, 0);
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
         pool_free(&a, p);
         set_msg(msg, msg_size, "threadpool: pthread_mutex_init failed");
@@ -326,8 +333,7 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     atomic_init(&j.next, 0);
     atomic_init(&j.done, 0);
     atomic_init(&j.slots, 1);
-    j.refs = 0;
-    j.waiting = 0;
+    atomic_init(&j.refs, 0);
     j.prev = NULL;
     j.t_submit = stats ? pool_now_ns() : 0;
     atomic_init(&j.picked, 0);
@@ -337,18 +343,24 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     if (p->head) p->head->prev = &j;
     p->head = &j;
     j.linked = 1;
-    atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
     if (p->n_sleeping > 0) pthread_cond_broadcast(&p->cv_work);
     pthread_mutex_unlock(&p->mu);
+    /* after the unlock: a spinning worker that sees it then finds the mutex free */
+    atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
 
     job_run(&j, 0);
     const uint64_t t_own = stats ? pool_now_ns() : 0;
 
-    /* Every task is claimed; wait (spin, then sleep) for the helpers' tasks to finish. */
+    /* Every task is claimed; wait (spin, then sleep) for the helpers' tasks to finish and
+     * for the helpers to leave the job (refs 0: none of them touches j any more). Once
+     * done reaches n_tasks no worker can pick the job again (pool_pick), so refs only
+     * falls. */
     uint64_t t0 = 0;
     int polite = 0;
     for (unsigned it = 0;; it++) {
-        if (atomic_load_explicit(&j.done, memory_order_acquire) >= n_tasks) break;
+        if (atomic_load_explicit(&j.done, memory_order_acquire) >= n_tasks &&
+            atomic_load_explicit(&j.refs, memory_order_acquire) == 0)
+            break;
         if (polite)
             sched_yield(); /* a helper holding a task may be waiting for this core */
         else
@@ -365,9 +377,16 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     }
     pthread_mutex_lock(&p->mu);
     pool_unlink(p, &j);
-    while (j.refs > 0 || atomic_load_explicit(&j.done, memory_order_acquire) < n_tasks) {
-        j.waiting = 1;
-        pthread_cond_wait(&p->cv_done, &p->mu);
+    if (atomic_load_explicit(&j.done, memory_order_acquire) < n_tasks ||
+        atomic_load_explicit(&j.refs, memory_order_acquire) > 0) {
+        /* asleep until the last helper leaves: it reads done_waiters after its refs
+         * decrement, this thread reads refs after the increment (both seq_cst), so one of
+         * the two sees the other and the wake-up is never lost */
+        atomic_fetch_add_explicit(&p->done_waiters, 1, memory_order_seq_cst);
+        while (atomic_load_explicit(&j.done, memory_order_seq_cst) < n_tasks ||
+               atomic_load_explicit(&j.refs, memory_order_seq_cst) > 0)
+            pthread_cond_wait(&p->cv_done, &p->mu);
+        atomic_fetch_sub_explicit(&p->done_waiters, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&p->mu);
     if (stats) {

@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backends/cpu/threadpool.h"
+#include "tests/common/filter.h"
 
 typedef struct counts {
     int64_t n;
@@ -165,6 +167,41 @@ static void test_workers_participate(void **state) {
     dsib_threadpool_free(pool);
 }
 
+/* A helper still inside its task long after the submitter ran out of tasks: the submitter
+ * spins a while, then sleeps until the last helper leaves the job, and the helper must wake
+ * it (a lost wake-up hangs here: alarm() ends the test). Repeated, so the helper sometimes
+ * leaves while the submitter is between its spin and its sleep. */
+static atomic_int slow_claimed;
+static void slow_helper_task(void *arg, int64_t task, int32_t slot) {
+    (void)task;
+    atomic_fetch_add((atomic_int *)arg, 1);
+    if (slot != 0 && atomic_exchange(&slow_claimed, 1) == 0) {
+        struct timespec ts = {0, 3000000}; /* 3 ms: far beyond the submitter's spin */
+        nanosleep(&ts, NULL);
+    }
+    /* the submitter keeps its first task until a helper holds one (at most ~0.5 s) */
+    for (int i = 0; slot == 0 && i < 5000 && !atomic_load(&slow_claimed); i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void test_slow_helper_wakes_submitter(void **state) {
+    (void)state;
+    dsib_threadpool *pool = NULL;
+    assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
+    alarm(20);
+    for (int rep = 0; rep < 40; rep++) {
+        atomic_int calls;
+        atomic_init(&calls, 0);
+        atomic_store(&slow_claimed, rep & 1); /* odd reps: no slow task (the spin path) */
+        dsib_parallel_for(pool, 64, slow_helper_task, &calls);
+        assert_int_equal(atomic_load(&calls), 64);
+    }
+    alarm(0);
+    dsib_threadpool_free(pool);
+}
+
 static int n_alloc;
 static void *my_malloc(void *ctx, size_t n) {
     (void)ctx;
@@ -205,6 +242,8 @@ int main(void) {
         cmocka_unit_test(test_concurrent_submitters),
         cmocka_unit_test(test_create_args),
         cmocka_unit_test(test_workers_participate),
+        cmocka_unit_test(test_slow_helper_wakes_submitter),
     };
+    dsit_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
