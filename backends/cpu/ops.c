@@ -421,122 +421,12 @@ static void fq_block_scalar(float *v, uint32_t block, int32_t recipe, int round)
     }
 }
 
-#if DSIB_OPS_SIMD_OK
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2")
-#endif
-#include <immintrin.h>
-/* fq_block_scalar, 8 elements at a time (block % 8 == 0), the same values bit for bit
- * (test_v4_ops test_fake_quant_simd): amax is a maximum (order-free; a NaN element is
- * skipped as `a > amax` skips it), the division and the product are the same IEEE
- * operations, and the two roundings are written as exact float / integer steps:
- *   E4M3 (dsii_e4m3_rne): normal (|q| >= 2^-6): round-half-even of the mantissa to 3 bits
- *     on the bit pattern, as dsii_f32_to_e4m3 does; subnormal: round-half-even of |q|·2^9
- *     (exact scaling) times 2^-9; |q| >= 448 -> 448; NaN -> quiet NaN with the sign.
- *   E2M1 (dsii_e2m1_rne): the grid has step 1/2 below 2, 1 below 4, 2 up to 6, so the
- *     nearest-even grid point is round-half-even of |q|·2, |q| or |q|/2, scaled back
- *     (exact; the grid's even codes are exactly the points where that integer is even);
- *     above 6 -> 6; NaN -> +0. */
-static void fq_block_avx2(float *v, uint32_t block, int32_t recipe, int round) {
-    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    __m256 am = _mm256_setzero_ps();
-    for (uint32_t i = 0; i < block; i += 8)
-        am = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i), absm), am); /* NaN: keeps am */
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-    float s = 1.0f, lim = 0.0f; /* set by fq_scale (the recipe was checked by the op) */
-    (void)fq_scale(_mm_cvtss_f32(m4), recipe, &s, &lim);
-    const __m256 sv = _mm256_set1_ps(s), lv = _mm256_set1_ps(lim), nlv = _mm256_set1_ps(-lim);
-    const __m256i sgn = _mm256_set1_epi32((int)0x80000000u), one = _mm256_set1_epi32(1);
-    const int e4m3 = recipe == DSIB_FQ_E4M3_UE8M0;
-    for (uint32_t i = 0; i < block; i += 8) {
-        __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + i), sv);
-        q = _mm256_min_ps(lv, q);  /* (lim < q) ? lim : q; NaN stays */
-        q = _mm256_max_ps(nlv, q); /* (-lim > q) ? -lim : q */
-        if (round) {
-            const __m256i x = _mm256_castps_si256(q);
-            const __m256i sign = _mm256_and_si256(x, sgn);
-            const __m256i ax = _mm256_andnot_si256(sgn, x);
-            const __m256 a = _mm256_castsi256_ps(ax);
-            const __m256i nan = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F800000));
-            __m256i r;
-            if (e4m3) {
-                const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, 20), one);
-                const __m256i rn = _mm256_and_si256(
-                    _mm256_add_epi32(_mm256_add_epi32(ax, _mm256_set1_epi32(0x7FFFF)), odd),
-                    _mm256_set1_epi32(0x7FF00000));
-                const __m256i rs = _mm256_castps_si256(_mm256_mul_ps(
-                    _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                    _mm256_set1_ps(0x1p-9f)));
-                const __m256i normal = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x3C7FFFFF));
-                const __m256i sat = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x43DFFFFF));
-                r = _mm256_blendv_epi8(rs, rn, normal);
-                r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x43E00000), sat);
-                r = _mm256_or_si256(sign, _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan));
-            } else {
-                const __m256 a6 = _mm256_min_ps(a, _mm256_set1_ps(6.0f));
-                const int md = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-                const __m256 r1 = _mm256_mul_ps(
-                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(2.0f)), md), _mm256_set1_ps(0.5f));
-                const __m256 r2 = _mm256_round_ps(a6, md);
-                const __m256 r3 = _mm256_mul_ps(
-                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(0.5f)), md), _mm256_set1_ps(2.0f));
-                __m256 rr = _mm256_blendv_ps(r3, r2, _mm256_cmp_ps(a6, _mm256_set1_ps(4.0f), _CMP_LT_OQ));
-                rr = _mm256_blendv_ps(rr, r1, _mm256_cmp_ps(a6, _mm256_set1_ps(2.0f), _CMP_LT_OQ));
-                r = _mm256_andnot_si256(nan, _mm256_or_si256(sign, _mm256_castps_si256(rr)));
-            }
-            q = _mm256_castsi256_ps(r);
-        }
-        _mm256_storeu_ps(v + i, _mm256_mul_ps(q, sv));
-    }
-}
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
-
 static int32_t ops_isa_now(void);
-
-static void fq_task(void *arg, int64_t r, int32_t slot) {
-    (void)slot;
-    const fq_job *j = arg;
-    for (uint32_t b0 = 0; b0 < j->ncols; b0 += j->block) {
-        float *v = j->p + (size_t)r * j->ldx + j->col0 + b0;
-#if DSIB_OPS_SIMD_OK
-        if (j->simd) {
-            fq_block_avx2(v, j->block, j->recipe, j->round);
-            continue;
-        }
-#endif
-        fq_block_scalar(v, j->block, j->recipe, j->round);
-    }
-}
 
 /* Rows of the elementwise ops go over the pool only when there are enough of them to pay
  * for the barrier (prefill); a decoded token runs on the caller. */
 #define OPS_PAR_ROWS 8
 
-static dsi_status op_fake_quant(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
-                                uint32_t col0, uint32_t ncols, uint32_t block, int32_t recipe,
-                                uint32_t flags) {
-    float s_, l_;
-    if (block == 0 || ncols % block || !fq_scale(1.0f, recipe, &s_, &l_))
-        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    fq_job j = {dsib_cpu_f32(x), ldx, col0, ncols, block, recipe, !(flags & DSIB_FQ_NO_ROUND), 0};
-    j.simd = block % 8 == 0 && ops_isa_now() >= DSIB_ISA_AVX2;
-    if (rows >= OPS_PAR_ROWS)
-        dsib_parallel_for(strm->inst->pool, rows, fq_task, &j);
-    else
-        for (uint32_t r = 0; r < rows; r++) fq_task(&j, r, 0);
-    return DSI_OK;
-}
 
 static dsi_status op_hadamard(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                               uint32_t chunks, uint32_t size) {
@@ -698,6 +588,72 @@ static void hc_post_row(const float *post, const float *C, const float *ft, cons
 #pragma GCC optimize("fp-contract=off")
 #endif
 #include <immintrin.h>
+/* fq_block_scalar, 8 elements at a time (block % 8 == 0), the same values bit for bit
+ * (test_v4_ops test_fake_quant_simd): amax is a maximum (order-free; a NaN element is
+ * skipped as `a > amax` skips it), the division and the product are the same IEEE
+ * operations, and the two roundings are written as exact float / integer steps:
+ *   E4M3 (dsii_e4m3_rne): normal (|q| >= 2^-6): round-half-even of the mantissa to 3 bits
+ *     on the bit pattern, as dsii_f32_to_e4m3 does; subnormal: round-half-even of |q|·2^9
+ *     (exact scaling) times 2^-9; |q| >= 448 -> 448; NaN -> quiet NaN with the sign.
+ *   E2M1 (dsii_e2m1_rne): the grid has step 1/2 below 2, 1 below 4, 2 up to 6, so the
+ *     nearest-even grid point is round-half-even of |q|·2, |q| or |q|/2, scaled back
+ *     (exact; the grid's even codes are exactly the points where that integer is even);
+ *     above 6 -> 6; NaN -> +0. */
+static void fq_block_avx2(float *v, uint32_t block, int32_t recipe, int round) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 am = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < block; i += 8)
+        am = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i), absm), am); /* NaN: keeps am */
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float s = 1.0f, lim = 0.0f; /* set by fq_scale (the recipe was checked by the op) */
+    (void)fq_scale(_mm_cvtss_f32(m4), recipe, &s, &lim);
+    const __m256 sv = _mm256_set1_ps(s), lv = _mm256_set1_ps(lim), nlv = _mm256_set1_ps(-lim);
+    const __m256i sgn = _mm256_set1_epi32((int)0x80000000u), one = _mm256_set1_epi32(1);
+    const int e4m3 = recipe == DSIB_FQ_E4M3_UE8M0;
+    for (uint32_t i = 0; i < block; i += 8) {
+        __m256 q = _mm256_div_ps(_mm256_loadu_ps(v + i), sv);
+        q = _mm256_min_ps(lv, q);  /* (lim < q) ? lim : q; NaN stays */
+        q = _mm256_max_ps(nlv, q); /* (-lim > q) ? -lim : q */
+        if (round) {
+            const __m256i x = _mm256_castps_si256(q);
+            const __m256i sign = _mm256_and_si256(x, sgn);
+            const __m256i ax = _mm256_andnot_si256(sgn, x);
+            const __m256 a = _mm256_castsi256_ps(ax);
+            const __m256i nan = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F800000));
+            __m256i r;
+            if (e4m3) {
+                const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ax, 20), one);
+                const __m256i rn = _mm256_and_si256(
+                    _mm256_add_epi32(_mm256_add_epi32(ax, _mm256_set1_epi32(0x7FFFF)), odd),
+                    _mm256_set1_epi32(0x7FF00000));
+                const __m256i rs = _mm256_castps_si256(_mm256_mul_ps(
+                    _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(512.0f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                    _mm256_set1_ps(0x1p-9f)));
+                const __m256i normal = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x3C7FFFFF));
+                const __m256i sat = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x43DFFFFF));
+                r = _mm256_blendv_epi8(rs, rn, normal);
+                r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x43E00000), sat);
+                r = _mm256_or_si256(sign, _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan));
+            } else {
+                const __m256 a6 = _mm256_min_ps(a, _mm256_set1_ps(6.0f));
+                const int md = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                const __m256 r1 = _mm256_mul_ps(
+                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(2.0f)), md), _mm256_set1_ps(0.5f));
+                const __m256 r2 = _mm256_round_ps(a6, md);
+                const __m256 r3 = _mm256_mul_ps(
+                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(0.5f)), md), _mm256_set1_ps(2.0f));
+                __m256 rr = _mm256_blendv_ps(r3, r2, _mm256_cmp_ps(a6, _mm256_set1_ps(4.0f), _CMP_LT_OQ));
+                rr = _mm256_blendv_ps(rr, r1, _mm256_cmp_ps(a6, _mm256_set1_ps(2.0f), _CMP_LT_OQ));
+                r = _mm256_andnot_si256(nan, _mm256_or_si256(sign, _mm256_castps_si256(rr)));
+            }
+            q = _mm256_castsi256_ps(r);
+        }
+        _mm256_storeu_ps(v + i, _mm256_mul_ps(q, sv));
+    }
+}
 /* The same operations, 8 columns at a time (n_hc = 4, D % 8 == 0). */
 static void hc_collapse_row4_avx2(const float *pre, const float *x, float *o, uint32_t D) {
     const __m256 p0 = _mm256_set1_ps(pre[0]), p1 = _mm256_set1_ps(pre[1]);
@@ -738,6 +694,36 @@ static void hc_post_row4_avx2(const float *post, const float *C, const float *ft
 #pragma GCC pop_options
 #endif
 #endif
+
+static void fq_task(void *arg, int64_t r, int32_t slot) {
+    (void)slot;
+    const fq_job *j = arg;
+    for (uint32_t b0 = 0; b0 < j->ncols; b0 += j->block) {
+        float *v = j->p + (size_t)r * j->ldx + j->col0 + b0;
+#if DSIB_OPS_SIMD_OK
+        if (j->simd) {
+            fq_block_avx2(v, j->block, j->recipe, j->round);
+            continue;
+        }
+#endif
+        fq_block_scalar(v, j->block, j->recipe, j->round);
+    }
+}
+
+static dsi_status op_fake_quant(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
+                                uint32_t col0, uint32_t ncols, uint32_t block, int32_t recipe,
+                                uint32_t flags) {
+    float s_, l_;
+    if (block == 0 || ncols % block || !fq_scale(1.0f, recipe, &s_, &l_))
+        return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
+    fq_job j = {dsib_cpu_f32(x), ldx, col0, ncols, block, recipe, !(flags & DSIB_FQ_NO_ROUND), 0};
+    j.simd = block % 8 == 0 && ops_isa_now() >= DSIB_ISA_AVX2;
+    if (rows >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, rows, fq_task, &j);
+    else
+        for (uint32_t r = 0; r < rows; r++) fq_task(&j, r, 0);
+    return DSI_OK;
+}
 
 typedef struct hc_job {
     const float *a, *b, *cf;
