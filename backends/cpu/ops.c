@@ -427,7 +427,6 @@ static int32_t ops_isa_now(void);
  * for the barrier (prefill); a decoded token runs on the caller. */
 #define OPS_PAR_ROWS 8
 
-
 static dsi_status op_hadamard(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                               uint32_t chunks, uint32_t size) {
     if (size == 0 || (size & (size - 1))) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
@@ -466,7 +465,7 @@ static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 typedef struct hcmix_job {
     const float *xs;
     float *cf;
-    uint32_t ldc, n_hc, D_, n_mix, iters;
+    uint32_t ldc, n_hc, D, n_mix, iters;
     int32_t mode;
     float rms_eps, hc_eps, sc[3], bs[16 * 18];
 } hcmix_job;
@@ -478,10 +477,10 @@ static void hc_mix_task(void *arg, int64_t t, int32_t slot) {
     const hcmix_job *j = arg;
     const uint32_t n_hc = j->n_hc, n_mix = j->n_mix;
     const float *sc = j->sc, *bs = j->bs, hc_eps = j->hc_eps;
-    const float *fl = j->xs + (size_t)t * n_hc * j->D_;
+    const float *fl = j->xs + (size_t)t * n_hc * j->D;
     float ss = 0.0f;
-    for (size_t i = 0; i < (size_t)n_hc * j->D_; i++) ss += fl[i] * fl[i];
-    float rs = 1.0f / sqrtf(ss / (float)((size_t)n_hc * j->D_) + j->rms_eps);
+    for (size_t i = 0; i < (size_t)n_hc * j->D; i++) ss += fl[i] * fl[i];
+    float rs = 1.0f / sqrtf(ss / (float)((size_t)n_hc * j->D) + j->rms_eps);
     float *m = j->cf + (size_t)t * j->ldc;
     for (uint32_t i = 0; i < n_mix; i++) m[i] *= rs;
     if (j->mode == DSIB_HC_HEAD) {
@@ -537,7 +536,7 @@ static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t
     j.cf = dsib_cpu_f32(coef);
     j.ldc = ldc;
     j.n_hc = n_hc;
-    j.D_ = D;
+    j.D = D;
     j.n_mix = n_mix;
     j.iters = iters;
     j.mode = mode;
