@@ -530,18 +530,9 @@ static dsi_status op_hc_mix(dsib_stream *strm, dsib_view X, uint32_t n, uint32_t
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     dsi_status st = op_matmul(strm, fn, 0, X, n_hc * D, coef, ldc, n);
     if (st != DSI_OK) return dsib_cpu_ret(strm, st);
-    hcmix_job j;
-    memset(&j, 0, sizeof j);
-    j.xs = dsib_cpu_f32(X);
-    j.cf = dsib_cpu_f32(coef);
-    j.ldc = ldc;
-    j.n_hc = n_hc;
-    j.D = D;
-    j.n_mix = n_mix;
-    j.iters = iters;
-    j.mode = mode;
-    j.rms_eps = rms_eps;
-    j.hc_eps = hc_eps;
+    hcmix_job j = {.xs = dsib_cpu_f32(X), .cf = dsib_cpu_f32(coef), .ldc = ldc, .n_hc = n_hc,
+                   .D = D, .n_mix = n_mix, .iters = iters, .mode = mode, .rms_eps = rms_eps,
+                   .hc_eps = hc_eps};
     for (uint32_t i = 0; i < (mode == DSIB_HC_HEAD ? 1u : 3u); i++) j.sc[i] = dsib_cpu_weight_f32(scale, i);
     for (uint32_t i = 0; i < n_mix; i++) j.bs[i] = dsib_cpu_weight_f32(base, i);
     /* a token's few microseconds (the serial sum of squares, Sinkhorn) pay for the barrier

@@ -17,6 +17,7 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_impl.h"
 #include "backends/cpu/kernels/kernels.h"
+#include "quant/fp.h"
 #include "quant/statepack.h"
 
 #include <math.h>
@@ -335,16 +336,6 @@ static void test_fake_quant_e2m1(void **state) {
  * off, on the rounding boundaries of both grids (scale 1: a block led by its amax), on
  * random blocks over 60 binades, and on NaN / inf / ±0 / subnormal inputs; then the
  * row-parallel call (>= 8 rows) against the rows one at a time. */
-static uint32_t fq_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float fq_float(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static void test_fake_quant_simd(void **state) {
     (void)state;
     if (dsib_cpu_ops_isa() < DSIB_ISA_AVX2) {
@@ -367,7 +358,7 @@ static void test_fake_quant_simd(void **state) {
             static const uint32_t low[8] = {0, 1, 0x7FFFE, 0x7FFFF, 0x80000, 0x80001, 0xFFFFE, 0xFFFFF};
             for (uint32_t e = 110; e <= 135; e++)
                 for (uint32_t m3 = 0; m3 < 8; m3++)
-                    for (int k = 0; k < 8; k++) cand[nc++] = fq_float((e << 23) | (m3 << 20) | low[k]);
+                    for (int k = 0; k < 8; k++) cand[nc++] = dsii_bits_f32((e << 23) | (m3 << 20) | low[k]);
             for (int k = 0; k <= 64; k++) { /* the subnormal grid's midpoints, ± 1 ulp */
                 const float m = (float)k * 0x1p-10f;
                 cand[nc++] = m;
@@ -418,10 +409,10 @@ static void test_fake_quant_simd(void **state) {
                              DSI_OK);
             dsib_cpu_ops_force_isa(-1);
             for (uint32_t i = 0; i < n; i++)
-                if (fq_bits(a[i]) != fq_bits(b[i]))
+                if (dsii_f32_bits(a[i]) != dsii_f32_bits(b[i]))
                     fail_msg("recipe %d round %d: element %u (input %a): scalar %a (0x%08x), "
                              "avx2 %a (0x%08x)", (int)recipes[ri], round, i, (double)src[i],
-                             (double)a[i], fq_bits(a[i]), (double)b[i], fq_bits(b[i]));
+                             (double)a[i], dsii_f32_bits(a[i]), (double)b[i], dsii_f32_bits(b[i]));
             unwrap(va);
             unwrap(vb);
         }
