@@ -66,6 +66,7 @@ typedef struct opts {
     int bw_mib;
     int no_limits;
     int exact;
+    int no_mmap;           /* --no-mmap: DSI_ACCESS_PREAD (weights read into library memory) */
     const char *sessions;
     int n_given, p_given;
     int spec;
@@ -109,6 +110,8 @@ static void usage(FILE *f) {
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
+            "  --no-mmap    read the weights into library-owned memory (DSI_ACCESS_PREAD: huge\n"
+            "               pages where the kernel allows) instead of mapping the file\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n"
             "  --sessions L batch sizes of the serving frontier, e.g. 1,2,4,8 (-n decode steps,\n"
@@ -189,6 +192,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--kernels")) o->kernels = 1;
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
+        else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
         else if (!strcmp(a, "--no-fuse")) o->no_fuse = 1;
         else if (!strcmp(a, "--prefetch")) { NEEDV; o->prefetch = atoi(v); }
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
@@ -1380,7 +1384,10 @@ static int run_model(const opts *o) {
     }
     dsi_model *model = NULL;
     double tl0 = bench_now();
-    if (dsi_model_load(ctx, o->model, NULL, &model) != DSI_OK) {
+    dsi_model_options mo;
+    dsi_model_options_init(&mo);
+    if (o->no_mmap) mo.access = DSI_ACCESS_PREAD;
+    if (dsi_model_load(ctx, o->model, &mo, &model) != DSI_OK) {
         fprintf(stderr, "dsinfer-bench: %s: %s\n", o->model, dsi_last_error());
         dsi_context_free(ctx);
         return 1;
@@ -1562,6 +1569,8 @@ static int run_model(const opts *o) {
                cpu, o->model, mname, info.arch_name, fp, (unsigned long long)info.weight_bytes,
                (unsigned long long)info.n_params, info.n_layers, info.n_experts,
                info.n_experts_used, load_s);
+        printf(", \"weights_access\": \"%s\", \"anon_huge_bytes\": %lld", o->no_mmap ? "pread" : "mmap",
+               bench_anon_huge_bytes());
         printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
                "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f]",
                bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1);
@@ -1626,6 +1635,12 @@ static int run_model(const opts *o) {
                    tests[i].name, tests[i].mean, tests[i].sd, 100.0 * cpu_share(&tests[i], o->t));
         printf("\nbuild %s (%s), cpu: %s, matmul path: %s, load average %.2f -> %.2f\n",
                dsi_version_string(), DSI_BENCH_GIT, cpu, path, load0, load1);
+        {
+            const long long hb = bench_anon_huge_bytes();
+            printf("weights: %s", o->no_mmap ? "read into library memory (--no-mmap)" : "mapped file");
+            if (hb >= 0) printf("; %.1f MiB of this process's memory in transparent huge pages", (double)hb / 1048576.0);
+            printf("\n");
+        }
         if (!o->no_limits) {
             printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB, %d threads; %.2f before, "
                    "%.2f after the tests); FMA peak: %.1f GFLOP/s (%.1f before, %.1f after)\n",

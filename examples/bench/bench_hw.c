@@ -351,3 +351,14 @@ void bench_cpu_name(char *buf, size_t size) {
     }
     fclose(f);
 }
+
+long long bench_anon_huge_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %lld kB", &kib) == 1) break;
+    fclose(f);
+    return kib < 0 ? -1 : kib * 1024;
+}

@@ -32,4 +32,8 @@ size_t bench_llc_bytes(void);
 /* CPU model name ("unknown" if not found) into buf. */
 void bench_cpu_name(char *buf, size_t size);
 
+/* Bytes of this process's anonymous memory backed by transparent huge pages
+ * (/proc/self/smaps_rollup AnonHugePages), or -1 if unknown. */
+long long bench_anon_huge_bytes(void);
+
 #endif

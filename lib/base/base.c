@@ -8,6 +8,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* ---- errors -------------------------------------------------------------------------- */
 
@@ -118,6 +121,50 @@ void dsii_free_aligned(const dsi_context *ctx, void *ptr) {
     void *raw;
     memcpy(&raw, (unsigned char *)ptr - sizeof(void *), sizeof raw);
     dsii_free(ctx, raw);
+}
+
+/* ---- large buffers (base.h) ----------------------------------------------------------- */
+
+int dsii_bigbuf_alloc(const dsi_context *ctx, size_t size, size_t alignment, dsii_bigbuf *b) {
+    b->p = NULL;
+    b->map_size = 0;
+#if defined(__linux__) && defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
+    const int own_alloc = ctx && ctx->opt.malloc_fn;
+    if (!own_alloc && size >= DSII_BIGBUF_HUGE && alignment <= DSII_BIGBUF_HUGE) {
+        /* round up to whole huge pages, map one more to align the start, trim both ends */
+        const size_t hp = DSII_BIGBUF_HUGE;
+        size_t len, over;
+        if (dsii_add_size(size, hp - 1, &len) && dsii_add_size(len & ~(hp - 1), hp, &over)) {
+            len &= ~(hp - 1);
+            uint8_t *raw = mmap(NULL, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (raw != MAP_FAILED) {
+                uint8_t *p = (uint8_t *)(((uintptr_t)raw + hp - 1) & ~(uintptr_t)(hp - 1));
+                const size_t head = (size_t)(p - raw), tail = over - head - len;
+                if (head) munmap(raw, head);
+                if (tail) munmap(p + len, tail);
+                /* advice only: a kernel without THP refuses it and the pages stay 4 KiB */
+                (void)madvise(p, len, MADV_HUGEPAGE);
+                b->p = p;
+                b->map_size = len;
+                return 1;
+            }
+        }
+        /* no mapping: the allocator below */
+    }
+#endif
+    b->p = dsii_malloc_aligned(ctx, size, alignment);
+    return b->p != NULL;
+}
+
+void dsii_bigbuf_free(const dsi_context *ctx, dsii_bigbuf *b) {
+    if (!b || !b->p) return;
+#if defined(__linux__) && defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
+    if (b->map_size) munmap(b->p, b->map_size);
+    else
+#endif
+        dsii_free_aligned(ctx, b->p);
+    b->p = NULL;
+    b->map_size = 0;
 }
 
 char *dsii_strdup(const dsi_context *ctx, const char *s) {

@@ -49,6 +49,24 @@ void *dsii_malloc_aligned(const dsi_context *ctx, size_t size, size_t alignment)
 void dsii_free_aligned(const dsi_context *ctx, void *ptr);
 char *dsii_strdup(const dsi_context *ctx, const char *s);
 
+/* Large long-lived buffers (the resident weights of a PREAD / reader model, the expert
+ * cache of lib/place). With the C library's allocator on Linux, a buffer of at least
+ * DSII_BIGBUF_HUGE bytes is an anonymous mapping aligned to 2 MiB with MADV_HUGEPAGE, so
+ * the kernel backs it with transparent huge pages where its policy allows ("always" or
+ * "madvise" in /sys/kernel/mm/transparent_hugepage/enabled): the CPU kernels then stream
+ * weights without a page walk every 4 KiB (docs/performance.md 4.000000000: the routed
+ * experts of bench-v41-q8 decode ≈ 25 % faster). With the context's own allocator hooks,
+ * or smaller, or elsewhere: dsii_malloc_aligned (alignment <= 4096). Freed with
+ * dsii_bigbuf_free (b->p NULL: nothing). */
+#define DSII_BIGBUF_HUGE ((size_t)2 << 20)
+typedef struct dsii_bigbuf {
+    void *p;
+    size_t map_size; /* > 0: p is an mmap of this many bytes; 0: from dsii_malloc_aligned */
+} dsii_bigbuf;
+/* Returns 0 (b->p NULL) when the memory cannot be had. */
+int dsii_bigbuf_alloc(const dsi_context *ctx, size_t size, size_t alignment, dsii_bigbuf *b);
+void dsii_bigbuf_free(const dsi_context *ctx, dsii_bigbuf *b);
+
 /* Overflow-safe size arithmetic: return 0 on overflow, 1 on success. */
 static inline int dsii_mul_size(size_t a, size_t b, size_t *out) {
     if (a != 0 && b > SIZE_MAX / a) return 0;

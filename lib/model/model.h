@@ -299,7 +299,7 @@ struct dsi_model {
     dsii_tensor *tensors;           /* every bound tensor (+ views), model-owned */
     uint32_t n_tensors;
     uint32_t n_ignored;             /* vision tensors skipped (docs §5) */
-    void *weights_buf;              /* PREAD / READER: the resident weights (aligned) */
+    dsii_bigbuf weights_buf;        /* PREAD / READER: the resident weights (huge pages) */
     uint64_t weights_buf_size;
     void *hp_arrays;                /* engram multipliers/primes/offsets/token_map storage */
     struct dsii_tokenizer *tokenizer; /* built from the GGUF at load; NULL only while the

@@ -601,7 +601,7 @@ void dsii_model_destroy(dsi_model *m) {
     dsii_place_free(m);
     dsii_free(ctx, (void *)m->expert_counts);
     if (m->tokenizer) dsii_tokenizer_free(m->tokenizer);
-    dsii_free_aligned(ctx, m->weights_buf);
+    dsii_bigbuf_free(ctx, &m->weights_buf);
     dsii_free(ctx, m->hp_arrays);
     dsii_free(ctx, m->tensors);
     dsii_gguf_close(m->draft_gguf);
@@ -633,12 +633,11 @@ static dsi_status make_resident(dsi_model *m, const int32_t *parent,
         if (!dsii_add_u64(total, a, &total) || total > (uint64_t)SIZE_MAX / 2)
             return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "weights too large for host memory");
     }
-    m->weights_buf = dsii_malloc_aligned(m->ctx, (size_t)total, 64);
-    if (!m->weights_buf)
+    if (!dsii_bigbuf_alloc(m->ctx, (size_t)total, 64, &m->weights_buf))
         return dsii_fail(err, DSI_ERR_OUT_OF_HOST_MEMORY, "out of host memory for %" PRIu64 " bytes of weights",
                          total);
     m->weights_buf_size = total;
-    uint8_t *dst = m->weights_buf;
+    uint8_t *dst = m->weights_buf.p;
     uint64_t done = 0;
     TRY(report(pg, DSI_LOAD_STAGE_TENSORS, 0, total, err));
     for (uint32_t i = 0; i < m->n_tensors; i++) {

@@ -112,7 +112,8 @@ struct dsii_xtier {
                                  layers), the hybrid CPU path */
     uint32_t up_rows;
     dsii_device *hdev;        /* the CPU instance of the hybrid CPU path (hcpu: cdev) */
-    uint8_t *mem;             /* host cache (cdev = the CPU) */
+    uint8_t *mem;             /* host cache (cdev = the CPU): mem_buf.p */
+    dsii_bigbuf mem_buf;      /* its allocation (huge pages where the kernel gives them) */
     dsib_buffer *buf;         /* the cache as a buffer of cdev */
     uint8_t *stage[DSII_XTIER_STAGES]; /* PIECE + 2 DIO_ALIGN bytes, DIO_ALIGN-aligned */
     int stage_busy[DSII_XTIER_STAGES];
@@ -1114,10 +1115,10 @@ dsi_status dsii_place_exec_init(dsi_model *m, dsii_device *dev, dsii_error *e) {
                                  (unsigned long long)pl->cache_bytes, cdev->name, be_err.msg);
 
         } else {
-            xt->mem = dsii_malloc_aligned(m->ctx, (size_t)pl->cache_bytes, 4096);
-            if (!xt->mem)
+            if (!dsii_bigbuf_alloc(m->ctx, (size_t)pl->cache_bytes, 4096, &xt->mem_buf))
                 return dsii_fail(e, DSI_ERR_OUT_OF_HOST_MEMORY, "expert tier: out of host memory for the %llu-byte cache",
                                  (unsigned long long)pl->cache_bytes);
+            xt->mem = xt->mem_buf.p;
             host_add(pl, pl->cache_bytes);
             st = cdev->be->buffer_wrap_host(cdev->inst, xt->mem, pl->cache_bytes, DSIB_BUFFER_WEIGHTS, &xt->buf,
                                             &be_err);
@@ -1288,7 +1289,8 @@ void dsii_place_exec_fini(dsi_model *m) {
     for (uint32_t i = 0; i < DSII_XTIER_STAGES; i++) dsii_free_aligned(m->ctx, xt->stage[i]);
     if (xt->dio_fd >= 0) close(xt->dio_fd);
     if (xt->mem) {
-        dsii_free_aligned(m->ctx, xt->mem);
+        dsii_bigbuf_free(m->ctx, &xt->mem_buf);
+        xt->mem = NULL;
         atomic_fetch_sub(&pl->host_used, pl->cache_bytes);
     }
     if (xt->tier_counted) atomic_fetch_sub(&pl->host_used, pl->tier_bytes);

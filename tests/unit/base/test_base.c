@@ -6,9 +6,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
+#include "base/context_impl.h"
 
 static void test_fail_records(void **state) {
     (void)state;
@@ -60,6 +63,129 @@ static void test_aligned(void **state) {
     assert_null(dsii_malloc_aligned(NULL, 10, 8192));
     assert_null(dsii_malloc_aligned(NULL, SIZE_MAX - 8, 64));
     dsii_free_aligned(NULL, NULL);
+}
+
+/* ---- dsii_bigbuf ---- */
+
+static size_t g_hook_bytes;
+static int g_hook_calls;
+static void *hook_malloc(size_t n, void *ud) {
+    (void)ud;
+    g_hook_calls++;
+    g_hook_bytes += n;
+    return malloc(n);
+}
+static void *hook_realloc(void *p, size_t n, void *ud) {
+    (void)ud;
+    return realloc(p, n);
+}
+static void hook_free(void *p, void *ud) {
+    (void)ud;
+    free(p);
+}
+
+/* The VmFlags line of the mapping that contains p (/proc/self/smaps), or 0 if not found. */
+static int vma_flags(const void *p, char *flags, size_t cap) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return 0;
+    char line[512];
+    int inside = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3) {
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(flags, cap, "%s", line + 8);
+            found = 1;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void test_bigbuf(void **state) {
+    (void)state;
+    dsii_bigbuf b;
+    /* small: the aligned allocator */
+    assert_true(dsii_bigbuf_alloc(NULL, 1000, 64, &b));
+    assert_non_null(b.p);
+    assert_int_equal(b.map_size, 0);
+    assert_int_equal((uintptr_t)b.p % 64, 0);
+    memset(b.p, 1, 1000);
+    dsii_bigbuf_free(NULL, &b);
+    assert_null(b.p);
+    dsii_bigbuf_free(NULL, &b); /* twice: nothing */
+    dsii_bigbuf_free(NULL, NULL);
+
+    /* large, with the C library's allocator: 2 MiB-aligned, whole huge pages, writable to
+     * the last byte (on Linux; elsewhere the aligned allocator) */
+    const size_t n = 5 * DSII_BIGBUF_HUGE + 12345;
+    assert_true(dsii_bigbuf_alloc(NULL, n, 4096, &b));
+    assert_non_null(b.p);
+    assert_int_equal((uintptr_t)b.p % 4096, 0);
+#if defined(__linux__)
+    assert_int_equal((uintptr_t)b.p % DSII_BIGBUF_HUGE, 0);
+    assert_int_equal(b.map_size, 6 * DSII_BIGBUF_HUGE);
+#endif
+    memset(b.p, 7, n);
+    assert_int_equal(((unsigned char *)b.p)[n - 1], 7);
+    dsii_bigbuf_free(NULL, &b);
+    assert_null(b.p);
+    assert_int_equal(b.map_size, 0);
+
+    /* a context with its own allocator hooks: every byte from the hooks, no mapping */
+    dsi_context c;
+    memset(&c, 0, sizeof c);
+    c.opt.malloc_fn = hook_malloc;
+    c.opt.realloc_fn = hook_realloc;
+    c.opt.free_fn = hook_free;
+    g_hook_calls = 0;
+    g_hook_bytes = 0;
+    assert_true(dsii_bigbuf_alloc(&c, n, 4096, &b));
+    assert_int_equal(b.map_size, 0);
+    assert_int_equal(g_hook_calls, 1);
+    assert_true(g_hook_bytes >= n);
+    memset(b.p, 3, n);
+    dsii_bigbuf_free(&c, &b);
+
+    /* sizes that cannot be had fail cleanly */
+    assert_false(dsii_bigbuf_alloc(NULL, SIZE_MAX - 8, 64, &b));
+    assert_null(b.p);
+}
+
+/* The mapping carries MADV_HUGEPAGE ("hg" in VmFlags), so the kernel may back it with huge
+ * pages; whether it does depends on its THP policy and free memory, which a test cannot
+ * rely on. */
+static void test_bigbuf_hugepage_advice(void **state) {
+    (void)state;
+#if !defined(__linux__)
+    skip(); /* no MADV_HUGEPAGE outside Linux */
+#else
+    FILE *thp = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!thp) {
+        print_message("skipped: this kernel has no transparent huge pages (no /sys/kernel/mm/transparent_hugepage)\n");
+        skip();
+    }
+    fclose(thp);
+    dsii_bigbuf b;
+    assert_true(dsii_bigbuf_alloc(NULL, 3 * DSII_BIGBUF_HUGE, 64, &b));
+    assert_true(b.map_size > 0);
+    memset(b.p, 1, 3 * DSII_BIGBUF_HUGE);
+    char flags[512];
+    const int found = vma_flags((const char *)b.p + DSII_BIGBUF_HUGE, flags, sizeof flags);
+    if (!found) {
+        dsii_bigbuf_free(NULL, &b);
+        print_message("skipped: /proc/self/smaps does not list the mapping's VmFlags here\n");
+        skip();
+    }
+    const int advised = strstr(flags, " hg") != NULL;
+    dsii_bigbuf_free(NULL, &b);
+    assert_true(advised);
+#endif
 }
 
 typedef struct opts_v2 {
@@ -140,6 +266,8 @@ int main(void) {
         cmocka_unit_test(test_fail_records),
         cmocka_unit_test(test_overflow_helpers),
         cmocka_unit_test(test_aligned),
+        cmocka_unit_test(test_bigbuf),
+        cmocka_unit_test(test_bigbuf_hugepage_advice),
         cmocka_unit_test(test_read_options),
         cmocka_unit_test(test_sort),
     };
