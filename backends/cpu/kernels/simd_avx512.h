@@ -20,6 +20,27 @@ DSIB_AI float dsib_reduce32_avx512(__m512 a0, __m512 a1) {
     return dsib_reduce16_avx512(_mm512_add_ps(a0, a1));
 }
 
+/* dsib_reduce32 of four outputs at once (a tile's four tokens): out[t] = the reduction of
+ * a[t][0] + a[t][1], with every addition of dsib_reduce16 between the same two values (float
+ * addition commutes exactly), only four outputs' additions share each vector instruction:
+ * 19 instructions for four outputs instead of 44. */
+DSIB_AI void dsib_reduce32x4_avx512(const __m512 a[4][2], float *out) {
+    const __m512 s0 = _mm512_add_ps(a[0][0], a[0][1]), s1 = _mm512_add_ps(a[1][0], a[1][1]);
+    const __m512 s2 = _mm512_add_ps(a[2][0], a[2][1]), s3 = _mm512_add_ps(a[3][0], a[3][1]);
+    /* h8[i] = s[i] + s[i + 8]: [s0.h8 | s1.h8], [s2.h8 | s3.h8] */
+    const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2, s3, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_f32x4(s2, s3, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* h4[i] = h8[i] + h8[i + 4]: one 128-bit quarter per output */
+    const __m512 h4 = _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* h0 = h4[0] + h4[2], h1 = h4[1] + h4[3] in lanes 0, 1 of each quarter; then h0 + h1 */
+    const __m512 h2 = _mm512_add_ps(h4, _mm512_permute_ps(h4, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 r = _mm512_add_ps(h2, _mm512_movehdup_ps(h2));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, r)));
+}
+
 /* 16 lanes: lanes 0-7 = a, lanes 8-15 = b (two broadcast loads and one insert). */
 DSIB_AI __m512 dsib_pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_set1_ps(*a), _mm256_set1_ps(*b), 1);
@@ -90,9 +111,14 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
                     acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, &x[t], b); \
             }                                                                              \
         }                                                                                  \
-        for (int r = 0; r < R; r++)                                                        \
+        for (int r = 0; r < R; r++) {                                                      \
+            if (T == 4) {                                                                  \
+                dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
+                continue;                                                                  \
+            }                                                                              \
             for (int t = 0; t < T; t++)                                                    \
                 out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+        }                                                                                  \
     }
 
 /*
@@ -120,9 +146,14 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
         const __m512i c128 = _mm512_set1_epi8((char)0x80);                                 \
         (void)c128;                                                                        \
         DSIB_PAIR_LOOP(nb, DSIB_Q8_32_PAIR_AVX512_, BLK, WPAIR, SPAIR);                    \
-        for (int r = 0; r < R; r++)                                                        \
+        for (int r = 0; r < R; r++) {                                                      \
+            if (T == 4) {                                                                  \
+                dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
+                continue;                                                                  \
+            }                                                                              \
             for (int t = 0; t < T; t++)                                                    \
                 out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+        }                                                                                  \
     }
 
 #define DSIB_Q8_32_PAIR_AVX512_(p, half, set, BLK, WPAIR, SPAIR)                           \
