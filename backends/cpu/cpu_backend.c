@@ -77,6 +77,7 @@ static dsi_status cpu_create(const dsib_host *host, dsib_instance **out, dsib_er
     atomic_init(&inst->mem_used, 0);
     atomic_init(&inst->stat_expert_bytes, 0);
     atomic_init(&inst->stat_expert_calls, 0);
+    atomic_init(&inst->stat_attn_flops, 0);
     int32_t nt = inst->host.n_threads;
     if (nt < 1) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);

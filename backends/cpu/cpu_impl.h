@@ -17,8 +17,10 @@ struct dsib_instance {
     dsib_threadpool *pool;
     atomic_ullong mem_used;      /* bytes of buffers allocated (not wrapped) */
     /* Statistics (dsinfer-bench reads them through this header): routed-expert weight
-     * bytes moe_experts read (each selected expert once per call) and its calls. */
-    atomic_ullong stat_expert_bytes, stat_expert_calls;
+     * bytes moe_experts read (each selected expert once per call) and its calls; the
+     * floating-point operations of attn_sink's products, 4 · hd per (query, head, attended
+     * row): q·k and the e·v accumulation, one multiply and one add per element each. */
+    atomic_ullong stat_expert_bytes, stat_expert_calls, stat_attn_flops;
 };
 
 struct dsib_buffer {

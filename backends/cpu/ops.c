@@ -1079,6 +1079,7 @@ typedef struct attn_job {
     int simd512;                     /* the AVX-512 eight-head path (hd % 32 == 0, <= 512) */
     int64_t max_rows;
     float scale;
+    atomic_ullong *flops;            /* the instance's stat_attn_flops */
 } attn_job;
 
 /* The visible rows of step row t in canonical order: compressed (ascending), then window
@@ -1434,9 +1435,11 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
     if (j->pre_n >= 0) { /* one-row step: its rows were listed and decoded once for all heads */
         nr = j->pre_n;
         rp = j->pre_rp;
+        atomic_fetch_add_explicit(j->flops, (uint64_t)nr * (h1 - h0) * j->hd * 4u, memory_order_relaxed);
     } else {
         uint8_t *fm = j->fs + (size_t)slot * j->max_rows;
         nr = attn_rows(j, t, rp, fm);
+        atomic_fetch_add_explicit(j->flops, (uint64_t)nr * (h1 - h0) * j->hd * 4u, memory_order_relaxed);
         int any = 0;
         for (int64_t i = 0; i < nr && !any; i++) any = fm[i] != 0;
         if (any && j->dec) { /* decoded once per task, then the f32 paths below */
@@ -1503,6 +1506,7 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     j.topk = topk;
     j.ldo = ldo;
     j.scale = scale;
+    j.flops = &inst->stat_attn_flops;
     int64_t maxc = 0;
     if (comp_ratio) maxc = j.idx ? topk : maxp / comp_ratio;
     j.max_rows = maxc + window + 1;

@@ -731,6 +731,14 @@ static uint64_t cpu_expert_bytes(dsi_context *ctx) {
     return atomic_load(&d->inst->stat_expert_bytes);
 }
 
+/* The attention products' FLOPs the CPU backend counted (cpu_impl.h stat_attn_flops); 0 on
+ * other backends. */
+static uint64_t cpu_attn_flops(dsi_context *ctx) {
+    dsii_device *d = dsii_context_compute(ctx);
+    if (!d || strcmp(d->name, "cpu") != 0) return 0;
+    return atomic_load(&d->inst->stat_attn_flops);
+}
+
 static int run_sessions(const opts *o, dsi_context *ctx, dsi_model *model, const limits *l,
                         double tok_bytes, const double *cat_bytes, int32_t nv) {
     int bs[16], nb = 0;
@@ -1455,6 +1463,7 @@ static int run_model(const opts *o) {
     int n_tests = 0;
     int fail = 0;
     /* pp: a prompt of p tokens from an empty timeline */
+    double attn_flops = 0, attn_tokens = 0; /* the timed pp repetitions' attention FLOPs */
     if (o->p > 0) {
         test_result *t = &tests[n_tests++];
         memset(t, 0, sizeof *t);
@@ -1464,6 +1473,7 @@ static int run_model(const opts *o) {
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             dsi_session_reset(s);
             if (rep > 0) prof_start(model, ctx, tp);
+            const uint64_t af0 = cpu_attn_flops(ctx);
             double t0 = bench_now(), c0 = bench_cpu_seconds();
             if (dsi_session_sync(s, prompt, (size_t)o->p, NULL) != DSI_OK) {
                 fprintf(stderr, "dsinfer-bench: sync: %s\n", dsi_session_last_error(s));
@@ -1475,6 +1485,8 @@ static int run_model(const opts *o) {
                 prof_stop(model, ctx, tp);
                 tp->wall_s += dt;
                 tp->tokens += o->p;
+                attn_flops += (double)(cpu_attn_flops(ctx) - af0);
+                attn_tokens += o->p;
             }
             if (rep > 0 && t->n_samples < 64) {
                 t->samples[t->n_samples++] = o->p / dt;
@@ -1553,6 +1565,9 @@ static int run_model(const opts *o) {
     }
     double eff_gbs = tok_bytes * tg_ts * 1e-9;
     double pp_gflops = tok_flops * pp_ts * 1e-9;
+    /* with the attention products (CPU backend only: counted by its attention op) */
+    const double tok_attn = attn_tokens > 0 ? attn_flops / attn_tokens : 0;
+    const double pp_gflops_attn = (tok_flops + tok_attn) * pp_ts * 1e-9;
     /* per CPU time (bench_hw.h): the rates divided by the share of the cores the test got,
      * against the limits' own per-CPU-time rates */
     double eff_gbs_cpu = tg_share > 0 ? eff_gbs / tg_share : 0;
@@ -1619,8 +1634,21 @@ static int run_model(const opts *o) {
             printf("%.4f", pp_gflops / l.fma_gflops);
         else
             printf("null");
-        printf(", \"gflops_per_cpu_time\": %.3f, \"frac_fma_peak_per_cpu_time\": %.4f}",
+        printf(", \"gflops_per_cpu_time\": %.3f, \"frac_fma_peak_per_cpu_time\": %.4f",
                pp_gflops_cpu, fpk_cpu);
+        if (tok_attn > 0 && pp_ts > 0) {
+            printf(", \"attn_flops_per_token\": %.0f, \"gflops_with_attn\": %.3f, "
+                   "\"frac_fma_peak_with_attn\": ",
+                   tok_attn, pp_gflops_attn);
+            if (l.fma_gflops > 0)
+                printf("%.4f", pp_gflops_attn / l.fma_gflops);
+            else
+                printf("null");
+        } else {
+            printf(", \"attn_flops_per_token\": null, \"gflops_with_attn\": null, "
+                   "\"frac_fma_peak_with_attn\": null");
+        }
+        printf("}");
         printf(", \"profile\": {");
         for (int i = 0; i < n_tests; i++) prof_report(tests[i].name, &profs[i], 1, i == 0);
         printf("}");
@@ -1664,6 +1692,14 @@ static int run_model(const opts *o) {
                    tok_flops * 1e-9, pp_gflops);
             if (l.fma_gflops > 0) printf(" = %.1f%% of FMA peak", 100.0 * pp_gflops / l.fma_gflops);
             printf("\n");
+            if (tok_attn > 0) {
+                printf("prefill with attention: + %.3f GFLOP per token (q.k and e.v over the rows "
+                       "each query attended, counted by the CPU backend) -> %.1f GFLOP/s",
+                       tok_attn * 1e-9, pp_gflops_attn);
+                if (l.fma_gflops > 0)
+                    printf(" = %.1f%% of FMA peak", 100.0 * pp_gflops_attn / l.fma_gflops);
+                printf("\n");
+            }
         }
         if (!o->no_limits && (tg_share > 0 || pp_share > 0))
             printf("per CPU time (as if the %d threads had cores of their own): read bandwidth "

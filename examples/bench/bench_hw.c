@@ -39,6 +39,7 @@ typedef struct bw_job {
     size_t bytes;
     size_t chunk;
     int isa;
+    atomic_llong cpu_ns; /* the tasks' own thread CPU time */
     uint64_t sink[1024];
 } bw_job;
 
@@ -83,8 +84,18 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const uint8_t *p,
 }
 #endif
 
+/* This thread's CPU time in ns: exact for the calling thread (getrusage's sum over the
+ * process can lag by a tick for threads running on other CPUs, which inflated the
+ * millisecond probes' per-CPU-time rates up to twofold). */
+static long long thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (long long)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
 static void bw_task(void *arg, int64_t task, int32_t slot) {
     bw_job *j = arg;
+    const long long c0 = thread_cpu_ns();
     size_t off = (size_t)task * j->chunk;
     size_t n = j->bytes - off < j->chunk ? j->bytes - off : j->chunk;
     uint64_t v;
@@ -97,6 +108,7 @@ static void bw_task(void *arg, int64_t task, int32_t slot) {
 #endif
         v = read_scalar(j->buf + off, n);
     j->sink[slot & 1023] ^= v;
+    atomic_fetch_add_explicit(&j->cpu_ns, thread_cpu_ns() - c0, memory_order_relaxed);
 }
 
 /* The probes' vector width: the kernels' ISA, with AVX-512 VNNI and AMX probed as AVX-512
@@ -130,9 +142,10 @@ double bench_read_bandwidth(dsib_threadpool *pool, size_t bytes, int reps, doubl
     const int32_t nt = dsib_threadpool_n_threads(pool);
     for (int r = 0; r < 2 * (reps + 1); r++) {
         j->chunk = (r & 1) ? (size_t)32768 : (size_t)BW_CHUNK;
-        double t0 = bench_now(), c0 = bench_cpu_seconds();
+        atomic_store(&j->cpu_ns, 0);
+        double t0 = bench_now();
         dsib_parallel_for(pool, (int64_t)(bytes / j->chunk), bw_task, j);
-        double dt = bench_now() - t0, dc = bench_cpu_seconds() - c0;
+        double dt = bench_now() - t0, dc = (double)atomic_load(&j->cpu_ns) * 1e-9;
         double gbs = (double)bytes / dt * 1e-9;
         double gbs_cpu = dc > 0 ? (double)bytes * nt / dc * 1e-9 : 0;
         if (r > 1 && gbs > best) best = gbs; /* the first pair warms up (page tables, clocks) */
@@ -153,6 +166,7 @@ double bench_read_bandwidth(dsib_threadpool *pool, size_t bytes, int reps, doubl
 
 typedef struct fma_job {
     int isa;
+    atomic_llong cpu_ns; /* the tasks' own thread CPU time */
     float sink[1024];
 } fma_job;
 
@@ -205,6 +219,7 @@ __attribute__((target("avx512f"))) static float fma_avx512(float seed) {
 
 static void fma_task(void *arg, int64_t task, int32_t slot) {
     fma_job *j = arg;
+    const long long c0 = thread_cpu_ns();
     float v;
 #ifdef BENCH_X86
     if (j->isa == DSIB_ISA_AVX512)
@@ -215,6 +230,7 @@ static void fma_task(void *arg, int64_t task, int32_t slot) {
 #endif
         v = fma_scalar((float)task);
     j->sink[slot & 1023] += v;
+    atomic_fetch_add_explicit(&j->cpu_ns, thread_cpu_ns() - c0, memory_order_relaxed);
 }
 
 static double fma_flops_per_task(int isa) {
@@ -230,9 +246,10 @@ double bench_fma_peak(dsib_threadpool *pool, int reps, double *per_cpu) {
     int32_t nt = dsib_threadpool_n_threads(pool);
     double best = 0, best_cpu = 0;
     for (int r = 0; r < reps + 1; r++) {
-        double t0 = bench_now(), c0 = bench_cpu_seconds();
+        atomic_store(&j->cpu_ns, 0);
+        double t0 = bench_now();
         dsib_parallel_for(pool, nt, fma_task, j);
-        double dt = bench_now() - t0, dc = bench_cpu_seconds() - c0;
+        double dt = bench_now() - t0, dc = (double)atomic_load(&j->cpu_ns) * 1e-9;
         double g = fma_flops_per_task(j->isa) * nt / dt * 1e-9;
         double g_cpu = dc > 0 ? fma_flops_per_task(j->isa) * nt * nt / dc * 1e-9 : 0;
         if (r > 0 && g > best) best = g;

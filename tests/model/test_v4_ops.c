@@ -672,9 +672,12 @@ static void test_attn_sink(void **state) {
     float sc = 1.0f / 4.0f;
     dsib_state sr = state_of(vr, RING, HD), scomp = state_of(vc, NC, HD);
     /* (a) positions 0..5 in one step */
+    const unsigned long long flops0 = atomic_load(&strm->inst->stat_attn_flops);
     assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(0, N), N, WIN, &sr, vkv, HD,
                                     4, &scomp, vi, 2, &wsk, sc, va, H * HD),
                      DSI_OK);
+    const unsigned long long flops = atomic_load(&strm->inst->stat_attn_flops) - flops0;
+    unsigned long long want_flops = 0; /* 4 · HD per (query, head, attended row), below */
     /* expected, double precision, straight from the formula */
     for (int t = 0; t < N; t++)
         for (int h = 0; h < H; h++) {
@@ -685,6 +688,7 @@ static void test_attn_sink(void **state) {
                 if (idx[2 * t + k] >= 0) rows[nr++] = comp + idx[2 * t + k] * HD;
             for (int p = t - WIN + 1; p <= t; p++)
                 if (p >= 0) rows[nr++] = kv + p * HD;
+            want_flops += 4ull * HD * (unsigned long long)nr;
             double z[8], m = sinks[h], den, o[HD] = {0};
             for (int r = 0; r < nr; r++) {
                 double d = 0;
@@ -700,6 +704,7 @@ static void test_attn_sink(void **state) {
             for (int i = 0; i < HD; i++)
                 assert_true(fabs(out_a[(t * H + h) * HD + i] - o[i] / den) < 1e-5);
         }
+    assert_int_equal(flops, want_flops); /* dsinfer-bench's attention FLOPs */
     /* (b) positions 0..2, ring write, then 3..5 reading 0..2 from the ring: bit-equal */
     assert_int_equal(ops->attn_sink(strm, vq, H * HD, H, HD, rows_at(0, 3), 3, WIN, &sr, vkv, HD,
                                     4, &scomp, vi, 2, &wsk, sc, vb, H * HD),

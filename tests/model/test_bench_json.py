@@ -1,0 +1,91 @@
+#!/usr/bin/python3
+"""dsinfer-bench --json on tiny-v4: the figures issue 12 asks the JSON to carry, and the
+attention FLOPs the prefill figure adds, against model-spec §3.4's visible set.
+
+Usage: test_bench_json.py PATH/TO/dsinfer-bench
+Needs $DSI_MODELS_DIR/tiny-v4.gguf (written by the build); exits 77 (skip) without it.
+"""
+import json
+import os
+import subprocess
+import sys
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def bench(exe, model, *extra):
+    cmd = [exe, "-m", model, "-t", "2", "-p", "8", "-n", "4", "-r", "1", "--no-limits",
+           "--json"] + list(extra)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+    try:
+        return json.loads(r.stdout)
+    except ValueError as e:
+        fail("%s: not one JSON object (%s): %s" % (" ".join(cmd), e, r.stdout[:500]))
+
+
+def attn_flops_per_token_v4(n_prompt):
+    """model-spec §3.4, tiny-v4 (§7.1): token p attends the window rows max(0, p-W+1) .. p
+    and, in a layer of ratio r > 0, the compressed rows c < (p+1) // r (top-k 8 of them in
+    ratio-4 layers; never fewer than 8 visible here). 4 heads of 128; q.k and e.v are one
+    multiply and one add per element each: 4 * hd FLOPs per (query, head, row)."""
+    W, H, HD, TOPK = 16, 4, 128, 8
+    ratios = [0, 0, 4, 16, 4, 16]
+    rows = 0
+    for p in range(n_prompt):
+        for r in ratios:
+            rows += min(p + 1, W)
+            if r:
+                nc = (p + 1) // r
+                rows += min(nc, TOPK) if r == 4 else nc
+    return rows * H * HD * 4 / n_prompt
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: test_bench_json.py DSINFER_BENCH")
+    exe = sys.argv[1]
+    model = os.path.join(os.environ.get("DSI_MODELS_DIR", ""), "tiny-v4.gguf")
+    if not os.path.isfile(model):
+        print("skipped: no %s (the build writes it with dsinfer-mkmodel)" % model)
+        sys.exit(77)
+    want_attn = attn_flops_per_token_v4(8)
+    for access, extra in (("mmap", ()), ("pread", ("--no-mmap",))):
+        j = bench(exe, model, *extra)
+        if j.get("ok") is not True:
+            fail("%s: ok is %r" % (access, j.get("ok")))
+        if j.get("weights_access") != access:
+            fail("weights_access %r, expected %r" % (j.get("weights_access"), access))
+        if not isinstance(j.get("anon_huge_bytes"), int) or j["anon_huge_bytes"] < -1:
+            fail("anon_huge_bytes %r" % (j.get("anon_huge_bytes"),))
+        tests = {t["test"]: t for t in j["tests"]}
+        for name in ("pp8", "tg4"):
+            if name not in tests or not tests[name]["avg_ts"] > 0:
+                fail("%s: test %s missing or without a rate: %r" % (access, name, tests.get(name)))
+            ops = j["profile"][name]["ops"]
+            # the V4 forward pass names its attention op "attention" (V4.1: "attn_sink")
+            if not any(o["name"] == "attention" and o["us_per_token"] > 0 for o in ops):
+                fail("%s: %s profile has no attention time" % (access, name))
+        d, p = j["decode"], j["prefill"]
+        if not d["bytes_per_token"] > 0 or not d["effective_gbs"] > 0:
+            fail("%s: decode figures %r" % (access, d))
+        if not p["flops_per_token"] > 0 or not p["gflops"] > 0:
+            fail("%s: prefill figures %r" % (access, p))
+        got = p.get("attn_flops_per_token")
+        if got != want_attn:
+            fail("%s: attn_flops_per_token %r, model-spec §3.4 gives %r" % (access, got, want_attn))
+        ratio = p["gflops_with_attn"] / p["gflops"]
+        want_ratio = (p["flops_per_token"] + want_attn) / p["flops_per_token"]
+        if abs(ratio - want_ratio) > 1e-3 * want_ratio:
+            fail("%s: gflops_with_attn / gflops = %.6f, expected %.6f" % (access, ratio, want_ratio))
+        print("%s: attention %.0f FLOP per token (as §3.4), pp8 %.1f t/s, tg4 %.1f t/s"
+              % (access, got, tests["pp8"]["avg_ts"], tests["tg4"]["avg_ts"]))
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
