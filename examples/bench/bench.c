@@ -106,7 +106,7 @@ static void usage(FILE *f) {
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
             "               instead of the one the library picked\n"
             "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
-            "  --prefetch N the CPU kernels' weight prefetch, N bytes ahead (0: off; default 2048) -- A/B\n"
+            "  --prefetch N the CPU kernels' weight prefetch, N bytes ahead (0: off; default 4096) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"

@@ -30,8 +30,13 @@
  * first token tile of a call (the one that reads the weights cold: decode, and the batched
  * decode of a few sessions, where it measured +34 % at 4 tokens on Zen 5) and not for the
  * later tiles of a prefill, which re-read the rows from L2 (prefetching there cost 6 %). */
+/* 4096: on the Zen 5 guest (2 threads, 32 matrices of 2048 x 4096 cycled, best of 40 rounds,
+ * distances alternated within a run) 4096 was never slower than 2048 and mostly 2-7 % faster
+ * (Q8_0 T = 1 / 2: 51.1 / 41.3 against 49.4 / 39.0 GB/s; Q4_K 55.4 against 51.9; Q2_K 43.2
+ * against 42.2), 8192 and 16384 no better; in the model (bench-v41-q8 --no-mmap tg32) 50.3 /
+ * 52.2 / 52.1 against 49.9 / 47.8 / 47.4 t/s. docs/performance.md 4.000000000. */
 #ifndef DSIB_PREFETCH_BYTES
-#define DSIB_PREFETCH_BYTES 2048
+#define DSIB_PREFETCH_BYTES 4096
 #endif
 #define DSIB_PF(on, p, n)                                                                  \
     do {                                                                                   \
