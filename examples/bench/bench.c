@@ -372,11 +372,13 @@ static int run_kernels(const opts *o) {
         size_t rb = dsib_kern_row_bytes(type, n_in), mb = rb * (size_t)n_out;
         size_t nm = (target + mb - 1) / mb;
         if (nm < 2) nm = 2;
-        uint8_t *w = NULL;
-        if (posix_memalign((void **)&w, 4096, mb * nm) != 0) {
+        /* huge pages where the kernel gives them, like the library's PREAD weights */
+        dsii_bigbuf wbuf;
+        if (!dsii_bigbuf_alloc(NULL, mb * nm, 4096, &wbuf)) {
             fprintf(stderr, "dsinfer-bench: out of memory\n");
             return 1;
         }
+        uint8_t *w = wbuf.p;
         for (size_t r = 0; r < (size_t)n_out * nm; r++) bench_fill_row(type, w + r * rb, n_in, &rng);
         float *x = malloc(sizeof(float) * (size_t)(n_in * pp_tok));
         float *y = malloc(sizeof(float) * (size_t)(n_out * pp_tok));
@@ -465,7 +467,7 @@ static int run_kernels(const opts *o) {
         }
         fflush(stdout);
         first = 0;
-        free(w);
+        dsii_bigbuf_free(NULL, &wbuf);
         free(x);
         free(y);
         free(act);
