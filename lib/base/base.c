@@ -128,7 +128,7 @@ void dsii_free_aligned(const dsi_context *ctx, void *ptr) {
 int dsii_bigbuf_alloc(const dsi_context *ctx, size_t size, size_t alignment, dsii_bigbuf *b) {
     b->p = NULL;
     b->map_size = 0;
-#if defined(__linux__) && defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
+#if DSII_BIGBUF_MAPS && defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
     const int own_alloc = ctx && ctx->opt.malloc_fn;
     if (!own_alloc && size >= DSII_BIGBUF_HUGE && alignment <= DSII_BIGBUF_HUGE) {
         /* round up to whole huge pages, map one more to align the start, trim both ends */
@@ -158,7 +158,7 @@ int dsii_bigbuf_alloc(const dsi_context *ctx, size_t size, size_t alignment, dsi
 
 void dsii_bigbuf_free(const dsi_context *ctx, dsii_bigbuf *b) {
     if (!b || !b->p) return;
-#if defined(__linux__) && defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
+#if DSII_BIGBUF_MAPS && defined(MAP_ANONYMOUS) && defined(MADV_HUGEPAGE)
     if (b->map_size) munmap(b->p, b->map_size);
     else
 #endif

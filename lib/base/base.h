@@ -56,9 +56,24 @@ char *dsii_strdup(const dsi_context *ctx, const char *s);
  * "madvise" in /sys/kernel/mm/transparent_hugepage/enabled): the CPU kernels then stream
  * weights without a page walk every 4 KiB (docs/performance.md 4.000000000: the routed
  * experts of bench-v41-q8 decode ≈ 25 % faster). With the context's own allocator hooks,
- * or smaller, or elsewhere: dsii_malloc_aligned (alignment <= 4096). Freed with
+ * or smaller, or elsewhere (DSII_BIGBUF_MAPS 0): dsii_malloc_aligned (alignment <= 4096). Freed with
  * dsii_bigbuf_free (b->p NULL: nothing). */
 #define DSII_BIGBUF_HUGE ((size_t)2 << 20)
+/* 1 where large buffers are mappings: Linux, except AddressSanitizer builds, which keep
+ * them in the allocator so that an out-of-bounds weight read is still reported. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSII_ASAN_BUILD 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define DSII_ASAN_BUILD 1
+#endif
+#if defined(__linux__) && !defined(DSII_ASAN_BUILD)
+#define DSII_BIGBUF_MAPS 1
+#else
+#define DSII_BIGBUF_MAPS 0
+#endif
 typedef struct dsii_bigbuf {
     void *p;
     size_t map_size; /* > 0: p is an mmap of this many bytes; 0: from dsii_malloc_aligned */
