@@ -84,6 +84,7 @@ static void hook_free(void *p, void *ud) {
     free(p);
 }
 
+#if DSII_BIGBUF_MAPS
 /* The VmFlags line of the mapping that contains p (/proc/self/smaps), or 0 if not found. */
 static int vma_flags(const void *p, char *flags, size_t cap) {
     FILE *f = fopen("/proc/self/smaps", "r");
@@ -106,6 +107,7 @@ static int vma_flags(const void *p, char *flags, size_t cap) {
     fclose(f);
     return found;
 }
+#endif
 
 static void test_bigbuf(void **state) {
     (void)state;
