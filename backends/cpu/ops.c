@@ -1077,6 +1077,7 @@ typedef struct attn_job {
     uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
     int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
     int simd512;                     /* the AVX-512 eight-head path (hd % 32 == 0, <= 512) */
+    int unpack512;                   /* packed rows decoded by attn_unpack_row_avx512 */
     int64_t max_rows;
     float scale;
     atomic_ullong *flops;            /* the instance's stat_attn_flops */
@@ -1362,6 +1363,42 @@ static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const 
     }
 }
 
+/* One packed state row (statepack.h) into width f32 values, 16 at a time: the codes index
+ * the same tables dsii_sp_unpack_row reads (E4M3: a gather from dsii_sp_e4m3_lut; E2M1: a
+ * permute of the 16-entry dsii_sp_e2m1_lut) and each value is multiplied by its block's scale,
+ * the same exact product, so the bits equal dsii_sp_unpack_row's. Block sizes that are not a
+ * multiple of 16 take dsii_sp_unpack_row. */
+static void attn_unpack_row_avx512(int32_t format, uint32_t width, uint32_t qcols, uint32_t block,
+                                   const uint8_t *src, float *dst) {
+    if (format == DSII_SP_F32 || block % 16 != 0) {
+        dsii_sp_unpack_row(format, width, qcols, block, src, dst);
+        return;
+    }
+    if (format == DSII_SP_E4M3_UE8M0) {
+        for (uint32_t b = 0; b < qcols / block; b++) {
+            const __m512 s = _mm512_set1_ps(dsii_sp_scale(format, qcols, src, b));
+            for (uint32_t i = b * block; i < (b + 1) * block; i += 16) {
+                const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+                _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_i32gather_ps(c, dsii_sp_e4m3_lut, 4), s));
+            }
+        }
+    } else {
+        const __m512 lut = _mm512_loadu_ps(dsii_sp_e2m1_lut);
+        const __m128i lo4 = _mm_set1_epi8(0x0F);
+        for (uint32_t b = 0; b < qcols / block; b++) {
+            const __m512 s = _mm512_set1_ps(dsii_sp_scale(format, qcols, src, b));
+            for (uint32_t i = b * block; i < (b + 1) * block; i += 16) {
+                const __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(src + i / 2));
+                const __m128i lo = _mm_and_si128(x, lo4), hi = _mm_and_si128(_mm_srli_epi16(x, 4), lo4);
+                const __m512i c = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)); /* 2i low, 2i+1 high */
+                _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_permutexvar_ps(c, lut), s));
+            }
+        }
+    }
+    if (qcols < width)
+        memcpy(dst + qcols, src + dsii_sp_tail_offset(format, qcols, block), (size_t)(width - qcols) * 4);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -1416,11 +1453,36 @@ static void attn_unpack(const attn_job *j, const float **rp, uint8_t *fm, int64_
         if (!fm[i]) continue;
         const dsib_state *ps = sts[fm[i]];
         float *d = dec + (size_t)i * j->hd;
-        dsii_sp_unpack_row(ps->format, j->hd, ps->qcols, ps->block,
-                           (const uint8_t *)(const void *)rp[i], d);
+#ifdef DSIB_OPS_X86
+        if (j->unpack512)
+            attn_unpack_row_avx512(ps->format, j->hd, ps->qcols, ps->block,
+                                   (const uint8_t *)(const void *)rp[i], d);
+        else
+#endif
+            dsii_sp_unpack_row(ps->format, j->hd, ps->qcols, ps->block,
+                               (const uint8_t *)(const void *)rp[i], d);
         rp[i] = d;
         fm[i] = 0;
     }
+}
+
+/* The decode step's shared decode of its packed rows, split over the pool: task k decodes
+ * rows [k · ATTN_UNPACK_ROWS, …) into their own places of dec (no task writes another's). */
+#define ATTN_UNPACK_ROWS 32
+typedef struct attn_unpack_job {
+    const attn_job *j;
+    const float **rp;
+    uint8_t *fm;
+    int64_t nr;
+    float *dec;
+} attn_unpack_job;
+
+static void attn_unpack_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const attn_unpack_job *u = arg;
+    const int64_t r0 = task * ATTN_UNPACK_ROWS;
+    const int64_t r1 = r0 + ATTN_UNPACK_ROWS < u->nr ? r0 + ATTN_UNPACK_ROWS : u->nr;
+    attn_unpack(u->j, u->rp + r0, u->fm + r0, r1 - r0, u->dec + (size_t)r0 * u->j->hd);
 }
 
 static void attn_task(void *arg, int64_t task, int32_t slot) {
@@ -1514,6 +1576,7 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     /* the head-group path: 4 heads share each K/V row load (same operations per head) */
     j.simd = DSIB_OPS_SIMD_OK && dsib_cpu_ops_isa() >= DSIB_ISA_AVX2 && hd % 8 == 0 && H >= 4;
 #ifdef DSIB_OPS_X86
+    j.unpack512 = DSIB_OPS_SIMD_OK && dsib_cpu_ops_isa() >= DSIB_ISA_AVX512;
     j.simd512 = j.simd && dsib_cpu_ops_isa() >= DSIB_ISA_AVX512 && hd % 32 == 0 &&
                 hd <= ATTN8_MAX_HD && H >= 8;
 #endif
@@ -1556,7 +1619,9 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
             j.pre_rp = (const float **)(void *)pw;
             uint8_t *pre_fm = pw + q1;
             j.pre_n = attn_rows(&j, 0, j.pre_rp, pre_fm);
-            attn_unpack(&j, j.pre_rp, pre_fm, j.pre_n, (float *)(void *)(pw + q2));
+            attn_unpack_job u = {&j, j.pre_rp, pre_fm, j.pre_n, (float *)(void *)(pw + q2)};
+            dsib_parallel_for(inst->pool, (j.pre_n + ATTN_UNPACK_ROWS - 1) / ATTN_UNPACK_ROWS,
+                              attn_unpack_task, &u);
         }
     }
     dsib_parallel_for(inst->pool, (int64_t)n * ((H + j.hg - 1) / j.hg), attn_task, &j);
