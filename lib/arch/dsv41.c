@@ -87,6 +87,9 @@ typedef struct v41_lane {
     dsii_engram_async *async;           /* overlap: the lane's gather helper, or NULL */
     int32_t pending;                    /* overlap: prepare hashed a step, record gathers it */
     uint32_t pending_rows;
+    int32_t gather_inline;              /* overlap lanes: gather on the step thread (fast rows) */
+    uint32_t fast_batches;              /* overlapped batches in a row within the budget */
+    uint64_t last_step_ns;              /* overlap lanes: the last step's wall time */
 } v41_lane;
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -918,11 +921,41 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
     if (v->pending_rows != sh->n)
         return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: %u Engram rows prepared, step of %u",
                          v->pending_rows, sh->n);
+    /* engram.h DSII_ENGRAM_INLINE_NS: the budget a gather on the step thread may take */
+    const uint64_t budget = v->last_step_ns / 32 > DSII_ENGRAM_INLINE_NS ? v->last_step_ns / 32
+                                                                         : DSII_ENGRAM_INLINE_NS;
+    const uint64_t t0 = dsii_time_ns();
+    if (v->gather_inline) {
+        /* the rows came fast (page cache, row cache): gather here, then the step; a slow
+         * gather sends the next steps back to the overlap */
+        DSII_PROF_BEGIN();
+        dsi_status gs = DSI_OK;
+        for (uint32_t j = 0; j < eh->n_layer && gs == DSI_OK; j++)
+            gs = dsii_engram_gather_c(am->m->ctx, jobs[j].t, jobs[j].rows, jobs[j].n, jobs[j].dst,
+                                      jobs[j].cancel, e);
+        DSII_PROF_END("Engram rows (gathered on the step thread)");
+        if (gs != DSI_OK || dsii_time_ns() - t0 > budget) {
+            v->gather_inline = 0;
+            v->fast_batches = 0;
+        }
+        if (gs != DSI_OK) return gs;
+        dsi_status s = record_step(am, lane, pool, sh, 0, e);
+        v->last_step_ns = dsii_time_ns() - t0;
+        return s;
+    }
     dsii_engram_async_start(v->async, am->m->ctx, jobs, eh->n_layer);
     dsi_status s = record_step(am, lane, pool, sh, 1, e);
     dsii_error ge;
     dsi_status gs = dsii_engram_async_finish(v->async, &ge);
-    if (gs != DSI_OK) return dsii_fail(e, gs, "%s", ge.msg);
+    v->last_step_ns = dsii_time_ns() - t0;
+    if (gs != DSI_OK) {
+        v->fast_batches = 0;
+        return dsii_fail(e, gs, "%s", ge.msg);
+    }
+    if (dsii_engram_async_last_ns(v->async) > budget)
+        v->fast_batches = 0;
+    else if (++v->fast_batches >= DSII_ENGRAM_INLINE_AFTER)
+        v->gather_inline = 1;
     return s;
 }
 

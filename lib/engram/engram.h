@@ -132,7 +132,14 @@ int32_t dsii_engram_readers_count(const dsii_engram_readers *r);
 /* Runs fn(arg, k) for k in [0, n) on the calling thread and up to min(n - 1, threads) pool
  * threads; items are claimed in increasing k; once an fn returns nonzero no further item is
  * claimed. Returns when every item claimed is done and no pool thread holds the batch.
- * r may be NULL (all on the caller). [thread-safe] */
+ * r may be NULL (all on the caller). [thread-safe]
+ * The caller starts alone and wakes the pool only when one item took longer than
+ * DSII_ENGRAM_SLOW_READ_NS with items left: a read that waited for a device (NVMe: 50-100
+ * us and more) lets the rest overlap, while rows from the page cache (a few microseconds
+ * each) are read with no hand-over — on a machine whose cores all run the compute pool,
+ * waking reader threads and waiting for them to leave cost milliseconds (scheduler ticks),
+ * far more than the reads (docs/placement.md "Parallel readers"). */
+#define DSII_ENGRAM_SLOW_READ_NS 40000u
 void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *arg, size_t k),
                              void *arg);
 /* Tests only (not API): the reader threads of models loaded from now on. 0: the default
@@ -216,6 +223,20 @@ dsi_status dsii_engram_async_wait(dsii_engram_async *a, uint32_t k, dsii_error *
 dsi_status dsii_engram_async_finish(dsii_engram_async *a, dsii_error *err);
 /* Whether a batch is running (started, not finished). */
 int dsii_engram_async_running(const dsii_engram_async *a);
+/* Wall time (ns) the helper spent on the last finished batch, from taking it to its last job
+ * done; 0 before any. [after dsii_engram_async_finish, by the lane's thread] */
+uint64_t dsii_engram_async_last_ns(const dsii_engram_async *a);
+
+/* When the overlap pays (docs/placement.md "Engram overlap"): it hides reads that wait for a
+ * device, but on a machine whose cores all run the compute pool the helper's hand-over —
+ * a wake-up, a time slice taken from a compute thread, a wake-up back — costs more than
+ * copying rows from the page cache. So a lane gathers on the step thread itself once
+ * DSII_ENGRAM_INLINE_AFTER overlapped batches in a row each took at most the inline budget
+ * — max(DSII_ENGRAM_INLINE_NS, 1/32 of the last step's time): what the overlap could hide
+ * is then at most ~3 % of a step — and goes back to the overlap as soon as a gather on the
+ * step thread takes longer. The rows, and so the logits, are the same either way. */
+#define DSII_ENGRAM_INLINE_NS 100000u
+#define DSII_ENGRAM_INLINE_AFTER 4u
 
 /* Tests only (not API): the overlap of models loaded from now on. 0: the default (overlapped
  * where it applies: CPU backend, tables in the disk tier); 1: off, every gather before the

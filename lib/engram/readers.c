@@ -116,7 +116,21 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
     /* the caller reads too: at most n - 1 helpers, so none joins only to find nothing left */
     b.max_helpers = r ? (n - 1 < (size_t)r->n_threads ? (int)(n - 1) : r->n_threads) : 0;
     b.queued = 0;
+    int woke = 0;
     if (b.max_helpers > 0) {
+        /* alone first: fast reads (page cache) never pay for waking the pool */
+        while (!atomic_load_explicit(&b.stop, memory_order_relaxed)) {
+            size_t k = atomic_fetch_add_explicit(&b.next_k, 1, memory_order_relaxed);
+            if (k >= b.n) break;
+            const uint64_t t0 = dsii_time_ns();
+            if (b.fn(b.arg, k)) atomic_store_explicit(&b.stop, 1, memory_order_relaxed);
+            else if (k + 1 < b.n && dsii_time_ns() - t0 > DSII_ENGRAM_SLOW_READ_NS) {
+                woke = 1;
+                break;
+            }
+        }
+    }
+    if (woke) {
         pthread_mutex_lock(&r->mu);
         rd_batch **p = &r->head;
         while (*p) p = &(*p)->next;
@@ -126,7 +140,7 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
         pthread_mutex_unlock(&r->mu);
     }
     batch_work(&b);
-    if (b.max_helpers > 0) {
+    if (woke) {
         pthread_mutex_lock(&r->mu);
         if (b.queued) batch_unqueue(r, &b);
         while (b.helpers > 0) pthread_cond_wait(&r->done_cv, &r->mu);
@@ -154,6 +168,7 @@ struct dsii_engram_async {
     int pending;                   /* a started batch the helper has not taken yet */
     int running;                   /* started and not finished (step thread's view) */
     int busy;                      /* the helper is inside a batch */
+    uint64_t last_ns;              /* the last batch's wall time (helper) */
     const dsi_context *job_ctx;
     uint32_t n_jobs, n_done;       /* jobs of the batch; jobs done, in order */
     dsii_engram_job jobs[DSII_ENGRAM_ASYNC_MAX];
@@ -169,6 +184,7 @@ static void *async_main(void *arg) {
         if (!a->pending) break; /* stop, nothing left to run */
         a->pending = 0;
         a->busy = 1;
+        const uint64_t t0 = dsii_time_ns();
         const uint32_t n = a->n_jobs;
         for (uint32_t k = 0; k < n; k++) {
             const dsii_engram_job j = a->jobs[k];
@@ -185,6 +201,7 @@ static void *async_main(void *arg) {
             pthread_cond_broadcast(&a->cv);
         }
         a->busy = 0;
+        a->last_ns = dsii_time_ns() - t0;
         pthread_cond_broadcast(&a->cv);
     }
     pthread_mutex_unlock(&a->mu);
@@ -272,6 +289,14 @@ dsi_status dsii_engram_async_finish(dsii_engram_async *a, dsii_error *err) {
         }
     pthread_mutex_unlock(&a->mu);
     return s;
+}
+
+uint64_t dsii_engram_async_last_ns(const dsii_engram_async *a) {
+    if (!a) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)(uintptr_t)&a->mu);
+    const uint64_t ns = a->last_ns;
+    pthread_mutex_unlock((pthread_mutex_t *)(uintptr_t)&a->mu);
+    return ns;
 }
 
 int dsii_engram_async_running(const dsii_engram_async *a) {

@@ -779,6 +779,10 @@ typedef struct mem_reader {
      * reached, g_gate.started) or 1 s, then sleeps `late_us` and fails if `fail_late` */
     atomic_int gate, late_us, fail_late;
     atomic_int released, timeouts;
+    /* 7b. adaptive overlap: with `track` set, reads on thread `step_th` (the one calling the
+     * API: a gather on the step thread) and on any other (the overlap helper) are counted */
+    atomic_int track, on_step, off_step;
+    pthread_t step_th;
 } mem_reader;
 
 static struct {
@@ -826,6 +830,7 @@ static void gate_wait(mem_reader *r) {
 static int32_t mr_pread(void *ud, void *buf, uint64_t size, uint64_t off) {
     mem_reader *r = ud;
     atomic_fetch_add(&r->calls, 1);
+    if (atomic_load(&r->track)) atomic_fetch_add(pthread_equal(pthread_self(), r->step_th) ? &r->on_step : &r->off_step, 1);
     if (atomic_load(&r->gate)) {
         gate_wait(r);
         if (atomic_load(&r->fail_late)) return -1;
@@ -2053,6 +2058,93 @@ static void overlap(void **state) {
     dsi_context_free(ctx);
 }
 
+/* 7b. When the overlap is dropped (engram.h DSII_ENGRAM_INLINE_NS): tiny-v41, Engram tables in
+ * the disk tier behind the memory reader (rows in memory: fast reads). Decode steps start
+ * overlapped (their reads on the helper thread); after DSII_ENGRAM_INLINE_AFTER fast batches
+ * the gathers run on the step thread; reads made slow (20 ms each) make the next step's gather
+ * too slow for that, and the step after it is overlapped again. Logits equal the resident
+ * model's at every step, whichever thread read the rows. */
+#define OA_PRE 8
+#define OA_FAST 16
+#define OA_SLOW 3
+static void overlap_adaptive(void **state) {
+    (void)state;
+    const char *path = g_models[1];
+    if (!path) skip();
+    dsi_context *ctx = new_ctx(NULL);
+    assert_non_null(ctx);
+    const int n_dec = OA_FAST + OA_SLOW;
+    dsi_token toks[OA_PRE + OA_FAST + OA_SLOW];
+    dsi_model *m = load(ctx, path, DSI_ACCESS_MMAP, NULL, NULL);
+    assert_non_null(m);
+    const int32_t V = n_vocab(m);
+    mt_tokens(toks, OA_PRE + n_dec, V, 4242u);
+    float *ref = malloc(sizeof(float) * (size_t)(n_dec + 1) * (size_t)V);
+    assert_non_null(ref);
+    const float *lg = NULL;
+    int32_t nl = 0;
+    dsi_session *s = mt_session(m, NCTX, OA_PRE, 0);
+    assert_non_null(s);
+    for (int c = 0; c <= n_dec; c++) {
+        assert_int_equal(c == 0 ? dsi_session_append(s, toks, OA_PRE) : dsi_session_append(s, toks + OA_PRE + c - 1, 1),
+                         DSI_OK);
+        assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+        memcpy(ref + (size_t)c * (size_t)V, lg, sizeof(float) * (size_t)V);
+    }
+    dsi_session_free(s);
+    dsi_model_free(m);
+
+    mem_reader r;
+    memset(&r, 0, sizeof r);
+    r.data = slurp(path, &r.size);
+    assert_non_null(r.data);
+    r.step_th = pthread_self();
+    dsi_place_options po;
+    dsi_place_options_init(&po);
+    po.policy = DSI_PLACE_ALL_RESIDENT;
+    po.overrides = "*engram?embd*=disk";
+    po.host_budget = (uint64_t)1 << 40;
+    m = load_reader(ctx, &r, &po);
+    assert_non_null(m);
+    s = mt_session(m, NCTX, OA_PRE, 0);
+    assert_non_null(s);
+    int where[OA_FAST + OA_SLOW + 1]; /* per call: 1 the step thread read, 2 others, 3 both */
+    atomic_store(&r.track, 1);
+    for (int c = 0; c <= n_dec; c++) {
+        if (c == OA_FAST + 1) atomic_store(&r.slow, 1); /* 20 ms per read from here on */
+        atomic_store(&r.on_step, 0);
+        atomic_store(&r.off_step, 0);
+        assert_int_equal(c == 0 ? dsi_session_append(s, toks, OA_PRE) : dsi_session_append(s, toks + OA_PRE + c - 1, 1),
+                         DSI_OK);
+        where[c] = (atomic_load(&r.on_step) > 0) | (atomic_load(&r.off_step) > 0) << 1;
+        assert_int_equal(dsi_session_logits(s, &lg, &nl), DSI_OK);
+        if (memcmp(lg, ref + (size_t)c * (size_t)V, sizeof(float) * (size_t)V))
+            fail_msg("adaptive overlap: logits differ from the resident model's at call %d", c);
+    }
+    atomic_store(&r.track, 0);
+    atomic_store(&r.slow, 0);
+    printf("# adaptive overlap, reads per call (1 step thread, 2 other threads, 3 both):");
+    for (int c = 0; c <= n_dec; c++) printf(" %d", where[c]);
+    printf("\n");
+    /* the prefill and the first decode steps are overlapped: every read on the helper */
+    for (int c = 0; c < (int)DSII_ENGRAM_INLINE_AFTER; c++) assert_int_equal(where[c], 2);
+    /* fast rows: some later step gathered on the step thread, and the fast steps' last did */
+    int first_inline = -1;
+    for (int c = 0; c <= OA_FAST && first_inline < 0; c++)
+        if (where[c] == 1) first_inline = c;
+    assert_true(first_inline >= (int)DSII_ENGRAM_INLINE_AFTER);
+    assert_int_equal(where[OA_FAST], 1);
+    /* the first slow step still gathered on the step thread (it could not know; its slow
+     * reads woke the parallel readers too), the next ones are overlapped again */
+    assert_true(where[OA_FAST + 1] & 1);
+    for (int c = OA_FAST + 2; c <= n_dec; c++) assert_int_equal(where[c], 2);
+    dsi_session_free(s);
+    dsi_model_free(m);
+    free(r.data);
+    free(ref);
+    dsi_context_free(ctx);
+}
+
 /* Measurement (not run by default): DSI_ENGRAM_OVERLAP_BENCH=N times N decode steps of tiny-v41
  * with its Engram tables in the disk tier (pread of a private copy of the file, no row cache),
  * the overlap off and on (two models, steps interleaved, the order alternating), "cold" (the
@@ -2202,7 +2294,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_options), cmocka_unit_test(identity), cmocka_unit_test(faults),
         cmocka_unit_test(cancel),      cmocka_unit_test(budget),   cmocka_unit_test(threads),
-        cmocka_unit_test(overlap),     cmocka_unit_test(direct_io), cmocka_unit_test(expert_counts),
+        cmocka_unit_test(overlap),     cmocka_unit_test(overlap_adaptive),
+        cmocka_unit_test(direct_io),   cmocka_unit_test(expert_counts),
     };
     if (threads_only) {
         const struct CMUnitTest th[] = {
