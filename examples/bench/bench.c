@@ -67,6 +67,7 @@ typedef struct opts {
     int no_limits;
     int exact;
     int no_mmap;           /* --no-mmap: DSI_ACCESS_PREAD (weights read into library memory) */
+    int resident;          /* --resident: --no-mmap and DSI_MODEL_FLAG_RESIDENT (Engram too) */
     const char *sessions;
     int n_given, p_given;
     int spec;
@@ -111,7 +112,9 @@ static void usage(FILE *f) {
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
             "  --no-mmap    read the weights into library-owned memory (DSI_ACCESS_PREAD: huge\n"
-            "               pages where the kernel allows) instead of mapping the file\n"
+            "               pages where the kernel allows) instead of mapping the file; the\n"
+            "               Engram tables stay in the file, their rows read on demand\n"
+            "  --resident   --no-mmap with the Engram tables read in too (DSI_MODEL_FLAG_RESIDENT)\n"
             "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n"
             "  --sessions L batch sizes of the serving frontier, e.g. 1,2,4,8 (-n decode steps,\n"
@@ -193,6 +196,7 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--no-limits")) o->no_limits = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
         else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
+        else if (!strcmp(a, "--resident")) o->no_mmap = o->resident = 1;
         else if (!strcmp(a, "--no-fuse")) o->no_fuse = 1;
         else if (!strcmp(a, "--prefetch")) { NEEDV; o->prefetch = atoi(v); }
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
@@ -1397,6 +1401,7 @@ static int run_model(const opts *o) {
     dsi_model_options mo;
     dsi_model_options_init(&mo);
     if (o->no_mmap) mo.access = DSI_ACCESS_PREAD;
+    if (o->resident) mo.flags |= DSI_MODEL_FLAG_RESIDENT;
     if (dsi_model_load(ctx, o->model, &mo, &model) != DSI_OK) {
         fprintf(stderr, "dsinfer-bench: %s: %s\n", o->model, dsi_last_error());
         dsi_context_free(ctx);
@@ -1586,7 +1591,8 @@ static int run_model(const opts *o) {
                cpu, o->model, mname, info.arch_name, fp, (unsigned long long)info.weight_bytes,
                (unsigned long long)info.n_params, info.n_layers, info.n_experts,
                info.n_experts_used, load_s);
-        printf(", \"weights_access\": \"%s\", \"anon_huge_bytes\": %lld", o->no_mmap ? "pread" : "mmap",
+        printf(", \"weights_access\": \"%s\", \"anon_huge_bytes\": %lld",
+               o->resident ? "resident" : o->no_mmap ? "pread" : "mmap",
                bench_anon_huge_bytes());
         printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
                "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f]",
@@ -1667,7 +1673,9 @@ static int run_model(const opts *o) {
                dsi_version_string(), DSI_BENCH_GIT, cpu, path, load0, load1);
         {
             const long long hb = bench_anon_huge_bytes();
-            printf("weights: %s", o->no_mmap ? "read into library memory (--no-mmap)" : "mapped file");
+            printf("weights: %s", o->resident  ? "read into library memory, Engram tables too (--resident)"
+                                  : o->no_mmap ? "read into library memory, Engram rows read on demand (--no-mmap)"
+                                               : "mapped file");
             if (hb >= 0) printf("; %.1f MiB of this process's memory in transparent huge pages", (double)hb / 1048576.0);
             printf("\n");
         }

@@ -63,6 +63,7 @@ typedef struct {
     uint32_t hybrid_rows;      /* --hybrid-rows (0: the library's default) */
     uint64_t device_budget, host_budget;
     int no_mmap;
+    int resident; /* --resident: --no-mmap, Engram tables read in too */
     int direct_io;             /* --direct-io */
     const char *expert_counts; /* --expert-counts FILE (a routing profile) */
     const char *save_counts;   /* --save-expert-counts FILE */
@@ -113,6 +114,9 @@ static void usage(FILE *f) {
             "  --device-budget B, --host-budget B  bytes for weights and caches (K, M, G suffixes;\n"
             "                   default: the device's free memory / half the RAM)\n"
             "  --no-mmap        read the model into library-owned memory (pread) instead of mapping it\n"
+            "                   (the Engram tables stay in the file, their rows read on demand)\n"
+            "  --resident       --no-mmap with the Engram tables read in too; the file is closed\n"
+            "                   after the load\n"
             "  --direct-io      streamed experts read with O_DIRECT, bypassing the page cache (implies\n"
             "                   --no-mmap; with --place experts-streamed)\n"
             "  --list-devices   list the devices of the chosen backend(s) and exit\n"
@@ -253,6 +257,7 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         else if (!strcmp(a, "--device-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->device_budget)) return 0; }
         else if (!strcmp(a, "--host-budget")) { NEXT(); if (!parse_bytes(a, argv[i], &o->host_budget)) return 0; }
         else if (!strcmp(a, "--no-mmap")) o->no_mmap = 1;
+        else if (!strcmp(a, "--resident")) o->resident = o->no_mmap = 1;
         else if (!strcmp(a, "--direct-io")) o->direct_io = o->no_mmap = 1;
         else if (!strcmp(a, "--expert-counts")) { NEXT(); o->expert_counts = argv[i]; }
         else if (!strcmp(a, "--save-expert-counts")) { NEXT(); o->save_counts = argv[i]; }
@@ -730,6 +735,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     if (o.no_mmap) mo.access = DSI_ACCESS_PREAD;
+    if (o.resident) mo.flags |= DSI_MODEL_FLAG_RESIDENT;
     if (o.place || o.overrides || o.hybrid >= 0 || o.device_budget || o.host_budget || o.device_experts ||
         o.direct_io || profile || o.hybrid_rows) {
         po.policy = o.place ? (uint32_t)(o.place - 1) : DSI_PLACE_AUTO;

@@ -54,7 +54,7 @@ def main():
         print("skipped: no %s (the build writes it with dsinfer-mkmodel)" % model)
         sys.exit(77)
     want_attn = attn_flops_per_token_v4(8)
-    for access, extra in (("mmap", ()), ("pread", ("--no-mmap",))):
+    for access, extra in (("mmap", ()), ("pread", ("--no-mmap",)), ("resident", ("--resident",))):
         j = bench(exe, model, *extra)
         if j.get("ok") is not True:
             fail("%s: ok is %r" % (access, j.get("ok")))

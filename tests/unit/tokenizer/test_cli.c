@@ -132,6 +132,14 @@ static void test_placement(void **state) {
     assert_string_equal(out, ref);
     assert_non_null(strstr(err, "[placement: policy 3"));
     assert_non_null(strstr(err, "experts computed by the cpu"));
+    /* --resident: everything read in, Engram tables too; the same text; not with experts
+     * streamed from the file it closes */
+    snprintf(args, sizeof args, "-m %s -p 'Hello world' -n 6 --temp 0 --resident", model);
+    assert_int_equal(run(args, NULL), 0);
+    assert_string_equal(out, ref);
+    snprintf(args, sizeof args, "-m %s -p 'Hello world' -n 6 --temp 0 --resident --place experts-streamed", model);
+    assert_int_equal(run(args, NULL), 1);
+    assert_non_null(strstr(err, "DSI_MODEL_FLAG_RESIDENT"));
     /* a routing profile: written after the run (the header, one line per layer of counts
      * summing to the evaluated rows x k), read back (the same greedy text on the CPU); a
      * malformed or missing one is an error before the load */
