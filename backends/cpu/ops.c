@@ -63,6 +63,30 @@ static inline float dot_fixed_packed(const float *a, const uint8_t *row, const d
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
+/* Attention's dot product: dot_fixed's lanes, tail and tree, each product added with one
+ * rounding (fmaf), as the AVX2 / AVX-512 head paths' fused multiply-adds do in the same
+ * lanes — so every ISA path gives the same bits. */
+static inline float dot_fma(const float *a, const float *b, uint32_t n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (uint32_t j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
+    for (; i < n; i++) l[0] = fmaf(a[i], b[i], l[0]);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* dot_fma over a packed state row, decoded 8 values at a time into the same lanes. */
+static inline float dot_fma_packed(const float *a, const uint8_t *row, const dsib_state *st,
+                                   uint32_t n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float b[8];
+    for (uint32_t i = 0; i + 8 <= n; i += 8) {
+        dsii_sp_decode8(st->format, st->qcols, st->block, row, i, b);
+        for (uint32_t j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[j], l[j]);
+    }
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* ---- weight access --------------------------------------------------------------------- */
 
 dsi_status dsib_cpu_weight_row(const dsib_weight *w, int32_t expert, int64_t row, float *dst) {
@@ -1127,15 +1151,16 @@ static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp, uint8_
     return nr;
 }
 
-/* One head, the reference order: scores dot_fixed · scale, m = max(sink, scores),
- * den = exp(sink − m) + Σ_i exp(z_i − m) in row order, o = (Σ_i e_i v_i in row order) / den. */
+/* One head, the reference order: scores dot_fma · scale, m = max(sink, scores),
+ * den = exp(sink − m) + Σ_i exp(z_i − m) in row order, o = (Σ_i e_i v_i in row order, one
+ * fused multiply-add per term) / den. */
 static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
                              int64_t nr, float *z) {
     const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
     float sink = j->sinks[h];
     float m = sink;
     for (int64_t i = 0; i < nr; i++) {
-        float d = dot_fixed(q, rp[i], j->hd) * j->scale;
+        float d = dot_fma(q, rp[i], j->hd) * j->scale;
         z[i] = d;
         if (d > m) m = d;
     }
@@ -1146,7 +1171,7 @@ static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const fl
         float e = expf(z[i] - m);
         den += e;
         const float *v = rp[i];
-        for (uint32_t k = 0; k < j->hd; k++) o[k] += e * v[k];
+        for (uint32_t k = 0; k < j->hd; k++) o[k] = fmaf(e, v[k], o[k]);
     }
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
 }
@@ -1172,12 +1197,13 @@ static void attn_softmax_heads(const attn_job *j, uint32_t h, int G, float *z, i
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DSIB_OPS_X86 1
-/* AVX2 (no FMA: every product is rounded before its sum, exactly as the scalar code) */
+/* AVX2 + FMA (the kernels' AVX2 level requires FMA): the fused multiply-adds of the scalar
+ * code's fmaf, in the same lanes and order; no other contraction (fp-contract off) */
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,fma")
 #pragma GCC optimize("fp-contract=off")
 #endif
 #include <immintrin.h>
@@ -1207,14 +1233,14 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
             const __m256 x0 = _mm256_loadu_ps(q0 + c), x1 = _mm256_loadu_ps(q1 + c);
             const __m256 x2 = _mm256_loadu_ps(q2 + c), x3 = _mm256_loadu_ps(q3 + c);
             const __m256 ya = _mm256_loadu_ps(ka + c), yb = _mm256_loadu_ps(kb + c);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(x0, ya));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(x1, ya));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(x2, ya));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(x3, ya));
-            b0 = _mm256_add_ps(b0, _mm256_mul_ps(x0, yb));
-            b1 = _mm256_add_ps(b1, _mm256_mul_ps(x1, yb));
-            b2 = _mm256_add_ps(b2, _mm256_mul_ps(x2, yb));
-            b3 = _mm256_add_ps(b3, _mm256_mul_ps(x3, yb));
+            a0 = _mm256_fmadd_ps(x0, ya, a0);
+            a1 = _mm256_fmadd_ps(x1, ya, a1);
+            a2 = _mm256_fmadd_ps(x2, ya, a2);
+            a3 = _mm256_fmadd_ps(x3, ya, a3);
+            b0 = _mm256_fmadd_ps(x0, yb, b0);
+            b1 = _mm256_fmadd_ps(x1, yb, b1);
+            b2 = _mm256_fmadd_ps(x2, yb, b2);
+            b3 = _mm256_fmadd_ps(x3, yb, b3);
         }
         z0[i] = attn_tree8(a0) * j->scale;
         z1[i] = attn_tree8(a1) * j->scale;
@@ -1230,10 +1256,10 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (uint32_t c = 0; c < hd; c += 8) {
             const __m256 ya = _mm256_loadu_ps(ka + c);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(q0 + c), ya));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(q1 + c), ya));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(q2 + c), ya));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(q3 + c), ya));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), ya, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + c), ya, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + c), ya, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + c), ya, a3);
         }
         z0[i] = attn_tree8(a0) * j->scale;
         z1[i] = attn_tree8(a1) * j->scale;
@@ -1252,14 +1278,14 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
             const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
             const __m256 e0 = _mm256_broadcast_ss(z0 + r), e1 = _mm256_broadcast_ss(z1 + r);
             const __m256 e2 = _mm256_broadcast_ss(z2 + r), e3 = _mm256_broadcast_ss(z3 + r);
-            s00 = _mm256_add_ps(s00, _mm256_mul_ps(e0, v0));
-            s01 = _mm256_add_ps(s01, _mm256_mul_ps(e0, v1));
-            s10 = _mm256_add_ps(s10, _mm256_mul_ps(e1, v0));
-            s11 = _mm256_add_ps(s11, _mm256_mul_ps(e1, v1));
-            s20 = _mm256_add_ps(s20, _mm256_mul_ps(e2, v0));
-            s21 = _mm256_add_ps(s21, _mm256_mul_ps(e2, v1));
-            s30 = _mm256_add_ps(s30, _mm256_mul_ps(e3, v0));
-            s31 = _mm256_add_ps(s31, _mm256_mul_ps(e3, v1));
+            s00 = _mm256_fmadd_ps(e0, v0, s00);
+            s01 = _mm256_fmadd_ps(e0, v1, s01);
+            s10 = _mm256_fmadd_ps(e1, v0, s10);
+            s11 = _mm256_fmadd_ps(e1, v1, s11);
+            s20 = _mm256_fmadd_ps(e2, v0, s20);
+            s21 = _mm256_fmadd_ps(e2, v1, s21);
+            s30 = _mm256_fmadd_ps(e3, v0, s30);
+            s31 = _mm256_fmadd_ps(e3, v1, s31);
         }
         const __m256 d0 = _mm256_set1_ps(den[0]), d1 = _mm256_set1_ps(den[1]);
         const __m256 d2 = _mm256_set1_ps(den[2]), d3 = _mm256_set1_ps(den[3]);
@@ -1281,18 +1307,18 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
 #pragma GCC pop_options
 #endif
 
-/* AVX-512 (no FMA either): eight heads per call, the same operations per head as
+/* AVX-512 (the same fused multiply-adds): eight heads per call, the same operations per head as
  * attn_head_scalar. Scores: one zmm holds two heads' 8 dot_fixed lanes side by side (the
  * queries interleaved once per call into qx), the K row chunk broadcast to both halves; each
  * half is then dot_fixed's lane tree. Outputs: 32 columns × 8 heads in registers per pass,
  * each column the scalar path's row-order sum. hd % 32 == 0, hd <= ATTN8_MAX_HD. */
 #define ATTN8_MAX_HD 512
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,avx512f,avx512dq,avx512vl,avx512bw"))), \
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,avx512f,avx512dq,avx512vl,avx512bw")
+#pragma GCC target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw")
 #pragma GCC optimize("fp-contract=off")
 #endif
 
@@ -1316,8 +1342,8 @@ static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const 
             const __m512 ya = _mm512_broadcast_f32x8(_mm256_loadu_ps(ka + c));
             const __m512 yb = _mm512_broadcast_f32x8(_mm256_loadu_ps(kb + c));
             for (int p = 0; p < 4; p++) {
-                a[p] = _mm512_add_ps(a[p], _mm512_mul_ps(qx[c / 8][p], ya));
-                b[p] = _mm512_add_ps(b[p], _mm512_mul_ps(qx[c / 8][p], yb));
+                a[p] = _mm512_fmadd_ps(qx[c / 8][p], ya, a[p]);
+                b[p] = _mm512_fmadd_ps(qx[c / 8][p], yb, b[p]);
             }
         }
         for (int p = 0; p < 4; p++) {
@@ -1334,7 +1360,7 @@ static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const 
         for (int p = 0; p < 4; p++) a[p] = _mm512_setzero_ps();
         for (uint32_t c = 0; c < hd; c += 8) {
             const __m512 ya = _mm512_broadcast_f32x8(_mm256_loadu_ps(ka + c));
-            for (int p = 0; p < 4; p++) a[p] = _mm512_add_ps(a[p], _mm512_mul_ps(qx[c / 8][p], ya));
+            for (int p = 0; p < 4; p++) a[p] = _mm512_fmadd_ps(qx[c / 8][p], ya, a[p]);
         }
         for (int p = 0; p < 4; p++) {
             z[(size_t)(2 * p) * nr + i] = attn_tree8(_mm512_castps512_ps256(a[p])) * j->scale;
@@ -1351,8 +1377,8 @@ static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const 
             const __m512 v0 = _mm512_loadu_ps(rp[r] + c), v1 = _mm512_loadu_ps(rp[r] + c + 16);
             for (int g = 0; g < 8; g++) {
                 const __m512 e = _mm512_set1_ps(z[(size_t)g * nr + r]);
-                s[g][0] = _mm512_add_ps(s[g][0], _mm512_mul_ps(e, v0));
-                s[g][1] = _mm512_add_ps(s[g][1], _mm512_mul_ps(e, v1));
+                s[g][0] = _mm512_fmadd_ps(e, v0, s[g][0]);
+                s[g][1] = _mm512_fmadd_ps(e, v1, s[g][1]);
             }
         }
         for (int g = 0; g < 8; g++) {
@@ -1416,8 +1442,8 @@ static void attn_head_packed(const attn_job *j, uint32_t t, uint32_t h, const fl
     float sink = j->sinks[h];
     float m = sink;
     for (int64_t i = 0; i < nr; i++) {
-        float d = fm[i] ? dot_fixed_packed(q, (const uint8_t *)(const void *)rp[i], sts[fm[i]], j->hd)
-                        : dot_fixed(q, rp[i], j->hd);
+        float d = fm[i] ? dot_fma_packed(q, (const uint8_t *)(const void *)rp[i], sts[fm[i]], j->hd)
+                        : dot_fma(q, rp[i], j->hd);
         d *= j->scale;
         z[i] = d;
         if (d > m) m = d;
@@ -1434,11 +1460,11 @@ static void attn_head_packed(const attn_job *j, uint32_t t, uint32_t h, const fl
             float b[8];
             for (uint32_t k = 0; k < j->hd; k += 8) {
                 dsii_sp_decode8(ps->format, ps->qcols, ps->block, row, k, b);
-                for (uint32_t u = 0; u < 8; u++) o[k + u] += e * b[u];
+                for (uint32_t u = 0; u < 8; u++) o[k + u] = fmaf(e, b[u], o[k + u]);
             }
         } else {
             const float *v = rp[i];
-            for (uint32_t k = 0; k < j->hd; k++) o[k] += e * v[k];
+            for (uint32_t k = 0; k < j->hd; k++) o[k] = fmaf(e, v[k], o[k]);
         }
     }
     for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
