@@ -121,6 +121,9 @@ extern int dsib_cpu_moe_split;
  * at the end of the table; ops_v41.h declares those functions (defined in ops_v41.c). */
 extern const dsib_ops dsib_cpu_ops;
 
+/* Tests (ops.c): attention's exp (the scalar code; the SIMD paths give the same bits). */
+float dsib_cpu_attn_exp(float x);
+
 /* Tests (ops.c): V4's indexer scores of keys [c0, c1) of slot 0 by the op's own path. */
 void dsib_cpu_indexer_v4_scores(const float *q, const float *w, const dsib_state *keys,
                                 uint32_t heads, uint32_t hd, int64_t c0, int64_t c1, float *score);

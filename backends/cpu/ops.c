@@ -1151,48 +1151,77 @@ static int64_t attn_rows(const attn_job *j, uint32_t t, const float **rp, uint8_
     return nr;
 }
 
-/* One head, the reference order: scores dot_fma · scale, m = max(sink, scores),
- * den = exp(sink − m) + Σ_i exp(z_i − m) in row order, o = (Σ_i e_i v_i in row order, one
- * fused multiply-add per term) / den. */
-static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
-                             int64_t nr, float *z) {
-    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
-    float sink = j->sinks[h];
-    float m = sink;
-    for (int64_t i = 0; i < nr; i++) {
-        float d = dot_fma(q, rp[i], j->hd) * j->scale;
-        z[i] = d;
-        if (d > m) m = d;
-    }
-    float den = expf(sink - m);
-    float *o = j->out + (size_t)t * j->ldo + (size_t)h * j->hd;
-    for (uint32_t i = 0; i < j->hd; i++) o[i] = 0.0f;
-    for (int64_t i = 0; i < nr; i++) {
-        float e = expf(z[i] - m);
-        den += e;
-        const float *v = rp[i];
-        for (uint32_t k = 0; k < j->hd; k++) o[k] = fmaf(e, v[k], o[k]);
-    }
-    for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
+/* Attention's exp, vectorisable with the same bits in every ISA path (libm's expf is not): x = n·ln2 + r with
+ * n = rint(x·log2 e) (round to nearest even), r by two fused multiply-adds with ln 2 split in
+ * a 9-bit head and its tail, e^r by the degree-7 Taylor polynomial in Horner form (fused
+ * multiply-adds; truncation below 5e-9 on |r| <= ln2/2), times 2^n built in the exponent
+ * field. Below -87 (where 2^n would leave the normal range) the result is 0, above 88 it is
+ * e^88, for NaN 0: softmax arguments are <= 0. Within 2 ulp of e^x elsewhere (test_v4_ops:
+ * 0.87 at worst on a 1/1024 grid). The vector
+ * versions in the AVX2 / AVX-512 regions perform these operations lane by lane. */
+#define ATTN_EXP_LO -87.0f
+#define ATTN_EXP_HI 88.0f
+#define ATTN_LOG2E 1.44269504088896341f
+#define ATTN_LN2_HI 0.693359375f
+#define ATTN_LN2_LO -2.12194440e-4f
+static const float attn_exp_c[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24,
+                                    1.0f / 6,    0.5f,       1.0f,       1.0f};
+static inline float attn_exp(float x) {
+    if (!(x >= ATTN_EXP_LO)) return 0.0f; /* and NaN */
+    if (x > ATTN_EXP_HI) x = ATTN_EXP_HI;
+    const float n = rintf(x * ATTN_LOG2E);
+    float r = fmaf(n, -ATTN_LN2_HI, x);
+    r = fmaf(n, -ATTN_LN2_LO, r);
+    float p = attn_exp_c[0];
+    for (int k = 1; k < 8; k++) p = fmaf(p, r, attn_exp_c[k]);
+    const int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float two_n;
+    memcpy(&two_n, &bits, 4);
+    return p * two_n;
 }
 
-/* The head-group paths' softmax weights, attn_head_scalar's operations: for heads h .. h+G-1
- * with scores z[g·nr + r], m = max(sink, scores), z ← exp(z − m) in row order and
- * den[g] = exp(sink − m) + Σ_r z (scalar expf). */
+/* Tests: attn_exp as the CPU backend computes it (the scalar code). */
+float dsib_cpu_attn_exp(float x) { return attn_exp(x); }
+
+/* ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of eight lanes. */
+static inline float tree8(const float l[8]) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* Softmax weights of heads h .. h+G-1, scores z[g·nr + r]: m = max(sink, scores),
+ * z ← attn_exp(z − m), den[g] = attn_exp(sink − m) + the lane tree of eight lanes, lane l
+ * summing the rows r ≡ l (mod 8) in row order — the operations of the vector versions. */
 static void attn_softmax_heads(const attn_job *j, uint32_t h, int G, float *z, int64_t nr,
                                float *den) {
     for (int g = 0; g < G; g++) {
         float *zg = z + (size_t)g * nr, mg = j->sinks[h + (uint32_t)g];
         for (int64_t r = 0; r < nr; r++)
             if (zg[r] > mg) mg = zg[r];
-        float dg = expf(j->sinks[h + (uint32_t)g] - mg);
+        float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int64_t r = 0; r < nr; r++) {
-            float e = expf(zg[r] - mg);
-            dg += e;
+            const float e = attn_exp(zg[r] - mg);
+            l[r & 7] += e;
             zg[r] = e;
         }
-        den[g] = dg;
+        den[g] = attn_exp(j->sinks[h + (uint32_t)g] - mg) + tree8(l);
     }
+}
+
+/* One head, the reference order: scores dot_fma · scale, softmax weights
+ * (attn_softmax_heads), o = (Σ_i e_i v_i in row order, one fused multiply-add per term) / den. */
+static void attn_head_scalar(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
+                             int64_t nr, float *z) {
+    const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
+    for (int64_t i = 0; i < nr; i++) z[i] = dot_fma(q, rp[i], j->hd) * j->scale;
+    float den;
+    attn_softmax_heads(j, h, 1, z, nr, &den);
+    float *o = j->out + (size_t)t * j->ldo + (size_t)h * j->hd;
+    for (uint32_t i = 0; i < j->hd; i++) o[i] = 0.0f;
+    for (int64_t i = 0; i < nr; i++) {
+        const float e = z[i], *v = rp[i];
+        for (uint32_t k = 0; k < j->hd; k++) o[k] = fmaf(e, v[k], o[k]);
+    }
+    for (uint32_t i = 0; i < j->hd; i++) o[i] /= den;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -1214,6 +1243,62 @@ static inline float attn_tree8(__m256 a) {
     __m128 p = _mm_hadd_ps(lo, hi);   /* l0+l1, l2+l3, l4+l5, l6+l7 */
     __m128 q = _mm_hadd_ps(p, p);     /* (l0+l1)+(l2+l3), (l4+l5)+(l6+l7), ... */
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+/* attn_exp on eight lanes: the scalar code's operations lane by lane (NaN and x < -87: 0). */
+static inline __m256 attn_exp8(__m256 x) {
+    const __m256 zero = _mm256_cmp_ps(x, _mm256_set1_ps(ATTN_EXP_LO), _CMP_NGE_UQ);
+    x = _mm256_min_ps(x, _mm256_set1_ps(ATTN_EXP_HI));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(ATTN_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ATTN_LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ATTN_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(attn_exp_c[0]);
+    for (int k = 1; k < 8; k++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(attn_exp_c[k]));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* Lanes l < k set (k in 0..8). */
+static inline __m256i attn_mask8(int64_t k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* attn_softmax_heads eight rows at a time: the same maximum, the same attn_exp values, the
+ * same eight lanes (rows r ≡ l mod 8 in row order; the last partial group adds +0 to the
+ * lanes it does not reach) and the same tree. */
+static void attn_softmax_heads_avx2(const attn_job *j, uint32_t h, int G, float *z, int64_t nr,
+                                    float *den) {
+    for (int g = 0; g < G; g++) {
+        float *zg = z + (size_t)g * nr;
+        const float sink = j->sinks[h + (uint32_t)g];
+        __m256 mv = _mm256_set1_ps(sink);
+        int64_t r = 0;
+        for (; r + 8 <= nr; r += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(zg + r));
+        float l[8], mg;
+        _mm256_storeu_ps(l, mv);
+        mg = l[0];
+        for (int k = 1; k < 8; k++)
+            if (l[k] > mg) mg = l[k];
+        for (; r < nr; r++)
+            if (zg[r] > mg) mg = zg[r];
+        const __m256 mb = _mm256_set1_ps(mg);
+        __m256 acc = _mm256_setzero_ps();
+        for (r = 0; r + 8 <= nr; r += 8) {
+            const __m256 e = attn_exp8(_mm256_sub_ps(_mm256_loadu_ps(zg + r), mb));
+            _mm256_storeu_ps(zg + r, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        if (r < nr) {
+            const __m256i mk = attn_mask8(nr - r);
+            const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(mk),
+                                           attn_exp8(_mm256_sub_ps(_mm256_maskload_ps(zg + r, mk), mb)));
+            _mm256_maskstore_ps(zg + r, mk, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        _mm256_storeu_ps(l, acc);
+        den[g] = attn_exp(sink - mg) + tree8(l);
+    }
 }
 
 /* Four heads h .. h+3 of step row t with the same operations per head as attn_head_scalar
@@ -1267,7 +1352,7 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
         z3[i] = attn_tree8(a3) * j->scale;
     }
     float den[4];
-    attn_softmax_heads(j, h, 4, z, nr, den);
+    attn_softmax_heads_avx2(j, h, 4, z, nr, den);
     /* o_g = (Σ_r e_g,r · v_r) / den_g: 16 columns × 4 heads in registers per pass */
     float *o0 = j->out + (size_t)t * j->ldo + (size_t)h * hd;
     for (uint32_t c = 0; c < hd; c += 16) {
@@ -1322,6 +1407,48 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+/* attn_exp on sixteen lanes (attn_exp8's operations). */
+static inline __m512 attn_exp16(__m512 x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ATTN_EXP_LO), _CMP_GE_OQ);
+    x = _mm512_min_ps(x, _mm512_set1_ps(ATTN_EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(ATTN_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ATTN_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ATTN_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(attn_exp_c[0]);
+    for (int k = 1; k < 8; k++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(attn_exp_c[k]));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+}
+
+/* attn_softmax_heads sixteen rows at a time: exps on sixteen lanes, the two halves added to
+ * the eight lanes one after the other (rows r ≡ l mod 8 in row order, as the scalar code). */
+static void attn_softmax_heads_avx512(const attn_job *j, uint32_t h, int G, float *z, int64_t nr,
+                                      float *den) {
+    for (int g = 0; g < G; g++) {
+        float *zg = z + (size_t)g * nr;
+        const float sink = j->sinks[h + (uint32_t)g];
+        __m512 mv = _mm512_set1_ps(sink);
+        int64_t r = 0;
+        for (; r + 16 <= nr; r += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(zg + r));
+        if (r < nr) mv = _mm512_mask_max_ps(mv, (__mmask16)((1u << (nr - r)) - 1u), mv,
+                                            _mm512_maskz_loadu_ps((__mmask16)((1u << (nr - r)) - 1u), zg + r));
+        const float mg = _mm512_reduce_max_ps(mv);
+        const __m512 mb = _mm512_set1_ps(mg);
+        __m256 acc = _mm256_setzero_ps();
+        for (r = 0; r < nr; r += 16) {
+            const __mmask16 mk = nr - r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nr - r)) - 1u);
+            const __m512 e = _mm512_maskz_mov_ps(mk, attn_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, zg + r), mb)));
+            _mm512_mask_storeu_ps(zg + r, mk, e);
+            acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+            acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+        }
+        float l[8];
+        _mm256_storeu_ps(l, acc);
+        den[g] = attn_exp(sink - mg) + tree8(l);
+    }
+}
+
 static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const float *const *rp,
                                int64_t nr, float *z) {
     const uint32_t hd = j->hd;
@@ -1368,7 +1495,7 @@ static void attn_heads8_avx512(const attn_job *j, uint32_t t, uint32_t h, const 
         }
     }
     float den[8];
-    attn_softmax_heads(j, h, 8, z, nr, den);
+    attn_softmax_heads_avx512(j, h, 8, z, nr, den);
     float *o = j->out + (size_t)t * j->ldo + (size_t)h * hd;
     for (uint32_t c = 0; c < hd; c += 32) {
         __m512 s[8][2];
@@ -1439,21 +1566,17 @@ static void attn_head_packed(const attn_job *j, uint32_t t, uint32_t h, const fl
                              const uint8_t *fm, int64_t nr, float *z) {
     const float *q = j->q + (size_t)t * j->ldq + (size_t)h * j->hd;
     const dsib_state *sts[3] = {NULL, j->ring, j->comp};
-    float sink = j->sinks[h];
-    float m = sink;
     for (int64_t i = 0; i < nr; i++) {
         float d = fm[i] ? dot_fma_packed(q, (const uint8_t *)(const void *)rp[i], sts[fm[i]], j->hd)
                         : dot_fma(q, rp[i], j->hd);
-        d *= j->scale;
-        z[i] = d;
-        if (d > m) m = d;
+        z[i] = d * j->scale;
     }
-    float den = expf(sink - m);
+    float den;
+    attn_softmax_heads(j, h, 1, z, nr, &den);
     float *o = j->out + (size_t)t * j->ldo + (size_t)h * j->hd;
     for (uint32_t i = 0; i < j->hd; i++) o[i] = 0.0f;
     for (int64_t i = 0; i < nr; i++) {
-        float e = expf(z[i] - m);
-        den += e;
+        const float e = z[i];
         if (fm[i]) {
             const dsib_state *ps = sts[fm[i]];
             const uint8_t *row = (const uint8_t *)(const void *)rp[i];

@@ -727,6 +727,28 @@ static void test_attn_sink(void **state) {
     unwrap(vsk);
 }
 
+/* Attention's exp (ops.c attn_exp, the same bits in every ISA path): within 2 ulp of e^x on
+ * [-87, 88] (every 1/1024 and the ends), exactly 1 at 0, 0 below -87 and for NaN, e^88 above. */
+static void test_attn_exp(void **state) {
+    (void)state;
+    double worst = 0;
+    for (int i = -87 * 1024; i <= 88 * 1024; i++) {
+        const float x = (float)i / 1024.0f, y = dsib_cpu_attn_exp(x);
+        const double e = exp((double)x);
+        const double ulp = (double)nextafterf((float)e, INFINITY) - (double)(float)e;
+        const double err = fabs((double)y - e) / ulp;
+        if (err > worst) worst = err;
+        if (err > 2.0) fail_msg("attn_exp(%.6f) = %.9g, e^x = %.9g: %.2f ulp", x, y, e, err);
+    }
+    print_message("attn_exp: worst %.2f ulp on [-87, 88]\n", worst);
+    assert_true(dsib_cpu_attn_exp(0.0f) == 1.0f);
+    assert_true(dsib_cpu_attn_exp(-0.0f) == 1.0f);
+    assert_true(dsib_cpu_attn_exp(-87.5f) == 0.0f);
+    assert_true(dsib_cpu_attn_exp(-INFINITY) == 0.0f);
+    assert_true(dsib_cpu_attn_exp(NAN) == 0.0f);
+    assert_true(dsib_cpu_attn_exp(1000.0f) == dsib_cpu_attn_exp(88.0f));
+}
+
 /* The head-group SIMD paths (AVX2: 4 heads share each K/V row load; AVX-512: 8 heads) perform
  * the scalar path's operations in its order: outputs bit-identical for every head count
  * (groups of 8 and 4 plus a remainder), row count and visible-row count (odd and even: the
@@ -743,7 +765,9 @@ static void test_attn_sink_simd(void **state) {
         print_message("note: no AVX-512 here: only the AVX2 head-group path is compared\n");
     const int32_t isas[2] = {DSIB_ISA_AVX2, DSIB_ISA_AVX512};
     const int n_isa = native >= DSIB_ISA_AVX512 ? 2 : 1;
-    enum { HMAX = 16, HD = 64, WIN = 5, NMAX = 7, RING = 8, NC = 6, K = 3 };
+    /* up to 40 visible rows: the softmax's 8- and 16-row groups, more than two of them, and
+     * partial tails */
+    enum { HMAX = 16, HD = 64, WIN = 37, NMAX = 7, RING = 64, NC = 6, K = 3 };
     static float q[NMAX * HMAX * HD], kv[NMAX * HD], comp[NC * HD], ring[RING * HD];
     static float out_s[NMAX * HMAX * HD], out_v[NMAX * HMAX * HD];
     float sinks[HMAX];
@@ -766,7 +790,8 @@ static void test_attn_sink_simd(void **state) {
     for (int ii = 0; ii < n_isa; ii++)
     for (int hi = 0; hi < 5; hi++)
         for (int ni = 0; ni < 3; ni++)
-            for (int pos0 = 0; pos0 <= 6; pos0 += 3) {
+            for (int pi = 0; pi < 4; pi++) {
+                const int pos0 = pi < 3 ? 3 * pi : 36; /* 36: 40 visible rows */
                 const uint32_t H = heads[hi], N = ns[ni];
                 dsib_weight wsk = wf32(vsk, H, 1);
                 memset(out_s, 0, sizeof out_s);
@@ -882,7 +907,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_indexer_ties),
         cmocka_unit_test(test_indexer_split),
-        cmocka_unit_test(test_indexer_packed_scan),
+        cmocka_unit_test(test_indexer_packed_scan), cmocka_unit_test(test_attn_exp),
         cmocka_unit_test(test_fake_quant_e4m3),
         cmocka_unit_test(test_fake_quant_e2m1),
         cmocka_unit_test(test_fake_quant_simd),
