@@ -36,6 +36,11 @@
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
+/* ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of eight lanes. */
+static inline float tree8(const float l[8]) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* Dot product with a fixed, vectorisable order: 8 lane accumulators (element i goes to lane
  * i mod 8), the tail added to lane 0 in order, lanes combined as a fixed tree. The order
  * depends only on n, never on the caller's batch, which is all the determinism contract
@@ -46,21 +51,7 @@ static inline float dot_fixed(const float *a, const float *b, uint32_t n) {
     for (; i + 8 <= n; i += 8)
         for (uint32_t j = 0; j < 8; j++) l[j] += a[i + j] * b[i + j];
     for (; i < n; i++) l[0] += a[i] * b[i];
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
-
-/* dot_fixed(a, row) for a packed state row (lib/quant/statepack.h): the row's values are
- * decoded 8 at a time into registers and enter the very same lanes in the same order, so
- * the result is bit-identical to dot_fixed over the unpacked row. n % 8 == 0. */
-static inline float dot_fixed_packed(const float *a, const uint8_t *row, const dsib_state *st,
-                                     uint32_t n) {
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    float b[8];
-    for (uint32_t i = 0; i + 8 <= n; i += 8) {
-        dsii_sp_decode8(st->format, st->qcols, st->block, row, i, b);
-        for (uint32_t j = 0; j < 8; j++) l[j] += a[i + j] * b[j];
-    }
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    return tree8(l);
 }
 
 /* Attention's dot product: dot_fixed's lanes, tail and tree, each product added with one
@@ -72,10 +63,12 @@ static inline float dot_fma(const float *a, const float *b, uint32_t n) {
     for (; i + 8 <= n; i += 8)
         for (uint32_t j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[i + j], l[j]);
     for (; i < n; i++) l[0] = fmaf(a[i], b[i], l[0]);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    return tree8(l);
 }
 
-/* dot_fma over a packed state row, decoded 8 values at a time into the same lanes. */
+/* dot_fma over a packed state row (lib/quant/statepack.h): the row's values are decoded 8 at
+ * a time into registers and enter the very same lanes in the same order, so the result is
+ * bit-identical to dot_fma over the unpacked row. n % 8 == 0. */
 static inline float dot_fma_packed(const float *a, const uint8_t *row, const dsib_state *st,
                                    uint32_t n) {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -84,7 +77,7 @@ static inline float dot_fma_packed(const float *a, const uint8_t *row, const dsi
         dsii_sp_decode8(st->format, st->qcols, st->block, row, i, b);
         for (uint32_t j = 0; j < 8; j++) l[j] = fmaf(a[i + j], b[j], l[j]);
     }
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    return tree8(l);
 }
 
 /* ---- weight access --------------------------------------------------------------------- */
@@ -1182,11 +1175,6 @@ static inline float attn_exp(float x) {
 
 /* Tests: attn_exp as the CPU backend computes it (the scalar code). */
 float dsib_cpu_attn_exp(float x) { return attn_exp(x); }
-
-/* ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of eight lanes. */
-static inline float tree8(const float l[8]) {
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
 
 /* Softmax weights of heads h .. h+G-1, scores z[g·nr + r]: m = max(sink, scores),
  * z ← attn_exp(z − m), den[g] = attn_exp(sink − m) + the lane tree of eight lanes, lane l

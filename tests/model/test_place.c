@@ -1929,6 +1929,14 @@ static void hybrid_bad(void **state) {
  * failing while overlapped fails the step with IO naming the Engram row, the session keeps
  * its position, and the same append after the repair gives the reference logits. */
 
+/* Everything resident except the Engram tables, which stay in the disk tier (no row cache). */
+static void engram_disk_po(dsi_place_options *po) {
+    dsi_place_options_init(po);
+    po->policy = DSI_PLACE_ALL_RESIDENT;
+    po->overrides = "*engram?embd*=disk";
+    po->host_budget = (uint64_t)1 << 40;
+}
+
 #define OV_PRE 8
 #define DSII_MAX_LAYERS_TEST 64
 #define OV_DEC 6
@@ -1979,10 +1987,7 @@ static void overlap(void **state) {
     r.data = slurp(path, &r.size);
     assert_non_null(r.data);
     dsi_place_options po;
-    dsi_place_options_init(&po);
-    po.policy = DSI_PLACE_ALL_RESIDENT;
-    po.overrides = "*engram?embd*=disk";
-    po.host_budget = (uint64_t)1 << 40;
+    engram_disk_po(&po);
     atomic_store(&dsii_engram_step_probe, gate_probe);
     for (int off = 1; off >= 0; off--) {
         atomic_store(&dsii_engram_overlap_test, off);
@@ -2100,10 +2105,7 @@ static void overlap_adaptive(void **state) {
     assert_non_null(r.data);
     r.step_th = pthread_self();
     dsi_place_options po;
-    dsi_place_options_init(&po);
-    po.policy = DSI_PLACE_ALL_RESIDENT;
-    po.overrides = "*engram?embd*=disk";
-    po.host_budget = (uint64_t)1 << 40;
+    engram_disk_po(&po);
     m = load_reader(ctx, &r, &po);
     assert_non_null(m);
     s = mt_session(m, NCTX, OA_PRE, 0);
@@ -2179,10 +2181,7 @@ static void overlap_bench(void **state) {
     dsi_context *ctx = new_ctx(NULL);
     assert_non_null(ctx);
     dsi_place_options po;
-    dsi_place_options_init(&po);
-    po.policy = DSI_PLACE_ALL_RESIDENT;
-    po.overrides = "*engram?embd*=disk";
-    po.host_budget = (uint64_t)1 << 40;
+    engram_disk_po(&po);
     dsi_model *m[2];
     dsi_session *s[2];
     /* DSI_ENGRAM_OVERLAP_READERS: the tables' parallel readers (1: serial gathers) */
