@@ -1088,8 +1088,6 @@ typedef struct attn_job {
     uint8_t *fs;         /* per slot: max_rows row formats: 0 f32, 1 packed ring, 2 packed comp */
     float *dec;          /* multi-row steps with packed state, where the workspace holds it: per
                             slot max_rows × hd decoded rows (else NULL: heads read in place) */
-    int64_t pre_n;       /* >= 0: one-row step, its rows listed (packed ones decoded) below */
-    const float **pre_rp;
     uint32_t ldq, H, hd, window, ldkv, comp_ratio, topk, ldo;
     uint32_t hg;                     /* heads per task (a multiple of 4, or 1) */
     int simd;                        /* the AVX2 head-group path (hd % 8 == 0) */
@@ -1603,25 +1601,6 @@ static void attn_unpack(const attn_job *j, const float **rp, uint8_t *fm, int64_
     }
 }
 
-/* The decode step's shared decode of its packed rows, split over the pool: task k decodes
- * rows [k · ATTN_UNPACK_ROWS, …) into their own places of dec (no task writes another's). */
-#define ATTN_UNPACK_ROWS 32
-typedef struct attn_unpack_job {
-    const attn_job *j;
-    const float **rp;
-    uint8_t *fm;
-    int64_t nr;
-    float *dec;
-} attn_unpack_job;
-
-static void attn_unpack_task(void *arg, int64_t task, int32_t slot) {
-    (void)slot;
-    const attn_unpack_job *u = arg;
-    const int64_t r0 = task * ATTN_UNPACK_ROWS;
-    const int64_t r1 = r0 + ATTN_UNPACK_ROWS < u->nr ? r0 + ATTN_UNPACK_ROWS : u->nr;
-    attn_unpack(u->j, u->rp + r0, u->fm + r0, r1 - r0, u->dec + (size_t)r0 * u->j->hd);
-}
-
 static void attn_task(void *arg, int64_t task, int32_t slot) {
     attn_job *j = arg;
     const uint32_t groups = (j->H + j->hg - 1) / j->hg;
@@ -1631,22 +1610,21 @@ static void attn_task(void *arg, int64_t task, int32_t slot) {
     const float **rp = j->ps + (size_t)slot * j->max_rows;
     int64_t nr;
     uint32_t h = h0;
-    if (j->pre_n >= 0) { /* one-row step: its rows were listed and decoded once for all heads */
-        nr = j->pre_n;
-        rp = j->pre_rp;
-        atomic_fetch_add_explicit(j->flops, (uint64_t)nr * (h1 - h0) * j->hd * 4u, memory_order_relaxed);
-    } else {
-        uint8_t *fm = j->fs + (size_t)slot * j->max_rows;
-        nr = attn_rows(j, t, rp, fm);
-        atomic_fetch_add_explicit(j->flops, (uint64_t)nr * (h1 - h0) * j->hd * 4u, memory_order_relaxed);
-        int any = 0;
-        for (int64_t i = 0; i < nr && !any; i++) any = fm[i] != 0;
-        if (any && j->dec) { /* decoded once per task, then the f32 paths below */
-            attn_unpack(j, rp, fm, nr, j->dec + (size_t)slot * (size_t)j->max_rows * j->hd);
-        } else if (any) { /* no room to decode: each head reads the packed rows in place */
-            for (; h < h1; h++) attn_head_packed(j, t, h, rp, fm, nr, z);
-            return;
-        }
+    uint8_t *fm = j->fs + (size_t)slot * j->max_rows;
+    nr = attn_rows(j, t, rp, fm);
+    atomic_fetch_add_explicit(j->flops, (uint64_t)nr * (h1 - h0) * j->hd * 4u, memory_order_relaxed);
+    int any = 0;
+    for (int64_t i = 0; i < nr && !any; i++) any = fm[i] != 0;
+    if (any && j->dec) {
+        /* decoded once per task into this thread's own buffer, then the f32 paths below. In
+         * a decode step every task decodes the same rows: measured faster than one shared
+         * decode split over the pool, whose rows the head tasks then pulled from the other
+         * cores' caches (bench-v41 tg128: attention 1.00-1.10 against 1.48-1.59 ms per token,
+         * docs/performance.md 4.0000000000) */
+        attn_unpack(j, rp, fm, nr, j->dec + (size_t)slot * (size_t)j->max_rows * j->hd);
+    } else if (any) { /* no room to decode: each head reads the packed rows in place */
+        for (; h < h1; h++) attn_head_packed(j, t, h, rp, fm, nr, z);
+        return;
     }
 #ifdef DSIB_OPS_X86
     if (j->simd512)
@@ -1738,29 +1716,12 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     j.zs = (float *)(void *)(ws + o1);
     j.ps = (const float **)(void *)(ws + o2);
     j.fs = ws + o3;
-    if (packed && n > 1) {
+    if (packed) {
         size_t dec_end = o4 + sizeof(float) * (size_t)j.max_rows * hd * nt;
         if (dsib_cpu_ws(strm, dec_end)) j.dec = (float *)(void *)(ws + o4);
     }
     for (uint32_t h = 0; h < H; h++) sk[h] = dsib_cpu_weight_f32(sinks, h);
     j.sinks = sk;
-    j.pre_n = -1;
-    if (n == 1 && packed) {
-        /* decode: every head reads the same rows: decode the packed ones once (exact,
-         * statepack.h; a fixed number of rows: top-k + window) */
-        size_t q1 = ((sizeof(float *) * (size_t)j.max_rows) + 63) & ~(size_t)63;
-        size_t q2 = q1 + (((size_t)j.max_rows + 63) & ~(size_t)63);
-        size_t base = (o4 + 63) & ~(size_t)63;
-        if (dsib_cpu_ws(strm, base + q2 + sizeof(float) * (size_t)j.max_rows * hd)) {
-            uint8_t *pw = ws + base; /* (else: too small a workspace, each task decodes) */
-            j.pre_rp = (const float **)(void *)pw;
-            uint8_t *pre_fm = pw + q1;
-            j.pre_n = attn_rows(&j, 0, j.pre_rp, pre_fm);
-            attn_unpack_job u = {&j, j.pre_rp, pre_fm, j.pre_n, (float *)(void *)(pw + q2)};
-            dsib_parallel_for(inst->pool, (j.pre_n + ATTN_UNPACK_ROWS - 1) / ATTN_UNPACK_ROWS,
-                              attn_unpack_task, &u);
-        }
-    }
     dsib_parallel_for(inst->pool, (int64_t)n * ((H + j.hg - 1) / j.hg), attn_task, &j);
     return DSI_OK;
 }
