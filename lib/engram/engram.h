@@ -129,6 +129,8 @@ dsi_status dsii_engram_readers_create(const dsi_context *ctx, int32_t n_threads,
 /* Stops and joins the threads (no gather may be running). NULL accepted. */
 void dsii_engram_readers_free(dsii_engram_readers *r);
 int32_t dsii_engram_readers_count(const dsii_engram_readers *r);
+/* How many batches dsii_engram_readers_run handed to the threads (a read proved slow). */
+uint64_t dsii_engram_readers_wakes(const dsii_engram_readers *r);
 /* Runs fn(arg, k) for k in [0, n) on the calling thread and up to min(n - 1, threads) pool
  * threads; items are claimed in increasing k; once an fn returns nonzero no further item is
  * claimed. Returns when every item claimed is done and no pool thread holds the batch.

@@ -25,6 +25,7 @@ struct dsii_engram_readers {
     rd_batch *head;
     int stop;
     int32_t n_threads;
+    atomic_ullong wakes; /* batches handed to the threads (a read proved slow) */
     pthread_t th[DSII_ENGRAM_MAX_READERS];
 };
 
@@ -103,6 +104,10 @@ void dsii_engram_readers_free(dsii_engram_readers *r) {
 
 int32_t dsii_engram_readers_count(const dsii_engram_readers *r) { return r ? r->n_threads : 0; }
 
+uint64_t dsii_engram_readers_wakes(const dsii_engram_readers *r) {
+    return r ? atomic_load_explicit(&r->wakes, memory_order_relaxed) : 0;
+}
+
 void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *arg, size_t k),
                              void *arg) {
     rd_batch b;
@@ -131,6 +136,7 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
         }
     }
     if (woke) {
+        atomic_fetch_add_explicit(&r->wakes, 1, memory_order_relaxed);
         pthread_mutex_lock(&r->mu);
         rd_batch **p = &r->head;
         while (*p) p = &(*p)->next;
