@@ -1705,7 +1705,7 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
     const int packed = ring->format != DSIB_STATE_F32 ||
                        (comp_ratio && comp->format != DSIB_STATE_F32);
     /* ws: sinks [H], then per thread scores [8 × max_rows], row pointers [max_rows] and row
-     * formats [max_rows] */
+     * formats [max_rows]; with packed state, per thread the decoded rows [max_rows × hd] */
     size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
     size_t o2 = o1 + ((sizeof(float) * 8 * (size_t)j.max_rows * nt + 63) & ~(size_t)63);
     size_t o3 = o2 + ((sizeof(float *) * (size_t)j.max_rows * nt + 63) & ~(size_t)63);

@@ -113,8 +113,8 @@ typedef struct dsii_engram_cache {
 } dsii_engram_cache;
 
 /* Parallel readers for the disk tier (issue 17, docs/placement.md): a pool of threads that a
- * gather with two or more rows to read from the file hands the reads to (the calling thread
- * reads too). One pool per model, shared by its tables and sessions; several gathers may use
+ * gather with two or more rows to read from the file hands the rest of its reads to once one
+ * read proves slow (dsii_engram_readers_run; the calling thread reads too). One pool per model, shared by its tables and sessions; several gathers may use
  * it at once. DSII_ENGRAM_READERS threads by default: Engram gathers are small (release
  * decode: 24 rows of 264 bytes per table per step), so a few reads in flight cover an NVMe
  * drive's latency while idle threads cost nothing but their stacks. */
