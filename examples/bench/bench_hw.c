@@ -321,6 +321,9 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
             put16(row + 84 * b + 82, 0x1c00);
         }
         break;
+    case DSI_TYPE_IQ2_XXS: /* d; the index, sign and scale bits are all valid as random */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 66 * b, 0x2000);
+        break;
     case DSI_TYPE_MXFP4:
         for (int64_t b = 0; b < n_in / 32; b++) row[17 * b] = 122;
         break;

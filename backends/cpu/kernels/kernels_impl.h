@@ -82,6 +82,7 @@ extern const dsib_kern_qtype dsib_kq_q8_0;
 extern const dsib_kern_qtype dsib_kq_q4_k;
 extern const dsib_kern_qtype dsib_kq_q2_k;
 extern const dsib_kern_qtype dsib_kq_mxfp4;
+extern const dsib_kern_qtype dsib_kq_iq2_xxs;
 
 /* Activation quantisers (act.c), one per ISA; identical output bytes. */
 void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,

@@ -32,6 +32,7 @@
 #include "backends/cpu/threadpool.h"
 #include "quant/quant.h"
 #include "tests/common/skip.h"
+#include "../quant/ggml_ref.h"
 
 /* ---- random numbers -------------------------------------------------------------------- */
 
@@ -154,6 +155,10 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
         }
         break;
     }
+    case DSI_TYPE_IQ2_XXS: /* tests/unit/quant/ggml_ref.c: element by element from the block
+                            * definition (docs/tensor-types.md), its own sign parity rule */
+        gref_decode(type, row, n, dst, NULL);
+        break;
     default:
         fail_msg("decode_row: type %d", (int)type);
     }
@@ -173,7 +178,8 @@ static int act_block_of(int32_t type) {
     case DSI_TYPE_Q8_0:
     case DSI_TYPE_MXFP4: return 32;
     case DSI_TYPE_Q4_K:
-    case DSI_TYPE_Q2_K: return 256;
+    case DSI_TYPE_Q2_K:
+    case DSI_TYPE_IQ2_XXS: return 256;
     default: return 0;
     }
 }
@@ -183,6 +189,7 @@ static int32_t act_fmt_of(int32_t type) {
     case DSI_TYPE_MXFP4: return DSIB_ACT_Q8_32;
     case DSI_TYPE_Q4_K: return DSIB_ACT_Q8_K_P4;
     case DSI_TYPE_Q2_K: return DSIB_ACT_Q8_K_P2;
+    case DSI_TYPE_IQ2_XXS: return DSIB_ACT_Q8_K;
     default: return DSIB_ACT_F32;
     }
 }
@@ -386,6 +393,9 @@ static void fill_row(int32_t type, uint8_t *row, int64_t n) {
     case DSI_TYPE_MXFP4:
         for (int64_t b = 0; b < n / 32; b++) row[17 * b] = (uint8_t)(120 + rndi(12));
         break;
+    case DSI_TYPE_IQ2_XXS: /* random indices, signs, scales; d finite */
+        gref_random_row(type, row, n, rnd);
+        break;
     case DSI_TYPE_FP8_E4M3_B128:
     case DSI_TYPE_FP8_E4M3_B32: {
         int bs = type == DSI_TYPE_FP8_E4M3_B128 ? 128 : 32;
@@ -415,6 +425,7 @@ static const shape shapes[] = {
     {DSI_TYPE_Q4_K, {256, 512, 2304}},
     {DSI_TYPE_Q2_K, {256, 768, 1280}},
     {DSI_TYPE_MXFP4, {32, 160, 2080}},
+    {DSI_TYPE_IQ2_XXS, {256, 768, 2304}},
     {DSI_TYPE_FP8_E4M3_B128, {128, 300, 2100}},
     {DSI_TYPE_FP8_E4M3_B32, {45, 64, 1100}},
 };
@@ -893,7 +904,7 @@ static void test_moe_gather(void **state) {
     dsib_threadpool *pool;
     assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
     const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
-                             DSI_TYPE_FP8_E4M3_B32};
+                             DSI_TYPE_IQ2_XXS, DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         for (int path = 0; path < 2; path++) {
             const int32_t type = types[ti];

@@ -230,7 +230,10 @@ static void test_threads_and_moe(void **state) {
         const size_t ny = (size_t)(p.n_out * p.n_tok);
         float *ya = malloc(ny * sizeof(float)), *yb = malloc(ny * sizeof(float));
         kt->matmul_rows(type, p.w, p.rb, n_in, 0, p.n_out, p.x, p.xs, ya, p.n_out, n_tok);
-        assert_int_equal(dsib_matmul(pool, 0, type, p.w, p.rb, n_in, p.n_out, p.x, p.xs, yb, p.n_out, n_tok), DSI_OK);
+        /* this file's path is the exact one (IQ2_XXS's default path: test_cpukernels.c) */
+        assert_int_equal(dsib_matmul(pool, DSIB_MM_EXACT, type, p.w, p.rb, n_in, p.n_out, p.x, p.xs, yb,
+                                     p.n_out, n_tok),
+                         DSI_OK);
         assert_memory_equal(ya, yb, ny * sizeof(float));
         /* MoE: token t → experts t % 4 and (t + 1) % 4, grouped by expert */
         const size_t estride = p.rb * (size_t)n_out;
@@ -248,14 +251,14 @@ static void test_threads_and_moe(void **state) {
         offs[4] = ns;
         float *y = calloc((size_t)(n_tok * 2 * n_out), sizeof(float)), yr[45];
         dsib_moe_matmul m = {type, p.w, estride, p.rb, n_in, n_out, 4, 4, experts, offs, xrows, yrows,
-                             p.x, p.xs, y, n_out, 0};
+                             p.x, p.xs, y, n_out, DSIB_MM_EXACT};
         char msg[256];
         assert_int_equal(dsib_matmul_moe(pool, &m, msg, sizeof msg), DSI_OK);
         for (int64_t s = 0; s < ns; s++) {
             int32_t e = -1;
             for (int g = 0; g < 4; g++)
                 if (s >= offs[g] && s < offs[g + 1]) e = experts[g];
-            assert_int_equal(dsib_matmul_expert(NULL, 0, type, p.w, estride, e, p.rb, n_in, n_out,
+            assert_int_equal(dsib_matmul_expert(NULL, DSIB_MM_EXACT, type, p.w, estride, e, p.rb, n_in, n_out,
                                                 p.x + xrows[s] * p.xs, p.xs, yr, n_out, 1), DSI_OK);
             assert_memory_equal(yr, y + yrows[s] * n_out, (size_t)n_out * sizeof(float));
             for (int64_t o = 0; o < n_out; o++) {
