@@ -744,6 +744,12 @@ static void test_act_quantize(void **state) {
  * float part is one fixed sequence); the exact path's ISAs agree within their tolerances. */
 static void test_cross_isa(void **state) {
     (void)state;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    print_message("IQ2_XXS on AVX-512 VNNI: %s\n", __builtin_cpu_supports("avx512vbmi")
+                                                      ? "the VBMI and the plain variant"
+                                                      : "the plain variant (no AVX512_VBMI here)");
+#endif
     const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
     int others = 0;
     for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
@@ -767,10 +773,17 @@ static void test_cross_isa(void **state) {
                 /* AMX's Q8_0 has its own order: test_amx_blocksum checks it bit for bit. */
                 if (isa == DSIB_ISA_AMX && p.type == DSI_TYPE_Q8_0) continue;
                 void *a2 = quantize_all(kt, &p, &as);
-                run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, 16, 0, 6, yv, 16);
-                if (memcmp(ys[1], yv, sizeof yv))
-                    fail_msg("type %d n_in %lld: default path on %s differs from scalar", (int)p.type,
-                             (long long)p.n_in, kt->name);
+                /* IQ2_XXS on AVX-512 VNNI: the VBMI variant (where the CPU has it) and the
+                 * plain one (dsib_kern_iq2_vbmi) */
+                const int variants = p.type == DSI_TYPE_IQ2_XXS && isa >= DSIB_ISA_AVX512VNNI ? 2 : 1;
+                for (int v = 0; v < variants; v++) {
+                    dsib_kern_iq2_vbmi = v == 0;
+                    run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, 16, 0, 6, yv, 16);
+                    if (memcmp(ys[1], yv, sizeof yv))
+                        fail_msg("type %d n_in %lld: default path on %s%s differs from scalar", (int)p.type,
+                                 (long long)p.n_in, kt->name, variants == 2 && v == 1 ? " (no VBMI)" : "");
+                }
+                dsib_kern_iq2_vbmi = 1;
                 free(a2);
             }
             free(act);
