@@ -1,0 +1,217 @@
+/*
+ * Q6_K weights × DSIB_ACT_Q8_K activations (default path; kernels.h).
+ *
+ * Block (210 bytes, 256 elements; ggml block_q6_K, docs/tensor-types.md): ql[128] at 0,
+ * qh[64] at 128, int8 scales[16] at 192, d (f16) at 208. Element e = 128h + 32k + l
+ * (h < 2, k < 4, l < 32) has the 6-bit code
+ *
+ *   q_e = nibble (k >> 1) of ql[64h + 32(k & 1) + l]  |  ((qh[32h + l] >> 2k) & 3) << 4
+ *
+ * and the value d · sc[e / 16] · (q_e − 32). The codes are the unsigned operand of
+ * dpbusd / maddubs; the −32 goes through the activation sums per 16 (the Q8_K format's),
+ * both with the same scale d, so the two integer parts are combined before the one float
+ * step.
+ *
+ * Canonical order (every ISA, bit-identical): two sets of 16 f32 lanes acc[2][16], zero at
+ * the start. For each super-block b in order (set u = b mod 2), vector v < 4 = elements
+ * 64v .. 64v+63, lane j < 16 = elements 64v + 4j + k (k < 4), in sub-block 4v + j/4:
+ *
+ *   S[j] = Σ_{v<4} sc[4v + j/4] · Σ_{k<4} q_e · x_e                                (exact)
+ *   M[j] = sc[2j] · bs[2j] + sc[2j+1] · bs[2j+1]  for j < 8, 0 above       (exact; bs =
+ *          the activation sums per 16 natural elements)
+ *   acc[u][j] = fmaf(d·dx, (float)(S[j] − 32·M[j]), acc[u][j])   (d·dx one f32 rounding)
+ *
+ * then y = dsib_reduce32(acc). |S|, |32·M| < 2^24 each, so the int32 difference is exact;
+ * its conversion to float rounds to nearest (the same on every ISA).
+ */
+#include "backends/cpu/kernels/kernels_impl.h"
+
+#include <math.h>
+
+/* ---- scalar ---------------------------------------------------------------------------- */
+
+static inline int q6_k_code(const uint8_t *blk, int e) {
+    const int h = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint8_t lo = blk[64 * h + 32 * (k & 1) + l];
+    return ((k >> 1) ? lo >> 4 : lo & 0xF) | (((blk[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
+}
+
+static float q6_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
+    float acc[2][16] = {{0}};
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        const uint8_t *blk = row + 210 * b;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        const int8_t *xq = x->q + 256 * b;
+        const int16_t *bs = x->s + 16 * b;
+        int32_t S[16] = {0};
+        for (int v = 0; v < 4; v++)
+            for (int j = 0; j < 16; j++) {
+                int32_t I = 0;
+                for (int k = 0; k < 4; k++) {
+                    const int e = 64 * v + 4 * j + k;
+                    I += q6_k_code(blk, e) * xq[e];
+                }
+                S[j] += sc[4 * v + j / 4] * I;
+            }
+        for (int j = 0; j < 8; j++) S[j] -= 32 * (sc[2 * j] * bs[2 * j] + sc[2 * j + 1] * bs[2 * j + 1]);
+        const float dd = dsib_ld_f16(blk + 208) * x->d[b];
+        float *a = acc[b & 1];
+        for (int j = 0; j < 16; j++) a[j] = fmaf(dd, (float)S[j], a[j]);
+    }
+    return dsib_reduce32(acc);
+}
+
+DSIB_QROWS_SCALAR(q6_k_rows_scalar, q6_k_dot_scalar)
+
+#ifdef DSIB_KERN_X86
+
+/* ---- AVX2 ------------------------------------------------------------------------------ */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
+#include "backends/cpu/kernels/simd_avx2.h"
+
+/* Super-block decode: wq[p] = the codes of elements 32p .. 32p+31 (p = 4h + k), sc[p] =
+ * the scales of their two sub-blocks 2p, 2p+1 as int16 (eight words each), scw = all 16
+ * scales as int16 (for M). */
+DSIB_AI void q6_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *scw) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        wq[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+        wq[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+        wq[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+        wq[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+    }
+    const int8_t *s = (const int8_t *)(blk + 192);
+    for (int p = 0; p < 8; p++)
+        sc[p] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s[2 * p])),
+                                        _mm_set1_epi16(s[2 * p + 1]), 1);
+    *scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+}
+
+DSIB_AI void q6_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
+                            float *out, const int R, const int T, const int PF) {
+    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] = _mm256_setzero_ps();
+    const int64_t nb = n_in / 256;
+    for (int64_t b2 = 0; b2 < nb; b2 += 2)
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+            const int64_t b = b2 + u;
+            if (b >= nb) break;
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = w + (size_t)r * rb + 210 * b;
+                DSIB_PF(PF, blk, 210);
+                __m256i wq[8], sc[8], scw;
+                q6_k_decode_avx2(blk, wq, sc, &scw);
+                const float d = dsib_f16_hw(blk + 208);
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = x[t].q + 256 * b;
+                    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                    for (int p = 0; p < 8; p++) {
+                        const __m256i pr = _mm256_maddubs_epi16(
+                            wq[p], _mm256_loadu_si256((const __m256i *)(xq + 32 * p)));
+                        S[p & 1] = _mm256_add_epi32(S[p & 1], _mm256_madd_epi16(pr, sc[p]));
+                    }
+                    const __m256i M = _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
+                    S[0] = _mm256_sub_epi32(S[0], _mm256_slli_epi32(M, 5));
+                    const __m256 dd = _mm256_set1_ps(d * x[t].d[b]);
+                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][u][0]);
+                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][u][1]);
+                }
+            }
+        }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
+                                                acc[r][t][1][1]);
+}
+
+DSIB_QROWS_DEFINE_T(q6_k_rows_avx2, q6_k_tile_avx2, 2)
+
+DSIB_TARGET_POP
+
+/* ---- AVX-512 + VNNI -------------------------------------------------------------------- */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
+#include "backends/cpu/kernels/simd_avx512.h"
+
+/* Super-block decode: wv[v] = the codes of elements 64v .. 64v+63 (v = 2h: k = 0, 1; v =
+ * 2h + 1: k = 2, 3 — qh broadcast to both halves, shifted per half by a variable word
+ * shift), the scale pairs of dsib_kq_token_avx512's layout (vectors 0 / 1, 2 / 3: int32 lane
+ * j = the scale of the first vector's lane j in the low word, the second's in the high
+ * word), and all 16 scales as int16 for M. */
+DSIB_AI void q6_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *scw) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* word shifts: 4 / 2 (left) for k = 0 / 1, 0 / 2 (right) for k = 2 / 3 */
+    const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+        wv[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, shl), m30));
+        wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                        _mm512_and_si512(_mm512_srlv_epi16(qh, shr), m30));
+    }
+    *scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    const __m512i s32 = _mm512_zextsi256_si512(*scw);
+    /* pair p: word 2j = scale 8p + j/4, word 2j+1 = scale 8p + 4 + j/4 */
+    sc[0] = _mm512_permutexvar_epi16(
+        _mm512_set_epi16(7, 3, 7, 3, 7, 3, 7, 3, 6, 2, 6, 2, 6, 2, 6, 2, 5, 1, 5, 1, 5, 1, 5, 1, 4, 0, 4, 0, 4, 0, 4, 0), s32);
+    sc[1] = _mm512_permutexvar_epi16(
+        _mm512_set_epi16(15, 11, 15, 11, 15, 11, 15, 11, 14, 10, 14, 10, 14, 10, 14, 10, 13, 9, 13, 9, 13, 9, 13, 9, 12,
+                         8, 12, 8, 12, 8, 12, 8),
+        s32);
+}
+
+DSIB_AI void q6_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
+                              float *out, const int R, const int T, const int PF) {
+    __m512 acc[4][4][2]; /* [row][token][set] */
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+    const int64_t nb = n_in / 256;
+    const __m512i z = _mm512_setzero_si512();
+    for (int64_t b2 = 0; b2 < nb; b2 += 2)
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+            const int64_t b = b2 + u;
+            if (b >= nb) break;
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = w + (size_t)r * rb + 210 * b;
+                DSIB_PF(PF, blk, 210);
+                __m512i wv[4], sc[2];
+                __m256i scw;
+                q6_k_decode_avx512(blk, wv, sc, &scw);
+                const float d = _cvtsh_ss(*(const unsigned short *)(const void *)(blk + 208));
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = x[t].q + 256 * b;
+                    __m512i I[4];
+                    for (int v = 0; v < 4; v++) I[v] = _mm512_dpbusd_epi32(z, wv[v], _mm512_loadu_si512(xq + 64 * v));
+                    __m512i S = _mm512_dpwssd_epi32(
+                        z, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[0], _mm512_slli_epi32(I[1], 16)), sc[0]);
+                    S = _mm512_dpwssd_epi32(
+                        S, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[2], _mm512_slli_epi32(I[3], 16)), sc[1]);
+                    const __m256i M = _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
+                    S = _mm512_sub_epi32(S, _mm512_zextsi256_si512(_mm256_slli_epi32(M, 5)));
+                    acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]), _mm512_cvtepi32_ps(S),
+                                                   acc[r][t][u]);
+                }
+            }
+        }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
+}
+
+DSIB_QROWS_DEFINE_R(q6_k_rows_avx512, q6_k_tile_avx512, 2)
+
+DSIB_TARGET_POP
+
+const dsib_kern_qtype dsib_kq_q6_k = {
+    DSIB_TYPE_Q6_K, DSIB_ACT_Q8_K, {q6_k_rows_scalar, q6_k_rows_avx2, NULL, q6_k_rows_avx512}};
+
+#else
+
+const dsib_kern_qtype dsib_kq_q6_k = {DSIB_TYPE_Q6_K, DSIB_ACT_Q8_K, {q6_k_rows_scalar}};
+
+#endif
