@@ -324,6 +324,12 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
     case DSI_TYPE_IQ2_XXS: /* d; the index, sign and scale bits are all valid as random */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 66 * b, 0x2000);
         break;
+    case 13: /* q5_k: d, dmin at 0, 2 */
+        for (int64_t b = 0; b < n_in / 256; b++) {
+            put16(row + 176 * b, 0x2000);
+            put16(row + 176 * b + 2, 0x1c00);
+        }
+        break;
     case 14: /* q6_k: d at 208 */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 210 * b + 208, 0x2000);
         break;
