@@ -330,6 +330,9 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
             put16(row + 176 * b + 2, 0x1c00);
         }
         break;
+    case 11: /* q3_k: d at 108 */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 110 * b + 108, 0x2000);
+        break;
     case 14: /* q6_k: d at 208 */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 210 * b + 208, 0x2000);
         break;
