@@ -34,7 +34,10 @@
 #include "tests/common/skip.h"
 #include "../quant/ggml_ref.h"
 
-#define DSI_TYPE_Q3_K 11 /* ggml's ids (not named in dsinfer.h) */
+#define DSI_TYPE_Q4_0 2 /* ggml's ids (not named in dsinfer.h) */
+#define DSI_TYPE_Q3_K 11
+#define DSI_TYPE_IQ4_NL 20
+#define DSI_TYPE_IQ4_XS 23
 #define DSI_TYPE_Q5_K 13
 #define DSI_TYPE_Q6_K 14
 
@@ -163,6 +166,9 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
                             * definition (docs/tensor-types.md), its own sign parity rule */
     case DSI_TYPE_Q6_K:
     case DSI_TYPE_Q3_K:
+    case DSI_TYPE_Q4_0:
+    case DSI_TYPE_IQ4_NL:
+    case DSI_TYPE_IQ4_XS:
     case DSI_TYPE_Q5_K: /* mag: |d·sc·q| + |dmin·m| as for the K-quants above */
         gref_decode(type, row, n, dst, mag);
         break;
@@ -183,7 +189,10 @@ static void decode_row(int32_t type, const uint8_t *row, int64_t n, double *dst)
 static int act_block_of(int32_t type) {
     switch (type) {
     case DSI_TYPE_Q8_0:
-    case DSI_TYPE_MXFP4: return 32;
+    case DSI_TYPE_MXFP4:
+    case DSI_TYPE_Q4_0:
+    case DSI_TYPE_IQ4_NL:
+    case DSI_TYPE_IQ4_XS: return 32;
     case DSI_TYPE_Q4_K:
     case DSI_TYPE_Q2_K:
     case DSI_TYPE_IQ2_XXS:
@@ -196,7 +205,10 @@ static int act_block_of(int32_t type) {
 static int32_t act_fmt_of(int32_t type) {
     switch (type) {
     case DSI_TYPE_Q8_0:
-    case DSI_TYPE_MXFP4: return DSIB_ACT_Q8_32;
+    case DSI_TYPE_MXFP4:
+    case DSI_TYPE_Q4_0:
+    case DSI_TYPE_IQ4_NL:
+    case DSI_TYPE_IQ4_XS: return DSIB_ACT_Q8_32;
     case DSI_TYPE_Q4_K:
     case DSI_TYPE_Q5_K: return DSIB_ACT_Q8_K_P4;
     case DSI_TYPE_Q2_K:
@@ -410,6 +422,9 @@ static void fill_row(int32_t type, uint8_t *row, int64_t n) {
     case DSI_TYPE_Q6_K:    /* random codes and int8 scales; d finite */
     case DSI_TYPE_Q5_K:    /* random codes, scales, mins; d, dmin finite */
     case DSI_TYPE_Q3_K:    /* random codes, high bits and scales; d finite */
+    case DSI_TYPE_Q4_0:
+    case DSI_TYPE_IQ4_NL:
+    case DSI_TYPE_IQ4_XS:
         gref_random_row(type, row, n, rnd);
         break;
     case DSI_TYPE_FP8_E4M3_B128:
@@ -445,6 +460,9 @@ static const shape shapes[] = {
     {DSI_TYPE_Q6_K, {256, 512, 1792}},
     {DSI_TYPE_Q5_K, {256, 768, 2048}},
     {DSI_TYPE_Q3_K, {256, 512, 2304}},
+    {DSI_TYPE_Q4_0, {32, 160, 2080}},
+    {DSI_TYPE_IQ4_NL, {32, 224, 1056}},
+    {DSI_TYPE_IQ4_XS, {256, 512, 2048}},
     {DSI_TYPE_FP8_E4M3_B128, {128, 300, 2100}},
     {DSI_TYPE_FP8_E4M3_B32, {45, 64, 1100}},
 };
@@ -937,7 +955,7 @@ static void test_moe_gather(void **state) {
     assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
     const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
                              DSI_TYPE_IQ2_XXS, DSI_TYPE_Q6_K, DSI_TYPE_Q5_K, DSI_TYPE_Q3_K,
-                             DSI_TYPE_FP8_E4M3_B32};
+                             DSI_TYPE_Q4_0, DSI_TYPE_IQ4_NL, DSI_TYPE_IQ4_XS, DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         for (int path = 0; path < 2; path++) {
             const int32_t type = types[ti];
