@@ -337,6 +337,9 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
     case 23: /* iq4_xs: d per 136-byte super-block (the scale bits are valid as random) */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 136 * b, 0x2000);
         break;
+    case 18: /* iq3_xxs: d at 0 (index, sign and scale bits valid as random) */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 98 * b, 0x2000);
+        break;
     case 11: /* q3_k: d at 108 */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 110 * b + 108, 0x2000);
         break;

@@ -36,6 +36,7 @@
 
 #define DSI_TYPE_Q4_0 2 /* ggml's ids (not named in dsinfer.h) */
 #define DSI_TYPE_Q3_K 11
+#define DSI_TYPE_IQ3_XXS 18
 #define DSI_TYPE_IQ4_NL 20
 #define DSI_TYPE_IQ4_XS 23
 #define DSI_TYPE_Q5_K 13
@@ -169,6 +170,7 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
+    case DSI_TYPE_IQ3_XXS:
     case DSI_TYPE_Q5_K: /* mag: |d·sc·q| + |dmin·m| as for the K-quants above */
         gref_decode(type, row, n, dst, mag);
         break;
@@ -198,6 +200,7 @@ static int act_block_of(int32_t type) {
     case DSI_TYPE_IQ2_XXS:
     case DSI_TYPE_Q6_K:
     case DSI_TYPE_Q3_K:
+    case DSI_TYPE_IQ3_XXS:
     case DSI_TYPE_Q5_K: return 256;
     default: return 0;
     }
@@ -214,6 +217,7 @@ static int32_t act_fmt_of(int32_t type) {
     case DSI_TYPE_Q2_K:
     case DSI_TYPE_Q3_K: return DSIB_ACT_Q8_K_P2;
     case DSI_TYPE_IQ2_XXS:
+    case DSI_TYPE_IQ3_XXS:
     case DSI_TYPE_Q6_K: return DSIB_ACT_Q8_K;
     default: return DSIB_ACT_F32;
     }
@@ -422,6 +426,7 @@ static void fill_row(int32_t type, uint8_t *row, int64_t n) {
     case DSI_TYPE_Q6_K:    /* random codes and int8 scales; d finite */
     case DSI_TYPE_Q5_K:    /* random codes, scales, mins; d, dmin finite */
     case DSI_TYPE_Q3_K:    /* random codes, high bits and scales; d finite */
+    case DSI_TYPE_IQ3_XXS:
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
@@ -463,6 +468,7 @@ static const shape shapes[] = {
     {DSI_TYPE_Q4_0, {32, 160, 2080}},
     {DSI_TYPE_IQ4_NL, {32, 224, 1056}},
     {DSI_TYPE_IQ4_XS, {256, 512, 2048}},
+    {DSI_TYPE_IQ3_XXS, {256, 768, 1792}},
     {DSI_TYPE_FP8_E4M3_B128, {128, 300, 2100}},
     {DSI_TYPE_FP8_E4M3_B32, {45, 64, 1100}},
 };
@@ -955,7 +961,8 @@ static void test_moe_gather(void **state) {
     assert_int_equal(dsib_threadpool_create(3, NULL, &pool, NULL, 0), DSI_OK);
     const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
                              DSI_TYPE_IQ2_XXS, DSI_TYPE_Q6_K, DSI_TYPE_Q5_K, DSI_TYPE_Q3_K,
-                             DSI_TYPE_Q4_0, DSI_TYPE_IQ4_NL, DSI_TYPE_IQ4_XS, DSI_TYPE_FP8_E4M3_B32};
+                             DSI_TYPE_Q4_0, DSI_TYPE_IQ4_NL, DSI_TYPE_IQ4_XS, DSI_TYPE_IQ3_XXS,
+                             DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         for (int path = 0; path < 2; path++) {
             const int32_t type = types[ti];
