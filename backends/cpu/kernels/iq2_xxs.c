@@ -77,7 +77,7 @@ DSIB_QROWS_SCALAR(iq2_xxs_rows_scalar, iq2_xxs_dot_scalar)
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
-/* Sub-block s of the super-block at blk: its 32 grid bytes, its signs as ±1 bytes, its odd
+/* The sub-block at sb: its 32 grid bytes, its signs as ±1 bytes, its odd
  * scale 2·ls + 1 in every int16. */
 DSIB_AI void iq2_xxs_sub_avx2(const uint8_t *sb, __m256i *g, __m256i *sg, __m256i *sc) {
     const uint32_t w = iq2_ld32(sb + 4);
@@ -222,7 +222,7 @@ DSIB_AI __m512i iq2_xxs_token_avx512(const __m512i g[4], const __mmask64 ng[4], 
                 __mmask64 ng[4];                                                           \
                 GRID(blk, g);                                                              \
                 SIGNS(blk, ng, sc);                                                        \
-                const float d = _cvtsh_ss(*(const unsigned short *)(const void *)blk);     \
+                const float d = dsib_f16_hw(blk);                                          \
                 for (int t = 0; t < T; t++) {                                              \
                     const __m512i S = iq2_xxs_token_avx512(g, ng, sc, x[t].q + 256 * b);   \
                     acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]),          \

@@ -217,7 +217,7 @@ DSIB_AI __m512i iq3_xxs_token_avx512(const __m512i g[4], const __mmask64 ng[4], 
                 __mmask64 ng[4];                                                           \
                 GRID(blk, g);                                                              \
                 SIGNS(blk, ng, sc);                                                        \
-                const float d = _cvtsh_ss(*(const unsigned short *)(const void *)blk);     \
+                const float d = dsib_f16_hw(blk);                                          \
                 for (int t = 0; t < T; t++) {                                              \
                     const __m512i S = iq3_xxs_token_avx512(g, ng, sc, x[t].q + 256 * b);   \
                     acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]),          \

@@ -190,7 +190,7 @@ DSIB_AI void iq4_xs_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const
             for (int r = 0; r < R; r++) {
                 const uint8_t *sb = w + (size_t)r * rb + 136 * B;
                 if (i == 0) DSIB_PF(PF, sb, 136);
-                const float d = _cvtsh_ss(*(const unsigned short *)(const void *)sb);
+                const float d = dsib_f16_hw(sb);
                 const uint32_t h = (uint32_t)sb[2] | (uint32_t)sb[3] << 8;
                 const int la = (int)(((sb[4 + i] & 15) | (((h >> (4 * i)) & 3) << 4))) - 32;
                 const int lb = (int)(((sb[4 + i] >> 4) | (((h >> (4 * i + 2)) & 3) << 4))) - 32;

@@ -209,7 +209,7 @@ DSIB_AI void q3_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const d
                 __m512i wv[4], sc[2];
                 __m256i scw;
                 q3_k_decode_avx512(blk, wv, sc, &scw);
-                const float d = _cvtsh_ss(*(const unsigned short *)(const void *)(blk + 108));
+                const float d = dsib_f16_hw(blk + 108);
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = x[t].q + 256 * b;
                     __m512i I[4];
