@@ -383,6 +383,18 @@ static void test_reference_f32_rounding(void **s) { (void)s; check_rounding(&g_f
 static void test_reference_q8_0_tight(void **s) { (void)s; check_tight(&g_q8, "q8_0"); }
 static void test_reference_q8_0_rounding(void **s) { (void)s; check_rounding(&g_q8, "q8_0"); }
 
+/* Over N_TOK positions of [N_TOK][V] logits: the largest |a - b| (NaN counts as the
+ * largest) and how many positions have the same argmax. */
+static void compare_positions(const float *a, const float *b, int V, float *worst, int *agree) {
+    *worst = 0.0f;
+    *agree = 0;
+    for (int p = 0; p < N_TOK; p++) {
+        float d = row_maxdiff(a + (size_t)p * V, b + (size_t)p * V, V);
+        if (!(d <= *worst)) *worst = d;
+        *agree += argmax(a + (size_t)p * V, V, NULL) == argmax(b + (size_t)p * V, V, NULL);
+    }
+}
+
 /* The default matmul path (8-bit activations, docs/performance.md §2) on the q8_0 model
  * against the reference, rounding off: max |Δlogit| and argmax agreement, next to the
  * effect of the weight format itself (exact path, q8_0 weights vs f32 weights). */
@@ -393,23 +405,15 @@ static void test_reference_q8_0_default_path(void **s) {
     const float *ref = ref_nofq(&g_q8, "q8_0");
     const int V = g_q8.n_vocab;
     float *fast = lib_logits(&g_q8d, g_q8d.tok, N_TOK, N_TOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
-    float worst = 0.0f;
-    int agree = 0;
-    for (int p = 0; p < N_TOK; p++) {
-        float d = row_maxdiff(fast + (size_t)p * V, ref + (size_t)p * V, V);
-        if (!(d <= worst)) worst = d;
-        agree += argmax(fast + (size_t)p * V, V, NULL) == argmax(ref + (size_t)p * V, V, NULL);
-    }
+    float worst;
+    int agree;
+    compare_positions(fast, ref, V, &worst, &agree);
     float wq = 0.0f;
     int wagree = 0;
     if (g_f32.model) {
         float *a = lib_logits(&g_f32, g_f32.tok, N_TOK, N_TOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
         float *b = lib_logits(&g_q8, g_q8.tok, N_TOK, N_TOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
-        for (int p = 0; p < N_TOK; p++) {
-            float d = row_maxdiff(a + (size_t)p * V, b + (size_t)p * V, V);
-            if (!(d <= wq)) wq = d;
-            wagree += argmax(a + (size_t)p * V, V, NULL) == argmax(b + (size_t)p * V, V, NULL);
-        }
+        compare_positions(a, b, V, &wq, &wagree);
         free(a);
         free(b);
     }
@@ -455,13 +459,9 @@ static void test_ggml_types_default_path(void **s) {
         const int V = ex.n_vocab;
         float *a = lib_logits(&ex, ex.tok, N_TOK, N_TOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
         float *b = lib_logits(&fast, fast.tok, N_TOK, N_TOK, DSI_SESSION_FLAG_NO_FAKE_QUANT);
-        float worst = 0.0f;
-        int agree = 0;
-        for (int p = 0; p < N_TOK; p++) {
-            float d = row_maxdiff(b + (size_t)p * V, a + (size_t)p * V, V);
-            if (!(d <= worst)) worst = d;
-            agree += argmax(b + (size_t)p * V, V, NULL) == argmax(a + (size_t)p * V, V, NULL);
-        }
+        float worst;
+        int agree;
+        compare_positions(b, a, V, &worst, &agree);
         printf("[%s] default vs exact matmul path, rounding off: max |dlogit| %.3g, argmax equal at "
                "%d of %d positions\n",
                types[i], (double)worst, agree, N_TOK);

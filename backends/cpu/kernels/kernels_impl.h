@@ -14,6 +14,7 @@
 #define DSIB_CPU_KERNELS_IMPL_H
 
 #include "backends/cpu/kernels/kernels.h"
+#include "quant/ggml_tables.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -158,6 +159,20 @@ static inline float dsib_ld_f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return dsib_f16_to_f32(h);
+}
+
+static inline uint32_t dsib_ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* IQ2_XXS / IQ3_XXS: the 32 sign bits of a sub-block (bit 8l + j: element 8l + j negative)
+ * from its w (sign index of group l = (w >> 7l) & 127, through ggml's ksigns table). */
+static inline uint32_t dsib_iq_signs32(uint32_t w) {
+    return (uint32_t)dsii_ksigns_iq2xs[w & 127] | (uint32_t)dsii_ksigns_iq2xs[(w >> 7) & 127] << 8 |
+           (uint32_t)dsii_ksigns_iq2xs[(w >> 14) & 127] << 16 |
+           (uint32_t)dsii_ksigns_iq2xs[(w >> 21) & 127] << 24;
 }
 
 static inline float dsib_bf16_to_f32(uint16_t h) { return dsib_u32_as_f32((uint32_t)h << 16); }

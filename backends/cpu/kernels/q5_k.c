@@ -69,7 +69,6 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 DSIB_AI void q5_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *mn,
                               __m128 *dmw) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i smv = _mm256_broadcastsi128_si256(dsib_q4k_scales_sse(blk + 4));
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16)), m10 = _mm256_set1_epi8(0x10);
     for (int c = 0; c < 4; c++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * c));
@@ -80,12 +79,7 @@ DSIB_AI void q5_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], 
         wq[p] = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_and_si256(h0, m10));
         wq[p + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_and_si256(h1, m10));
     }
-    for (int p = 0; p < 8; p++)
-        sc[p] = _mm256_shuffle_epi8(smv, _mm256_set1_epi16((short)(0x8000 | q5k_perm[p])));
-    *mn = _mm256_shuffle_epi8(smv, _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128,
-                                                     10, -128, 11, -128, 11, -128, 12, -128, 12,
-                                                     -128, 13, -128, 13, -128, 14, -128, 14, -128,
-                                                     15, -128, 15, -128));
+    dsib_kq4_scales_avx2(blk + 4, sc, mn);
     *dmw = dsib_f16x2_hw(blk); /* d, dmin */
 }
 DSIB_KQ_TILE_AVX2(q5_k_tile_avx2, 176, q5_k_decode_avx2)
@@ -105,7 +99,6 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 DSIB_AI void q5_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *mn,
                                 __m128 *dmw) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m256i s16 = _mm256_cvtepu8_epi16(dsib_q4k_scales_sse(blk + 4));
     const __m512i q0 = _mm512_loadu_si512(blk + 48), q1 = _mm512_loadu_si512(blk + 112);
     /* fifth bits: vector v = 2h + u holds chunks c = 2h (bytes 0-31), 2h + 1 (32-63), nibble
      * u; bit 2c + u of qh[l] (qh in both halves) shifted to bit 4 by a variable word shift */
@@ -121,18 +114,7 @@ DSIB_AI void q5_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
     wv[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), Q5K_HBR(1, 3)); /* bits 5, 7 */
 #undef Q5K_HB
 #undef Q5K_HBR
-    /* pairs (dsib_kq_token_avx512): lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks P[0], P[2] /
-     * P[1], P[3]; of vectors 2, 3: P[4], P[6] / P[5], P[7] */
-    sc[0] = _mm512_permutexvar_epi16(
-        _mm512_inserti64x4(_mm512_set1_epi32(q5k_perm[0] | (q5k_perm[2] << 16)),
-                           _mm256_set1_epi32(q5k_perm[1] | (q5k_perm[3] << 16)), 1),
-        _mm512_castsi256_si512(s16));
-    sc[1] = _mm512_permutexvar_epi16(
-        _mm512_inserti64x4(_mm512_set1_epi32(q5k_perm[4] | (q5k_perm[6] << 16)),
-                           _mm256_set1_epi32(q5k_perm[5] | (q5k_perm[7] << 16)), 1),
-        _mm512_castsi256_si512(s16));
-    *mn = _mm256_permutexvar_epi16(
-        _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
+    dsib_kq4_scales_avx512(blk + 4, sc, mn);
     *dmw = dsib_f16x2_hw(blk); /* d, dmin */
 }
 DSIB_KQ_TILE_AVX512(q5_k_tile_avx512, 176, q5_k_decode_avx512)

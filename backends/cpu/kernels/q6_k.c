@@ -91,44 +91,7 @@ DSIB_AI void q6_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], 
     *scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
 }
 
-DSIB_AI void q6_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
-                            float *out, const int R, const int T, const int PF) {
-    __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] = _mm256_setzero_ps();
-    const int64_t nb = n_in / 256;
-    for (int64_t b2 = 0; b2 < nb; b2 += 2)
-        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
-            const int64_t b = b2 + u;
-            if (b >= nb) break;
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = w + (size_t)r * rb + 210 * b;
-                DSIB_PF(PF, blk, 210);
-                __m256i wq[8], sc[8], scw;
-                q6_k_decode_avx2(blk, wq, sc, &scw);
-                const float d = dsib_f16_hw(blk + 208);
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = x[t].q + 256 * b;
-                    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                    for (int p = 0; p < 8; p++) {
-                        const __m256i pr = _mm256_maddubs_epi16(
-                            wq[p], _mm256_loadu_si256((const __m256i *)(xq + 32 * p)));
-                        S[p & 1] = _mm256_add_epi32(S[p & 1], _mm256_madd_epi16(pr, sc[p]));
-                    }
-                    const __m256i M = _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
-                    S[0] = _mm256_sub_epi32(S[0], _mm256_slli_epi32(M, 5));
-                    const __m256 dd = _mm256_set1_ps(d * x[t].d[b]);
-                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][u][0]);
-                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][u][1]);
-                }
-            }
-        }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++)
-            out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
-                                                acc[r][t][1][1]);
-}
+DSIB_KQO_TILE_AVX2(q6_k_tile_avx2, 210, q6_k_decode_avx2, 208, 5)
 
 DSIB_QROWS_DEFINE_T(q6_k_rows_avx2, q6_k_tile_avx2, 2)
 
@@ -166,42 +129,7 @@ DSIB_AI void q6_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
         s32);
 }
 
-DSIB_AI void q6_k_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
-                              float *out, const int R, const int T, const int PF) {
-    __m512 acc[4][4][2]; /* [row][token][set] */
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
-    const int64_t nb = n_in / 256;
-    const __m512i z = _mm512_setzero_si512();
-    for (int64_t b2 = 0; b2 < nb; b2 += 2)
-        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
-            const int64_t b = b2 + u;
-            if (b >= nb) break;
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = w + (size_t)r * rb + 210 * b;
-                DSIB_PF(PF, blk, 210);
-                __m512i wv[4], sc[2];
-                __m256i scw;
-                q6_k_decode_avx512(blk, wv, sc, &scw);
-                const float d = dsib_f16_hw(blk + 208);
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = x[t].q + 256 * b;
-                    __m512i I[4];
-                    for (int v = 0; v < 4; v++) I[v] = _mm512_dpbusd_epi32(z, wv[v], _mm512_loadu_si512(xq + 64 * v));
-                    __m512i S = _mm512_dpwssd_epi32(
-                        z, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[0], _mm512_slli_epi32(I[1], 16)), sc[0]);
-                    S = _mm512_dpwssd_epi32(
-                        S, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[2], _mm512_slli_epi32(I[3], 16)), sc[1]);
-                    const __m256i M = _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
-                    S = _mm512_sub_epi32(S, _mm512_zextsi256_si512(_mm256_slli_epi32(M, 5)));
-                    acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]), _mm512_cvtepi32_ps(S),
-                                                   acc[r][t][u]);
-                }
-            }
-        }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);
-}
+DSIB_KQO_TILE_AVX512(q6_k_tile_avx512, 210, q6_k_decode_avx512, 208, 5)
 
 DSIB_QROWS_DEFINE_R(q6_k_rows_avx512, q6_k_tile_avx512, 2)
 

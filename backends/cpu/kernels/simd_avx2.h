@@ -161,4 +161,116 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
         }                                                                                  \
     } while (0)
 
+/* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
+ * iq2_xxs.c / iq3_xxs.c) ------------------------------------------------------------------- */
+
+/* Q4_K / Q5_K scales for DSIB_KQ_TILE_AVX2: activation position p uses the scale of
+ * sub-block P[p] (P = 0,2,1,3,4,6,5,7; pshufb of the unpacked scale bytes into 16 words),
+ * the mins doubled up to match the activation sums per 16. */
+DSIB_AI void dsib_kq4_scales_avx2(const uint8_t *sc12, __m256i sc[8], __m256i *mn) {
+    static const uint8_t perm[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    const __m256i smv = _mm256_broadcastsi128_si256(dsib_q4k_scales_sse(sc12));
+    for (int p = 0; p < 8; p++) sc[p] = _mm256_shuffle_epi8(smv, _mm256_set1_epi16((short)(0x8000 | perm[p])));
+    *mn = _mm256_shuffle_epi8(smv, _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10, -128, 11,
+                                                     -128, 11, -128, 12, -128, 12, -128, 13, -128, 13, -128, 14,
+                                                     -128, 14, -128, 15, -128, 15, -128));
+}
+
+/* DSIB_KQO_TILE_AVX512's AVX2 form: DECODE(blk, wq, sc, &scw) gives the eight 32-byte code
+ * vectors (activation positions p; lanes 0-7 for even p, 8-15 for odd p), their int16 scale
+ * vectors and the 16 signed scales as int16 (for M, subtracted << SH in lanes 0-7). */
+#define DSIB_KQO_TILE_AVX2(NAME, BLK, DECODE, DOFF, SH)                                    \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T, const int PF) {                \
+        __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =    \
+                    _mm256_setzero_ps();                                                   \
+        const int64_t nb = n_in / 256;                                                     \
+        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
+            const int64_t b = b2 + u;                                                      \
+            if (b >= nb) break;                                                            \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
+                DSIB_PF(PF, blk, BLK);                                                     \
+                __m256i wq[8], sc[8], scw;                                                 \
+                DECODE(blk, wq, sc, &scw);                                                 \
+                const float d = dsib_f16_hw(blk + (DOFF));                                 \
+                for (int t = 0; t < T; t++) {                                              \
+                    const int8_t *xq = x[t].q + 256 * b;                                   \
+                    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};       \
+                    for (int p = 0; p < 8; p++) {                                          \
+                        const __m256i pr = _mm256_maddubs_epi16(                           \
+                            wq[p], _mm256_loadu_si256((const __m256i *)(xq + 32 * p)));    \
+                        S[p & 1] = _mm256_add_epi32(S[p & 1], _mm256_madd_epi16(pr, sc[p])); \
+                    }                                                                      \
+                    const __m256i M =                                                      \
+                        _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b))); \
+                    S[0] = _mm256_sub_epi32(S[0], _mm256_slli_epi32(M, SH));               \
+                    const __m256 dd = _mm256_set1_ps(d * x[t].d[b]);                       \
+                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][u][0]); \
+                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][u][1]); \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1],      \
+                                                    acc[r][t][1][0], acc[r][t][1][1]);     \
+    }
+
+/* IQ2_XXS / IQ3_XXS: a sub-block's 32 sign bits (bit e: element e negative) as ±1 bytes,
+ * for vpsignb on the activations. */
+DSIB_AI __m256i dsib_iq_signs_avx2(uint32_t m) {
+    const __m256i bits = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)m), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                    2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i pat = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, pat), pat), _mm256_set1_epi8(1));
+}
+
+/* DSIB_IQ_TILE_AVX512's AVX2 form: SUB(blk, s, &g, &sg, &sc) gives sub-block s's 32 grid
+ * bytes, its signs as ±1 bytes and its odd scale in every int16 (sub-block s = lanes 0-7
+ * for even s, 8-15 for odd s). */
+#define DSIB_IQ_TILE_AVX2(NAME, BLK, SUB, FIN)                                             \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T, const int PF) {                \
+        __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =    \
+                    _mm256_setzero_ps();                                                   \
+        const int64_t nb = n_in / 256;                                                     \
+        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
+            const int64_t b = b2 + u;                                                      \
+            if (b >= nb) break;                                                            \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
+                DSIB_PF(PF, blk, BLK);                                                     \
+                __m256i g[8], sg[8], sc[8];                                                \
+                for (int s = 0; s < 8; s++) SUB(blk, s, &g[s], &sg[s], &sc[s]);            \
+                const float d = dsib_f16_hw(blk);                                          \
+                for (int t = 0; t < T; t++) {                                              \
+                    const int8_t *xq = x[t].q + 256 * b;                                   \
+                    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};       \
+                    for (int s = 0; s < 8; s++) {                                          \
+                        const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + 32 * s)); \
+                        const __m256i pr = _mm256_maddubs_epi16(g[s], _mm256_sign_epi8(q, sg[s])); \
+                        S[s & 1] = _mm256_add_epi32(S[s & 1], _mm256_madd_epi16(pr, sc[s])); \
+                    }                                                                      \
+                    const __m256 dd = _mm256_set1_ps(d * x[t].d[b]);                       \
+                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][u][0]); \
+                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][u][1]); \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = (FIN) * dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], \
+                                                            acc[r][t][1][0], acc[r][t][1][1]); \
+    }
+
 #endif

@@ -7,6 +7,8 @@
 
 #include <immintrin.h>
 
+#include "backends/cpu/kernels/simd_avx2.h" /* dsib_f16_hw, dsib_q4k_scales_sse */
+
 /* dsib_reduce16 over the 16 lanes of a: same additions, same order. */
 DSIB_AI float dsib_reduce16_avx512(__m512 a) {
     const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
@@ -211,5 +213,154 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
                 PAIR(p_, 1, 0, __VA_ARGS__);                                               \
         }                                                                                  \
     } while (0)
+
+/* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
+ * iq2_xxs.c / iq3_xxs.c) ------------------------------------------------------------------- */
+
+/* Q4_K / Q5_K scales (the twelve packed bytes at sc12, activation order P = 0,2,1,3,4,6,5,7):
+ * the scale pairs of dsib_kq_token_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks
+ * P[0], P[2] / P[1], P[3]; of vectors 2, 3: P[4], P[6] / P[5], P[7] (vpermw over the 16
+ * unpacked words: scales 0-7, mins 8-15) — and the mins doubled up to match the activation
+ * sums per 16. */
+DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i *mn) {
+    const __m256i s16 = _mm256_cvtepu8_epi16(dsib_q4k_scales_sse(sc12));
+    sc[0] = _mm512_permutexvar_epi16(
+        _mm512_inserti64x4(_mm512_set1_epi32(0 | (1 << 16)), _mm256_set1_epi32(2 | (3 << 16)), 1),
+        _mm512_castsi256_si512(s16));
+    sc[1] = _mm512_permutexvar_epi16(
+        _mm512_inserti64x4(_mm512_set1_epi32(4 | (5 << 16)), _mm256_set1_epi32(6 | (7 << 16)), 1),
+        _mm512_castsi256_si512(s16));
+    *mn = _mm256_permutexvar_epi16(
+        _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
+}
+
+/* The whole AVX-512 tile of a 256-element type whose codes sit at an offset sharing the
+ * scale d (Q6_K: q − 32, Q3_K: u − 4): DECODE(blk, wv, sc, &scw) gives the four code vectors
+ * (unsigned), the scale pairs of dsib_kq_token_avx512 and the 16 signed scales as int16; the
+ * offset 2^SH goes through the activation sums per 16, so S − (M << SH) is one exact integer
+ * and each super-block one fmaf per lane with d (f16 at byte DOFF) · dx. */
+#define DSIB_KQO_TILE_AVX512(NAME, BLK, DECODE, DOFF, SH)                                  \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T, const int PF) {                \
+        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        const int64_t nb = n_in / 256;                                                     \
+        const __m512i z = _mm512_setzero_si512();                                          \
+        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
+            const int64_t b = b2 + u;                                                      \
+            if (b >= nb) break;                                                            \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
+                DSIB_PF(PF, blk, BLK);                                                     \
+                __m512i wv[4], sc[2];                                                      \
+                __m256i scw;                                                               \
+                DECODE(blk, wv, sc, &scw);                                                 \
+                const float d = dsib_f16_hw(blk + (DOFF));                                 \
+                for (int t = 0; t < T; t++) {                                              \
+                    const int8_t *xq = x[t].q + 256 * b;                                   \
+                    __m512i I[4];                                                          \
+                    for (int v = 0; v < 4; v++)                                            \
+                        I[v] = _mm512_dpbusd_epi32(z, wv[v], _mm512_loadu_si512(xq + 64 * v)); \
+                    __m512i S = _mm512_dpwssd_epi32(                                       \
+                        z, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[0], _mm512_slli_epi32(I[1], 16)), sc[0]); \
+                    S = _mm512_dpwssd_epi32(                                               \
+                        S, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[2], _mm512_slli_epi32(I[3], 16)), sc[1]); \
+                    const __m256i M =                                                      \
+                        _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b))); \
+                    S = _mm512_sub_epi32(S, _mm512_zextsi256_si512(_mm256_slli_epi32(M, SH))); \
+                    acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]),          \
+                                                   _mm512_cvtepi32_ps(S), acc[r][t][u]);   \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+    }
+
+/* The odd scales 2·(w >> 28) + 1 of dsib_iq_signs_avx512 (sub-block s at dword 2s); the
+ * pairs (s, s + 2) in one dword: s = 0, 1 → sc[0], s = 4, 5 → sc[1]. */
+DSIB_AI void dsib_iq_scales_avx512(__m512i w, __m512i sc[2]) {
+    const __m512i o = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(w, 28), 1), _mm512_set1_epi64(1));
+    const __m512i pr = _mm512_or_si512(o, _mm512_slli_epi64(_mm512_alignr_epi32(o, o, 4), 16));
+    sc[0] = _mm512_permutexvar_epi32(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), pr);
+    sc[1] = _mm512_permutexvar_epi32(_mm512_set_epi32(10, 10, 10, 10, 10, 10, 10, 10, 8, 8, 8, 8, 8, 8, 8, 8), pr);
+}
+
+/* IQ2_XXS / IQ3_XXS signs and scales of a super-block from its eight w (w_s in the low
+ * dword of qword s): the four 7-bit sign fields of each w spread to bytes, each byte's bit 7
+ * its parity (ksigns's rule), the bytes tested against a bit pattern into the vectors'
+ * 64-bit masks (vector v = sub-blocks 2v, 2v+1); the odd scales 2·(w >> 28) + 1 as the
+ * scale pairs of dsib_kq_token_avx512's layout (vectors 0 / 1, 2 / 3; lanes 0-7 even
+ * sub-blocks, 8-15 odd ones). */
+DSIB_AI void dsib_iq_signs_avx512(__m512i w, __mmask64 ng[4], __m512i sc[2]) {
+    const __m512i m7 = _mm512_set1_epi64(0x7F);
+    __m512i sg = _mm512_or_si512(
+        _mm512_or_si512(_mm512_and_si512(w, m7), _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(w, 7), m7), 8)),
+        _mm512_or_si512(_mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(w, 14), m7), 16),
+                        _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(w, 21), m7), 24)));
+    __m512i par = _mm512_xor_si512(sg, _mm512_srli_epi64(sg, 4));
+    par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 2));
+    par = _mm512_xor_si512(par, _mm512_srli_epi64(par, 1));
+    sg = _mm512_or_si512(sg, _mm512_slli_epi64(_mm512_and_si512(par, _mm512_set1_epi64(0x01010101)), 7));
+    /* vector v: sub-block 2v's four sign bytes in 128-bit lanes 0, 1, 2v+1's in lanes 2, 3;
+     * byte e of a lane picks sign byte e / 8 (+ 2 in the lane's second half of 32) */
+    const __m512i pick = _mm512_set_epi64(0x0303030303030303ll, 0x0202020202020202ll, 0x0101010101010101ll, 0,
+                                          0x0303030303030303ll, 0x0202020202020202ll, 0x0101010101010101ll, 0);
+    const __m512i pat = _mm512_set1_epi64((long long)0x8040201008040201ull);
+    for (int v = 0; v < 4; v++) {
+        const __m512i sel = _mm512_set_epi32(4 * v + 2, 4 * v + 2, 4 * v + 2, 4 * v + 2, 4 * v + 2, 4 * v + 2,
+                                             4 * v + 2, 4 * v + 2, 4 * v, 4 * v, 4 * v, 4 * v, 4 * v, 4 * v,
+                                             4 * v, 4 * v);
+        ng[v] = _mm512_test_epi8_mask(_mm512_shuffle_epi8(_mm512_permutexvar_epi32(sel, sg), pick), pat);
+    }
+    dsib_iq_scales_avx512(w, sc);
+}
+
+/* The whole AVX-512 tile of IQ2_XXS / IQ3_XXS (canonical order in iq2_xxs.c): GRID(blk, g)
+ * gives the four vectors of unsigned grid bytes, SIGNS(blk, ng, sc) the sign masks and
+ * scale pairs; the signs go onto the activation bytes; y = FIN · the reduction. */
+#define DSIB_IQ_TILE_AVX512(NAME, BLK, GRID, SIGNS, FIN)                                   \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T, const int PF) {                \
+        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        const int64_t nb = n_in / 256;                                                     \
+        const __m512i z = _mm512_setzero_si512();                                          \
+        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
+            const int64_t b = b2 + u;                                                      \
+            if (b >= nb) break;                                                            \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
+                DSIB_PF(PF, blk, BLK);                                                     \
+                __m512i g[4], sc[2];                                                       \
+                __mmask64 ng[4];                                                           \
+                GRID(blk, g);                                                              \
+                SIGNS(blk, ng, sc);                                                        \
+                const float d = dsib_f16_hw(blk);                                          \
+                for (int t = 0; t < T; t++) {                                              \
+                    const int8_t *xq = x[t].q + 256 * b;                                   \
+                    __m512i I[4];                                                          \
+                    for (int v = 0; v < 4; v++) {                                          \
+                        const __m512i q = _mm512_loadu_si512(xq + 64 * v);                 \
+                        I[v] = _mm512_dpbusd_epi32(z, g[v], _mm512_mask_sub_epi8(q, ng[v], z, q)); \
+                    }                                                                      \
+                    __m512i S = _mm512_dpwssd_epi32(                                       \
+                        z, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[0], _mm512_slli_epi32(I[1], 16)), sc[0]); \
+                    S = _mm512_dpwssd_epi32(                                               \
+                        S, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[2], _mm512_slli_epi32(I[3], 16)), sc[1]); \
+                    acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]),          \
+                                                   _mm512_cvtepi32_ps(S), acc[r][t][u]);   \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = (FIN) * dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]); \
+    }
 
 #endif
