@@ -44,24 +44,23 @@ static inline void nib_block(const int8_t *tab, const uint8_t *qs, int8_t wq[32]
     }
 }
 
-static float q4_0_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
+/* Q4_0 / IQ4_NL: 18-byte blocks (d f16, qs[16]) through the 16-entry table tab. */
+static inline float nib18_dot_scalar(const int8_t *tab, const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
     float acc[2][16] = {{0}};
     for (int64_t b = 0; b < n_in / 32; b++) {
         int8_t wq[32];
-        nib_block(q4_0_tab, row + 18 * b + 2, wq);
+        nib_block(tab, row + 18 * b + 2, wq);
         dsib_q8_32_step_scalar(acc, b, dsib_ld_f16(row + 18 * b) * x->d[b], wq, x->q + 32 * b);
     }
     return dsib_reduce32(acc);
 }
 
+static float q4_0_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
+    return nib18_dot_scalar(q4_0_tab, row, n_in, x);
+}
+
 static float iq4_nl_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
-    float acc[2][16] = {{0}};
-    for (int64_t b = 0; b < n_in / 32; b++) {
-        int8_t wq[32];
-        nib_block(dsii_kvalues_iq4nl, row + 18 * b + 2, wq);
-        dsib_q8_32_step_scalar(acc, b, dsib_ld_f16(row + 18 * b) * x->d[b], wq, x->q + 32 * b);
-    }
-    return dsib_reduce32(acc);
+    return nib18_dot_scalar(dsii_kvalues_iq4nl, row, n_in, x);
 }
 
 static float iq4_xs_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
