@@ -168,6 +168,20 @@ DSIB_Q8_32_TILE_AVX512(iq4_nl_tile_avx512, 18, IQ4_NL_WPAIR, F16_SPAIR)
 DSIB_QROWS_DEFINE_R(q4_0_rows_avx512, q4_0_tile_avx512, 2)
 DSIB_QROWS_DEFINE_R(iq4_nl_rows_avx512, iq4_nl_tile_avx512, 2)
 
+/* IQ4_XS: the eight block scales of the super-block at sb, d · (ls − 32) in lanes 0-7
+ * (exact, as iq4_xs_scales then the product): scales_l's nibble b is bits 4b.. of its u32,
+ * scales_h's pair b bits 2b.. of its u16. */
+DSIB_AI __m512 iq4_xs_scales_avx512(const uint8_t *sb) {
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)dsib_ld32(sb + 4)),
+                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(sb[2] | sb[3] << 8)),
+                                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    return _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(dsib_f16_hw(sb)), _mm256_cvtepi32_ps(ls)));
+}
+
 /* IQ4_XS: DSIB_Q8_32_TILE_AVX512's pair step over the four block pairs of each super-block
  * (pair p = 4B + i, set i mod 2; 256-element super-blocks have no lone last block). */
 DSIB_AI void iq4_xs_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
@@ -176,9 +190,13 @@ DSIB_AI void iq4_xs_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    for (int64_t B = 0; B < n_in / 256; B++)
+    for (int64_t B = 0; B < n_in / 256; B++) {
+        __m512 dw[4]; /* per row: the eight block scales d·(ls − 32) in lanes 0-7 */
+        for (int r = 0; r < R; r++) dw[r] = iq4_xs_scales_avx512(w + (size_t)r * rb + 136 * B);
         for (int i = 0; i < 4; i++) {
             const int64_t p = 4 * B + i;
+            /* the pair's two scales: lanes 0-7 block 2i, 8-15 block 2i + 1 */
+            const __m512i pick = _mm512_inserti64x4(_mm512_set1_epi32(2 * i), _mm256_set1_epi32(2 * i + 1), 1);
             __m512 dx[4];
             __m512i xq[4];
             for (int t = 0; t < T; t++) {
@@ -189,11 +207,7 @@ DSIB_AI void iq4_xs_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const
             for (int r = 0; r < R; r++) {
                 const uint8_t *sb = w + (size_t)r * rb + 136 * B;
                 if (i == 0) DSIB_PF(PF, sb, 136);
-                const float d = dsib_f16_hw(sb);
-                const uint32_t h = (uint32_t)sb[2] | (uint32_t)sb[3] << 8;
-                const int la = (int)(((sb[4 + i] & 15) | (((h >> (4 * i)) & 3) << 4))) - 32;
-                const int lb = (int)(((sb[4 + i] >> 4) | (((h >> (4 * i + 2)) & 3) << 4))) - 32;
-                const __m512 sw = _mm512_insertf32x8(_mm512_set1_ps(d * (float)la), _mm256_set1_ps(d * (float)lb), 1);
+                const __m512 sw = _mm512_permutexvar_ps(pick, dw[r]);
                 const uint8_t *qs = sb + 8 + 32 * i;
                 if (T == 1) {
                     const __m512i I = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[0].c + 16 * p),
@@ -211,6 +225,7 @@ DSIB_AI void iq4_xs_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const
                 }
             }
         }
+    }
     for (int r = 0; r < R; r++) {
         if (T == 4) {
             dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);
