@@ -28,11 +28,6 @@
 #define KG_TOK 16
 
 static inline uint16_t kg_ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t kg_ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v; /* x86: little-endian */
-}
 AI float kg_h2f(const uint8_t *p) { return _cvtsh_ss(kg_ld16(p)); }
 
 /* 8 unsigned / signed bytes → 8 floats (exact) */
@@ -78,7 +73,7 @@ AI void kg_dec_q4_1(const uint8_t *b, float *y) {
 }
 AI void kg_dec_q5_0(const uint8_t *b, float *y) {
     const __m256 d = _mm256_set1_ps(kg_h2f(b));
-    const uint32_t qh = kg_ld32(b + 2);
+    const uint32_t qh = dsib_ld32(b + 2);
     for (int j0 = 0; j0 < 32; j0 += 8) {
         __m256i q = _mm256_or_si256(kg_nib8(b + 6, j0), kg_bits8(qh, j0, 16));
         q = _mm256_sub_epi32(q, _mm256_set1_epi32(16));
@@ -87,7 +82,7 @@ AI void kg_dec_q5_0(const uint8_t *b, float *y) {
 }
 AI void kg_dec_q5_1(const uint8_t *b, float *y) {
     const __m256 d = _mm256_set1_ps(kg_h2f(b)), m = _mm256_set1_ps(kg_h2f(b + 2));
-    const uint32_t qh = kg_ld32(b + 4);
+    const uint32_t qh = dsib_ld32(b + 4);
     for (int j0 = 0; j0 < 32; j0 += 8) {
         const __m256i q = _mm256_or_si256(kg_nib8(b + 8, j0), kg_bits8(qh, j0, 16));
         _mm256_storeu_ps(y + j0, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m));
@@ -187,7 +182,7 @@ AI void kg_dec_iq2_xxs(const uint8_t *b, float *y) {
     const float d = kg_h2f(b);
     for (int s = 0; s < 8; s++) {
         const uint8_t *q = b + 2 + 8 * s;
-        const uint32_t w = kg_ld32(q + 4);
+        const uint32_t w = dsib_ld32(q + 4);
         const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.25f);
         for (int l = 0; l < 4; l++)
             _mm256_storeu_ps(y + 32 * s + 8 * l, kg_sign8(_mm256_mul_ps(db, kg_u8x8(dsii_iq2xxs_grid[q[l]])),
@@ -223,7 +218,7 @@ AI void kg_dec_iq2_s(const uint8_t *b, float *y) {
 AI void kg_dec_iq3_xxs(const uint8_t *b, float *y) {
     const float d = kg_h2f(b);
     for (int s = 0; s < 8; s++) {
-        const uint32_t w = kg_ld32(b + 66 + 4 * s);
+        const uint32_t w = dsib_ld32(b + 66 + 4 * s);
         const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(w >> 28)) * 0.5f);
         for (int l = 0; l < 4; l++) {
             const uint64_t g = dsii_iq3xxs_grid[b[2 + 8 * s + 2 * l]] |

@@ -163,15 +163,17 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
         }
         break;
     }
-    case DSI_TYPE_IQ2_XXS: /* tests/unit/quant/ggml_ref.c: element by element from the block
-                            * definition (docs/tensor-types.md), its own sign parity rule */
+    /* the further ggml types: tests/unit/quant/ggml_ref.c, element by element from the block
+     * definitions (docs/tensor-types.md; its own sign parity rule for the IQ grids); its mag is
+     * |w| for the symmetric types, |d·sc·q| + |dmin·m| for Q5_K as for the K-quants above */
+    case DSI_TYPE_IQ2_XXS:
     case DSI_TYPE_Q6_K:
     case DSI_TYPE_Q3_K:
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
     case DSI_TYPE_IQ3_XXS:
-    case DSI_TYPE_Q5_K: /* mag: |d·sc·q| + |dmin·m| as for the K-quants above */
+    case DSI_TYPE_Q5_K:
         gref_decode(type, row, n, dst, mag);
         break;
     default:
