@@ -4,7 +4,7 @@
 1. Types per class: --type q4_k sets the matrices; --type-experts q2_k overrides one class;
    norms stay f32, small matrices keep their type; the llama.cpp layout puts the V4 MTP in
    its own file; the result loads in libdsinfer.
-2. Deterministic: the same command twice gives the same bytes.
+2. Deterministic: the same command twice gives the same bytes, and -t 1 the same as -t 3.
 3. Lossless re-layout: --type keep into the ds4 layout (V4.1: the Engram tables become row264,
    no DSpark; V4: MTP in a second file) and back to native binds exactly the same tensors.
 4. An importance matrix (llama.cpp's imatrix .dat) lowers the importance-weighted error of a
@@ -13,7 +13,7 @@
    forward pass over a text: every matrix product is observed, row counts add up (tokens for
    attention, tokens x k for the routed experts, one row per chunk for the head — a prefill
    computes the last position's logits only), and it is saved as a .dat.
-5. Refusals: an fp8 type outside the native layout; a truncated imatrix.
+5. Refusals: an fp8 type outside the native layout; a truncated imatrix; a bad -t.
 """
 import os
 import struct
@@ -58,6 +58,14 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
     out2 = P("q2.gguf")
     run(QZ, src4, "-o", out2, "--mtp-out", P("q2-mtp.gguf"), "--type", "q4_k", "--type-experts", "q2_k", "--quiet")
     check(open(out, "rb").read() == open(out2, "rb").read(), "the same command twice gives the same bytes")
+    # ... and whatever the thread count (-t splits each tensor's rows over threads): the
+    # importance-weighted K-quant and grid searches, plain encoders and copies of kept tensors
+    mix = ["--type", "q4_k", "--type-experts", "iq2_xxs", "--type-head", "q6_k", "--imatrix-energy", "--quiet"]
+    run(QZ, src41, "-o", P("t1.gguf"), "-t", "1", *mix)
+    run(QZ, src41, "-o", P("t3.gguf"), "-t", "3", *mix)
+    check(open(P("t1.gguf"), "rb").read() == open(P("t3.gguf"), "rb").read(), "-t 1 and -t 3 give the same bytes")
+    for f in ("t1.gguf", "t3.gguf"):
+        os.remove(P(f))
 
     # 3. lossless re-layout and back
     for src, extra in ((src4, []), (src41, ["--no-draft"])):
@@ -139,5 +147,9 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
         f.write(struct.pack("<i", 2) + struct.pack("<i", 4) + b"blk.")
     r = run(QZ, src4, "-o", P("g.gguf"), "--imatrix", P("bad.dat"), ok=False)
     check(r.returncode == 1 and "bad.dat" in r.stderr, "a truncated imatrix is refused: " + r.stderr.strip().splitlines()[-1])
+    for bad in ("0", "257", "2x", ""):
+        r = run(QZ, src4, "-o", P("h.gguf"), "-t", bad, ok=False)
+        check(r.returncode == 1 and "thread count" in r.stderr and not os.path.exists(P("h.gguf")),
+              "-t '%s' is refused: %s" % (bad, r.stderr.strip().splitlines()[-1]))
 
 finish("quantizer")

@@ -5,7 +5,7 @@
  *   dsinfer-quantize IN.gguf -o OUT.gguf [--draft IN-mtp.gguf] [--layout L] [--type T]
  *                    [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-text FILE.txt
  *                    [--imatrix-ctx N] [--imatrix-chunks N] [--imatrix-out F.dat] |
- *                    --imatrix-energy] [--no-mtp] [--mtp-out FILE] [--quiet]
+ *                    --imatrix-energy] [--no-mtp] [--mtp-out FILE] [-t N] [--quiet]
  *
  * The input is loaded with the library (so every layout, draft file and type it reads is
  * accepted) and written through the layout writer (lib/model/emit.h) row run by row run.
@@ -27,6 +27,7 @@
 #include "quant/quant.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,7 @@ typedef struct qctx {
     size_t n_imp, cap_imp;
     int energy;
     uint64_t weighted_rows, plain_rows;
+    int threads; /* -t: threads that encode a tensor's rows */
 } qctx;
 
 static int add(qctx *q, const char *name, const dsii_tensor *t, int cls) {
@@ -276,21 +278,45 @@ static int row_f32(const dsii_tensor *t, const uint8_t *p, float *dst) {
     return dsii_dequantize_row(t->type, p, dst, t->ne[0], NULL) != DSI_OK;
 }
 
-static int fill(void *user, uint64_t r0, uint64_t n, void *dst) {
-    fill_ctx *fc = user;
-    const item *it = fc->it;
+/* One worker's share of a fill call: rows [r0 + a, r0 + b) into dst (whose row 0 is r0).
+ * Rows are independent (each is decoded and encoded alone, with deterministic encoders), so
+ * the output does not depend on how the rows are split over threads. */
+typedef struct fill_work {
+    const fill_ctx *fc;
+    uint64_t r0, a, b;
+    uint8_t *dst;
+    uint64_t weighted, plain;
+    int rc;
+    char err[512];
+} fill_work;
+
+static int work_fail(fill_work *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int work_fail(fill_work *w, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->err, sizeof w->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static void *fill_range(void *arg) {
+    fill_work *w = arg;
+    const item *it = w->fc->it;
     const dsii_tensor *t = it->t;
     const int64_t n0 = t->ne[0];
     uint64_t orb = 0;
     dsii_type_row_size(it->type, n0, &orb);
     float *f = malloc(sizeof(float) * (size_t)n0);
-    if (!f) return 1;
+    if (!f) {
+        w->rc = work_fail(w, "tensor '%s': out of memory", t->name);
+        return NULL;
+    }
     int rc = 0;
     const uint64_t rows_per_exp = (uint64_t)t->ne[1];
-    for (uint64_t r = 0; r < n && !rc; r++) {
-        const uint64_t R = r0 + r;
+    for (uint64_t r = w->a; r < w->b && !rc; r++) {
+        const uint64_t R = w->r0 + r;
         const uint8_t *src = (const uint8_t *)t->data + R * t->row_stride;
-        uint8_t *o = (uint8_t *)dst + r * orb;
+        uint8_t *o = w->dst + r * orb;
         if (it->type == t->type) {
             memcpy(o, src, (size_t)orb);
             continue;
@@ -303,7 +329,7 @@ static int fill(void *user, uint64_t r0, uint64_t n, void *dst) {
             continue;
         }
         if (row_f32(t, src, f)) {
-            rc = fail("tensor '%s': cannot decode type %d", t->name, t->type);
+            rc = work_fail(w, "tensor '%s': cannot decode type %d", t->name, t->type);
             break;
         }
         if (it->type == DSI_TYPE_I32) {
@@ -320,20 +346,60 @@ static int fill(void *user, uint64_t r0, uint64_t n, void *dst) {
             else if (it->n_imp == (uint64_t)n0 * (uint64_t)t->ne[2] && e < (uint64_t)t->ne[2]) imp = it->imp + e * (uint64_t)n0;
         }
         if (imp && dsii_weighted_supported(it->type)) {
-            rc = dsii_quantize_row_weighted(it->type, f, imp, o, n0) ? fail("tensor '%s': weighted quantization", t->name) : 0;
-            fc->q->weighted_rows++;
+            rc = dsii_quantize_row_weighted(it->type, f, imp, o, n0) ? work_fail(w, "tensor '%s': weighted quantization", t->name) : 0;
+            w->weighted++;
         } else if (imp && dsii_type_get(it->type)->quantize_row_w) {
             /* the ggml types whose quantizer searches with importance weights (lib/quant) */
             dsii_error e;
-            rc = dsii_quantize_row_imat(it->type, f, o, n0, imp, &e) != DSI_OK ? fail("tensor '%s': %s", t->name, e.msg) : 0;
-            fc->q->weighted_rows++;
+            rc = dsii_quantize_row_imat(it->type, f, o, n0, imp, &e) != DSI_OK ? work_fail(w, "tensor '%s': %s", t->name, e.msg) : 0;
+            w->weighted++;
         } else {
             dsii_error e;
-            rc = dsii_quantize_row(it->type, f, o, n0, &e) != DSI_OK ? fail("tensor '%s': %s", t->name, e.msg) : 0;
-            fc->q->plain_rows++;
+            rc = dsii_quantize_row(it->type, f, o, n0, &e) != DSI_OK ? work_fail(w, "tensor '%s': %s", t->name, e.msg) : 0;
+            w->plain++;
         }
     }
     free(f);
+    w->rc = rc;
+    return NULL;
+}
+
+/* Threads of one fill call (-t): at most this many, and at least this much work per thread
+ * (rows x columns) before a call is split at all, so small tensors do not pay thread starts. */
+#define FILL_MAX_THREADS 256
+#define FILL_MIN_VALUES (1u << 16)
+
+static int fill(void *user, uint64_t r0, uint64_t n, void *dst) {
+    fill_ctx *fc = user;
+    const item *it = fc->it;
+    const uint64_t n0 = (uint64_t)it->t->ne[0];
+    uint64_t nt = (uint64_t)fc->q->threads;
+    const int converts = it->type != it->t->type; /* copies are memory-bound: one thread */
+    if (!converts || nt < 1) nt = 1;
+    if (nt > n) nt = n;
+    while (nt > 1 && n * n0 / nt < FILL_MIN_VALUES) nt--;
+    fill_work w[FILL_MAX_THREADS];
+    pthread_t th[FILL_MAX_THREADS];
+    int started[FILL_MAX_THREADS] = {0};
+    for (uint64_t k = 0; k < nt; k++) {
+        w[k] = (fill_work){.fc = fc, .r0 = r0, .a = n * k / nt, .b = n * (k + 1) / nt, .dst = dst};
+        w[k].err[0] = 0;
+    }
+    /* the first share runs on this thread; a thread that cannot start leaves its share to it */
+    for (uint64_t k = 1; k < nt; k++) started[k] = pthread_create(&th[k], NULL, fill_range, &w[k]) == 0;
+    fill_range(&w[0]);
+    for (uint64_t k = 1; k < nt; k++) {
+        if (started[k]) pthread_join(th[k], NULL);
+        else fill_range(&w[k]);
+    }
+    int rc = 0;
+    for (uint64_t k = 0; k < nt; k++) { /* counters, and the error of the first failing row */
+        fc->q->weighted_rows += w[k].weighted;
+        fc->q->plain_rows += w[k].plain;
+        if (w[k].rc && !rc) {
+            rc = fail("%s", w[k].err);
+        }
+    }
     return rc != 0;
 }
 
@@ -408,11 +474,12 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dsinfer-quantize IN.gguf -o OUT.gguf [--draft IN-mtp.gguf] [--layout llama.cpp|ds4|native]\n"
                "                        [--type T] [--type-CLASS T ...] [--imatrix FILE.dat | --imatrix-energy |\n"
                "                         --imatrix-text FILE.txt [--imatrix-ctx 512] [--imatrix-chunks N] [--imatrix-out F]]\n"
-               "                        [--no-mtp] [--mtp-out FILE] [--quiet]\n"
+               "                        [--no-mtp] [--mtp-out FILE] [-t N] [--quiet]\n"
                "T: keep (default) f32 f16 bf16 q8_0 q4_k q2_k iq2_xxs mxfp4 fp8 (native layout only), or\n"
                "   q4_0 q4_1 q5_0 q5_1 q3_k q5_k q6_k iq4_nl iq4_xs iq3_xxs iq3_s iq2_xs iq2_s iq1_s iq1_m\n"
                "--type sets the matrices (attn shexp experts head engram draft); CLASS: attn shexp experts head\n"
-               "engram draft embd small ape, or all. docs/converting.md \"Requantizing\".\n");
+               "engram draft embd small ape, or all. -t N: threads that encode rows (default: every online CPU;\n"
+               "the output does not depend on it). docs/converting.md \"Requantizing\".\n");
 }
 
 static int run(int argc, char **argv) {
@@ -422,6 +489,8 @@ static int run(int argc, char **argv) {
     memset(&q, 0, sizeof q);
     q.layout = DSII_LAYOUT_LLAMACPP;
     for (int i = 0; i < CL_COUNT; i++) q.cls_type[i] = -1;
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN); /* default -t: every online CPU */
+    q.threads = ncpu < 1 ? 1 : ncpu > FILL_MAX_THREADS ? FILL_MAX_THREADS : (int)ncpu;
     int no_mtp = 0, quiet = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -435,6 +504,13 @@ static int run(int argc, char **argv) {
         else if (!strcmp(a, "--imatrix-chunks") && i + 1 < argc) ichunks = (uint32_t)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(a, "--mtp-out") && i + 1 < argc) mtp_out = argv[++i];
         else if (!strcmp(a, "--no-mtp")) no_mtp = 1;
+        else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && i + 1 < argc) {
+            char *end = NULL;
+            const long v = strtol(argv[++i], &end, 10);
+            if (!*argv[i] || *end || v < 1 || v > FILL_MAX_THREADS)
+                return fail("%s wants a thread count from 1 to %d, not '%s'", a, FILL_MAX_THREADS, argv[i]);
+            q.threads = (int)v;
+        }
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--layout") && i + 1 < argc) {
             q.layout = dsii_layout_parse(argv[++i]);
