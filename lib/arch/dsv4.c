@@ -395,23 +395,22 @@ static dsib_state ST(const v4_step *P, uint32_t comp) {
     return s;
 }
 
-/* Compressor (§3.4) for every row of the step: token rows → (rows completing a group) the
+/* Compressor (§3.4) for every row of the step: token rows (its kv and gate projections of
+ * xn, already in kv_off / sc_off) → (rows completing a group) the
  * pooled group → RMSNorm → RoPE at the group's first position → simulation → stored as the
  * group's compressed row; then the step's token rows go into the compressor rings.
  * `index_keys` selects the indexer-key post-processing (Hadamard + FP4) instead of the main
  * KV one (FP8 of the nope dims). */
 static dsi_status v4_compress(const v4_step *P, uint32_t il, const v4_layer *L,
-                              const dsii_kv_compressor *c, const dsib_weight *kvw,
-                              const dsib_weight *gw, const dsib_weight *ape,
+                              const dsii_kv_compressor *c, const dsib_weight *ape,
                               const dsib_weight *norm, uint64_t kv_off, uint64_t sc_off,
                               int index_keys, dsii_error *e) {
     const dsib_ops *o = P->o;
     dsib_stream *S = P->S;
     uint32_t n = P->n, cw = (1 + c->overlap) * c->hd, r = c->ratio;
-    dsib_view xn = SV(P, P->sc->xn), tk = SV(P, kv_off), ts = SV(P, sc_off), pl = SV(P, P->sc->pool);
+    dsib_view tk = SV(P, kv_off), ts = SV(P, sc_off), pl = SV(P, P->sc->pool);
     dsib_state rk = ST(P, c->kv), rs = ST(P, c->sc), out = ST(P, c->out);
-    CK(o->matmul(S, kvw, 0, xn, P->hp->n_embd, tk, cw, n), "compressor kv");
-    CK(o->matmul(S, gw, 0, xn, P->hp->n_embd, ts, cw, n), "compressor gate");
+    /* tk / ts (the kv and gate projections of xn) come from v4_layer_step's one job */
     CK(o->add_rows_periodic(S, ts, cw, n, cw, ape, P->rows, r), "compressor ape");
     CK(o->compress_pool(S, &rk, &rs, tk, ts, cw, P->rows, n, r, (int32_t)c->overlap, c->hd, pl,
                         c->hd),
@@ -455,15 +454,39 @@ static dsi_status v4_layer_step(const v4_step *P, uint32_t il, dsii_error *e) {
     CK(o->hc_collapse(S, X, coef, nc, xin, D, n, hc, D), "hc_collapse attn");
     CK(o->rms_norm(S, xin, D, xn, D, n, D, &L->attn_norm, eps), "attn_norm");
 
-    /* Q path: low rank, q_norm (qr is reused by the indexer), per-head RMSNorm, RoPE */
-    CK(o->matmul(S, &L->q_a, 0, xn, D, qa, Q, n), "q_a");
+    /* Every projection of xn at once (one parallel job on the CPU, the same results as one
+     * matmul each; other backends run them one by one): wq_a, wkv, the compressor's kv and
+     * gate, the indexer compressor's kv and gate, and the indexer's head weights. */
+    dsib_mm mx[7];
+    uint32_t nmx = 0;
+    mx[nmx++] = (dsib_mm){&L->q_a, 0, xn, D, qa, Q, n};
+    mx[nmx++] = (dsib_mm){&L->kv, 0, xn, D, kv, hd, n};
+    if (L->ratio > 0) {
+        const uint32_t cw = (1 + L->comp.overlap) * L->comp.hd;
+        mx[nmx++] = (dsib_mm){&L->comp_kv, 0, xn, D, SV(P, s->ckv), cw, n};
+        mx[nmx++] = (dsib_mm){&L->comp_gate, 0, xn, D, SV(P, s->csc), cw, n};
+    }
+    if (L->has_idx) {
+        const uint32_t cw = (1 + L->icomp.overlap) * L->icomp.hd;
+        mx[nmx++] = (dsib_mm){&L->idx_kv, 0, xn, D, SV(P, s->ikv), cw, n};
+        mx[nmx++] = (dsib_mm){&L->idx_gate, 0, xn, D, SV(P, s->isc), cw, n};
+        mx[nmx++] = (dsib_mm){&L->idx_proj, 0, xn, D, SV(P, s->iw), hp->idx_n_head, n};
+    }
+    CK(dsii_op_matmul_multi(P->dev, S, mx, nmx), "matmuls of xn (q_a, kv, compressors, idx_proj)");
+
+    /* Q path: low rank, q_norm (qr is reused by the indexer), then wq_b and the indexer's
+     * wq_b in one job; per-head RMSNorm, RoPE */
     CK(o->rms_norm(S, qa, Q, qa, Q, n, Q, &L->q_a_norm, eps), "q_norm");
-    CK(o->matmul(S, &L->q_b, 0, qa, Q, q, H * hd, n), "q_b");
+    dsib_mm mq[2];
+    uint32_t nmq = 0;
+    mq[nmq++] = (dsib_mm){&L->q_b, 0, qa, Q, q, H * hd, n};
+    if (L->has_idx)
+        mq[nmq++] = (dsib_mm){&L->idx_q_b, 0, qa, Q, SV(P, s->iq), hp->idx_n_head * hp->idx_head_dim, n};
+    CK(dsii_op_matmul_multi(P->dev, S, mq, nmq), "matmuls of qa (q_b, idx_q_b)");
     CK(o->rms_norm(S, q, hd, q, hd, n * H, hd, NULL, eps), "q head norm");
     CK(o->rope_tail(S, q, H * hd, n, H, hd, P->rows, 0, &L->rope, 0), "q rope");
 
     /* window KV: kv_norm, RoPE, FP8 simulation of the nope dims (§3.4, §10.1) */
-    CK(o->matmul(S, &L->kv, 0, xn, D, kv, hd, n), "kv");
     CK(o->rms_norm(S, kv, hd, kv, hd, n, hd, &L->kv_norm, eps), "kv_norm");
     CK(o->rope_tail(S, kv, hd, n, 1, hd, P->rows, 0, &L->rope, 0), "kv rope");
     CK(o->fake_quant(S, kv, hd, n, 0, hp->nope_dim, V4_KV_FQ_BLOCK, DSIB_FQ_E4M3_UE8M0, P->fq),
@@ -474,24 +497,22 @@ static dsi_status v4_layer_step(const v4_step *P, uint32_t il, dsii_error *e) {
     dsib_view idx = {NULL, 0};
     uint32_t topk = 0;
     if (L->ratio > 0) {
-        dsi_status rc = v4_compress(P, il, L, &L->comp, &L->comp_kv, &L->comp_gate, &L->comp_ape,
+        dsi_status rc = v4_compress(P, il, L, &L->comp, &L->comp_ape,
                                     &L->comp_norm, s->ckv, s->csc, 0, e);
         if (rc != DSI_OK) return rc;
         comp = ST(P, L->comp.out);
     }
     if (L->has_idx) {
         uint32_t IH = hp->idx_n_head, ID = hp->idx_head_dim;
-        dsi_status rc = v4_compress(P, il, L, &L->icomp, &L->idx_kv, &L->idx_gate, &L->idx_ape,
+        dsi_status rc = v4_compress(P, il, L, &L->icomp, &L->idx_ape,
                                     &L->idx_norm, s->ikv, s->isc, 1, e);
         if (rc != DSI_OK) return rc;
         dsib_view iq = SV(P, s->iq), iw = SV(P, s->iw);
         dsib_state keys = ST(P, L->icomp.out);
-        CK(o->matmul(S, &L->idx_q_b, 0, qa, Q, iq, IH * ID, n), "indexer q");
         CK(o->rope_tail(S, iq, IH * ID, n, IH, ID, P->rows, 0, &L->rope, 0), "indexer q rope");
         CK(o->hadamard(S, iq, IH * ID, n, IH, ID), "indexer q hadamard");
         CK(o->fake_quant(S, iq, IH * ID, n, 0, IH * ID, V4_IDX_FQ_BLOCK, DSIB_FQ_E2M1_UE8M0, P->fq),
            "indexer q fp4");
-        CK(o->matmul(S, &L->idx_proj, 0, xn, D, iw, IH, n), "indexer weights");
         CK(o->scale(S, iw, IH, n, IH, (1.0f / sqrtf((float)ID)) * (1.0f / sqrtf((float)IH))),
            "indexer weight scale");
         topk = hp->idx_topk;
