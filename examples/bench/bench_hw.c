@@ -334,6 +334,16 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
     case 20: /* iq4_nl: d per 18-byte block */
         for (int64_t b = 0; b < n_in / 32; b++) put16(row + 18 * b, 0x2000);
         break;
+    case 3: /* q4_1: d, m per 20-byte block */
+    case 7: /* q5_1: d, m per 24-byte block (the fifth bits are valid as random) */
+        for (int64_t b = 0; b < n_in / 32; b++) {
+            put16(row + (type == 3 ? 20 : 24) * b, 0x2000);
+            put16(row + (type == 3 ? 20 : 24) * b + 2, 0x1c00);
+        }
+        break;
+    case 6: /* q5_0: d per 22-byte block */
+        for (int64_t b = 0; b < n_in / 32; b++) put16(row + 22 * b, 0x2000);
+        break;
     case 23: /* iq4_xs: d per 136-byte super-block (the scale bits are valid as random) */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 136 * b, 0x2000);
         break;

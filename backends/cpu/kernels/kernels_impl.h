@@ -81,6 +81,9 @@ typedef struct dsib_kern_qtype {
 
 /* ggml type ids of the types with default-path kernels that dsinfer.h does not name */
 #define DSIB_TYPE_Q4_0 2
+#define DSIB_TYPE_Q4_1 3
+#define DSIB_TYPE_Q5_0 6
+#define DSIB_TYPE_Q5_1 7
 #define DSIB_TYPE_Q3_K 11
 #define DSIB_TYPE_IQ3_XXS 18
 #define DSIB_TYPE_IQ4_NL 20
@@ -100,6 +103,9 @@ extern const dsib_kern_qtype dsib_kq_q4_0;
 extern const dsib_kern_qtype dsib_kq_iq4_nl;
 extern const dsib_kern_qtype dsib_kq_iq4_xs;
 extern const dsib_kern_qtype dsib_kq_iq3_xxs;
+extern const dsib_kern_qtype dsib_kq_q4_1;
+extern const dsib_kern_qtype dsib_kq_q5_0;
+extern const dsib_kern_qtype dsib_kq_q5_1;
 
 /* Activation quantisers (act.c), one per ISA; identical output bytes. */
 void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,

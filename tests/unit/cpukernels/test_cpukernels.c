@@ -35,6 +35,9 @@
 #include "../quant/ggml_ref.h"
 
 #define DSI_TYPE_Q4_0 2 /* ggml's ids (not named in dsinfer.h) */
+#define DSI_TYPE_Q4_1 3
+#define DSI_TYPE_Q5_0 6
+#define DSI_TYPE_Q5_1 7
 #define DSI_TYPE_Q3_K 11
 #define DSI_TYPE_IQ3_XXS 18
 #define DSI_TYPE_IQ4_NL 20
@@ -165,7 +168,8 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
     }
     /* the further ggml types: tests/unit/quant/ggml_ref.c, element by element from the block
      * definitions (docs/tensor-types.md; its own sign parity rule for the IQ grids); its mag is
-     * |w| for the symmetric types, |d·sc·q| + |dmin·m| for Q5_K as for the K-quants above */
+     * |w| for the symmetric types, |d·sc·q| + |dmin·m| for Q5_K as for the K-quants above,
+     * |d·q| + |m| for Q4_1 / Q5_1 (whose kernels sum the min term separately too) */
     case DSI_TYPE_IQ2_XXS:
     case DSI_TYPE_Q6_K:
     case DSI_TYPE_Q3_K:
@@ -173,13 +177,17 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
     case DSI_TYPE_IQ3_XXS:
+    case DSI_TYPE_Q4_1:
+    case DSI_TYPE_Q5_0:
+    case DSI_TYPE_Q5_1:
     case DSI_TYPE_Q5_K:
         gref_decode(type, row, n, dst, mag);
         break;
     default:
         fail_msg("decode_row: type %d", (int)type);
     }
-    if (mag && type != DSI_TYPE_Q4_K && type != DSI_TYPE_Q2_K && type != DSI_TYPE_Q5_K)
+    if (mag && type != DSI_TYPE_Q4_K && type != DSI_TYPE_Q2_K && type != DSI_TYPE_Q5_K &&
+        type != DSI_TYPE_Q4_1 && type != DSI_TYPE_Q5_1)
         for (int64_t i = 0; i < n; i++) mag[i] = fabs(dst[i]);
 }
 
@@ -196,7 +204,10 @@ static int act_block_of(int32_t type) {
     case DSI_TYPE_MXFP4:
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
-    case DSI_TYPE_IQ4_XS: return 32;
+    case DSI_TYPE_IQ4_XS:
+    case DSI_TYPE_Q4_1:
+    case DSI_TYPE_Q5_0:
+    case DSI_TYPE_Q5_1: return 32;
     case DSI_TYPE_Q4_K:
     case DSI_TYPE_Q2_K:
     case DSI_TYPE_IQ2_XXS:
@@ -213,7 +224,10 @@ static int32_t act_fmt_of(int32_t type) {
     case DSI_TYPE_MXFP4:
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
-    case DSI_TYPE_IQ4_XS: return DSIB_ACT_Q8_32;
+    case DSI_TYPE_IQ4_XS:
+    case DSI_TYPE_Q4_1:
+    case DSI_TYPE_Q5_0:
+    case DSI_TYPE_Q5_1: return DSIB_ACT_Q8_32;
     case DSI_TYPE_Q4_K:
     case DSI_TYPE_Q5_K: return DSIB_ACT_Q8_K_P4;
     case DSI_TYPE_Q2_K:
@@ -359,6 +373,36 @@ static void test_hand_blocks(void **state) {
         check_kernel_element(DSI_TYPE_MXFP4, blk, 32, 0, 3.0);
         check_kernel_element(DSI_TYPE_MXFP4, blk, 32, 16, -12.0);
     }
+    {   /* Q4_1: d = 0.5, m = -2 */
+        uint8_t blk[20] = {0x00, 0x38, 0x00, 0xC0};
+        blk[4] = 0xA3; /* element 0: 3, element 16: 10 */
+        decode_row(DSI_TYPE_Q4_1, blk, 32, d);
+        assert_true(d[0] == -0.5 && d[16] == 3.0 && d[5] == -2.0);
+        check_kernel_element(DSI_TYPE_Q4_1, blk, 32, 0, -0.5);
+        check_kernel_element(DSI_TYPE_Q4_1, blk, 32, 16, 3.0);
+        check_kernel_element(DSI_TYPE_Q4_1, blk, 32, 5, -2.0);
+    }
+    {   /* Q5_0: d = 0.25; fifth bits 1 and 17 set (qh = 0x00020002) */
+        uint8_t blk[22] = {0x00, 0x34, 0x02, 0x00, 0x02, 0x00};
+        blk[6 + 1] = 0x5C; /* element 1: 12 | 16, element 17: 5 | 16 */
+        blk[6 + 2] = 0x0F; /* element 2: 15 */
+        decode_row(DSI_TYPE_Q5_0, blk, 32, d);
+        assert_true(d[1] == 3.0 && d[17] == 1.25 && d[2] == -0.25 && d[0] == -4.0);
+        check_kernel_element(DSI_TYPE_Q5_0, blk, 32, 1, 3.0);
+        check_kernel_element(DSI_TYPE_Q5_0, blk, 32, 17, 1.25);
+        check_kernel_element(DSI_TYPE_Q5_0, blk, 32, 2, -0.25);
+        check_kernel_element(DSI_TYPE_Q5_0, blk, 32, 18, -4.0);
+    }
+    {   /* Q5_1: d = 1, m = 0.5; fifth bits 0 and 31 set (qh = 0x80000001) */
+        uint8_t blk[24] = {0x00, 0x3C, 0x00, 0x38, 0x01, 0x00, 0x00, 0x80};
+        blk[8 + 0] = 0x09;  /* element 0: 9 | 16 */
+        blk[8 + 15] = 0x70; /* element 31: 7 | 16, element 15: 0 */
+        decode_row(DSI_TYPE_Q5_1, blk, 32, d);
+        assert_true(d[0] == 25.5 && d[31] == 23.5 && d[15] == 0.5 && d[16] == 0.5);
+        check_kernel_element(DSI_TYPE_Q5_1, blk, 32, 0, 25.5);
+        check_kernel_element(DSI_TYPE_Q5_1, blk, 32, 31, 23.5);
+        check_kernel_element(DSI_TYPE_Q5_1, blk, 32, 15, 0.5);
+    }
     {   /* FP8 B128, partial row of 3 values: scale 0.5 */
         uint8_t blk[129] = {126, 0x38, 0x01, 0xFE};
         decode_row(DSI_TYPE_FP8_E4M3_B128, blk, 3, d);
@@ -432,6 +476,9 @@ static void fill_row(int32_t type, uint8_t *row, int64_t n) {
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
+    case DSI_TYPE_Q4_1: /* random codes (and fifth bits); d (and m) finite */
+    case DSI_TYPE_Q5_0:
+    case DSI_TYPE_Q5_1:
         gref_random_row(type, row, n, rnd);
         break;
     case DSI_TYPE_FP8_E4M3_B128:
@@ -471,6 +518,9 @@ static const shape shapes[] = {
     {DSI_TYPE_IQ4_NL, {32, 224, 1056}},
     {DSI_TYPE_IQ4_XS, {256, 512, 2048}},
     {DSI_TYPE_IQ3_XXS, {256, 768, 1792}},
+    {DSI_TYPE_Q4_1, {32, 192, 2080}},
+    {DSI_TYPE_Q5_0, {32, 224, 1056}},
+    {DSI_TYPE_Q5_1, {32, 160, 2144}},
     {DSI_TYPE_FP8_E4M3_B128, {128, 300, 2100}},
     {DSI_TYPE_FP8_E4M3_B32, {45, 64, 1100}},
 };
@@ -964,7 +1014,7 @@ static void test_moe_gather(void **state) {
     const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
                              DSI_TYPE_IQ2_XXS, DSI_TYPE_Q6_K, DSI_TYPE_Q5_K, DSI_TYPE_Q3_K,
                              DSI_TYPE_Q4_0, DSI_TYPE_IQ4_NL, DSI_TYPE_IQ4_XS, DSI_TYPE_IQ3_XXS,
-                             DSI_TYPE_FP8_E4M3_B32};
+                             DSI_TYPE_Q4_1, DSI_TYPE_Q5_0, DSI_TYPE_Q5_1, DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         for (int path = 0; path < 2; path++) {
             const int32_t type = types[ti];
