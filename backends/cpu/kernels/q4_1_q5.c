@@ -24,10 +24,11 @@
  * and, for Q4_1 / Q5_1 only, after those eight, into one lane (lane h of the block's
  * eight, i.e. lane 0 for even b and lane 9 for odd b):
  *
- *   acc[p mod 2][9h] = fmaf(m_b·dx_b, (float)Σq_b, acc[p mod 2][9h])
+ *   acc[p mod 2][9h] = fmaf(m_b, dx_b·(float)Σq_b, acc[p mod 2][9h])
  *
- * (d_b·dx_b and m_b·dx_b one f32 rounding each; |I| <= 4·31·127 and |Σq_b| <= 32·127 are
- * exact in f32), then y = dsib_reduce32(acc). Q5_0 is therefore exactly Q4_0's scheme
+ * (d_b·dx_b and dx_b·Σq_b one f32 rounding each — the latter is the token's, computed once
+ * for all rows; |I| <= 4·31·127 and |Σq_b| <= 32·127 are exact in f32), then
+ * y = dsib_reduce32(acc). Q5_0 is therefore exactly Q4_0's scheme
  * (iq4.c) with five-bit codes and runs on the shared Q8_32 tiles; Q4_1 / Q5_1 have their
  * own tiles below (the same lanes plus the min step: a blend of lane h on AVX2, a masked
  * fma on lanes 0 / 9 on AVX-512).
@@ -47,10 +48,10 @@ static inline void q_block(const uint8_t *qs, const uint8_t *qh, int off, int8_t
     }
 }
 
-/* The min step of block b: lane h = b mod 2 of its eight (lane 9h of the set). */
-static inline void min_step_scalar(float acc[2][16], int64_t b, float t, int32_t sum) {
+/* The min step of block b (weight min m): lane h = b mod 2 of its eight (lane 9h of the set). */
+static inline void min_step_scalar(float acc[2][16], int64_t b, float m, const dsib_qrow *x) {
     float *a = &acc[(b >> 1) & 1][9 * (b & 1)];
-    *a = fmaf(t, (float)sum, *a);
+    *a = fmaf(m, x->d[b] * (float)x->s[b], *a);
 }
 
 static float q4_1_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
@@ -60,7 +61,7 @@ static float q4_1_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *
         int8_t wq[32];
         q_block(blk + 4, NULL, 0, wq);
         dsib_q8_32_step_scalar(acc, b, dsib_ld_f16(blk) * x->d[b], wq, x->q + 32 * b);
-        min_step_scalar(acc, b, dsib_ld_f16(blk + 2) * x->d[b], x->s[b]);
+        min_step_scalar(acc, b, dsib_ld_f16(blk + 2), x);
     }
     return dsib_reduce32(acc);
 }
@@ -83,7 +84,7 @@ static float q5_1_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *
         int8_t wq[32];
         q_block(blk + 8, blk + 4, 0, wq);
         dsib_q8_32_step_scalar(acc, b, dsib_ld_f16(blk) * x->d[b], wq, x->q + 32 * b);
-        min_step_scalar(acc, b, dsib_ld_f16(blk + 2) * x->d[b], x->s[b]);
+        min_step_scalar(acc, b, dsib_ld_f16(blk + 2), x);
     }
     return dsib_reduce32(acc);
 }
@@ -159,7 +160,9 @@ DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 2)
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + (BLK) * (b);                         \
             const __m256i wq = UBLK(blk);                                                  \
-            const float dw = dsib_f16_hw(blk), mw = dsib_f16_hw(blk + 2);                  \
+            const __m128 dm = dsib_f16x2_hw(blk); /* d, m */                               \
+            const float dw = _mm_cvtss_f32(dm);                                            \
+            const __m256 mw = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));                  \
             for (int t = 0; t < T; t++) {                                                  \
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)(x[t].q + 32 * (b))); \
                 const float dx = x[t].d[b];                                                \
@@ -167,8 +170,7 @@ DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 2)
                                                  _mm256_cvtepi32_ps(dsib_dot_u8s8_avx2(wq, xq)), \
                                                  acc[r][t][set][h]);                       \
                 acc[r][t][set][h] = _mm256_blend_ps(                                       \
-                    a, _mm256_fmadd_ps(_mm256_set1_ps(mw * dx), _mm256_set1_ps((float)x[t].s[b]), a), \
-                    1 << (h));                                                             \
+                    a, _mm256_fmadd_ps(mw, _mm256_set1_ps(dx * (float)x[t].s[b]), a), 1 << (h)); \
             }                                                                              \
         }                                                                                  \
     } while (0)
@@ -218,14 +220,19 @@ DSIB_AI __m512i q5_1_pair_avx512(const uint8_t *blk, int half) {
 }
 #define Q5_1_UPAIR(blk, half) q5_1_pair_avx512(blk, half)
 
-/* Two int16 / f16 values a, b (b = 0 when half) as one u32, a in the low half: broadcast,
- * widened, they give a in the even lanes (lane 0: block 2p) and b in the odd ones (lane 9:
- * block 2p + 1) — the lanes of the min step. */
-DSIB_AI uint32_t pair16(const void *a, const void *b, int half) {
-    uint16_t ha, hb = 0;
-    memcpy(&ha, a, 2);
-    if (!half) memcpy(&hb, b, 2);
-    return (uint32_t)ha | (uint32_t)hb << 16;
+/* The activation block sums of pair p (the second 0 when half) times the pair scales:
+ * dx_b·(float)Σq_b of block 2p in the even lanes (lane 0), of 2p + 1 in the odd ones (lane 9). */
+DSIB_AI __m512 sum_pair_avx512(const dsib_qrow *x, int64_t p, int half, __m512 dx) {
+    uint32_t s2 = (uint16_t)x->s[2 * p];
+    if (!half) memcpy(&s2, x->s + 2 * p, 4);
+    return _mm512_mul_ps(dx, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_set1_epi32((int)s2))));
+}
+
+/* d_a, m_a, d_b, m_b of the block pair at blk in lanes 0-3 (block b not read, 0, when
+ * half; vcvtph2ps reads only the low four words). */
+DSIB_AI __m128 dm_pair_avx512(const uint8_t *blk, int blk_bytes, int half) {
+    const __m128i a = _mm_cvtsi32_si128((int)dsib_ld32(blk));
+    return _mm_cvtph_ps(half ? a : _mm_insert_epi32(a, (int)dsib_ld32(blk + blk_bytes), 1));
 }
 
 /* DSIB_Q8_32_TILE_AVX512 for the unsigned codes (dpbusd of the codes against the signed
@@ -251,27 +258,29 @@ DSIB_AI uint32_t pair16(const void *a, const void *b, int half) {
 #define QM_PAIR_AVX512_(p, half, set, BLK, UPAIR)                                          \
     do {                                                                                   \
         const __mmask16 km = (half) ? 0x0001 : 0x0201;                                     \
-        __m512 dx[4], sx[4];                                                               \
+        __m512 dx[4], sd[4];                                                               \
         __m512i xq[4];                                                                     \
         for (int t = 0; t < T; t++) {                                                      \
             dx[t] = _mm512_loadu_ps(x[t].e + 16 * (p)); /* upper half 0 when half */      \
             xq[t] = (half) ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))     \
                            : _mm512_loadu_si512(x[t].q + 64 * (p));                        \
-            sx[t] = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(                              \
-                _mm256_set1_epi32((int)pair16(x[t].s + 2 * (p), x[t].s + 2 * (p) + 1, half)))); \
+            sd[t] = sum_pair_avx512(&x[t], p, half, dx[t]);                                \
         }                                                                                  \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 2 * (BLK) * (p);                     \
             DSIB_PF(PF, blk, 2 * (BLK));                                                   \
-            const __m512 sw = (half) ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk)) \
-                                     : dsib_pair_f16(blk, blk + (BLK));                    \
-            const __m512 mw = _mm512_cvtph_ps(_mm256_set1_epi32((int)pair16(blk + 2, blk + (BLK) + 2, half))); \
+            const __m512 dm = _mm512_castps128_ps512(dm_pair_avx512(blk, BLK, half));      \
+            /* d_a in lanes 0-7, d_b in 8-15; m_a in lane 0, m_b in lane 9 */              \
+            const __m512 sw = _mm512_permutexvar_ps(                                       \
+                _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), dm);      \
+            const __m512 mw = _mm512_permutexvar_ps(                                       \
+                _mm512_set_epi32(1, 1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1), dm);      \
             const __m512i wq = UPAIR(blk, half);                                           \
             for (int t = 0; t < T; t++) {                                                  \
                 const __m512i I = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq, xq[t]);  \
                 const __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]), _mm512_cvtepi32_ps(I), \
                                                  acc[r][t][set]);                          \
-                acc[r][t][set] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(mw, dx[t]), sx[t], a, km); \
+                acc[r][t][set] = _mm512_mask3_fmadd_ps(mw, sd[t], a, km);                  \
             }                                                                              \
         }                                                                                  \
     } while (0)
