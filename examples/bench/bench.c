@@ -257,6 +257,8 @@ static const struct { int32_t type; const char *name; } ktypes[] = {
     {2 /* ggml's */, "q4_0"},    {20 /* ggml's */, "iq4_nl"}, {23 /* ggml's */, "iq4_xs"},
     {18 /* ggml's */, "iq3_xxs"},
     {3 /* ggml's */, "q4_1"},    {6 /* ggml's */, "q5_0"},    {7 /* ggml's */, "q5_1"},
+    {18 /* ggml's */, "iq3_xxs"}, {17 /* ggml's */, "iq2_xs"},  {22 /* ggml's */, "iq2_s"},
+    {21 /* ggml's */, "iq3_s"},
     {DSI_TYPE_FP8_E4M3_B128, "fp8_e4m3_b128"}, {DSI_TYPE_FP8_E4M3_B32, "fp8_e4m3_b32"},
     {DSI_TYPE_BF16, "bf16"},   {DSI_TYPE_F16, "f16"},
     {DSI_TYPE_F32, "f32"},

@@ -350,6 +350,15 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
     case 18: /* iq3_xxs: d at 0 (index, sign and scale bits valid as random) */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 98 * b, 0x2000);
         break;
+    case 17: /* iq2_xs: d at 0 (index, sign and scale bits valid as random) */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 74 * b, 0x2000);
+        break;
+    case 22: /* iq2_s: d at 0 (index, high index, sign and scale bits valid as random) */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 82 * b, 0x2000);
+        break;
+    case 21: /* iq3_s: d at 0 (index, high index, sign and scale bits valid as random) */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 110 * b, 0x2000);
+        break;
     case 11: /* q3_k: d at 108 */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 110 * b + 108, 0x2000);
         break;

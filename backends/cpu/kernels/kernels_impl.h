@@ -90,6 +90,9 @@ typedef struct dsib_kern_qtype {
 #define DSIB_TYPE_IQ4_XS 23
 #define DSIB_TYPE_Q5_K 13
 #define DSIB_TYPE_Q6_K 14
+#define DSIB_TYPE_IQ2_XS 17
+#define DSIB_TYPE_IQ3_S 21
+#define DSIB_TYPE_IQ2_S 22
 
 extern const dsib_kern_qtype dsib_kq_q8_0;
 extern const dsib_kern_qtype dsib_kq_q4_k;
@@ -106,6 +109,9 @@ extern const dsib_kern_qtype dsib_kq_iq3_xxs;
 extern const dsib_kern_qtype dsib_kq_q4_1;
 extern const dsib_kern_qtype dsib_kq_q5_0;
 extern const dsib_kern_qtype dsib_kq_q5_1;
+extern const dsib_kern_qtype dsib_kq_iq2_xs;
+extern const dsib_kern_qtype dsib_kq_iq2_s;
+extern const dsib_kern_qtype dsib_kq_iq3_s;
 
 /* Activation quantisers (act.c), one per ISA; identical output bytes. */
 void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
@@ -170,6 +176,18 @@ static inline float dsib_ld_f16(const uint8_t *p) {
 static inline uint32_t dsib_ld32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t dsib_ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint64_t dsib_ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
     return v;
 }
 

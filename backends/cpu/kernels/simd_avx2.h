@@ -162,7 +162,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
     } while (0)
 
 /* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
- * iq2_xxs.c / iq3_xxs.c) ------------------------------------------------------------------- */
+ * iq2_xxs.c / iq3_xxs.c / iq2_xs.c / iq2_s.c / iq3_s.c) ----------------------------------------- */
 
 /* Q4_K / Q5_K scales for DSIB_KQ_TILE_AVX2: activation position p uses the scale of
  * sub-block P[p] (P = 0,2,1,3,4,6,5,7; pshufb of the unpacked scale bytes into 16 words),
@@ -229,6 +229,13 @@ DSIB_AI __m256i dsib_iq_signs_avx2(uint32_t m) {
                                                     2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i pat = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, pat), pat), _mm256_set1_epi8(1));
+}
+
+/* IQ2_XS / IQ2_S: the odd scales 2·ls + 1 of a sub-block's scale byte (ls of its 16-element
+ * half h = nibble h) as int16: words 0-7 (elements 0-15) the low nibble's, 8-15 the high's. */
+DSIB_AI __m256i dsib_iq_scales16_avx2(uint8_t b) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)(2 * (b & 15) + 1))),
+                                   _mm_set1_epi16((short)(2 * (b >> 4) + 1)), 1);
 }
 
 /* DSIB_IQ_TILE_AVX512's AVX2 form: SUB(blk, s, &g, &sg, &sc) gives sub-block s's 32 grid

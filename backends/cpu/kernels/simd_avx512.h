@@ -215,7 +215,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
     } while (0)
 
 /* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
- * iq2_xxs.c / iq3_xxs.c) ------------------------------------------------------------------- */
+ * iq2_xxs.c / iq3_xxs.c / iq2_xs.c / iq2_s.c / iq3_s.c) ----------------------------------------- */
 
 /* Q4_K / Q5_K scales (the twelve packed bytes at sc12, activation order P = 0,2,1,3,4,6,5,7):
  * the scale pairs of dsib_kq_token_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks
@@ -287,6 +287,25 @@ DSIB_AI void dsib_iq_scales_avx512(__m512i w, __m512i sc[2]) {
     const __m512i pr = _mm512_or_si512(o, _mm512_slli_epi64(_mm512_alignr_epi32(o, o, 4), 16));
     sc[0] = _mm512_permutexvar_epi32(_mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0), pr);
     sc[1] = _mm512_permutexvar_epi32(_mm512_set_epi32(10, 10, 10, 10, 10, 10, 10, 10, 8, 8, 8, 8, 8, 8, 8, 8), pr);
+}
+
+/* IQ2_XS / IQ2_S: the 16 odd scales 2·ls + 1 of the eight scale bytes at p (ls of the
+ * 16-element group n = nibble n mod 2 of p[n / 2]) as the scale pairs of
+ * DSIB_IQ_TILE_AVX512: lane j of vector v lies in group 4v + j/4, so dword j of sc[0] holds
+ * groups (j/4, j/4 + 4), of sc[1] groups (j/4 + 8, j/4 + 12) — one pshufb each from the
+ * 16 scale bytes in every 128-bit lane (j/4 is the lane). */
+DSIB_AI void dsib_iq_scales16_avx512(const uint8_t *p, __m512i sc[2]) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p), m = _mm_set1_epi8(15);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    const __m512i o = _mm512_broadcast_i32x4(_mm_or_si128(_mm_add_epi8(n, n), _mm_set1_epi8(1)));
+#define DSIB_SC16_(a) (int)(0x80008000u | (a) | ((a) + 4) << 16)
+#define DSIB_SC16_L_(a) DSIB_SC16_(a), DSIB_SC16_(a), DSIB_SC16_(a), DSIB_SC16_(a)
+    sc[0] = _mm512_shuffle_epi8(
+        o, _mm512_set_epi32(DSIB_SC16_L_(3), DSIB_SC16_L_(2), DSIB_SC16_L_(1), DSIB_SC16_L_(0)));
+    sc[1] = _mm512_shuffle_epi8(
+        o, _mm512_set_epi32(DSIB_SC16_L_(11), DSIB_SC16_L_(10), DSIB_SC16_L_(9), DSIB_SC16_L_(8)));
+#undef DSIB_SC16_L_
+#undef DSIB_SC16_
 }
 
 /* IQ2_XXS / IQ3_XXS signs and scales of a super-block from its eight w (w_s in the low

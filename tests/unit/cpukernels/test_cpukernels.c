@@ -39,8 +39,11 @@
 #define DSI_TYPE_Q5_0 6
 #define DSI_TYPE_Q5_1 7
 #define DSI_TYPE_Q3_K 11
+#define DSI_TYPE_IQ2_XS 17
 #define DSI_TYPE_IQ3_XXS 18
 #define DSI_TYPE_IQ4_NL 20
+#define DSI_TYPE_IQ3_S 21
+#define DSI_TYPE_IQ2_S 22
 #define DSI_TYPE_IQ4_XS 23
 #define DSI_TYPE_Q5_K 13
 #define DSI_TYPE_Q6_K 14
@@ -180,6 +183,9 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
     case DSI_TYPE_Q4_1:
     case DSI_TYPE_Q5_0:
     case DSI_TYPE_Q5_1:
+    case DSI_TYPE_IQ2_XS:
+    case DSI_TYPE_IQ2_S:
+    case DSI_TYPE_IQ3_S:
     case DSI_TYPE_Q5_K:
         gref_decode(type, row, n, dst, mag);
         break;
@@ -214,6 +220,9 @@ static int act_block_of(int32_t type) {
     case DSI_TYPE_Q6_K:
     case DSI_TYPE_Q3_K:
     case DSI_TYPE_IQ3_XXS:
+    case DSI_TYPE_IQ2_XS:
+    case DSI_TYPE_IQ2_S:
+    case DSI_TYPE_IQ3_S:
     case DSI_TYPE_Q5_K: return 256;
     default: return 0;
     }
@@ -234,6 +243,9 @@ static int32_t act_fmt_of(int32_t type) {
     case DSI_TYPE_Q3_K: return DSIB_ACT_Q8_K_P2;
     case DSI_TYPE_IQ2_XXS:
     case DSI_TYPE_IQ3_XXS:
+    case DSI_TYPE_IQ2_XS:
+    case DSI_TYPE_IQ2_S:
+    case DSI_TYPE_IQ3_S:
     case DSI_TYPE_Q6_K: return DSIB_ACT_Q8_K;
     default: return DSIB_ACT_F32;
     }
@@ -473,6 +485,9 @@ static void fill_row(int32_t type, uint8_t *row, int64_t n) {
     case DSI_TYPE_Q5_K:    /* random codes, scales, mins; d, dmin finite */
     case DSI_TYPE_Q3_K:    /* random codes, high bits and scales; d finite */
     case DSI_TYPE_IQ3_XXS:
+    case DSI_TYPE_IQ2_XS:  /* random indices, sign bytes / indices, high index bits, scales */
+    case DSI_TYPE_IQ2_S:
+    case DSI_TYPE_IQ3_S:
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
@@ -521,6 +536,9 @@ static const shape shapes[] = {
     {DSI_TYPE_Q4_1, {32, 192, 2080}},
     {DSI_TYPE_Q5_0, {32, 224, 1056}},
     {DSI_TYPE_Q5_1, {32, 160, 2144}},
+    {DSI_TYPE_IQ2_XS, {256, 512, 2304}},
+    {DSI_TYPE_IQ2_S, {256, 768, 2048}},
+    {DSI_TYPE_IQ3_S, {256, 512, 1792}},
     {DSI_TYPE_FP8_E4M3_B128, {128, 300, 2100}},
     {DSI_TYPE_FP8_E4M3_B32, {45, 64, 1100}},
 };
@@ -655,7 +673,7 @@ static void run_types(int32_t isa, int path) {
     static const int64_t n_outs[] = {1, 5, 37};
     static const int64_t n_toks[] = {1, 3, 17};
     int checked = 0;
-    double worst = 0;
+    double worst = 0, worst_t[N_SHAPES] = {0};
     for (size_t si = 0; si < N_SHAPES; si++) {
         for (int ni = 0; ni < 3; ni++) {
             for (int oi = 0; oi < 3; oi++) {
@@ -686,6 +704,7 @@ static void run_types(int32_t isa, int path) {
                                          (long long)p.n_out, (long long)p.n_tok, (long long)t,
                                          (long long)o, got, want, err, tol);
                             if (mg > 0) worst = fmax(worst, err / mg);
+                            if (mg > 0) worst_t[si] = fmax(worst_t[si], err / mg);
                             checked++;
                         }
                         /* padding between rows untouched */
@@ -698,8 +717,10 @@ static void run_types(int32_t isa, int path) {
             }
         }
     }
-    print_message("%s, %s path: %d outputs checked, worst |err| / magnitude = %.3g\n", kt->name,
+    print_message("%s, %s path: %d outputs checked, worst |err| / magnitude = %.3g; per type:", kt->name,
                   path_name(path), checked, worst);
+    for (size_t si = 0; si < N_SHAPES; si++) print_message(" %d:%.2g", (int)shapes[si].type, worst_t[si]);
+    print_message("\n");
 }
 
 /* ---- invariance ------------------------------------------------------------------------- */
@@ -1014,7 +1035,8 @@ static void test_moe_gather(void **state) {
     const int32_t types[] = {DSI_TYPE_Q4_K, DSI_TYPE_Q8_0, DSI_TYPE_Q2_K, DSI_TYPE_MXFP4,
                              DSI_TYPE_IQ2_XXS, DSI_TYPE_Q6_K, DSI_TYPE_Q5_K, DSI_TYPE_Q3_K,
                              DSI_TYPE_Q4_0, DSI_TYPE_IQ4_NL, DSI_TYPE_IQ4_XS, DSI_TYPE_IQ3_XXS,
-                             DSI_TYPE_Q4_1, DSI_TYPE_Q5_0, DSI_TYPE_Q5_1, DSI_TYPE_FP8_E4M3_B32};
+                             DSI_TYPE_Q4_1, DSI_TYPE_Q5_0, DSI_TYPE_Q5_1, DSI_TYPE_IQ2_XS,
+                             DSI_TYPE_IQ2_S, DSI_TYPE_IQ3_S, DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         for (int path = 0; path < 2; path++) {
             const int32_t type = types[ti];

@@ -230,7 +230,7 @@ static void test_threads_and_moe(void **state) {
         const size_t ny = (size_t)(p.n_out * p.n_tok);
         float *ya = malloc(ny * sizeof(float)), *yb = malloc(ny * sizeof(float));
         kt->matmul_rows(type, p.w, p.rb, n_in, 0, p.n_out, p.x, p.xs, ya, p.n_out, n_tok);
-        /* this file's path is the exact one (IQ2_XXS's and Q6_K's default path: test_cpukernels.c) */
+        /* this file's path is the exact one (the default path of the types that have one: test_cpukernels.c) */
         assert_int_equal(dsib_matmul(pool, DSIB_MM_EXACT, type, p.w, p.rb, n_in, p.n_out, p.x, p.xs, yb,
                                      p.n_out, n_tok),
                          DSI_OK);
