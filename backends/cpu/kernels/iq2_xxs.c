@@ -143,7 +143,6 @@ static const uint16_t iq2_xxs_codes[256] __attribute__((aligned(64))) = {
     0xa200, 0xa418, 0xa850, 0xa904,
 };
 
-#define DSIB_TGT_AVX512VBMI "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c"
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VBMI)
 
 DSIB_AI void iq2_xxs_grid_vbmi(const uint8_t *blk, __m512i g[4]) {
@@ -191,10 +190,11 @@ DSIB_QROWS_DEFINE_R(iq2_xxs_rows_vbmi, iq2_xxs_tile_vbmi, 2)
 DSIB_TARGET_POP
 
 /* The AVX-512 VNNI entry: the VBMI variant where the CPU has it and dsib_kern_iq2_vbmi is
- * set (kernels.h; tests and benchmarks clear it to run the other one). */
+ * set (kernels.h; tests and benchmarks clear it to run the other one). The flag and the CPU
+ * check serve the VBMI variants of iq2_xs.c, iq2_s.c and iq3_s.c too. */
 int32_t dsib_kern_iq2_vbmi = 1;
 
-static int iq2_xxs_cpu_vbmi(void) {
+int dsib_kern_cpu_vbmi(void) {
     static atomic_int has = -1;
     int v = atomic_load_explicit(&has, memory_order_relaxed);
     if (v < 0) {
@@ -207,7 +207,7 @@ static int iq2_xxs_cpu_vbmi(void) {
 
 static void iq2_xxs_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
                                     const dsib_qrow *x, float *const *yp, int n) {
-    if (dsib_kern_iq2_vbmi && iq2_xxs_cpu_vbmi())
+    if (dsib_kern_iq2_vbmi && dsib_kern_cpu_vbmi())
         iq2_xxs_rows_vbmi(w, rb, n_in, o0, o1, x, yp, n);
     else
         iq2_xxs_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);

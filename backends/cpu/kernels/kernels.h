@@ -264,9 +264,10 @@ dsi_status dsib_matmul_batch(dsib_threadpool *pool, uint32_t flags, const dsib_m
  * DSIB_PREFETCH_BYTES, 0: off). Speed only; set before any matmul runs (dsinfer-bench
  * --prefetch, for A/B). */
 extern int32_t dsib_kern_prefetch;
-/* IQ2_XXS on the AVX-512 VNNI path: 1 (default) = the AVX512_VBMI variant (grid and signs
- * looked up in registers) where the CPU has it, 0 = the plain AVX-512 one. Same results; for
- * tests and A/B benchmarks, set before any matmul runs. */
+/* IQ2_XXS, IQ2_XS, IQ2_S and IQ3_S on the AVX-512 VNNI path: 1 (default) = their
+ * AVX512_VBMI variants (grid codes looked up in registers) where the CPU has it, 0 = the
+ * plain AVX-512 ones. Same results; for tests and A/B benchmarks, set before any matmul
+ * runs. */
 extern int32_t dsib_kern_iq2_vbmi;
 
 #endif /* DSIB_CPU_KERNELS_H */

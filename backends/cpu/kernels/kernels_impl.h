@@ -113,6 +113,12 @@ extern const dsib_kern_qtype dsib_kq_iq2_xs;
 extern const dsib_kern_qtype dsib_kq_iq2_s;
 extern const dsib_kern_qtype dsib_kq_iq3_s;
 
+#ifdef DSIB_KERN_X86
+/* 1 if the CPU has AVX512_VBMI (iq2_xxs.c; the IQ types' VBMI variants run where it is
+ * set and dsib_kern_iq2_vbmi is). */
+int dsib_kern_cpu_vbmi(void);
+#endif
+
 /* Activation quantisers (act.c), one per ISA; identical output bytes. */
 void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,
                               int64_t n_tok, void *act, size_t act_stride);
@@ -143,6 +149,7 @@ const uint8_t *dsib_act_perm(int32_t fmt);
 #define DSIB_TGT_AVX2 "avx2,fma,f16c"
 #define DSIB_TGT_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define DSIB_TGT_AVX512VNNI "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
+#define DSIB_TGT_AVX512VBMI "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c"
 #define DSIB_TGT_AMX                                                                       \
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8"
 #define DSIB_AI static inline __attribute__((always_inline))

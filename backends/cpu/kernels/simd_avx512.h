@@ -308,6 +308,35 @@ DSIB_AI void dsib_iq_scales16_avx512(const uint8_t *p, __m512i sc[2]) {
 #undef DSIB_SC16_
 }
 
+/* The 16-bit codes of a 512-entry grid held in sixteen registers (tab[2m], tab[2m + 1]:
+ * entries 64m .. 64m + 63) for the 9-bit indices in the 32 words of iw (bits 0-7; bit 8 of
+ * word k is bit k of b8, bits above 7 of iw are ignored): vpermi2w on bits 0-5 in each of
+ * the eight register pairs, then blends by bits 6, 7 and 8. Plain AVX-512 BW. */
+DSIB_AI __m512i dsib_iq_codes512(const __m512i *tab, __m512i iw, __mmask32 b8) {
+    const __mmask32 b6 = _mm512_test_epi16_mask(iw, _mm512_set1_epi16(64));
+    const __mmask32 b7 = _mm512_test_epi16_mask(iw, _mm512_set1_epi16(128));
+    __m512i l[4];
+    for (int m = 0; m < 4; m++)
+        l[m] = _mm512_mask_blend_epi16(b6, _mm512_permutex2var_epi16(tab[4 * m], iw, tab[4 * m + 1]),
+                                       _mm512_permutex2var_epi16(tab[4 * m + 2], iw, tab[4 * m + 3]));
+    return _mm512_mask_blend_epi16(b8, _mm512_mask_blend_epi16(b7, l[0], l[1]),
+                                   _mm512_mask_blend_epi16(b7, l[2], l[3]));
+}
+
+/* dsib_iq_codes512 for a 1024-entry grid (tab[0 .. 32): entries 64m .. 64m + 63 in
+ * tab[2m], tab[2m + 1]; index bits 8 and 9 of word k: bit k of b8, b9). */
+DSIB_AI __m512i dsib_iq_codes1024(const __m512i *tab, __m512i iw, __mmask32 b8, __mmask32 b9) {
+    const __mmask32 b6 = _mm512_test_epi16_mask(iw, _mm512_set1_epi16(64));
+    const __mmask32 b7 = _mm512_test_epi16_mask(iw, _mm512_set1_epi16(128));
+    __m512i l[8];
+    for (int m = 0; m < 8; m++)
+        l[m] = _mm512_mask_blend_epi16(b6, _mm512_permutex2var_epi16(tab[4 * m], iw, tab[4 * m + 1]),
+                                       _mm512_permutex2var_epi16(tab[4 * m + 2], iw, tab[4 * m + 3]));
+    for (int m = 0; m < 4; m++) l[m] = _mm512_mask_blend_epi16(b7, l[2 * m], l[2 * m + 1]);
+    return _mm512_mask_blend_epi16(b9, _mm512_mask_blend_epi16(b8, l[0], l[1]),
+                                   _mm512_mask_blend_epi16(b8, l[2], l[3]));
+}
+
 /* IQ2_XXS / IQ3_XXS signs and scales of a super-block from its eight w (w_s in the low
  * dword of qword s): the four 7-bit sign fields of each w spread to bytes, each byte's bit 7
  * its parity (ksigns's rule), the bytes tested against a bit pattern into the vectors'

@@ -862,9 +862,9 @@ static void test_cross_isa(void **state) {
     (void)state;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    print_message("IQ2_XXS on AVX-512 VNNI: %s\n", __builtin_cpu_supports("avx512vbmi")
-                                                      ? "the VBMI and the plain variant"
-                                                      : "the plain variant (no AVX512_VBMI here)");
+    print_message("IQ2_XXS, IQ2_XS, IQ2_S, IQ3_S on AVX-512 VNNI: %s\n",
+                  __builtin_cpu_supports("avx512vbmi") ? "the VBMI and the plain variants"
+                                                       : "the plain variants (no AVX512_VBMI here)");
 #endif
     const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
     int others = 0;
@@ -889,9 +889,11 @@ static void test_cross_isa(void **state) {
                 /* AMX's Q8_0 has its own order: test_amx_blocksum checks it bit for bit. */
                 if (isa == DSIB_ISA_AMX && p.type == DSI_TYPE_Q8_0) continue;
                 void *a2 = quantize_all(kt, &p, &as);
-                /* IQ2_XXS on AVX-512 VNNI: the VBMI variant (where the CPU has it) and the
-                 * plain one (dsib_kern_iq2_vbmi) */
-                const int variants = p.type == DSI_TYPE_IQ2_XXS && isa >= DSIB_ISA_AVX512VNNI ? 2 : 1;
+                /* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_S on AVX-512 VNNI: the VBMI variant (where the
+                 * CPU has it) and the plain one (dsib_kern_iq2_vbmi) */
+                const int has_vbmi = p.type == DSI_TYPE_IQ2_XXS || p.type == DSI_TYPE_IQ2_XS ||
+                                     p.type == DSI_TYPE_IQ2_S || p.type == DSI_TYPE_IQ3_S;
+                const int variants = has_vbmi && isa >= DSIB_ISA_AVX512VNNI ? 2 : 1;
                 for (int v = 0; v < variants; v++) {
                     dsib_kern_iq2_vbmi = v == 0;
                     run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, 16, 0, 6, yv, 16);
