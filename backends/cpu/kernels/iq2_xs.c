@@ -194,7 +194,21 @@ DSIB_AI void iq2_xs_grid_vbmi(const uint8_t *blk, __m512i g[4]) {
     }
 }
 
-DSIB_IQ_TILE_AVX512(iq2_xs_tile_vbmi, 74, iq2_xs_grid_vbmi, iq2_xs_signs_avx512, 0.125f)
+/* Signs as iq2_xs_signs_avx512, with VBMI: vpmultishiftqb cuts the 7-bit sign indices of the
+ * four words of each qword into its low bytes, vpermi2b looks them up in ksigns (128 bytes,
+ * two registers: the parity bit added), vpmovqd packs the 32 sign bytes (byte k = group k). */
+DSIB_AI void iq2_xs_signs_vbmi(const uint8_t *blk, __mmask64 ng[4], __m512i sc[2]) {
+    const __m512i ks0 = _mm512_loadu_si512(dsii_ksigns_iq2xs), ks1 = _mm512_loadu_si512(dsii_ksigns_iq2xs + 64);
+    const __m512i idx = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x39291909ll), _mm512_loadu_si512(blk + 2));
+    const __m256i m = _mm512_cvtepi64_epi32(_mm512_permutex2var_epi8(ks0, idx, ks1));
+    ng[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(m)));
+    ng[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_castsi256_si128(m), 1));
+    ng[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(m, 1)));
+    ng[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_extracti128_si256(m, 1), 1));
+    dsib_iq_scales16_avx512(blk + 66, sc);
+}
+
+DSIB_IQ_TILE_AVX512(iq2_xs_tile_vbmi, 74, iq2_xs_grid_vbmi, iq2_xs_signs_vbmi, 0.125f)
 DSIB_QROWS_DEFINE_R(iq2_xs_rows_vbmi, iq2_xs_tile_vbmi, 2)
 
 DSIB_TARGET_POP
