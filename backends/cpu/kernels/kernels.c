@@ -42,11 +42,11 @@ static const kern_type kern_types[] = {
     {DSI_TYPE_FP8_E4M3_B128, NULL},
     {DSI_TYPE_FP8_E4M3_B32, NULL},
     /* ggml types of kernels_ggml*.c (ids as ggml's): their exact path; IQ2_XXS (the routed
-     * experts of ds4's 2-bit files), IQ3_XXS, IQ2_XS, IQ2_S, IQ3_S (the community's low-bit
-     * mixes), Q6_K, Q5_K, Q3_K (the llama.cpp K-quant mixes), Q4_0, IQ4_NL, IQ4_XS, Q4_1,
-     * Q5_0 and Q5_1 also have default-path kernels (iq2_xxs.c, iq3_xxs.c, iq2_xs.c, iq2_s.c,
-     * iq3_s.c, q6_k.c, q5_k.c, q3_k.c, iq4.c, q4_1_q5.c), the others keep f32 activations on
-     * both paths */
+     * experts of ds4's 2-bit files), IQ3_XXS, IQ2_XS, IQ2_S, IQ3_S, IQ1_S, IQ1_M (the
+     * community's low-bit mixes), Q6_K, Q5_K, Q3_K (the llama.cpp K-quant mixes), Q4_0,
+     * IQ4_NL, IQ4_XS, Q4_1, Q5_0 and Q5_1 — every ggml weight type — also have default-path
+     * kernels (iq2_xxs.c, iq3_xxs.c, iq2_xs.c, iq2_s.c, iq3_s.c, iq1.c, q6_k.c, q5_k.c,
+     * q3_k.c, iq4.c, q4_1_q5.c) */
     {DSI_TYPE_IQ2_XXS, &dsib_kq_iq2_xxs},
     {DSIB_TYPE_Q6_K, &dsib_kq_q6_k},
     {DSIB_TYPE_Q5_K, &dsib_kq_q5_k},
@@ -61,7 +61,8 @@ static const kern_type kern_types[] = {
     {DSIB_TYPE_IQ2_XS, &dsib_kq_iq2_xs},
     {DSIB_TYPE_IQ2_S, &dsib_kq_iq2_s},
     {DSIB_TYPE_IQ3_S, &dsib_kq_iq3_s},
-    {19, NULL}, {29, NULL},
+    {DSIB_TYPE_IQ1_S, &dsib_kq_iq1_s},
+    {DSIB_TYPE_IQ1_M, &dsib_kq_iq1_m},
 };
 
 static const kern_type *kern_type_get(int32_t type) {

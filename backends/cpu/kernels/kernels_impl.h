@@ -86,6 +86,7 @@ typedef struct dsib_kern_qtype {
 #define DSIB_TYPE_Q5_1 7
 #define DSIB_TYPE_Q3_K 11
 #define DSIB_TYPE_IQ3_XXS 18
+#define DSIB_TYPE_IQ1_S 19
 #define DSIB_TYPE_IQ4_NL 20
 #define DSIB_TYPE_IQ4_XS 23
 #define DSIB_TYPE_Q5_K 13
@@ -93,6 +94,7 @@ typedef struct dsib_kern_qtype {
 #define DSIB_TYPE_IQ2_XS 17
 #define DSIB_TYPE_IQ3_S 21
 #define DSIB_TYPE_IQ2_S 22
+#define DSIB_TYPE_IQ1_M 29
 
 extern const dsib_kern_qtype dsib_kq_q8_0;
 extern const dsib_kern_qtype dsib_kq_q4_k;
@@ -118,6 +120,8 @@ extern const dsib_kern_qtype dsib_kq_iq3_s;
  * set and dsib_kern_iq2_vbmi is). */
 int dsib_kern_cpu_vbmi(void);
 #endif
+extern const dsib_kern_qtype dsib_kq_iq1_s;
+extern const dsib_kern_qtype dsib_kq_iq1_m;
 
 /* Activation quantisers (act.c), one per ISA; identical output bytes. */
 void dsib_act_quantize_scalar(int32_t fmt, const float *x, int64_t xs, int64_t n_in,

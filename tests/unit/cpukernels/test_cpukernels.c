@@ -41,6 +41,8 @@
 #define DSI_TYPE_Q3_K 11
 #define DSI_TYPE_IQ2_XS 17
 #define DSI_TYPE_IQ3_XXS 18
+#define DSI_TYPE_IQ1_S 19
+#define DSI_TYPE_IQ1_M 29
 #define DSI_TYPE_IQ4_NL 20
 #define DSI_TYPE_IQ3_S 21
 #define DSI_TYPE_IQ2_S 22
@@ -186,6 +188,8 @@ static void decode_row_mag(int32_t type, const uint8_t *row, int64_t n, double *
     case DSI_TYPE_IQ2_XS:
     case DSI_TYPE_IQ2_S:
     case DSI_TYPE_IQ3_S:
+    case DSI_TYPE_IQ1_S:
+    case DSI_TYPE_IQ1_M:
     case DSI_TYPE_Q5_K:
         gref_decode(type, row, n, dst, mag);
         break;
@@ -223,6 +227,8 @@ static int act_block_of(int32_t type) {
     case DSI_TYPE_IQ2_XS:
     case DSI_TYPE_IQ2_S:
     case DSI_TYPE_IQ3_S:
+    case DSI_TYPE_IQ1_S:
+    case DSI_TYPE_IQ1_M:
     case DSI_TYPE_Q5_K: return 256;
     default: return 0;
     }
@@ -246,6 +252,8 @@ static int32_t act_fmt_of(int32_t type) {
     case DSI_TYPE_IQ2_XS:
     case DSI_TYPE_IQ2_S:
     case DSI_TYPE_IQ3_S:
+    case DSI_TYPE_IQ1_S:
+    case DSI_TYPE_IQ1_M:
     case DSI_TYPE_Q6_K: return DSIB_ACT_Q8_K;
     default: return DSIB_ACT_F32;
     }
@@ -488,6 +496,8 @@ static void fill_row(int32_t type, uint8_t *row, int64_t n) {
     case DSI_TYPE_IQ2_XS:  /* random indices, sign bytes / indices, high index bits, scales */
     case DSI_TYPE_IQ2_S:
     case DSI_TYPE_IQ3_S:
+    case DSI_TYPE_IQ1_S:   /* random indices, delta signs, scales; d finite (IQ1_M: in the */
+    case DSI_TYPE_IQ1_M:   /* scale words' top nibbles) */
     case DSI_TYPE_Q4_0:
     case DSI_TYPE_IQ4_NL:
     case DSI_TYPE_IQ4_XS:
@@ -539,6 +549,8 @@ static const shape shapes[] = {
     {DSI_TYPE_IQ2_XS, {256, 512, 2304}},
     {DSI_TYPE_IQ2_S, {256, 768, 2048}},
     {DSI_TYPE_IQ3_S, {256, 512, 1792}},
+    {DSI_TYPE_IQ1_S, {256, 512, 2304}},
+    {DSI_TYPE_IQ1_M, {256, 768, 1792}},
     {DSI_TYPE_FP8_E4M3_B128, {128, 300, 2100}},
     {DSI_TYPE_FP8_E4M3_B32, {45, 64, 1100}},
 };
@@ -1038,7 +1050,8 @@ static void test_moe_gather(void **state) {
                              DSI_TYPE_IQ2_XXS, DSI_TYPE_Q6_K, DSI_TYPE_Q5_K, DSI_TYPE_Q3_K,
                              DSI_TYPE_Q4_0, DSI_TYPE_IQ4_NL, DSI_TYPE_IQ4_XS, DSI_TYPE_IQ3_XXS,
                              DSI_TYPE_Q4_1, DSI_TYPE_Q5_0, DSI_TYPE_Q5_1, DSI_TYPE_IQ2_XS,
-                             DSI_TYPE_IQ2_S, DSI_TYPE_IQ3_S, DSI_TYPE_FP8_E4M3_B32};
+                             DSI_TYPE_IQ2_S, DSI_TYPE_IQ3_S, DSI_TYPE_IQ1_S,
+                             DSI_TYPE_IQ1_M, DSI_TYPE_FP8_E4M3_B32};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         for (int path = 0; path < 2; path++) {
             const int32_t type = types[ti];
