@@ -359,6 +359,16 @@ void bench_fill_row(int32_t type, uint8_t *row, int64_t n_in, uint64_t *rng) {
     case 21: /* iq3_s: d at 0 (index, high index, sign and scale bits valid as random) */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 110 * b, 0x2000);
         break;
+    case 19: /* iq1_s: d at 0 (index, delta sign and scale bits valid as random) */
+        for (int64_t b = 0; b < n_in / 256; b++) put16(row + 50 * b, 0x2000);
+        break;
+    case 29: /* iq1_m: d = 0x2000 in the top nibbles of the scale words at 48 */
+        for (int64_t b = 0; b < n_in / 256; b++)
+            for (int k = 0; k < 4; k++) {
+                uint8_t *p = row + 56 * b + 49 + 2 * k;
+                *p = (uint8_t)((*p & 0x0F) | (((0x2000 >> (4 * k)) & 0xF) << 4));
+            }
+        break;
     case 11: /* q3_k: d at 108 */
         for (int64_t b = 0; b < n_in / 256; b++) put16(row + 110 * b + 108, 0x2000);
         break;
