@@ -431,22 +431,22 @@ static void test_reference_q8_0_default_path(void **s) {
 }
 
 /* The ggml types with default-path kernels (backends/cpu/kernels: iq2_xxs.c, iq3_xxs.c,
- * iq2_xs.c, iq2_s.c, iq3_s.c, q6_k.c, q5_k.c, q3_k.c, iq4.c, q4_1_q5.c; 8-bit activations):
- * a tiny-v41 in each type, written now by dsinfer-mkmodel, on both matmul paths, rounding
- * off — the effect of quantising the activations alone. (The NumPy reference reads none of
- * these types; their exact-path kernels are checked against double decodes in
- * test_cpukernels_ggml, the default path's in test_cpukernels.) Measured (docs/performance.md
- * 2.4): max |dlogit| 5.0 - 7.3, argmax equal at 236 - 266 of 300 positions (iq2_xs 5.46 /
- * 255, iq2_s 6.67 / 247, iq3_s 6.12 / 250, q4_1 7.29 / 244, q5_0 7.32 / 254, q5_1 5.02 /
- * 261) — the order of the q8_0 model's default path against the reference above (this tiny
- * random model's routing and indexer top-k flip at near-ties). The bounds (2/3 of the
- * positions, 12) catch a broken kernel (random argmax, huge errors), not a last bit: the
- * kernel tests do that. */
+ * iq2_xs.c, iq2_s.c, iq3_s.c, iq1.c, q6_k.c, q5_k.c, q3_k.c, iq4.c, q4_1_q5.c: every ggml
+ * weight type; 8-bit activations): a tiny-v41 in each type, written now by dsinfer-mkmodel,
+ * on both matmul paths, rounding off — the effect of quantising the activations alone. (The
+ * NumPy reference reads none of these types; their exact-path kernels are checked against
+ * double decodes in test_cpukernels_ggml, the default path's in test_cpukernels.) Measured
+ * (docs/performance.md 2.4): max |dlogit| 4.8 - 7.3, argmax equal at 236 - 267 of 300
+ * positions (iq2_xs 5.46 / 255, iq2_s 6.67 / 247, iq3_s 6.12 / 250, iq1_s 4.84 / 262, iq1_m
+ * 6.01 / 267, q4_1 7.29 / 244, q5_0 7.32 / 254, q5_1 5.02 / 261) — the order of the q8_0
+ * model's default path against the reference above (this tiny random model's routing and
+ * indexer top-k flip at near-ties). The bounds (2/3 of the positions, 12) catch a broken
+ * kernel (random argmax, huge errors), not a last bit: the kernel tests do that. */
 static void test_ggml_types_default_path(void **s) {
     (void)s;
-    static const char *const types[] = {"iq2_xxs", "iq3_xxs", "iq2_xs", "iq2_s", "iq3_s", "q6_k",
-                                        "q5_k",    "q3_k",    "q4_0",   "iq4_nl", "iq4_xs", "q4_1",
-                                        "q5_0",    "q5_1"};
+    static const char *const types[] = {"iq2_xxs", "iq3_xxs", "iq2_xs", "iq2_s", "iq3_s", "iq1_s",
+                                        "iq1_m",   "q6_k",    "q5_k",   "q3_k",  "q4_0",  "iq4_nl",
+                                        "iq4_xs",  "q4_1",    "q5_0",   "q5_1"};
     const char *mk = env("DSI_MKMODEL");
     if (!mk || !file_exists(mk)) DSIT_SKIP_TEST("MODELS", "dsinfer-mkmodel not built (DSI_MKMODEL)");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
