@@ -18,9 +18,12 @@
  *
  * So with w_e = 8·grid_e + s_e ∈ {±1, ±7, ±9} every product below is an integer: |w_e| is
  * the unsigned operand of dpbusd / maddubs and the sign of w_e moves to the activation byte
- * (as IQ2_XXS's grid signs). (Equivalently Σ w·q = 8·Σ (grid + 1)·q + (s - 8)·Σ q; the lane
- * sums here need no activation sums.) The SIMD paths get w_e from the grid bytes by one
- * pshufb of (grid & 3) | (4 if s = -1).
+ * (as IQ2_XXS's grid signs). (Σ w·q is also 8·Σ (grid + 1)·q + (s - 8)·Σ q with grid + 1
+ * ∈ {0, 1, 2} unsigned — the same integers — but that needs sums of q per 8 or 32 that the
+ * Q8_K rows do not carry, and each lane sum here holds only its own elements' products.)
+ * The SIMD paths get w_e from the grid bytes by one pshufb of (grid & 3) | (4 if s = -1);
+ * the AVX2 path computes the 11-bit grid indices in scalar code, the AVX-512 one in vectors
+ * one super-block ahead (IQ1_TILE_AVX512).
  *
  * Canonical order (both types, every ISA, bit-identical): two sets of 16 f32 lanes
  * acc[2][16], zero at the start. For each super-block b in order (set u = b mod 2), vector
@@ -31,7 +34,8 @@
  *   acc[u][j] = fmaf(d·dx, (float)S[j], acc[u][j])            (d·dx one f32 rounding)
  *
  * with ls the scale of the lane's elements (IQ1_S: sub-block σ = 2v + j/8; IQ1_M: half
- * h = 4v + j/4), then y = 0.125f · dsib_reduce32(acc) (the /8, exact).
+ * h = 4v + j/4) and d the f16 as f32 (exact; IQ1_M's assembled from the nibbles), then
+ * y = 0.125f · dsib_reduce32(acc) (the /8, exact).
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -133,8 +137,9 @@ DSIB_AI void iq1_s_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg, 
     const uint8_t *p = blk + 2 + 4 * s;
     const unsigned qh = iq1_ld16(blk + 34 + 2 * s);
     const uint64_t *G = dsii_iq1s_grid;
-    const __m256i raw = _mm256_set_epi64x((long long)G[p[3] | ((qh >> 1) & 0x700)], (long long)G[p[2] | ((qh << 2) & 0x700)],
-                                          (long long)G[p[1] | ((qh << 5) & 0x700)], (long long)G[p[0] | ((qh << 8) & 0x700)]);
+    const __m256i raw =
+        _mm256_set_epi64x((long long)G[p[3] | ((qh >> 1) & 0x700)], (long long)G[p[2] | ((qh << 2) & 0x700)],
+                          (long long)G[p[1] | ((qh << 5) & 0x700)], (long long)G[p[0] | ((qh << 8) & 0x700)]);
     const __m256i w = iq1_w_avx2(raw, _mm256_set1_epi8((char)((qh >> 13) & 4)));
     *g = _mm256_abs_epi8(w);
     *sg = w;
@@ -145,8 +150,9 @@ DSIB_AI void iq1_m_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg, 
     const uint8_t *p = blk + 4 * s;
     const unsigned h = iq1_ld16(blk + 32 + 2 * s); /* nibble l: group 4s + l */
     const uint64_t *G = dsii_iq1s_grid;
-    const __m256i raw = _mm256_set_epi64x((long long)G[p[3] | ((h >> 4) & 0x700)], (long long)G[p[2] | (h & 0x700)],
-                                          (long long)G[p[1] | ((h << 4) & 0x700)], (long long)G[p[0] | ((h << 8) & 0x700)]);
+    const __m256i raw =
+        _mm256_set_epi64x((long long)G[p[3] | ((h >> 4) & 0x700)], (long long)G[p[2] | (h & 0x700)],
+                          (long long)G[p[1] | ((h << 4) & 0x700)], (long long)G[p[0] | ((h << 8) & 0x700)]);
     /* group l's s bit: bit 3 (even l) / 7 (odd l) of byte l / 2 of h */
     const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi16((short)h),
                                            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
