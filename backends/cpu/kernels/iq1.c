@@ -21,9 +21,8 @@
  * (as IQ2_XXS's grid signs). (Σ w·q is also 8·Σ (grid + 1)·q + (s - 8)·Σ q with grid + 1
  * ∈ {0, 1, 2} unsigned — the same integers — but that needs sums of q per 8 or 32 that the
  * Q8_K rows do not carry, and each lane sum here holds only its own elements' products.)
- * The SIMD paths get w_e from the grid bytes by one pshufb of (grid & 3) | (4 if s = -1);
- * the AVX2 path computes the 11-bit grid indices in scalar code, the AVX-512 one in vectors
- * one super-block ahead (IQ1_TILE_AVX512).
+ * The SIMD paths get w_e from the grid bytes by one pshufb of (grid & 3) | (4 if s = -1),
+ * and compute the 11-bit grid indices in vectors one super-block ahead (IQ1_TILE_AVX512).
  *
  * Canonical order (both types, every ISA, bit-identical): two sets of 16 f32 lanes
  * acc[2][16], zero at the start. For each super-block b in order (set u = b mod 2), vector
@@ -130,29 +129,58 @@ DSIB_AI __m256i iq1_w_avx2(__m256i raw, __m256i n) {
     return _mm256_shuffle_epi8(lut, _mm256_or_si256(_mm256_and_si256(raw, _mm256_set1_epi8(3)), n));
 }
 
+/* The 32 grid indices of a super-block (word k: group k) into ix: the index bits 8..10 put
+ * in place by 16-bit multiplies (x·2^n mod 2^16 is x << n, the high half of x·2^15 is
+ * x >> 1). IQ1_S: group k's are bits 3(k mod 4) of qh_{k/4}; IQ1_M: nibble k of qh. */
+DSIB_AI void iq1_s_idx_avx2(const uint8_t *blk, uint16_t *ix) {
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 34)));
+    const __m256i mul = _mm256_setr_epi16(256, 32, 4, -32768, 256, 32, 4, -32768, 256, 32, 4, -32768, 256, 32, 4,
+                                          -32768);
+    for (int h = 0; h < 2; h++) { /* groups 16h .. 16h+15: qh words 4h .. 4h+3 */
+        const __m256i w = _mm256_shuffle_epi8(
+            qh, _mm256_add_epi8(_mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4,
+                                                 5, 6, 7, 6, 7, 6, 7, 6, 7),
+                                _mm256_set1_epi8((char)(8 * h))));
+        const __m256i hi = _mm256_blend_epi16(_mm256_mullo_epi16(w, mul), _mm256_mulhi_epu16(w, mul), 0x88);
+        const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h)));
+        _mm256_store_si256((__m256i *)(ix + 16 * h),
+                           _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi16(0x700))));
+    }
+}
+
+DSIB_AI void iq1_m_idx_avx2(const uint8_t *blk, uint16_t *ix) {
+    const __m256i qh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
+    const __m256i mul = _mm256_setr_epi16(256, 16, 256, 16, 256, 16, 256, 16, 256, 16, 256, 16, 256, 16, 256, 16);
+    for (int h = 0; h < 2; h++) { /* groups 16h .. 16h+15: qh bytes 8h .. 8h+7, byte k/2 in word k */
+        const __m256i w = _mm256_shuffle_epi8(
+            qh, _mm256_add_epi8(_mm256_setr_epi8(0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128,
+                                                 4, -128, 4, -128, 5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128),
+                                _mm256_set1_epi16((short)(8 * h))));
+        const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+        _mm256_store_si256((__m256i *)(ix + 16 * h),
+                           _mm256_or_si256(lo, _mm256_and_si256(_mm256_mullo_epi16(w, mul), _mm256_set1_epi16(0x700))));
+    }
+}
+
 /* Sub-block s (groups 4s .. 4s+3) for IQ1_TILE_AVX2: |w| as the unsigned bytes, w itself
  * for vpsignb on the activations (never 0), the odd scales in the int16 words (words 0-7:
  * elements 0-15, 8-15: elements 16-31). */
-DSIB_AI void iq1_s_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg, __m256i *sc) {
-    const uint8_t *p = blk + 2 + 4 * s;
+DSIB_AI void iq1_s_sub_avx2(const uint8_t *blk, const uint16_t *ix, int s, __m256i *g, __m256i *sg, __m256i *sc) {
+    const uint16_t *p = ix + 4 * s;
     const unsigned qh = iq1_ld16(blk + 34 + 2 * s);
     const uint64_t *G = dsii_iq1s_grid;
-    const __m256i raw =
-        _mm256_set_epi64x((long long)G[p[3] | ((qh >> 1) & 0x700)], (long long)G[p[2] | ((qh << 2) & 0x700)],
-                          (long long)G[p[1] | ((qh << 5) & 0x700)], (long long)G[p[0] | ((qh << 8) & 0x700)]);
+    const __m256i raw = _mm256_set_epi64x((long long)G[p[3]], (long long)G[p[2]], (long long)G[p[1]], (long long)G[p[0]]);
     const __m256i w = iq1_w_avx2(raw, _mm256_set1_epi8((char)((qh >> 13) & 4)));
     *g = _mm256_abs_epi8(w);
     *sg = w;
     *sc = _mm256_set1_epi16((short)(((qh >> 11) & 0xE) | 1));
 }
 
-DSIB_AI void iq1_m_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg, __m256i *sc) {
-    const uint8_t *p = blk + 4 * s;
+DSIB_AI void iq1_m_sub_avx2(const uint8_t *blk, const uint16_t *ix, int s, __m256i *g, __m256i *sg, __m256i *sc) {
+    const uint16_t *p = ix + 4 * s;
     const unsigned h = iq1_ld16(blk + 32 + 2 * s); /* nibble l: group 4s + l */
     const uint64_t *G = dsii_iq1s_grid;
-    const __m256i raw =
-        _mm256_set_epi64x((long long)G[p[3] | ((h >> 4) & 0x700)], (long long)G[p[2] | (h & 0x700)],
-                          (long long)G[p[1] | ((h << 4) & 0x700)], (long long)G[p[0] | ((h << 8) & 0x700)]);
+    const __m256i raw = _mm256_set_epi64x((long long)G[p[3]], (long long)G[p[2]], (long long)G[p[1]], (long long)G[p[0]]);
     /* group l's s bit: bit 3 (even l) / 7 (odd l) of byte l / 2 of h */
     const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi16((short)h),
                                            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1,
@@ -171,16 +199,19 @@ DSIB_AI void iq1_m_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg, 
 DSIB_AI float iq1_s_d_hw(const uint8_t *blk) { return dsib_f16_hw(blk); }
 DSIB_AI float iq1_m_d_hw(const uint8_t *blk) { return _cvtsh_ss(iq1_m_dh(blk)); }
 
-/* DSIB_IQ_TILE_AVX2 with the scale d from DF(blk) (IQ1_M's is not at byte 0). */
-#define IQ1_TILE_AVX2(NAME, BLK, SUB, DF)                                                  \
+/* DSIB_IQ_TILE_AVX2 with the scale d from DF(blk) (IQ1_M's is not at byte 0) and the grid
+ * indices of each row's next super-block computed one step ahead (IQ1_TILE_AVX512). */
+#define IQ1_TILE_AVX2(NAME, BLK, IDX, SUB, DF)                                             \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
         __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
+        uint16_t ixb[4][2][32] __attribute__((aligned(32)));                               \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++)                                                    \
                 acc[r][t][0][0] = acc[r][t][0][1] = acc[r][t][1][0] = acc[r][t][1][1] =    \
                     _mm256_setzero_ps();                                                   \
         const int64_t nb = n_in / 256;                                                     \
+        for (int r = 0; r < R && nb > 0; r++) IDX(w + (size_t)r * rb, ixb[r][0]);          \
         for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
         _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
             const int64_t b = b2 + u;                                                      \
@@ -189,7 +220,9 @@ DSIB_AI float iq1_m_d_hw(const uint8_t *blk) { return _cvtsh_ss(iq1_m_dh(blk)); 
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
                 DSIB_PF(PF, blk, BLK);                                                     \
                 __m256i g[8], sg[8], sc[8];                                                \
-                for (int s = 0; s < 8; s++) SUB(blk, s, &g[s], &sg[s], &sc[s]);            \
+                if (b + 1 < nb) IDX(blk + (BLK), ixb[r][u ^ 1]);                           \
+                __asm__("" : "+m"(ixb));                                                   \
+                for (int s = 0; s < 8; s++) SUB(blk, ixb[r][u], s, &g[s], &sg[s], &sc[s]); \
                 const float d = DF(blk);                                                   \
                 for (int t = 0; t < T; t++) {                                              \
                     const int8_t *xq = x[t].q + 256 * b;                                   \
@@ -211,8 +244,8 @@ DSIB_AI float iq1_m_d_hw(const uint8_t *blk) { return _cvtsh_ss(iq1_m_dh(blk)); 
                                                              acc[r][t][1][0], acc[r][t][1][1]); \
     }
 
-IQ1_TILE_AVX2(iq1_s_tile_avx2, 50, iq1_s_sub_avx2, iq1_s_d_hw)
-IQ1_TILE_AVX2(iq1_m_tile_avx2, 56, iq1_m_sub_avx2, iq1_m_d_hw)
+IQ1_TILE_AVX2(iq1_s_tile_avx2, 50, iq1_s_idx_avx2, iq1_s_sub_avx2, iq1_s_d_hw)
+IQ1_TILE_AVX2(iq1_m_tile_avx2, 56, iq1_m_idx_avx2, iq1_m_sub_avx2, iq1_m_d_hw)
 
 DSIB_QROWS_DEFINE_T(iq1_s_rows_avx2, iq1_s_tile_avx2, 2)
 DSIB_QROWS_DEFINE_T(iq1_m_rows_avx2, iq1_m_tile_avx2, 2)
