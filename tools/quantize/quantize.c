@@ -367,7 +367,7 @@ static void *fill_range(void *arg) {
 /* Threads of one fill call (-t): at most this many, and at least this much work per thread
  * (rows x columns) before a call is split at all, so small tensors do not pay thread starts. */
 #define FILL_MAX_THREADS 256
-#define FILL_MIN_VALUES (1u << 16)
+#define FILL_MIN_VALUES (1u << 13)
 
 static int fill(void *user, uint64_t r0, uint64_t n, void *dst) {
     fill_ctx *fc = user;
