@@ -130,6 +130,11 @@ with tempfile.TemporaryDirectory(prefix="dsi_quantize_") as d:
             off += 12 + ln + 4 * nv
     ntok = int(r.stderr.split("importance from ")[1].split()[0]) if ok else 0
     E, k = 8, 2
+    # every class of matrix, whichever op runs it (matmul, matmul_multi: the projections of xn,
+    # the router with the shared expert's gate and up; the routed experts; the head)
+    ok = ok and all(ent.get("blk.%d.%s.weight" % (il, nm), (0,))[0] == ntok
+                    for il in (0, 4) for nm in ("attn_q_a", "attn_kv", "attn_q_b", "attn_output_b",
+                                                "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))
     ok = ok and ent.get("blk.0.attn_q_a.weight", (0,))[0] == ntok and \
         ent.get("blk.4.ffn_gate_exps.weight", (0,))[0] == ntok * k and \
         ent.get("blk.4.ffn_down_exps.weight", (0,))[0] == ntok * k and \

@@ -3,7 +3,8 @@
  *
  * The model runs on the CPU backend; its ops table is wrapped for the duration (the wrapper
  * lives here, in the tool: the library is unchanged). Every matrix product reports its input
- * rows before running: matmul (plain and per-expert), matmul_grouped (the grouped output
+ * rows before running: matmul (plain and per-expert), matmul_multi (each of its entries),
+ * matmul_grouped (the grouped output
  * projection: all groups accumulate into the weight's columns, as ds4 aggregates them) and the
  * routed experts, whose gate / up inputs are the token rows sent to each expert and whose down
  * input (silu(min(g, lim)) * clamp(u, ±lim) * routing weight) is recomputed here from the
@@ -70,6 +71,21 @@ static dsi_status w_matmul(dsib_stream *st, const dsib_weight *w, int32_t expert
         for (uint32_t t = 0; t < n; t++) acc(s, expert_of(s, p), xs + (uint64_t)t * ldx, (uint64_t)w->ne[0]);
     }
     return g.orig->matmul(st, w, expert, x, ldx, y, ldy, n);
+}
+
+/* Several matmuls in one call (the projections of one input: q_a / kv / compressor /
+ * indexer, the router with the shared expert's gate and up): each entry as w_matmul. */
+static dsi_status w_multi(dsib_stream *st, const dsib_mm *mm, uint32_t count) {
+    for (uint32_t i = 0; i < count; i++) {
+        const dsib_weight *w = mm[i].w;
+        const uint8_t *p = dsib_cpu_wptr(w) + (uint64_t)mm[i].expert * w->nb2;
+        stat_t *s = find(p);
+        if (!s) continue;
+        const float *xs = dsib_cpu_f32(mm[i].x);
+        for (uint32_t t = 0; t < mm[i].n; t++)
+            acc(s, expert_of(s, p), xs + (uint64_t)t * mm[i].ldx, (uint64_t)w->ne[0]);
+    }
+    return g.orig->matmul_multi(st, mm, count);
 }
 
 static dsi_status w_grouped(dsib_stream *st, const dsib_weight *w, uint32_t groups, dsib_view x, uint32_t ldx,
@@ -180,6 +196,7 @@ int dsii_imatrix_collect(dsi_context *ctx, dsi_model *m, const char *text_path, 
         g.ops = *g.orig;
         g.ops.matmul = w_matmul;
         if (g.orig->matmul_grouped) g.ops.matmul_grouped = w_grouped;
+        if (g.orig->matmul_multi) g.ops.matmul_multi = w_multi;
         g.ops.moe_experts = w_experts;
         g.be = *orig_be;
         g.be.ops = &g.ops;
