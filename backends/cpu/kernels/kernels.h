@@ -11,8 +11,9 @@
  *
  * ---- Two activation paths (docs/performance.md §2) ------------------------------------
  *
- * DEFAULT (flags = 0): for the integer-coded weight types (Q8_0, Q4_K, Q2_K, MXFP4 and any
- * type added later with an activation format) each token's x row is quantised ONCE per call
+ * DEFAULT (flags = 0): for the integer-coded weight types (Q8_0, Q4_K, Q2_K, MXFP4 and every
+ * further ggml type: the K-quants, Q4_0 … Q5_1, IQ4_*, IQ3_*, IQ2_*, IQ1_*) each token's x
+ * row is quantised ONCE per call
  * to signed 8-bit blocks with an f32 scale (dsib_kern_act_quantize: d = amax/127, q =
  * round-to-nearest-even(x * 127/amax), plus int16 block sums), in the block structure of
  * the weight type (an activation format, DSIB_ACT_*). The dot products are then exact
