@@ -196,8 +196,11 @@ DSIB_AI void iq3_s_grid_vbmi(const uint8_t *blk, __m512i g[4]) {
     }
     const __m512i shifts = _mm512_set1_epi64(0x2926232009060300ll); /* byte 4i + j: bits 32i + 3j */
     const __m512i lv = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+    /* the four 16-code halves (immediate extracts: a loop index is no immediate at -O0) */
+    const __m256i half[4] = {_mm512_castsi512_si256(c[0]), _mm512_extracti64x4_epi64(c[0], 1),
+                             _mm512_castsi512_si256(c[1]), _mm512_extracti64x4_epi64(c[1], 1)};
     for (int v = 0; v < 4; v++) { /* dword i: the code of row 16v + i, spread to its four levels */
-        const __m512i q = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(c[v / 2], v % 2));
+        const __m512i q = _mm512_cvtepu16_epi32(half[v]);
         g[v] = _mm512_shuffle_epi8(lv, _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, q), _mm512_set1_epi8(7)));
     }
 }
