@@ -393,13 +393,11 @@ static int run_kernels(const opts *o) {
         float *x = malloc(sizeof(float) * (size_t)(n_in * pp_tok));
         float *y = malloc(sizeof(float) * (size_t)(n_out * pp_tok));
         void *act = NULL;
-        /* the larger of the two row formats (Q8_32's rows carry lane corrections and pair
-         * scales: about 2.4x Q8_K's; sized for Q8_K alone, --isa runs of Q8_32 types wrote
-         * past the end) */
-        size_t act_row = dsib_kern_act_row_bytes(DSIB_ACT_Q8_K, n_in);
-        if (dsib_kern_act_row_bytes(DSIB_ACT_Q8_32, n_in) > act_row)
-            act_row = dsib_kern_act_row_bytes(DSIB_ACT_Q8_32, n_in);
-        size_t act_bytes = act_row * (size_t)pp_tok;
+        /* rows of the type's own activation format, the one kmatmul quantises into (sized
+         * for Q8_K alone, --isa runs of the Q8_32 types wrote past the end: their rows carry
+         * lane corrections and pair scales, about 2.4x Q8_K's); F32 needs none */
+        const size_t act_row = dsib_kern_act_row_bytes(dsib_kern_act_format(type, flags), n_in);
+        size_t act_bytes = (act_row ? act_row : 64) * (size_t)pp_tok;
         if (!x || !y || posix_memalign(&act, 64, act_bytes) != 0) return 1;
         for (int64_t i = 0; i < n_in * pp_tok; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
 
