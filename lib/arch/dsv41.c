@@ -922,8 +922,9 @@ static dsi_status v41_record(const dsii_arch_model *am, dsii_lane *lane, dsii_kv
         return dsii_fail(e, DSI_ERR_INTERNAL, "deepseek41: %u Engram rows prepared, step of %u",
                          v->pending_rows, sh->n);
     /* engram.h DSII_ENGRAM_INLINE_NS: the budget a gather on the step thread may take */
-    const uint64_t budget = v->last_step_ns / 32 > DSII_ENGRAM_INLINE_NS ? v->last_step_ns / 32
-                                                                         : DSII_ENGRAM_INLINE_NS;
+    const uint32_t inline_ns = atomic_load_explicit(&dsii_engram_inline_ns_test, memory_order_relaxed);
+    const uint64_t floor_ns = inline_ns ? inline_ns : DSII_ENGRAM_INLINE_NS;
+    const uint64_t budget = v->last_step_ns / 32 > floor_ns ? v->last_step_ns / 32 : floor_ns;
     const uint64_t t0 = dsii_time_ns();
     if (v->gather_inline) {
         /* the rows came fast (page cache, row cache): gather here, then the step; a slow

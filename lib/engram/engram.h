@@ -240,6 +240,11 @@ uint64_t dsii_engram_async_last_ns(const dsii_engram_async *a);
 #define DSII_ENGRAM_INLINE_NS 100000u
 #define DSII_ENGRAM_INLINE_AFTER 4u
 
+/* Tests only (not API): when non-zero, the inline budget in ns instead of
+ * DSII_ENGRAM_INLINE_NS (test_place's adaptive-overlap test sets a budget far from both its
+ * fast, in-memory reads and its 20 ms slow ones, so the verdicts do not depend on how busy
+ * the machine or how slow a sanitizer build is). */
+extern _Atomic uint32_t dsii_engram_inline_ns_test;
 /* Tests only (not API): the overlap of models loaded from now on. 0: the default (overlapped
  * where it applies: CPU backend, tables in the disk tier); 1: off, every gather before the
  * step as before issue 17's overlap (the A/B switch). */

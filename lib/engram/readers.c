@@ -163,6 +163,7 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
  * step thread's reads. */
 
 atomic_int dsii_engram_overlap_test;
+_Atomic uint32_t dsii_engram_inline_ns_test;
 _Atomic(dsii_engram_probe_fn) dsii_engram_step_probe;
 
 struct dsii_engram_async {
