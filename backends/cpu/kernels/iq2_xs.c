@@ -112,10 +112,7 @@ DSIB_AI void iq2_xs_signs_avx512(const uint8_t *blk, __mmask64 ng[4], __m512i sc
     par = _mm512_xor_si512(par, _mm512_srli_epi16(par, 1));
     const __m256i m = _mm512_cvtepi16_epi8(
         _mm512_or_si512(i7, _mm512_slli_epi16(_mm512_and_si512(par, _mm512_set1_epi16(1)), 7)));
-    ng[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(m)));
-    ng[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_castsi256_si128(m), 1));
-    ng[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(m, 1)));
-    ng[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_extracti128_si256(m, 1), 1));
+    dsib_iq_masks_avx512(m, ng);
     dsib_iq_scales16_avx512(blk + 66, sc);
 }
 
@@ -201,10 +198,7 @@ DSIB_AI void iq2_xs_signs_vbmi(const uint8_t *blk, __mmask64 ng[4], __m512i sc[2
     const __m512i ks0 = _mm512_loadu_si512(dsii_ksigns_iq2xs), ks1 = _mm512_loadu_si512(dsii_ksigns_iq2xs + 64);
     const __m512i idx = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x39291909ll), _mm512_loadu_si512(blk + 2));
     const __m256i m = _mm512_cvtepi64_epi32(_mm512_permutex2var_epi8(ks0, idx, ks1));
-    ng[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(m)));
-    ng[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_castsi256_si128(m), 1));
-    ng[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(m, 1)));
-    ng[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_extracti128_si256(m, 1), 1));
+    dsib_iq_masks_avx512(m, ng);
     dsib_iq_scales16_avx512(blk + 66, sc);
 }
 

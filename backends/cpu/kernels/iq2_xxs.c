@@ -177,10 +177,7 @@ DSIB_AI void iq2_xxs_signs_vbmi(const uint8_t *blk, __mmask64 ng[4], __m512i sc[
     /* byte l < 4 of qword s: bits 32 + 7l .. of it (the sign index of group l, bit 7 unused) */
     const __m512i idx = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x00000000352e2720ll), raw);
     const __m256i m = _mm512_cvtepi64_epi32(_mm512_permutex2var_epi8(ks0, idx, ks1));
-    ng[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(m)));
-    ng[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_castsi256_si128(m), 1));
-    ng[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(m, 1)));
-    ng[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_extracti128_si256(m, 1), 1));
+    dsib_iq_masks_avx512(m, ng);
     dsib_iq_scales_avx512(_mm512_srli_epi64(raw, 32), sc);
 }
 

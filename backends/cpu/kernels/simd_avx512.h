@@ -367,6 +367,15 @@ DSIB_AI void dsib_iq_signs_avx512(__m512i w, __mmask64 ng[4], __m512i sc[2]) {
     dsib_iq_scales_avx512(w, sc);
 }
 
+/* The four 64-bit sign masks of an IQ super-block (vector v's: qword v of m, bit k = byte k
+ * of that vector negated) from the 32 sign bytes in m. */
+DSIB_AI void dsib_iq_masks_avx512(__m256i m, __mmask64 ng[4]) {
+    ng[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_castsi256_si128(m)));
+    ng[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_castsi256_si128(m), 1));
+    ng[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(_mm256_extracti128_si256(m, 1)));
+    ng[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(_mm256_extracti128_si256(m, 1), 1));
+}
+
 /* The whole AVX-512 tile of IQ2_XXS / IQ3_XXS (canonical order in iq2_xxs.c): GRID(blk, g)
  * gives the four vectors of unsigned grid bytes, SIGNS(blk, ng, sc) the sign masks and
  * scale pairs; the signs go onto the activation bytes; y = FIN · the reduction. */
