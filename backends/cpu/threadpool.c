@@ -3,7 +3,7 @@
  *
  * Jobs live on the submitter's stack and are linked into the pool's list of open jobs
  * while they still have unclaimed tasks. A worker takes a reference on a job under the
- * pool mutex, claims tasks with an atomic counter, and drops the reference under the
+ * pool mutex, claims tasks with atomic counters (one per range of tasks), and drops the reference under the
  * mutex again; the submitter unlinks its job once every task is claimed and returns only
  * when all tasks are done and no worker holds a reference, so the stack job is never
  * touched after it returns.
@@ -38,11 +38,26 @@
 #define DSIB_POOL_SPIN_NS 200000ull
 #define DSIB_POOL_HOT_NS 20000ull
 
+/* The tasks of a job are split into contiguous ranges, one per thread (at most
+ * DSIB_POOL_RANGES): slot s claims the tasks of range s mod n_ranges in order, then those
+ * left in the other ranges. A thread's consecutive tasks are then consecutive output rows,
+ * so its weight stream runs on from one task into the next (the kernels' prefetch reaches
+ * past a task's end) instead of restarting at every task, as it did when all threads
+ * claimed from one counter and their tasks interleaved. Which thread runs a task never
+ * changes a result. */
+#define DSIB_POOL_RANGES 8
+
+typedef struct dsib_range {
+    _Alignas(64) atomic_llong next; /* next unclaimed task of the range */
+    long long end;
+} dsib_range;
+
 typedef struct dsib_job {
     dsib_task_fn fn;
     void *arg;
     int64_t n_tasks;
-    atomic_llong next;   /* next unclaimed task */
+    int32_t n_ranges;
+    dsib_range rg[DSIB_POOL_RANGES];
     atomic_llong done;   /* finished tasks */
     atomic_int slots;    /* next slot id for a helper (the submitter is 0) */
     uint64_t t_submit;   /* statistics on: submission time, else 0 */
@@ -93,15 +108,27 @@ static void set_msg(char *msg, size_t msg_size, const char *text) {
     if (msg && msg_size) snprintf(msg, msg_size, "%s", text);
 }
 
-/* Runs tasks of `j` until none are left to claim; returns how many it ran. */
+/* 1 while some range of `j` has an unclaimed task. */
+static int job_open(dsib_job *j) {
+    for (int32_t r = 0; r < j->n_ranges; r++)
+        if (atomic_load_explicit(&j->rg[r].next, memory_order_relaxed) < j->rg[r].end) return 1;
+    return 0;
+}
+
+/* Runs tasks of `j` until none are left to claim: its own range first, then the others';
+ * returns how many it ran. */
 static int64_t job_run(dsib_job *j, int32_t slot) {
     int64_t ran = 0;
-    for (;;) {
-        long long t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (t >= j->n_tasks) break;
-        j->fn(j->arg, (int64_t)t, slot);
-        atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
-        ran++;
+    const int32_t nr = j->n_ranges, r0 = slot % nr;
+    for (int32_t k = 0; k < nr; k++) {
+        dsib_range *g = &j->rg[(r0 + k) % nr];
+        while (atomic_load_explicit(&g->next, memory_order_relaxed) < g->end) {
+            long long t = atomic_fetch_add_explicit(&g->next, 1, memory_order_relaxed);
+            if (t >= g->end) break;
+            j->fn(j->arg, (int64_t)t, slot);
+            atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+            ran++;
+        }
     }
     return ran;
 }
@@ -138,7 +165,7 @@ void dsib_threadpool_stats_get(dsib_threadpool *p, dsib_pool_stats *out) {
 /* An open job with unclaimed tasks, or NULL (pool mutex held). */
 static dsib_job *pool_pick(dsib_threadpool *p) {
     for (dsib_job *j = p->head; j; j = j->nextj) {
-        if (atomic_load_explicit(&j->next, memory_order_relaxed) < j->n_tasks) return j;
+        if (job_open(j)) return j;
     }
     return NULL;
 }
@@ -330,7 +357,12 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     j.fn = fn;
     j.arg = arg;
     j.n_tasks = n_tasks;
-    atomic_init(&j.next, 0);
+    j.n_ranges = p->n_threads < DSIB_POOL_RANGES ? p->n_threads : DSIB_POOL_RANGES;
+    if (j.n_ranges > n_tasks) j.n_ranges = (int32_t)n_tasks;
+    for (int32_t r = 0; r < j.n_ranges; r++) {
+        atomic_init(&j.rg[r].next, n_tasks * r / j.n_ranges);
+        j.rg[r].end = n_tasks * (r + 1) / j.n_ranges;
+    }
     atomic_init(&j.done, 0);
     atomic_init(&j.slots, 1);
     atomic_init(&j.refs, 0);

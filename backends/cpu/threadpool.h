@@ -61,8 +61,11 @@ void dsib_threadpool_dealloc(dsib_threadpool *pool, void *ptr);
 
 /* Runs fn(arg, task, slot) for every task in [0, n_tasks) and returns when all have
  * finished. n_tasks <= 0 returns at once. n_tasks == 1 (or a NULL pool) runs inline on
- * the caller with slot 0. [thread-safe]: may be called from several threads at once;
- * must not be called from inside a task (no nesting). */
+ * the caller with slot 0. Order: the tasks are split into contiguous ranges, one per
+ * thread (at most 8); a thread runs its own range's tasks in increasing order, then helps
+ * with what is left of the others' (also in increasing order), so a thread's consecutive
+ * tasks are usually consecutive task ids. [thread-safe]: may be called from several threads
+ * at once; must not be called from inside a task (no nesting). */
 void dsib_parallel_for(dsib_threadpool *pool, int64_t n_tasks, dsib_task_fn fn, void *arg);
 
 /* Statistics (dsinfer-bench's profile), counted only while enabled:

@@ -49,7 +49,10 @@ static void run_counted(dsib_threadpool *pool, int32_t nt, int64_t n) {
 
 static void test_many_tasks(void **state) {
     (void)state;
-    for (int32_t nt = 1; nt <= 5; nt++) {
+    /* 12 threads: more than the pool's 8 task ranges, so slots share ranges */
+    static const int32_t nts[] = {1, 2, 3, 4, 5, 12};
+    for (size_t k = 0; k < sizeof nts / sizeof nts[0]; k++) {
+        const int32_t nt = nts[k];
         dsib_threadpool *pool = NULL;
         assert_int_equal(dsib_threadpool_create(nt, NULL, &pool, NULL, 0), DSI_OK);
         assert_int_equal(dsib_threadpool_n_threads(pool), nt);
@@ -202,6 +205,55 @@ static void test_slow_helper_wakes_submitter(void **state) {
     dsib_threadpool_free(pool);
 }
 
+/* The claim order (threadpool.h): each thread runs its own contiguous range of tasks in
+ * increasing order before it helps with the others'. Tasks sleep, so the worker gets to
+ * run even on a busy machine. Asserted: within each range a thread's tasks increase, and
+ * the submitter (slot 0, range [0, 32)) starts with tasks 0, 1, 2, ... — at least the first
+ * 16 of them in a row: a helper reaches range 0 only after finishing its own 32 tasks, so
+ * this fails only if the submitter ran at under half the helper's pace. Claiming from one
+ * shared counter (before) interleaves the two threads' tasks from the start. */
+#define ORDER_TASKS 64
+static int64_t order_seq[2][ORDER_TASKS];
+static atomic_int order_len[2];
+static atomic_int order_bad;
+static void order_task(void *arg, int64_t task, int32_t slot) {
+    (void)arg;
+    struct timespec ts = {0, 500000};
+    nanosleep(&ts, NULL);
+    if (slot < 0 || slot > 1) {
+        atomic_fetch_add(&order_bad, 1);
+        return;
+    }
+    int i = atomic_fetch_add(&order_len[slot], 1);
+    if (i < ORDER_TASKS) order_seq[slot][i] = task;
+}
+
+static void test_claim_order(void **state) {
+    (void)state;
+    dsib_threadpool *pool = NULL;
+    assert_int_equal(dsib_threadpool_create(2, NULL, &pool, NULL, 0), DSI_OK);
+    for (int rep = 0; rep < 3; rep++) {
+        atomic_init(&order_len[0], 0);
+        atomic_init(&order_len[1], 0);
+        atomic_init(&order_bad, 0);
+        dsib_parallel_for(pool, ORDER_TASKS, order_task, NULL);
+        assert_int_equal(atomic_load(&order_bad), 0);
+        int n0 = atomic_load(&order_len[0]), n1 = atomic_load(&order_len[1]);
+        assert_int_equal(n0 + n1, ORDER_TASKS);
+        for (int s = 0; s < 2; s++) {
+            int n = s ? n1 : n0;
+            for (int i = 1; i < n; i++) {
+                int64_t a = order_seq[s][i - 1], b = order_seq[s][i];
+                if ((a < ORDER_TASKS / 2) == (b < ORDER_TASKS / 2)) assert_true(b > a);
+            }
+        }
+        int run = 0;
+        while (run < n0 && order_seq[0][run] == run) run++;
+        assert_true(run >= ORDER_TASKS / 4);
+    }
+    dsib_threadpool_free(pool);
+}
+
 static int n_alloc;
 static void *my_malloc(void *ctx, size_t n) {
     (void)ctx;
@@ -243,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_create_args),
         cmocka_unit_test(test_workers_participate),
         cmocka_unit_test(test_slow_helper_wakes_submitter),
+        cmocka_unit_test(test_claim_order),
     };
     dsit_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
