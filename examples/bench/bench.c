@@ -589,6 +589,59 @@ static const char *type_name_of(int32_t type) {
     return tr ? tr->name : "?";
 }
 
+/* The decode step's compute ceiling on the CPU: each weight type's matvec rate (n_tok = 1)
+ * on a matrix that stays in the caches (1 MiB, rows of n_in columns, `pool`'s threads),
+ * combined over the step's bytes by type — the time the step's matvecs would take if no
+ * byte came from memory. With the read bandwidth it bounds decode from above:
+ * time per token >= max(bytes / read BW, sum over types of bytes_t / hot_t). hot[i] = 0
+ * for a type that has no CPU matmul (its bytes are left out of `covered`). */
+typedef struct hot_ceiling {
+    double hot[16];
+    double gbs;     /* the step's bytes (covered) / their time at the hot rates */
+    double covered; /* bytes per token of the measured types */
+    int64_t n_in;
+} hot_ceiling;
+
+static void measure_hot_ceiling(dsib_threadpool *pool, uint32_t flags, const tok_cost *c,
+                                int64_t n_embd, hot_ceiling *h) {
+    memset(h, 0, sizeof *h);
+    h->n_in = n_embd / 256 * 256;
+    if (h->n_in < 256) h->n_in = 256;
+    double t_sum = 0;
+    uint64_t rng = 7;
+    for (int i = 0; i < c->n_types; i++) {
+        const int32_t type = c->type[i];
+        if (c->type_bytes[i] <= 0) continue;
+        const size_t rb = dsib_kern_row_bytes(type, h->n_in);
+        if (rb == 0 || dsib_kern_check(type, h->n_in, 1, rb, h->n_in, 1, NULL, 0) != DSI_OK)
+            continue;
+        int64_t n_out = (int64_t)(((size_t)1 << 20) / rb);
+        if (n_out < 64) n_out = 64;
+        uint8_t *w = malloc(rb * (size_t)n_out);
+        float *x = malloc(sizeof(float) * (size_t)h->n_in), *y = malloc(sizeof(float) * (size_t)n_out);
+        if (!w || !x || !y) {
+            free(w), free(x), free(y);
+            continue;
+        }
+        for (int64_t r = 0; r < n_out; r++) bench_fill_row(type, w + (size_t)r * rb, h->n_in, &rng);
+        for (int64_t k = 0; k < h->n_in; k++) x[k] = (float)((k * 7919) % 2001 - 1000) * 1e-3f;
+        double best = 0;
+        for (int rep = 0; rep < 9; rep++) {
+            double t0 = bench_now();
+            for (int k = 0; k < 16; k++)
+                dsib_matmul(pool, flags, type, w, rb, h->n_in, n_out, x, h->n_in, y, n_out, 1);
+            double gbs = 16.0 * (double)rb * (double)n_out / (bench_now() - t0) * 1e-9;
+            if (rep > 0 && gbs > best) best = gbs; /* rep 0 warms the caches */
+        }
+        free(w), free(x), free(y);
+        if (best <= 0) continue;
+        h->hot[i] = best;
+        h->covered += c->type_bytes[i];
+        t_sum += c->type_bytes[i] / (best * 1e9);
+    }
+    h->gbs = t_sum > 0 ? h->covered / t_sum * 1e-9 : 0;
+}
+
 /* The 1-minute load average (/proc/loadavg), or -1. */
 static double loadavg1(void) {
     FILE *f = fopen("/proc/loadavg", "r");
@@ -1552,6 +1605,11 @@ static int run_model(const opts *o) {
 
     limits l1;
     measure_limits(o, pool, &l1);
+    hot_ceiling hc;
+    memset(&hc, 0, sizeof hc);
+    const int cpu_backend = !strcmp(dsi_context_backend(ctx), "cpu");
+    if (!o->no_limits && cpu_backend)
+        measure_hot_ceiling(pool, o->exact ? DSIB_MM_EXACT : 0u, &cost, info.n_embd, &hc);
     dsib_threadpool_free(pool);
     const double load1 = loadavg1();
     l = l0;
@@ -1643,8 +1701,27 @@ static int run_model(const opts *o) {
             printf("%.4f", eff_gbs / l.read_gbs);
         else
             printf("null");
-        printf(", \"effective_gbs_per_cpu_time\": %.3f, \"frac_read_bw_per_cpu_time\": %.4f}",
+        printf(", \"effective_gbs_per_cpu_time\": %.3f, \"frac_read_bw_per_cpu_time\": %.4f",
                eff_gbs_cpu, fbw_cpu);
+        if (hc.gbs > 0) {
+            printf(", \"compute_ceiling\": {\"n_in\": %lld, \"hot_gbs_by_type\": {", (long long)hc.n_in);
+            int first = 1;
+            for (int i = 0; i < cost.n_types; i++) {
+                if (hc.hot[i] <= 0) continue;
+                printf("%s\"%s\": %.3f", first ? "" : ", ", type_name_of(cost.type[i]), hc.hot[i]);
+                first = 0;
+            }
+            const double bound = l.read_gbs > 0 && l.read_gbs < hc.gbs ? l.read_gbs : hc.gbs;
+            printf("}, \"covered_bytes_per_token\": %.0f, \"gbs\": %.3f}, \"frac_bound\": ",
+                   hc.covered, hc.gbs);
+            if (tg_ts > 0)
+                printf("%.4f", eff_gbs / bound);
+            else
+                printf("null");
+        } else {
+            printf(", \"compute_ceiling\": null, \"frac_bound\": null");
+        }
+        printf("}");
         printf(", \"prefill\": {\"flops_per_token\": %.0f, \"gflops\": %.3f, "
                "\"frac_fma_peak\": ",
                tok_flops, pp_gflops);
@@ -1706,6 +1783,16 @@ static int run_model(const opts *o) {
             printf(" MiB]");
             if (l.read_gbs > 0) printf(" = %.1f%% of read bandwidth", 100.0 * eff_gbs / l.read_gbs);
             printf("\n");
+            if (hc.gbs > 0) {
+                printf("decode compute ceiling (each type's matvec from the caches, %lld columns, %d "
+                       "threads):", (long long)hc.n_in, o->t);
+                for (int i = 0; i < cost.n_types; i++)
+                    if (hc.hot[i] > 0) printf(" %s %.1f", type_name_of(cost.type[i]), hc.hot[i]);
+                const double bound = l.read_gbs > 0 && l.read_gbs < hc.gbs ? l.read_gbs : hc.gbs;
+                printf(" GB/s -> %.2f GB/s over this step's bytes; decode = %.1f%% of the lower of "
+                       "the two limits (%.2f GB/s)\n",
+                       hc.gbs, 100.0 * eff_gbs / bound, bound);
+            }
         }
         if (pp_ts > 0) {
             printf("prefill: %.3f GFLOP per token (weight matmuls) -> %.1f GFLOP/s",

@@ -16,9 +16,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def bench(exe, model, *extra):
-    cmd = [exe, "-m", model, "-t", "2", "-p", "8", "-n", "4", "-r", "1", "--no-limits",
-           "--json"] + list(extra)
+def bench(exe, model, *extra, limits=False):
+    cmd = [exe, "-m", model, "-t", "2", "-p", "8", "-n", "4", "-r", "1", "--json"] + \
+        ([] if limits else ["--no-limits"]) + list(extra)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
@@ -84,6 +84,27 @@ def main():
             fail("%s: gflops_with_attn / gflops = %.6f, expected %.6f" % (access, ratio, want_ratio))
         print("%s: attention %.0f FLOP per token (as §3.4), pp8 %.1f t/s, tg4 %.1f t/s"
               % (access, got, tests["pp8"]["avg_ts"], tests["tg4"]["avg_ts"]))
+    # with the limits measured: the decode compute ceiling (each type's cached matvec rate,
+    # combined over the step's bytes by type) and the fraction of the lower limit
+    j = bench(exe, model, "--bw-mib", "64", limits=True)
+    d = j["decode"]
+    cc = d.get("compute_ceiling")
+    if not isinstance(cc, dict) or not cc.get("gbs", 0) > 0:
+        fail("compute_ceiling %r" % (cc,))
+    hot, by_type = cc["hot_gbs_by_type"], d["bytes_per_token_by_type"]
+    for t, b in by_type.items():
+        if b > 0 and t in ("f32", "f16", "bf16", "q8_0", "q4_k", "q2_k") and not hot.get(t, 0) > 0:
+            fail("compute_ceiling: no hot rate for %s (%r)" % (t, hot))
+    covered = sum(by_type[t] for t in hot)
+    want = covered / sum(by_type[t] / (hot[t] * 1e9) for t in hot) * 1e-9
+    if abs(cc["covered_bytes_per_token"] - covered) > 1 or abs(cc["gbs"] - want) > 1e-3 * want:
+        fail("compute_ceiling %r: expected covered %.0f, gbs %.3f" % (cc, covered, want))
+    bound = min(j["mem_read_gbs"], cc["gbs"])
+    if abs(d["frac_bound"] - d["effective_gbs"] / bound) > 1e-3:
+        fail("frac_bound %r, expected %.4f" % (d["frac_bound"], d["effective_gbs"] / bound))
+    print("compute ceiling %.2f GB/s (%s), read %.2f GB/s, decode %.1f %% of the lower"
+          % (cc["gbs"], ", ".join("%s %.1f" % kv for kv in hot.items()), j["mem_read_gbs"],
+             100 * d["frac_bound"]))
     # --kernels through another ISA's row kernels (--isa): the bench quantises the activations
     # into its own scratch, which must fit the type's row format (Q8_32 rows, of q4_0 / q4_1,
     # are ~2.4x the Q8_K rows it was once sized for; ASan in CI sees any overrun)
