@@ -3,10 +3,10 @@
  *
  * Jobs live on the submitter's stack and are linked into the pool's list of open jobs
  * while they still have unclaimed tasks. A worker takes a reference on a job under the
- * pool mutex, claims tasks with atomic counters (one per range of tasks), and drops the reference under the
- * mutex again; the submitter unlinks its job once every task is claimed and returns only
- * when all tasks are done and no worker holds a reference, so the stack job is never
- * touched after it returns.
+ * pool mutex, claims tasks with atomic counters (one per range of tasks), and drops the
+ * reference under the mutex again; the submitter unlinks its job once every task is
+ * claimed and returns only when all tasks are done and no worker holds a reference, so the
+ * stack job is never touched after it returns.
  */
 #define _POSIX_C_SOURCE 200809L
 
