@@ -874,7 +874,7 @@ static void test_cross_isa(void **state) {
     (void)state;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    print_message("IQ2_XXS, IQ2_XS, IQ2_S, IQ3_S on AVX-512 VNNI: %s\n",
+    print_message("IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S on AVX-512 VNNI: %s\n",
                   __builtin_cpu_supports("avx512vbmi") ? "the VBMI and the plain variants"
                                                        : "the plain variants (no AVX512_VBMI here)");
 #endif
@@ -901,10 +901,11 @@ static void test_cross_isa(void **state) {
                 /* AMX's Q8_0 has its own order: test_amx_blocksum checks it bit for bit. */
                 if (isa == DSIB_ISA_AMX && p.type == DSI_TYPE_Q8_0) continue;
                 void *a2 = quantize_all(kt, &p, &as);
-                /* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_S on AVX-512 VNNI: the VBMI variant (where the
-                 * CPU has it) and the plain one (dsib_kern_iq2_vbmi) */
+                /* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S on AVX-512 VNNI: the VBMI variant
+                 * (where the CPU has it) and the plain one (dsib_kern_iq2_vbmi) */
                 const int has_vbmi = p.type == DSI_TYPE_IQ2_XXS || p.type == DSI_TYPE_IQ2_XS ||
-                                     p.type == DSI_TYPE_IQ2_S || p.type == DSI_TYPE_IQ3_S;
+                                     p.type == DSI_TYPE_IQ2_S || p.type == DSI_TYPE_IQ3_XXS ||
+                                     p.type == DSI_TYPE_IQ3_S;
                 const int variants = has_vbmi && isa >= DSIB_ISA_AVX512VNNI ? 2 : 1;
                 for (int v = 0; v < variants; v++) {
                     dsib_kern_iq2_vbmi = v == 0;
