@@ -188,7 +188,7 @@ DSIB_TARGET_POP
 
 /* The AVX-512 VNNI entry: the VBMI variant where the CPU has it and dsib_kern_iq2_vbmi is
  * set (kernels.h; tests and benchmarks clear it to run the other one). The flag and the CPU
- * check serve the VBMI variants of iq2_xs.c, iq2_s.c and iq3_s.c too. */
+ * check serve the VBMI variants of iq2_xs.c, iq2_s.c, iq3_xxs.c and iq3_s.c too. */
 int32_t dsib_kern_iq2_vbmi = 1;
 
 int dsib_kern_cpu_vbmi(void) {
