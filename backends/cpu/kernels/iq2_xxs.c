@@ -201,7 +201,7 @@ DSIB_AI void iq2_xxs_signs_vbmi(const uint8_t *blk, __mmask64 ng[4], __m512i sc[
 }
 
 DSIB_IQ_TILE_AVX512(iq2_xxs_tile_vbmi, 66, iq2_xxs_grid_vbmi, iq2_xxs_signs_vbmi, 0.125f)
-DSIB_QROWS_DEFINE_R(iq2_xxs_rows_vbmi, iq2_xxs_tile_vbmi, 2)
+DSIB_QROWS_DEFINE_R(iq2_xxs_rows_vbmi, iq2_xxs_tile_vbmi, 1)
 
 DSIB_TARGET_POP
 
