@@ -142,6 +142,10 @@ uint64_t dsii_engram_readers_wakes(const dsii_engram_readers *r);
  * waking reader threads and waiting for them to leave cost milliseconds (scheduler ticks),
  * far more than the reads (docs/placement.md "Parallel readers"). */
 #define DSII_ENGRAM_SLOW_READ_NS 40000u
+/* Tests only (not API): when non-zero, the slow-read threshold in ns instead of
+ * DSII_ENGRAM_SLOW_READ_NS (test_place's adaptive-overlap test: an in-memory read preempted
+ * for 40 us on a busy machine must not wake the readers there). */
+extern _Atomic uint32_t dsii_engram_slow_read_ns_test;
 void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *arg, size_t k),
                              void *arg);
 /* Tests only (not API): the reader threads of models loaded from now on. 0: the default

@@ -122,6 +122,8 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
     b.max_helpers = r ? (n - 1 < (size_t)r->n_threads ? (int)(n - 1) : r->n_threads) : 0;
     b.queued = 0;
     int woke = 0;
+    const uint32_t slow_test = atomic_load_explicit(&dsii_engram_slow_read_ns_test, memory_order_relaxed);
+    const uint64_t slow_ns = slow_test ? slow_test : DSII_ENGRAM_SLOW_READ_NS;
     if (b.max_helpers > 0) {
         /* alone first: fast reads (page cache) never pay for waking the pool */
         while (!atomic_load_explicit(&b.stop, memory_order_relaxed)) {
@@ -129,7 +131,7 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
             if (k >= b.n) break;
             const uint64_t t0 = dsii_time_ns();
             if (b.fn(b.arg, k)) atomic_store_explicit(&b.stop, 1, memory_order_relaxed);
-            else if (k + 1 < b.n && dsii_time_ns() - t0 > DSII_ENGRAM_SLOW_READ_NS) {
+            else if (k + 1 < b.n && dsii_time_ns() - t0 > slow_ns) {
                 woke = 1;
                 break;
             }
@@ -164,6 +166,7 @@ void dsii_engram_readers_run(dsii_engram_readers *r, size_t n, int (*fn)(void *a
 
 atomic_int dsii_engram_overlap_test;
 _Atomic uint32_t dsii_engram_inline_ns_test;
+_Atomic uint32_t dsii_engram_slow_read_ns_test;
 _Atomic(dsii_engram_probe_fn) dsii_engram_step_probe;
 
 struct dsii_engram_async {

@@ -2070,7 +2070,10 @@ static void overlap(void **state) {
  * too slow for that, and the step after it is overlapped again. Logits equal the resident
  * model's at every step, whichever thread read the rows. The inline budget is 5 ms here
  * (dsii_engram_inline_ns_test): the default 100 µs judged in-memory gathers slow under ASan
- * on a busy CI machine (a preempted gather), and the verdicts must not depend on that. */
+ * on a busy CI machine (a preempted gather), and the verdicts must not depend on that. So is
+ * the slow-read threshold that wakes the parallel readers (dsii_engram_slow_read_ns_test;
+ * default 40 µs): a preempted in-memory read woke them in the last fast step of a loaded CI
+ * run (reads per call ... 1 1 3 2 2 2). */
 #define OA_PRE 8
 #define OA_FAST 16
 #define OA_SLOW 3
@@ -2117,6 +2120,7 @@ static void overlap_adaptive(void **state) {
     assert_non_null(s);
     int where[OA_FAST + OA_SLOW + 1]; /* per call: 1 the step thread read, 2 others, 3 both */
     atomic_store(&dsii_engram_inline_ns_test, 5000000u);
+    atomic_store(&dsii_engram_slow_read_ns_test, 5000000u);
     atomic_store(&r.track, 1);
     for (int c = 0; c <= n_dec; c++) {
         if (c == OA_FAST + 1) atomic_store(&r.slow, 1); /* 20 ms per read from here on */
@@ -2132,6 +2136,7 @@ static void overlap_adaptive(void **state) {
     atomic_store(&r.track, 0);
     atomic_store(&r.slow, 0);
     atomic_store(&dsii_engram_inline_ns_test, 0u);
+    atomic_store(&dsii_engram_slow_read_ns_test, 0u);
     printf("# adaptive overlap, reads per call (1 step thread, 2 other threads, 3 both):");
     for (int c = 0; c <= n_dec; c++) printf(" %d", where[c]);
     printf("\n");
