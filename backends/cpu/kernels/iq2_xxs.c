@@ -162,15 +162,10 @@ static const uint8_t iq2_xxs_chi[256] __attribute__((aligned(64))) = {
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VBMI)
 
 DSIB_AI void iq2_xxs_grid_vbmi(const uint8_t *blk, __m512i g[4]) {
-    const __m512i *tl = (const __m512i *)(const void *)iq2_xxs_clo;
-    const __m512i *th = (const __m512i *)(const void *)iq2_xxs_chi;
     /* byte 8s + l (l < 4): the grid index of row 4s + l; bytes 8s + 4 .. 8s + 7: w_s */
     const __m512i ix = _mm512_loadu_si512(blk + 2);
     const __mmask64 b7 = _mm512_movepi8_mask(ix);
-    const __m512i lo = _mm512_mask_blend_epi8(b7, _mm512_permutex2var_epi8(tl[0], ix, tl[1]),
-                                              _mm512_permutex2var_epi8(tl[2], ix, tl[3]));
-    const __m512i hi = _mm512_mask_blend_epi8(b7, _mm512_permutex2var_epi8(th[0], ix, th[1]),
-                                              _mm512_permutex2var_epi8(th[2], ix, th[3]));
+    const __m512i lo = DSIB_LUT256_VBMI(iq2_xxs_clo, ix, b7), hi = DSIB_LUT256_VBMI(iq2_xxs_chi, ix, b7);
     /* qword k of vector v (row 8v + k, index byte 16v + 8(k / 4) + k % 4): bytes lo, hi of
      * that row (vpermt2b bytes 64 + i: hi[i]); the code at bits 0 .. 15, element j at 2j */
 #define IQ2XXS_ROW_(k) (long long)((uint64_t)(8 * ((k) / 4) + (k) % 4) | (uint64_t)(64 + 8 * ((k) / 4) + (k) % 4) << 8)

@@ -158,14 +158,9 @@ static const uint8_t iq3_xxs_chi[256] __attribute__((aligned(64))) = {
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VBMI)
 
 DSIB_AI void iq3_xxs_grid_vbmi(const uint8_t *blk, __m512i g[4]) {
-    const __m512i *tl = (const __m512i *)(const void *)iq3_xxs_clo;
-    const __m512i *th = (const __m512i *)(const void *)iq3_xxs_chi;
     const __m512i ix = _mm512_loadu_si512(blk + 2); /* byte i: the grid index of row i */
     const __mmask64 b7 = _mm512_movepi8_mask(ix);
-    const __m512i lo = _mm512_mask_blend_epi8(b7, _mm512_permutex2var_epi8(tl[0], ix, tl[1]),
-                                              _mm512_permutex2var_epi8(tl[2], ix, tl[3]));
-    const __m512i hi = _mm512_mask_blend_epi8(b7, _mm512_permutex2var_epi8(th[0], ix, th[1]),
-                                              _mm512_permutex2var_epi8(th[2], ix, th[3]));
+    const __m512i lo = DSIB_LUT256_VBMI(iq3_xxs_clo, ix, b7), hi = DSIB_LUT256_VBMI(iq3_xxs_chi, ix, b7);
     /* qword p of vector v: bytes lo, hi of row 16v + 2p, then of row 16v + 2p + 1 (vpermt2b
      * bytes 64 + i: hi[i]); the codes at bits 0, 16, element j at + 3j */
 #define IQ3XXS_PAIR_(p) \

@@ -308,6 +308,18 @@ DSIB_AI void dsib_iq_scales16_avx512(const uint8_t *p, __m512i sc[2]) {
 #undef DSIB_SC16_
 }
 
+/* Byte ix[i] of a 256-byte table (a 64-byte-aligned uint8_t[256], looked at as four
+ * registers): vpermi2b on 128 entries twice, one blend by index bit 7 (b7 =
+ * _mm512_movepi8_mask(ix), shared when several tables are looked up with the same ix).
+ * AVX512_VBMI: a macro, so that it expands inside the caller's VBMI target region (this
+ * header is compiled under the VNNI target). iq2_xxs.c, iq3_xxs.c. */
+#define DSIB_LUT256_VBMI(table, ix, b7)                                                       \
+    _mm512_mask_blend_epi8((b7),                                                           \
+                           _mm512_permutex2var_epi8(((const __m512i *)(const void *)(table))[0], (ix), \
+                                                    ((const __m512i *)(const void *)(table))[1]), \
+                           _mm512_permutex2var_epi8(((const __m512i *)(const void *)(table))[2], (ix), \
+                                                    ((const __m512i *)(const void *)(table))[3]))
+
 /* The 16-bit codes of a 512-entry grid held in sixteen registers (tab[2m], tab[2m + 1]:
  * entries 64m .. 64m + 63) for the 9-bit indices in the 32 words of iw (bits 0-7; bit 8 of
  * word k is bit k of b8, bits above 7 of iw are ignored): vpermi2w on bits 0-5 in each of
