@@ -39,6 +39,18 @@
 #ifndef DSIB_PREFETCH_BYTES
 #define DSIB_PREFETCH_BYTES 4096
 #endif
+/* DSIB_PF in a tile of R rows (rb bytes apart): with R > 1 the lines of the same blocks in
+ * the next tile, R * rb bytes on (the distance of DSIB_PF from inside the tile would land on
+ * rows being read now). */
+#define DSIB_PF_ROWS(on, p, n, R, rb)                                                      \
+    do {                                                                                   \
+        if ((R) == 1) {                                                                    \
+            DSIB_PF(on, p, n);                                                             \
+        } else if ((on) && dsib_kern_prefetch > 0) {                                       \
+            const char *pfq_ = (const char *)(p) + (size_t)(R) * (rb);                     \
+            for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfq_ + pfk_, 0, 3); \
+        }                                                                                  \
+    } while (0)
 #define DSIB_PF(on, p, n)                                                                  \
     do {                                                                                   \
         const int32_t pfd_ = dsib_kern_prefetch;                                           \
@@ -292,7 +304,8 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * canonical order give a single row its instruction-level parallelism); prefill tiles
  * serve up to TT tokens (4 on AVX-512, 2 on AVX2 with its 16 registers) from one decoded
  * weight block. Every tile runs the same per-(row, token) sequence, so results do not
- * depend on it. (The AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the
+ * depend on it. (Exception: the AVX2 kernels that are compute-bound on short rows take four
+ * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below.) (The AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the
  * later token tiles of a call: DSIB_QTILE_FN_R below.) */
 /* RR rows per tile in the later multi-token tiles of a call (T >= 2, pf = 0: rows re-read
  * from L2; the last odd row alone): the token rows' activations are loaded once per RR
@@ -316,6 +329,39 @@ static inline float dsib_reduce32(const float a[2][16]) {
         }                                                                                  \
     }
 #define DSIB_QTILE_FN(NAME, TILE, T) DSIB_QTILE_FN_R(NAME, TILE, T, 1)
+/* One-token (decode) tiles of RR rows for the AVX2 kernels that are compute-bound on short
+ * rows (DSIB_QROWS_DEFINE_T4): while n_in <= DSIB_T1_ROWS_MAX_IN the rows go RR at a time,
+ * block b of each row in turn, so that the independent rows overlap the latency of a row's
+ * last blocks and of its final reduction (with n_in = 1024 a row has only 4 super-blocks);
+ * their weights are prefetched one tile ahead (DSIB_PF_ROWS). Longer rows keep R = 1. Zen 3,
+ * one thread, cold 64-128 MiB matrices, R = 1 -> 4 (docs/performance.md 4.00000000000000):
+ * Q4_K 512 / 1024 / 2048 / 4096 columns 11.6 -> 13.1, 13.2 -> 13.7, 14.9 -> 15.4,
+ * 16.2 -> 15.3 GB/s; Q2_K 5.4 -> 7.9, 7.5 -> 8.8, 9.4 -> 9.5, 10.4 -> 10.1. Q8_0, which is
+ * memory-bound there, measured 19.6 -> 12.9 GB/s (1024 columns): the memory-bound types
+ * keep DSIB_QROWS_DEFINE_T. Results are the same: every row runs its own sequence. */
+#define DSIB_T1_ROWS_MAX_IN 2048
+#define DSIB_QTILE_FN_T1(NAME, TILE, RR)                                                   \
+    static void NAME##_t1(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,           \
+                          int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {      \
+        int64_t o = o0;                                                                    \
+        if (n_in <= DSIB_T1_ROWS_MAX_IN)                                                   \
+            for (; o + (RR) <= o1; o += (RR)) {                                            \
+                float out[RR];                                                             \
+                TILE(w + (size_t)o * rb, rb, n_in, x, out, RR, 1, pf);                     \
+                for (int r = 0; r < (RR); r++) yp[0][o + r] = out[r];                     \
+            }                                                                              \
+        for (; o < o1; o++) {                                                              \
+            float out[1];                                                                  \
+            TILE(w + (size_t)o * rb, rb, n_in, x, out, 1, 1, pf);                          \
+            yp[0][o] = out[0];                                                             \
+        }                                                                                  \
+    }
+#define DSIB_QROWS_DEFINE_T4(NAME, TILE, TT)                                               \
+    DSIB_QTILE_FN_T1(NAME, TILE, 4)                                                        \
+    DSIB_QTILE_FN(NAME, TILE, 2)                                                           \
+    DSIB_QTILE_FN(NAME, TILE, 3)                                                           \
+    DSIB_QTILE_FN(NAME, TILE, 4)                                                           \
+    DSIB_QROWS_DISPATCH(NAME, TT)
 #define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
 #define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \

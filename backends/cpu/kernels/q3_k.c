@@ -121,7 +121,7 @@ DSIB_AI void q3_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], 
 
 DSIB_KQO_TILE_AVX2(q3_k_tile_avx2, 110, q3_k_decode_avx2, 108, 2)
 
-DSIB_QROWS_DEFINE_T(q3_k_rows_avx2, q3_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q3_k_rows_avx2, q3_k_tile_avx2, 2)
 
 DSIB_TARGET_POP
 

@@ -140,7 +140,7 @@ DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 2)
         const int64_t nb = n_in / 32;                                                      \
         int64_t b = 0;                                                                     \
         for (; b + 4 <= nb; b += 4) {                                                      \
-            for (int r = 0; r < R; r++) DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, 4 * (BLK)); \
+            for (int r = 0; r < R; r++) DSIB_PF_ROWS(PF, w + (size_t)r * rb + (BLK) * b, 4 * (BLK), R, rb); \
             QM_BLOCK_AVX2_(b, 0, 0, BLK, UBLK);                                            \
             QM_BLOCK_AVX2_(b + 1, 0, 1, BLK, UBLK);                                        \
             QM_BLOCK_AVX2_(b + 2, 1, 0, BLK, UBLK);                                        \
@@ -177,8 +177,8 @@ DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 2)
 
 QM_TILE_AVX2(q4_1_tile_avx2, 20, Q4_1_UBLK)
 QM_TILE_AVX2(q5_1_tile_avx2, 24, Q5_1_UBLK)
-DSIB_QROWS_DEFINE_T(q4_1_rows_avx2, q4_1_tile_avx2, 2)
-DSIB_QROWS_DEFINE_T(q5_1_rows_avx2, q5_1_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q4_1_rows_avx2, q4_1_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q5_1_rows_avx2, q5_1_tile_avx2, 2)
 
 DSIB_TARGET_POP
 

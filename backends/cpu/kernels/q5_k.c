@@ -84,7 +84,7 @@ DSIB_AI void q5_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], 
 }
 DSIB_KQ_TILE_AVX2(q5_k_tile_avx2, 176, q5_k_decode_avx2)
 
-DSIB_QROWS_DEFINE_T(q5_k_rows_avx2, q5_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q5_k_rows_avx2, q5_k_tile_avx2, 2)
 
 DSIB_TARGET_POP
 

@@ -93,7 +93,7 @@ DSIB_AI void q6_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], 
 
 DSIB_KQO_TILE_AVX2(q6_k_tile_avx2, 210, q6_k_decode_avx2, 208, 5)
 
-DSIB_QROWS_DEFINE_T(q6_k_rows_avx2, q6_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q6_k_rows_avx2, q6_k_tile_avx2, 2)
 
 DSIB_TARGET_POP
 
