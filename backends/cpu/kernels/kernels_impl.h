@@ -356,19 +356,20 @@ static inline float dsib_reduce32(const float a[2][16]) {
             yp[0][o] = out[0];                                                             \
         }                                                                                  \
     }
-#define DSIB_QROWS_DEFINE_T4(NAME, TILE, TT)                                               \
-    DSIB_QTILE_FN_T1(NAME, TILE, 4)                                                        \
+/* The one-row tiles of 2, 3 and 4 tokens, and the row function over them (TT tokens at most
+ * per tile). */
+#define DSIB_QROWS_T234_(NAME, TILE, TT)                                                   \
     DSIB_QTILE_FN(NAME, TILE, 2)                                                           \
     DSIB_QTILE_FN(NAME, TILE, 3)                                                           \
     DSIB_QTILE_FN(NAME, TILE, 4)                                                           \
     DSIB_QROWS_DISPATCH(NAME, TT)
+#define DSIB_QROWS_DEFINE_T4(NAME, TILE, TT)                                               \
+    DSIB_QTILE_FN_T1(NAME, TILE, 4)                                                        \
+    DSIB_QROWS_T234_(NAME, TILE, TT)
 #define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
 #define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
-    DSIB_QTILE_FN(NAME, TILE, 2)                                                           \
-    DSIB_QTILE_FN(NAME, TILE, 3)                                                           \
-    DSIB_QTILE_FN(NAME, TILE, 4)                                                           \
-    DSIB_QROWS_DISPATCH(NAME, TT)
+    DSIB_QROWS_T234_(NAME, TILE, TT)
 #define DSIB_QROWS_DEFINE_R(NAME, TILE, RR)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
     DSIB_QTILE_FN_R(NAME, TILE, 2, RR)                                                     \
