@@ -304,9 +304,10 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * canonical order give a single row its instruction-level parallelism); prefill tiles
  * serve up to TT tokens (4 on AVX-512, 2 on AVX2 with its 16 registers) from one decoded
  * weight block. Every tile runs the same per-(row, token) sequence, so results do not
- * depend on it. (Exception: the AVX2 kernels that are compute-bound on short rows take four
- * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below.) (The AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the
- * later token tiles of a call: DSIB_QTILE_FN_R below.) */
+ * depend on it. (Exceptions: the AVX2 kernels that are compute-bound on short rows take four
+ * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below; the
+ * AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the later token tiles
+ * of a call: DSIB_QTILE_FN_R below.) */
 /* RR rows per tile in the later multi-token tiles of a call (T >= 2, pf = 0: rows re-read
  * from L2; the last odd row alone): the token rows' activations are loaded once per RR
  * rows. The first tile (cold weights, prefetching) and one-token tiles keep R = 1: from

@@ -102,7 +102,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
                 __m256i wq[8], sc[8];                                                      \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
-                DSIB_PF_ROWS(PF, w + (size_t)r * rb + (BLK) * b, BLK, R, rb);                          \
+                DSIB_PF_ROWS(PF, w + (size_t)r * rb + (BLK) * b, BLK, R, rb);              \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wq, sc, &mn, &dmw);                 \
                 for (int t = 0; t < T; t++)                                                \
                     dsib_kq_token_avx2(acc[r][t][u], wq, sc, mn, dmw, &x[t], b);           \
@@ -194,7 +194,7 @@ DSIB_AI void dsib_kq4_scales_avx2(const uint8_t *sc12, __m256i sc[8], __m256i *m
             if (b >= nb) break;                                                            \
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
-                DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                                     \
+                DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
                 __m256i wq[8], sc[8], scw;                                                 \
                 DECODE(blk, wq, sc, &scw);                                                 \
                 const float d = dsib_f16_hw(blk + (DOFF));                                 \
@@ -256,7 +256,7 @@ DSIB_AI __m256i dsib_iq_scales16_avx2(uint8_t b) {
             if (b >= nb) break;                                                            \
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
-                DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                                     \
+                DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
                 __m256i g[8], sg[8], sc[8];                                                \
                 for (int s = 0; s < 8; s++) SUB(blk, s, &g[s], &sg[s], &sc[s]);            \
                 const float d = dsib_f16_hw(blk);                                          \
