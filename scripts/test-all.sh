@@ -225,6 +225,12 @@ if [ "${DSI_SKIP_MUTATION:-0}" != 1 ]; then
       passed=$((passed + killed)); failed=$((failed + total - killed))
       [ "$killed" -eq "$total" ] || failures+=("mutation: $((total - killed)) of $total mutants not killed (see $out/mutation-run.log)")
     fi
+    # mutants whose code this CPU cannot run ("needs:" flags it lacks): skips, with the reason
+    ms=$(sed -n 's/^mutation: .*; \([0-9]*\) skipped (\([^)]*\)).*/\1/p' "$out/mutation-run.log")
+    if [ -n "$ms" ]; then
+      skipped=$((skipped + ms))
+      skips+=("mutation: $(sed -n 's/^mutation: .*; [0-9]* skipped (\([^)]*\)).*/\1/p' "$out/mutation-run.log")")
+    fi
     [ "$rc" -eq 0 ] || [ -n "$k" ] || record mutation-stage 1
   elif [ "${DSI_REQUIRE_PYTHON:-0}" = 1 ]; then
     record mutation-python 1

@@ -9,7 +9,10 @@ mutates the copy, lets ninja rebuild only what changed, runs only the listed tes
 environment ctest gives them, and DSI_TEST_FILTER for a cmocka subset) and puts the file back.
 
 A mutant is killed when every listed test fails (exit status neither 0 nor 77: a skip is not
-a kill). The run fails if any mutant survives, does not compile, or if its anchor is not
+a kill). A mutant whose code runs only on some CPUs names their /proc/cpuinfo flags in a
+'needs:' line; on a CPU without them it is skipped with that reason (neither killed nor
+survived: the mutated code never runs there) and left out of the count. The run fails if any
+mutant survives, does not compile, or if its anchor is not
 found exactly once in its file — after a refactor, update the mutant's anchor instead of
 losing the check. Before the mutants, each listed test runs once on the unmutated copy and
 must pass (else a "kill" would mean nothing) — unless --baselines-from names a ctest log of
@@ -23,6 +26,8 @@ Mutant file format (see the files; '#' lines are comments):
     build: more ninja targets to rebuild (the tests' own executables always are)
     test: CTEST_NAME [CMOCKA_FILTER]                     (one line per test)
     env: NAME=VALUE                                      (optional; @MUTATION_DIR@ expands)
+    needs: CPU_FLAG ...                                  (optional: /proc/cpuinfo flags the
+                                                          mutated code needs to run at all)
     <<< anchor
     exact text, as many lines as needed
     === replace
@@ -50,7 +55,7 @@ class MutantError(Exception):
 
 def parse_mutant(path):
     m = {"name": os.path.basename(path)[:-4], "path": path, "what": "", "file": None,
-         "build": [], "tests": [], "env": {}, "anchor": None, "replace": None}
+         "build": [], "tests": [], "env": {}, "needs": [], "anchor": None, "replace": None}
     lines = open(path, encoding="utf-8").read().split("\n")
     i = 0
     while i < len(lines):
@@ -88,6 +93,8 @@ def parse_mutant(path):
         elif key == "env":
             k, _, v = val.partition("=")
             m["env"][k] = v.replace("@MUTATION_DIR@", HERE)
+        elif key == "needs":
+            m["needs"] += val.split()
         else:
             raise MutantError("%s: unknown line %r" % (path, ln))
     if not m["tests"]:
@@ -97,6 +104,26 @@ def parse_mutant(path):
     if not m["file"] and not m["env"]:
         raise MutantError("%s: neither a source change nor an injected environment" % path)
     return m
+
+
+def cpu_flags():
+    """The CPU's feature flags (the first 'flags' line of /proc/cpuinfo), or None where that
+    cannot be read (then every mutant runs)."""
+    try:
+        for ln in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            key, _, val = ln.partition(":")
+            if key.strip() == "flags":
+                return set(val.split())
+    except OSError:
+        pass
+    return None
+
+
+def missing_needs(m, flags):
+    """The 'needs:' flags this CPU lacks (empty: the mutant runs)."""
+    if flags is None:
+        return []
+    return [f for f in m["needs"] if f not in flags]
 
 
 def check_anchor(m):
@@ -248,6 +275,16 @@ def main():
         print("mutation: ERROR: %s" % ex)
         return 1
 
+    flags = cpu_flags()
+    skipped = [(m, missing_needs(m, flags)) for m in mutants if missing_needs(m, flags)]
+    for m, lack in skipped:
+        print("  %-28s skipped: this CPU lacks %s (the mutated code never runs here) — %s"
+              % (m["name"], " ".join(lack), m["what"]))
+    mutants = [m for m in mutants if not missing_needs(m, flags)]
+    if not mutants:
+        print("mutation: 0 of 0 mutants killed; %d skipped (the CPU lacks what they need)"
+              % len(skipped))
+        return 0
     print("mutation: %d mutants; copying the tree to %s" % (len(mutants), src))
     print("  %d files copied or updated" % sync_tree(src))
     t0 = time.time()
@@ -339,8 +376,10 @@ def main():
             m["name"], verdict, dt, cpu_seconds() - c0, m["what"], "; ".join(detail)))
 
     bad = [r for r in results if r[1] != "killed"]
-    print("mutation: %d of %d mutants killed, %.0f s in all (%.0f s CPU)%s" % (
+    print("mutation: %d of %d mutants killed, %.0f s in all (%.0f s CPU)%s%s" % (
         len(results) - len(bad), len(results), time.time() - t_start, cpu_seconds(),
+        "" if not skipped else "; %d skipped (the CPU lacks what they need: %s)" % (
+            len(skipped), ", ".join(m["name"] for m, _ in skipped)),
         "" if not bad else "; NOT KILLED: " + ", ".join(r[0]["name"] for r in bad)))
     return 1 if bad else 0
 
