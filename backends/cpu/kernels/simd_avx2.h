@@ -68,19 +68,36 @@ DSIB_AI void dsib_kq_acc_avx2(__m256 a[2], __m256i S0, __m256i S1, __m256i M, __
     a[0] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(pr2)), _mm256_cvtepi32_ps(M), a[0]);
 }
 
-/* One token of a K-quant super-block b from its eight 32-byte weight vectors (activation
- * positions p = 0..7, lanes 0-7 for even p, 8-15 for odd p) and int16 scale vectors. */
-DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i sc[8], __m256i mn,
-                                __m128 dmw, const dsib_qrow *x, int64_t b) {
-    const int8_t *xq = x->q + 256 * b;
-    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int p = 0; p < 8; p++) {
-        const __m256i pr =
-            _mm256_maddubs_epi16(wq[p], _mm256_loadu_si256((const __m256i *)(xq + 32 * p)));
-        S[p & 1] = _mm256_add_epi32(S[p & 1], _mm256_madd_epi16(pr, sc[p]));
+/* The integer sums of a K-quant super-block b for T <= 4 tokens from its eight 32-byte weight
+ * vectors (activation positions p = 0..7, lanes 0-7 for even p, 8-15 for odd p) and int16
+ * scale vectors: S[t][p & 1] += madd(maddubs(wq[p], x_t at p), sc[p]). Position-major: each
+ * weight vector and its scales serve every token in turn. The empty asm after each add keeps
+ * every sum a chain (exact int32 sums, so the order changes no result): without it the
+ * compiler rebuilt the sums into trees whose temporaries, next to the 16 vectors of weights
+ * and scales, spilled to the stack; the Zen 3 two-token tile then spent its time on vector
+ * loads (docs/performance.md 4.000000000000000: Q4_K prefill +41 %). */
+DSIB_AI void dsib_kq_sums_avx2(__m256i S[][2], int T, const __m256i wq[8], const __m256i sc[8],
+                               const dsib_qrow *x, int64_t b) {
+    for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p++)
+        for (int t = 0; t < T; t++) {
+            const __m256i pr = _mm256_maddubs_epi16(
+                wq[p], _mm256_loadu_si256((const __m256i *)(x[t].q + 256 * b + 32 * p)));
+            S[t][p & 1] = _mm256_add_epi32(S[t][p & 1], _mm256_madd_epi16(pr, sc[p]));
+            __asm__("" : "+x"(S[t][p & 1]));
+        }
+}
+/* T tokens of super-block b into the accumulators a[t][u] (dsib_kq_acc_avx2). */
+DSIB_AI void dsib_kq_tokens_avx2(__m256 a[][2][2], int u, int T, const __m256i wq[8],
+                                 const __m256i sc[8], __m256i mn, __m128 dmw, const dsib_qrow *x,
+                                 int64_t b) {
+    __m256i S[4][2];
+    dsib_kq_sums_avx2(S, T, wq, sc, x, b);
+    for (int t = 0; t < T; t++) {
+        const __m256i M =
+            _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
+        dsib_kq_acc_avx2(a[t][u], S[t][0], S[t][1], M, dmw, x[t].d[b]);
     }
-    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x->s + 16 * b)));
-    dsib_kq_acc_avx2(a, S[0], S[1], M, dmw, x->d[b]);
 }
 
 /* The whole AVX2 tile of a K-quant: DECODE(blk, wq, sc, &mn, &dmw) as for
@@ -104,8 +121,7 @@ DSIB_AI void dsib_kq_token_avx2(__m256 a[2], const __m256i wq[8], const __m256i 
                 __m128 dmw;                                                                \
                 DSIB_PF_ROWS(PF, w + (size_t)r * rb + (BLK) * b, BLK, R, rb);              \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wq, sc, &mn, &dmw);                 \
-                for (int t = 0; t < T; t++)                                                \
-                    dsib_kq_token_avx2(acc[r][t][u], wq, sc, mn, dmw, &x[t], b);           \
+                dsib_kq_tokens_avx2(acc[r], u, T, wq, sc, mn, dmw, x, b);                  \
             }                                                                              \
         }                                                                                  \
         for (int r = 0; r < R; r++)                                                        \
@@ -198,20 +214,15 @@ DSIB_AI void dsib_kq4_scales_avx2(const uint8_t *sc12, __m256i sc[8], __m256i *m
                 __m256i wq[8], sc[8], scw;                                                 \
                 DECODE(blk, wq, sc, &scw);                                                 \
                 const float d = dsib_f16_hw(blk + (DOFF));                                 \
+                __m256i S[4][2];                                                           \
+                dsib_kq_sums_avx2(S, T, wq, sc, x, b);                                     \
                 for (int t = 0; t < T; t++) {                                              \
-                    const int8_t *xq = x[t].q + 256 * b;                                   \
-                    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};       \
-                    for (int p = 0; p < 8; p++) {                                          \
-                        const __m256i pr = _mm256_maddubs_epi16(                           \
-                            wq[p], _mm256_loadu_si256((const __m256i *)(xq + 32 * p)));    \
-                        S[p & 1] = _mm256_add_epi32(S[p & 1], _mm256_madd_epi16(pr, sc[p])); \
-                    }                                                                      \
                     const __m256i M =                                                      \
                         _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b))); \
-                    S[0] = _mm256_sub_epi32(S[0], _mm256_slli_epi32(M, SH));               \
+                    S[t][0] = _mm256_sub_epi32(S[t][0], _mm256_slli_epi32(M, SH));         \
                     const __m256 dd = _mm256_set1_ps(d * x[t].d[b]);                       \
-                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][u][0]); \
-                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][u][1]); \
+                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[t][0]), acc[r][t][u][0]); \
+                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[t][1]), acc[r][t][u][1]); \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
