@@ -58,28 +58,27 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
 /* Super-block decode for DSIB_KQ_TILE_AVX2: position p = 2s + h is field s of
- * qs[32h..32h+32), sub-blocks 8h + 2s (bytes 0-15) and 8h + 2s + 1 (bytes 16-31). */
-DSIB_AI void q2_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *mn,
-                              __m128 *dmw) {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m128i m4 = _mm_set1_epi8(0x0F);
+ * qs[32h..32h+32), sub-blocks 8h + 2s (bytes 0-15) and 8h + 2s + 1 (bytes 16-31); PREP = the
+ * 16 scale nibbles in both lanes. */
+DSIB_AI __m256i q2_k_prep_avx2(const uint8_t *blk) {
     const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
-    const __m256i sc4 = _mm256_broadcastsi128_si256(_mm_and_si128(scb, m4));
-    const __m256i q[2] = {_mm256_loadu_si256((const __m256i *)(blk + 16)),
-                          _mm256_loadu_si256((const __m256i *)(blk + 48))};
-    for (int s = 0; s < 4; s++)
-        for (int h = 0; h < 2; h++) {
-            const int ga = 8 * h + 2 * s;
-            wq[2 * s + h] = _mm256_and_si256(_mm256_srli_epi16(q[h], 2 * s), m3);
-            sc[2 * s + h] = _mm256_shuffle_epi8(
-                sc4, _mm256_inserti128_si256(
-                         _mm256_castsi128_si256(_mm_set1_epi16((short)(0x8000 | ga))),
-                         _mm_set1_epi16((short)(0x8000 | (ga + 1))), 1));
-        }
-    *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
+    return _mm256_broadcastsi128_si256(_mm_and_si128(scb, _mm_set1_epi8(0x0F)));
+}
+DSIB_AI void q2_k_pos_avx2(const uint8_t *blk, __m256i sc4, int p, __m256i *wq, __m256i *sc) {
+    const int s = p >> 1, h = p & 1, ga = 8 * h + 2 * s;
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * h));
+    *wq = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), _mm256_set1_epi8(3));
+    *sc = _mm256_shuffle_epi8(sc4, _mm256_inserti128_si256(
+                                       _mm256_castsi128_si256(_mm_set1_epi16((short)(0x8000 | ga))),
+                                       _mm_set1_epi16((short)(0x8000 | (ga + 1))), 1));
+}
+DSIB_AI void q2_k_tail_avx2(const uint8_t *blk, __m256i sc4, __m256i *mn, __m128 *dmw) {
+    (void)sc4;
+    const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
+    *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(0x0F)));
     *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX2(q2_k_tile_avx2, 84, q2_k_decode_avx2)
+DSIB_KQ_TILE_AVX2(q2_k_tile_avx2, 84, q2_k_prep_avx2, q2_k_pos_avx2, q2_k_tail_avx2)
 
 DSIB_QROWS_DEFINE_T4(q2_k_rows_avx2, q2_k_tile_avx2, 2)
 

@@ -61,22 +61,20 @@ DSIB_QROWS_SCALAR(q4_k_rows_scalar, q4_k_dot_scalar)
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
-/* Super-block decode for DSIB_KQ_TILE_AVX2: qs[32c..32c+32) low / high nibbles are the
- * activation positions c = 0: 0, 2; c = 1: 1, 3; c = 2: 4, 6; c = 3: 5, 7; position p uses
- * the scale of sub-block P[p] (pshufb of the unpacked scale bytes into 16 words). */
-DSIB_AI void q4_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *mn,
-                              __m128 *dmw) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int c = 0; c < 4; c++) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-        const int p = 4 * (c / 2) + (c & 1);
-        wq[p] = _mm256_and_si256(raw, m4);
-        wq[p + 2] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    }
-    dsib_kq4_scales_avx2(blk + 4, sc, mn);
+/* Super-block decode for DSIB_KQ_TILE_AVX2: position p is the low (p & 2 clear) or high
+ * nibbles of qs[32c..32c+32), c = 2 (p / 4) + (p & 1) (c = 0: positions 0, 2; 1: 1, 3;
+ * 2: 4, 6; 3: 5, 7), with the scale of sub-block P[p] (dsib_kq4_sc_avx2). */
+#define Q4_K_PREP_AVX2(blk) dsib_kq4_prep_avx2((blk) + 4)
+DSIB_AI void q4_k_pos_avx2(const uint8_t *blk, __m256i smv, int p, __m256i *wq, __m256i *sc) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * (2 * (p >> 2) + (p & 1))));
+    *wq = _mm256_and_si256((p & 2) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+    *sc = dsib_kq4_sc_avx2(smv, p);
+}
+DSIB_AI void q4_k_tail_avx2(const uint8_t *blk, __m256i smv, __m256i *mn, __m128 *dmw) {
+    *mn = dsib_kq4_mins_avx2(smv);
     *dmw = dsib_f16x2_hw(blk); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX2(q4_k_tile_avx2, 144, q4_k_decode_avx2)
+DSIB_KQ_TILE_AVX2(q4_k_tile_avx2, 144, Q4_K_PREP_AVX2, q4_k_pos_avx2, q4_k_tail_avx2)
 
 DSIB_QROWS_DEFINE_T4(q4_k_rows_avx2, q4_k_tile_avx2, 2)
 

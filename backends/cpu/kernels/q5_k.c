@@ -63,26 +63,24 @@ DSIB_QROWS_SCALAR(q5_k_rows_scalar, q5_k_dot_scalar)
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
-/* Super-block decode for DSIB_KQ_TILE_AVX2: qs[32c..32c+32) low / high nibbles are the
- * activation positions c = 0: 0, 2; c = 1: 1, 3; c = 2: 4, 6; c = 3: 5, 7; position p uses
- * the scale of sub-block P[p] (pshufb of the unpacked scale bytes into 16 words). */
-DSIB_AI void q5_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *mn,
-                              __m128 *dmw) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16)), m10 = _mm256_set1_epi8(0x10);
-    for (int c = 0; c < 4; c++) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * c));
-        const int p = 4 * (c / 2) + (c & 1);
-        /* bit 2c (low nibbles) / 2c + 1 (high nibbles) of qh[l] to bit 4 */
-        const __m256i h0 = 2 * c <= 4 ? _mm256_slli_epi16(qh, 4 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 4);
-        const __m256i h1 = 2 * c + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - 2 * c) : _mm256_srli_epi16(qh, 2 * c - 3);
-        wq[p] = _mm256_or_si256(_mm256_and_si256(raw, m4), _mm256_and_si256(h0, m10));
-        wq[p + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), _mm256_and_si256(h1, m10));
-    }
-    dsib_kq4_scales_avx2(blk + 4, sc, mn);
+/* Super-block decode for DSIB_KQ_TILE_AVX2: position p is the low (p & 2 clear) or high
+ * nibbles of qs[32c..32c+32), c = 2 (p / 4) + (p & 1), plus bit 2c (low) / 2c + 1 (high) of
+ * qh[l] as bit 4, with the scale of sub-block P[p] (dsib_kq4_sc_avx2). */
+#define Q5_K_PREP_AVX2(blk) dsib_kq4_prep_avx2((blk) + 4)
+DSIB_AI void q5_k_pos_avx2(const uint8_t *blk, __m256i smv, int p, __m256i *wq, __m256i *sc) {
+    const int c = 2 * (p >> 2) + (p & 1), bit = 2 * c + ((p >> 1) & 1);
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * c));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+    const __m256i h = bit <= 4 ? _mm256_slli_epi16(qh, 4 - bit) : _mm256_srli_epi16(qh, bit - 4);
+    *wq = _mm256_or_si256(_mm256_and_si256((p & 2) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F)),
+                          _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+    *sc = dsib_kq4_sc_avx2(smv, p);
+}
+DSIB_AI void q5_k_tail_avx2(const uint8_t *blk, __m256i smv, __m256i *mn, __m128 *dmw) {
+    *mn = dsib_kq4_mins_avx2(smv);
     *dmw = dsib_f16x2_hw(blk); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX2(q5_k_tile_avx2, 176, q5_k_decode_avx2)
+DSIB_KQ_TILE_AVX2(q5_k_tile_avx2, 176, Q5_K_PREP_AVX2, q5_k_pos_avx2, q5_k_tail_avx2)
 
 DSIB_QROWS_DEFINE_T4(q5_k_rows_avx2, q5_k_tile_avx2, 2)
 

@@ -68,41 +68,37 @@ DSIB_AI void dsib_kq_acc_avx2(__m256 a[2], __m256i S0, __m256i S1, __m256i M, __
     a[0] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(pr2)), _mm256_cvtepi32_ps(M), a[0]);
 }
 
-/* The integer sums of a K-quant super-block b for T <= 4 tokens from its eight 32-byte weight
- * vectors (activation positions p = 0..7, lanes 0-7 for even p, 8-15 for odd p) and int16
- * scale vectors: S[t][p & 1] += madd(maddubs(wq[p], x_t at p), sc[p]). Position-major: each
- * weight vector and its scales serve every token in turn. The empty asm after each add keeps
- * every sum a chain (exact int32 sums, so the order changes no result): without it the
- * compiler rebuilt the sums into trees whose temporaries, next to the 16 vectors of weights
- * and scales, spilled to the stack; the Zen 3 two-token tile then spent its time on vector
- * loads (docs/performance.md 4.000000000000000: Q4_K prefill +41 %). */
-DSIB_AI void dsib_kq_sums_avx2(__m256i S[][2], int T, const __m256i wq[8], const __m256i sc[8],
-                               const dsib_qrow *x, int64_t b) {
-    for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();
-    for (int p = 0; p < 8; p++)
-        for (int t = 0; t < T; t++) {
-            const __m256i pr = _mm256_maddubs_epi16(
-                wq[p], _mm256_loadu_si256((const __m256i *)(x[t].q + 256 * b + 32 * p)));
-            S[t][p & 1] = _mm256_add_epi32(S[t][p & 1], _mm256_madd_epi16(pr, sc[p]));
-            __asm__("" : "+x"(S[t][p & 1]));
-        }
-}
-/* T tokens of super-block b into the accumulators a[t][u] (dsib_kq_acc_avx2). */
-DSIB_AI void dsib_kq_tokens_avx2(__m256 a[][2][2], int u, int T, const __m256i wq[8],
-                                 const __m256i sc[8], __m256i mn, __m128 dmw, const dsib_qrow *x,
-                                 int64_t b) {
-    __m256i S[4][2];
-    dsib_kq_sums_avx2(S, T, wq, sc, x, b);
+/* Position p of a K-quant super-block b for T <= 4 tokens: S[t][p & 1] += madd(maddubs(wq,
+ * x_t at p), sc) with the position's 32 weight codes wq (lanes 0-7 for even p, 8-15 for odd
+ * p) and int16 scale words sc. The empty asm after each add keeps every sum a chain (exact
+ * int32 sums, so the order changes no result): without it the compiler rebuilt the sums into
+ * trees whose temporaries spilled to the stack, and the Zen 3 two-token tile spent its time
+ * on vector loads (docs/performance.md 4.000000000000000). */
+DSIB_AI void dsib_kq_pos_avx2(__m256i S[][2], int T, __m256i wq, __m256i sc, const dsib_qrow *x,
+                              int64_t b, int p) {
     for (int t = 0; t < T; t++) {
-        const __m256i M =
-            _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
-        dsib_kq_acc_avx2(a[t][u], S[t][0], S[t][1], M, dmw, x[t].d[b]);
+        const __m256i pr = _mm256_maddubs_epi16(
+            wq, _mm256_loadu_si256((const __m256i *)(x[t].q + 256 * b + 32 * p)));
+        S[t][p & 1] = _mm256_add_epi32(S[t][p & 1], _mm256_madd_epi16(pr, sc));
+        __asm__("" : "+x"(S[t][p & 1]));
     }
 }
 
-/* The whole AVX2 tile of a K-quant: DECODE(blk, wq, sc, &mn, &dmw) as for
- * DSIB_KQ_TILE_AVX512, with eight 32-byte vectors. */
-#define DSIB_KQ_TILE_AVX2(NAME, BLK, DECODE)                                               \
+/* The integer sums of super-block b for T tokens from its eight decoded positions,
+ * position-major: each weight vector and its scales serve every token in turn. */
+DSIB_AI void dsib_kq_sums_avx2(__m256i S[][2], int T, const __m256i wq[8], const __m256i sc[8],
+                               const dsib_qrow *x, int64_t b) {
+    for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p++) dsib_kq_pos_avx2(S, T, wq[p], sc[p], x, b, p);
+}
+
+/* The whole AVX2 tile of a K-quant, decoding each super-block one position at a time:
+ * st = PREP(blk) (a vector of per-super-block state, e.g. the unpacked scales),
+ * POS(blk, st, p, &wq, &sc) (position p's 32 codes and int16 scale words; p is a constant
+ * after unrolling) and TAIL(blk, st, &mn, &dmw) (the mins as int16 words doubled up to match
+ * the activation sums per 16, and d, dmin). Decoding all eight positions first kept 16
+ * vectors live next to the sums and accumulators, and the compiler spilled them. */
+#define DSIB_KQ_TILE_AVX2(NAME, BLK, PREP, POS, TAIL)                                      \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
         __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
@@ -116,12 +112,24 @@ DSIB_AI void dsib_kq_tokens_avx2(__m256 a[][2][2], int u, int T, const __m256i w
             const int64_t b = b2 + u;                                                      \
             if (b >= nb) break;                                                            \
             for (int r = 0; r < R; r++) {                                                  \
-                __m256i wq[8], sc[8];                                                      \
+                const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
+                DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
+                const __m256i st = PREP(blk);                                              \
+                __m256i S[4][2];                                                           \
+                for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();    \
+                _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {                      \
+                    __m256i wq, sc;                                                        \
+                    POS(blk, st, p, &wq, &sc);                                             \
+                    dsib_kq_pos_avx2(S, T, wq, sc, x, b, p);                               \
+                }                                                                          \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
-                DSIB_PF_ROWS(PF, w + (size_t)r * rb + (BLK) * b, BLK, R, rb);              \
-                DECODE(w + (size_t)r * rb + (BLK) * b, wq, sc, &mn, &dmw);                 \
-                dsib_kq_tokens_avx2(acc[r], u, T, wq, sc, mn, dmw, x, b);                  \
+                TAIL(blk, st, &mn, &dmw);                                                  \
+                for (int t = 0; t < T; t++) {                                              \
+                    const __m256i M = _mm256_madd_epi16(                                   \
+                        mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));       \
+                    dsib_kq_acc_avx2(acc[r][t][u], S[t][0], S[t][1], M, dmw, x[t].d[b]);   \
+                }                                                                          \
             }                                                                              \
         }                                                                                  \
         for (int r = 0; r < R; r++)                                                        \
@@ -180,14 +188,19 @@ DSIB_AI void dsib_kq_tokens_avx2(__m256 a[][2][2], int u, int T, const __m256i w
 /* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
  * iq2_xxs.c / iq3_xxs.c / iq2_xs.c / iq2_s.c / iq3_s.c) ----------------------------------------- */
 
-/* Q4_K / Q5_K scales for DSIB_KQ_TILE_AVX2: activation position p uses the scale of
- * sub-block P[p] (P = 0,2,1,3,4,6,5,7; pshufb of the unpacked scale bytes into 16 words),
- * the mins doubled up to match the activation sums per 16. */
-DSIB_AI void dsib_kq4_scales_avx2(const uint8_t *sc12, __m256i sc[8], __m256i *mn) {
+/* Q4_K / Q5_K scales for DSIB_KQ_TILE_AVX2: PREP = the unpacked scale bytes (0-7 scales, 8-15
+ * mins) in both lanes; activation position p uses the scale of sub-block P[p]
+ * (P = 0,2,1,3,4,6,5,7; pshufb into 16 words), the mins doubled up to match the activation
+ * sums per 16. */
+DSIB_AI __m256i dsib_kq4_prep_avx2(const uint8_t *sc12) {
+    return _mm256_broadcastsi128_si256(dsib_q4k_scales_sse(sc12));
+}
+DSIB_AI __m256i dsib_kq4_sc_avx2(__m256i smv, int p) {
     static const uint8_t perm[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-    const __m256i smv = _mm256_broadcastsi128_si256(dsib_q4k_scales_sse(sc12));
-    for (int p = 0; p < 8; p++) sc[p] = _mm256_shuffle_epi8(smv, _mm256_set1_epi16((short)(0x8000 | perm[p])));
-    *mn = _mm256_shuffle_epi8(smv, _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10, -128, 11,
+    return _mm256_shuffle_epi8(smv, _mm256_set1_epi16((short)(0x8000 | perm[p])));
+}
+DSIB_AI __m256i dsib_kq4_mins_avx2(__m256i smv) {
+    return _mm256_shuffle_epi8(smv, _mm256_setr_epi8(8, -128, 8, -128, 9, -128, 9, -128, 10, -128, 10, -128, 11,
                                                      -128, 11, -128, 12, -128, 12, -128, 13, -128, 13, -128, 14,
                                                      -128, 14, -128, 15, -128, 15, -128));
 }
