@@ -96,30 +96,27 @@ DSIB_AI __m128i q3_k_scales_sse(const uint8_t *sc12) {
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
-/* Super-block decode: position p = 2s + h is field s of qs[32h..32h+32) plus bit 4h + s of
- * hmask, sub-blocks 8h + 2s (bytes 0-15) and 8h + 2s + 1 (bytes 16-31); scw = all 16 scales
- * as int16 (for M). */
-DSIB_AI void q3_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *scw) {
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+/* Super-block decode for DSIB_KQO_TILE_AVX2: position p = 2s + h is field s of
+ * qs[32h..32h+32) plus bit 4h + s of hmask, sub-blocks 8h + 2s (bytes 0-15) and 8h + 2s + 1
+ * (bytes 16-31); PREP = the 16 scales as int8 in both lanes. */
+DSIB_AI __m256i q3_k_prep_avx2(const uint8_t *blk) {
+    return _mm256_broadcastsi128_si256(q3_k_scales_sse(blk + 96));
+}
+DSIB_AI void q3_k_pos_avx2(const uint8_t *blk, __m256i sv, int p, __m256i *wq, __m256i *sc) {
+    const int s = p >> 1, h = p & 1, bit = 4 * h + s;
     const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
-    const __m256i q[2] = {_mm256_loadu_si256((const __m256i *)(blk + 32)),
-                          _mm256_loadu_si256((const __m256i *)(blk + 64))};
-    const __m128i sv = q3_k_scales_sse(blk + 96);
-    int8_t s8[16];
-    _mm_storeu_si128((__m128i *)s8, sv);
-    for (int s = 0; s < 4; s++)
-        for (int h = 0; h < 2; h++) {
-            const int bit = 4 * h + s;
-            const __m256i hb = bit <= 2 ? _mm256_slli_epi16(hm, 2 - bit) : _mm256_srli_epi16(hm, bit - 2);
-            wq[2 * s + h] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q[h], 2 * s), m3),
-                                            _mm256_and_si256(hb, m4));
-            sc[2 * s + h] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s8[8 * h + 2 * s])),
-                                                    _mm_set1_epi16(s8[8 * h + 2 * s + 1]), 1);
-        }
-    *scw = _mm256_cvtepi8_epi16(sv);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * h));
+    const __m256i hb = bit <= 2 ? _mm256_slli_epi16(hm, 2 - bit) : _mm256_srli_epi16(hm, bit - 2);
+    *wq = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * s), _mm256_set1_epi8(3)),
+                          _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+    *sc = dsib_s8_pair_words_avx2(sv, 8 * h + 2 * s, 8 * h + 2 * s + 1);
+}
+DSIB_AI void q3_k_tail_avx2(const uint8_t *blk, __m256i sv, __m256i *scw) {
+    (void)blk;
+    *scw = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(sv));
 }
 
-DSIB_KQO_TILE_AVX2(q3_k_tile_avx2, 110, q3_k_decode_avx2, 108, 2)
+DSIB_KQO_TILE_AVX2(q3_k_tile_avx2, 110, q3_k_prep_avx2, q3_k_pos_avx2, q3_k_tail_avx2, 108, 2)
 
 DSIB_QROWS_DEFINE_T4(q3_k_rows_avx2, q3_k_tile_avx2, 2)
 

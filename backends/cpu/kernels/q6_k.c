@@ -69,29 +69,31 @@ DSIB_QROWS_SCALAR(q6_k_rows_scalar, q6_k_dot_scalar)
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
-/* Super-block decode: wq[p] = the codes of elements 32p .. 32p+31 (p = 4h + k), sc[p] =
- * the scales of their two sub-blocks 2p, 2p+1 as int16 (eight words each), scw = all 16
- * scales as int16 (for M). */
-DSIB_AI void q6_k_decode_avx2(const uint8_t *blk, __m256i wq[8], __m256i sc[8], __m256i *scw) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; h++) {
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-        wq[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-        wq[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
-        wq[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
-        wq[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-    }
-    const int8_t *s = (const int8_t *)(blk + 192);
-    for (int p = 0; p < 8; p++)
-        sc[p] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s[2 * p])),
-                                        _mm_set1_epi16(s[2 * p + 1]), 1);
-    *scw = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+/* Super-block decode for DSIB_KQO_TILE_AVX2: position p = 4h + k holds the codes of elements
+ * 32p .. 32p+31 (the low (k < 2) or high nibbles of ql[64h + 32 (k & 1) ..], with their two
+ * bits of qh[32h ..] as bits 4-5) and the scales of its sub-blocks 2p, 2p + 1; PREP = the 16
+ * scale bytes in both lanes. */
+DSIB_AI __m256i q6_k_prep_avx2(const uint8_t *blk) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 192)));
+}
+DSIB_AI void q6_k_pos_avx2(const uint8_t *blk, __m256i sv, int p, __m256i *wq, __m256i *sc) {
+    const int h = p >> 2, k = p & 3;
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (k & 1)));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+    const __m256i hb = k == 0 ? _mm256_slli_epi16(qh, 4)
+                       : k == 1 ? _mm256_slli_epi16(qh, 2)
+                       : k == 2 ? qh
+                                : _mm256_srli_epi16(qh, 2);
+    *wq = _mm256_or_si256(_mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0F)),
+                          _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+    *sc = dsib_s8_pair_words_avx2(sv, 2 * p, 2 * p + 1);
+}
+DSIB_AI void q6_k_tail_avx2(const uint8_t *blk, __m256i sv, __m256i *scw) {
+    (void)blk;
+    *scw = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(sv));
 }
 
-DSIB_KQO_TILE_AVX2(q6_k_tile_avx2, 210, q6_k_decode_avx2, 208, 5)
+DSIB_KQO_TILE_AVX2(q6_k_tile_avx2, 210, q6_k_prep_avx2, q6_k_pos_avx2, q6_k_tail_avx2, 208, 5)
 
 DSIB_QROWS_DEFINE_T4(q6_k_rows_avx2, q6_k_tile_avx2, 2)
 

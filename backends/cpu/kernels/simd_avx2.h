@@ -84,14 +84,6 @@ DSIB_AI void dsib_kq_pos_avx2(__m256i S[][2], int T, __m256i wq, __m256i sc, con
     }
 }
 
-/* The integer sums of super-block b for T tokens from its eight decoded positions,
- * position-major: each weight vector and its scales serve every token in turn. */
-DSIB_AI void dsib_kq_sums_avx2(__m256i S[][2], int T, const __m256i wq[8], const __m256i sc[8],
-                               const dsib_qrow *x, int64_t b) {
-    for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();
-    for (int p = 0; p < 8; p++) dsib_kq_pos_avx2(S, T, wq[p], sc[p], x, b, p);
-}
-
 /* The whole AVX2 tile of a K-quant, decoding each super-block one position at a time:
  * st = PREP(blk) (a vector of per-super-block state, e.g. the unpacked scales),
  * POS(blk, st, p, &wq, &sc) (position p's 32 codes and int16 scale words; p is a constant
@@ -205,10 +197,20 @@ DSIB_AI __m256i dsib_kq4_mins_avx2(__m256i smv) {
                                                      -128, 14, -128, 15, -128, 15, -128));
 }
 
-/* DSIB_KQO_TILE_AVX512's AVX2 form: DECODE(blk, wq, sc, &scw) gives the eight 32-byte code
- * vectors (activation positions p; lanes 0-7 for even p, 8-15 for odd p), their int16 scale
- * vectors and the 16 signed scales as int16 (for M, subtracted << SH in lanes 0-7). */
-#define DSIB_KQO_TILE_AVX2(NAME, BLK, DECODE, DOFF, SH)                                    \
+/* Int16 words from a vector holding the same 16 bytes in both lanes: lanes 0-7 the signed
+ * byte i0, lanes 8-15 the signed byte i1 (pshufb into the high bytes, arithmetic shift). */
+DSIB_AI __m256i dsib_s8_pair_words_avx2(__m256i v, int i0, int i1) {
+    const __m256i pat = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_set1_epi16((short)((i0 << 8) | 0x80))),
+        _mm_set1_epi16((short)((i1 << 8) | 0x80)), 1);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(v, pat), 8);
+}
+
+/* DSIB_KQO_TILE_AVX512's AVX2 form, decoding one position at a time like DSIB_KQ_TILE_AVX2:
+ * st = PREP(blk), POS(blk, st, p, &wq, &sc) (position p's 32 codes, lanes 0-7 for even p,
+ * 8-15 for odd p, and their int16 scale words), TAIL(blk, st, &scw) (the 16 signed scales as
+ * int16, for M, subtracted << SH in lanes 0-7); d is the f16 at DOFF. */
+#define DSIB_KQO_TILE_AVX2(NAME, BLK, PREP, POS, TAIL, DOFF, SH)                           \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
         __m256 acc[4][4][2][2]; /* [row][token][set][lanes 0-7 / 8-15] */                  \
@@ -224,11 +226,17 @@ DSIB_AI __m256i dsib_kq4_mins_avx2(__m256i smv) {
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
                 DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
-                __m256i wq[8], sc[8], scw;                                                 \
-                DECODE(blk, wq, sc, &scw);                                                 \
-                const float d = dsib_f16_hw(blk + (DOFF));                                 \
+                const __m256i st = PREP(blk);                                              \
                 __m256i S[4][2];                                                           \
-                dsib_kq_sums_avx2(S, T, wq, sc, x, b);                                     \
+                for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();    \
+                _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {                      \
+                    __m256i wq, sc;                                                        \
+                    POS(blk, st, p, &wq, &sc);                                             \
+                    dsib_kq_pos_avx2(S, T, wq, sc, x, b, p);                               \
+                }                                                                          \
+                __m256i scw;                                                               \
+                TAIL(blk, st, &scw);                                                       \
+                const float d = dsib_f16_hw(blk + (DOFF));                                 \
                 for (int t = 0; t < T; t++) {                                              \
                     const __m256i M =                                                      \
                         _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b))); \
