@@ -272,7 +272,8 @@ DSIB_AI __m256i dsib_iq_scales16_avx2(uint8_t b) {
 
 /* DSIB_IQ_TILE_AVX512's AVX2 form: SUB(blk, s, &g, &sg, &sc) gives sub-block s's 32 grid
  * bytes, its signs as ±1 bytes and its odd scale in every int16 (sub-block s = lanes 0-7
- * for even s, 8-15 for odd s). */
+ * for even s, 8-15 for odd s), one sub-block at a time, its sums kept chains
+ * (dsib_kq_pos_avx2). */
 #define DSIB_IQ_TILE_AVX2(NAME, BLK, SUB, FIN)                                             \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
@@ -289,20 +290,23 @@ DSIB_AI __m256i dsib_iq_scales16_avx2(uint8_t b) {
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
                 DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
-                __m256i g[8], sg[8], sc[8];                                                \
-                for (int s = 0; s < 8; s++) SUB(blk, s, &g[s], &sg[s], &sc[s]);            \
+                __m256i S[4][2];                                                           \
+                for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();    \
+                _Pragma("GCC unroll 8") for (int s = 0; s < 8; s++) {                      \
+                    __m256i g, sg, sc;                                                     \
+                    SUB(blk, s, &g, &sg, &sc);                                             \
+                    for (int t = 0; t < T; t++) {                                          \
+                        const __m256i q = _mm256_loadu_si256((const __m256i *)(x[t].q + 256 * b + 32 * s)); \
+                        const __m256i pr = _mm256_maddubs_epi16(g, _mm256_sign_epi8(q, sg)); \
+                        S[t][s & 1] = _mm256_add_epi32(S[t][s & 1], _mm256_madd_epi16(pr, sc)); \
+                        __asm__("" : "+x"(S[t][s & 1]));                                   \
+                    }                                                                      \
+                }                                                                          \
                 const float d = dsib_f16_hw(blk);                                          \
                 for (int t = 0; t < T; t++) {                                              \
-                    const int8_t *xq = x[t].q + 256 * b;                                   \
-                    __m256i S[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};       \
-                    for (int s = 0; s < 8; s++) {                                          \
-                        const __m256i q = _mm256_loadu_si256((const __m256i *)(xq + 32 * s)); \
-                        const __m256i pr = _mm256_maddubs_epi16(g[s], _mm256_sign_epi8(q, sg[s])); \
-                        S[s & 1] = _mm256_add_epi32(S[s & 1], _mm256_madd_epi16(pr, sc[s])); \
-                    }                                                                      \
                     const __m256 dd = _mm256_set1_ps(d * x[t].d[b]);                       \
-                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[0]), acc[r][t][u][0]); \
-                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[1]), acc[r][t][u][1]); \
+                    acc[r][t][u][0] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[t][0]), acc[r][t][u][0]); \
+                    acc[r][t][u][1] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(S[t][1]), acc[r][t][u][1]); \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
