@@ -126,7 +126,7 @@ typedef struct idx_args {
     uint8_t *ws;             /* per thread slot: ws_per bytes (or the chunked layout) */
     size_t ws_per;
     uint32_t nv1;            /* score entries per row: max visible keys + 1 */
-    int simd;                /* score_keys_avx512 */
+    int simd;                /* idx_simd_ok: score_keys_avx512 (2), score_keys_avx2 (1) */
     int64_t n_chunks;        /* chunked scan: IDX_CHUNK-key chunks per row */
     size_t heap_off, heap_per;
 } idx_args;
@@ -173,6 +173,9 @@ static void score_keys_scalar(const idx_args *a, const float *q, const float *wt
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define IDX_SIMD 1
+/* Included outside the target regions: inside the AVX-512 one, gcc gave the intrinsics that
+ * region's target, and the AVX2 region below could not inline them. */
+#include <immintrin.h>
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
 #else
@@ -180,7 +183,6 @@ static void score_keys_scalar(const idx_args *a, const float *q, const float *wt
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 #pragma GCC optimize("fp-contract=off")
 #endif
-#include <immintrin.h>
 
 /* The AVX-512 path of score_keys for E2M1 / UE8M0 keys (V4.1's index keys, §4.3): sixteen
  * keys per tile, one per lane, the same operations as the scalar path lane by lane
@@ -283,24 +285,144 @@ static void score_keys_avx512(const dsib_state *ks, uint32_t H, uint32_t hd, int
 #else
 #pragma GCC pop_options
 #endif
+
+/* ---- the AVX2 form ----------------------------------------------------------------------- */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+/* score_keys_avx512 on eight keys per tile (one per lane), the same operations lane by lane
+ * (no FMA: this region has contraction off, and every product is a separate multiply). The
+ * codes of eight dims of the eight keys are eight dword loads (a gather is microcoded on
+ * Zen 3); the E2M1 value comes from two 8-entry permutes picked by the code's bit 3, times
+ * the block's power of two (exact, the product dsii_sp_decode8 forms). */
+IDX_AI __m256 idx_ue8m0_ps256(__m256i e) {
+    /* 2^(e−127): e << 23; e = 0: 2^-127 = 0x00400000 */
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x00400000),
+                                                  _mm256_cmpeq_epi32(e, _mm256_setzero_si256())));
+}
+
+/* The dword at byte off of the first m (<= 8) of eight rows krb bytes apart (0 past m). */
+IDX_AI __m256i idx_dwords8(const uint8_t *base, uint64_t krb, uint32_t off, uint32_t m) {
+    uint32_t v[8];
+    for (uint32_t l = 0; l < 8; l++) {
+        v[l] = 0;
+        if (l < m) memcpy(&v[l], base + l * krb + off, 4);
+    }
+    return _mm256_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5],
+                             (int)v[6], (int)v[7]);
+}
+
+IDX_AI void idx_heads_avx2(const float *q, uint32_t hd, const float *kt, const float *wt,
+                           __m256 *s, const int NH) {
+    __m256 d[8];
+    for (int h = 0; h < NH; h++) d[h] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < hd; i++) {
+        const __m256 k = _mm256_load_ps(kt + 8 * (size_t)i);
+        for (int h = 0; h < NH; h++)
+            d[h] = _mm256_add_ps(d[h], _mm256_mul_ps(_mm256_broadcast_ss(q + (size_t)h * hd + i), k));
+    }
+    for (int h = 0; h < NH; h++)
+        *s = _mm256_add_ps(*s, _mm256_mul_ps(_mm256_max_ps(d[h], _mm256_setzero_ps()),
+                                             _mm256_set1_ps(wt[h])));
+}
+
+/* idx_head_v4_avx512 over eight keys. */
+IDX_AI void idx_head_v4_avx2(const float *q, uint32_t hd, const float *kt, float wh, __m256 *s) {
+    __m256 l[8];
+    for (int j = 0; j < 8; j++) l[j] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < hd; i += 8)
+        for (int j = 0; j < 8; j++)
+            l[j] = _mm256_add_ps(l[j], _mm256_mul_ps(_mm256_broadcast_ss(q + i + (uint32_t)j),
+                                                     _mm256_load_ps(kt + 8 * (size_t)(i + (uint32_t)j))));
+    __m256 d = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[0], l[1]), _mm256_add_ps(l[2], l[3])),
+                             _mm256_add_ps(_mm256_add_ps(l[4], l[5]), _mm256_add_ps(l[6], l[7])));
+    d = _mm256_blendv_ps(d, _mm256_setzero_ps(), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_LT_OQ));
+    *s = _mm256_add_ps(*s, _mm256_mul_ps(d, _mm256_set1_ps(wh)));
+}
+
+/* order 0: V4.1's score (dims in order); 1: V4's (dot_fixed lanes). */
+static void score_keys_avx2(const dsib_state *ks, uint32_t H, uint32_t hd, int order,
+                            const float *q, const float *wt, const uint8_t *keys, uint32_t c0,
+                            uint32_t c1, float *score) {
+    const uint32_t block = ks->block;
+    const uint64_t krb = dsib_cpu_state_rb(ks);
+    const uint32_t cb = hd / 2; /* code bytes; the scales follow */
+    _Alignas(32) float kt[DSIB_CPU_MAX_KEY * 8];
+    const __m256 lut_lo = _mm256_loadu_ps(dsii_sp_e2m1_lut), lut_hi = _mm256_loadu_ps(dsii_sp_e2m1_lut + 8);
+    const __m256i m4 = _mm256_set1_epi32(15), mff = _mm256_set1_epi32(255);
+    for (uint32_t c = c0; c < c1; c += 8) {
+        const uint32_t m = c1 - c < 8 ? c1 - c : 8;
+        const uint8_t *base = keys + (uint64_t)c * krb;
+        __m256i sw = _mm256_setzero_si256(); /* four scale bytes of the current dword */
+        __m256 sc = _mm256_setzero_ps();
+        for (uint32_t i = 0; i < hd; i += 8) {
+            const uint32_t b = i / block;
+            if (i % block == 0) {
+                if (b % 4 == 0) sw = idx_dwords8(base, krb, cb + b, m);
+                sc = idx_ue8m0_ps256(_mm256_and_si256(_mm256_srlv_epi32(sw, _mm256_set1_epi32(8 * (int)(b % 4))), mff));
+            }
+            const __m256i cw = idx_dwords8(base, krb, i / 2, m);
+            for (int j = 0; j < 8; j++) {
+                const __m256i nib = _mm256_and_si256(_mm256_srli_epi32(cw, 4 * j), m4);
+                const __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, nib),
+                                                  _mm256_permutevar8x32_ps(lut_hi, nib),
+                                                  _mm256_castsi256_ps(_mm256_slli_epi32(nib, 28)));
+                _mm256_store_ps(kt + 8 * (size_t)(i + (uint32_t)j), _mm256_mul_ps(v, sc));
+            }
+        }
+        __m256 s = _mm256_setzero_ps();
+        uint32_t h = 0;
+        if (order == 1) {
+            for (; h < H; h++) idx_head_v4_avx2(q + (size_t)h * hd, hd, kt, wt[h], &s);
+        } else {
+            for (; h + 8 <= H; h += 8) idx_heads_avx2(q + (size_t)h * hd, hd, kt, wt + h, &s, 8);
+            for (; h + 4 <= H; h += 4) idx_heads_avx2(q + (size_t)h * hd, hd, kt, wt + h, &s, 4);
+            for (; h < H; h++) idx_heads_avx2(q + (size_t)h * hd, hd, kt, wt + h, &s, 1);
+        }
+        if (m == 8) {
+            _mm256_storeu_ps(score + c, s);
+        } else {
+            const __m256i km = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m),
+                                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            _mm256_maskstore_ps(score + c, km, s);
+        }
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 #else
 #define IDX_SIMD 0
 #endif
 
-/* The AVX-512 path takes E2M1 / UE8M0 rows without an f32 tail whose scale bytes are whole
- * dwords (every row read stays inside its own bytes). */
+/* The SIMD paths take E2M1 / UE8M0 rows without an f32 tail whose scale bytes are whole
+ * dwords (every row read stays inside its own bytes): 2 = AVX-512, 1 = AVX2, 0 = none. */
 static int idx_simd_ok(const dsib_state *k, uint32_t hd) {
-    return IDX_SIMD && dsib_cpu_ops_isa() >= DSIB_ISA_AVX512 &&
-           k->format == DSIB_STATE_E2M1_UE8M0 && k->qcols == hd && hd % 8 == 0 &&
-           k->block % 8 == 0 && (hd / k->block) % 4 == 0 && hd <= DSIB_CPU_MAX_KEY;
+    if (!IDX_SIMD || k->format != DSIB_STATE_E2M1_UE8M0 || k->qcols != hd || hd % 8 != 0 ||
+        k->block % 8 != 0 || (hd / k->block) % 4 != 0 || hd > DSIB_CPU_MAX_KEY)
+        return 0;
+    const int32_t isa = dsib_cpu_ops_isa();
+    return isa >= DSIB_ISA_AVX512 ? 2 : isa >= DSIB_ISA_AVX2 ? 1 : 0;
 }
 
 int dsib_cpu_indexer_v4_scan(const dsib_state *keys, uint32_t heads, uint32_t hd, const float *q,
                               const float *w, const uint8_t *slot_keys, uint32_t c0, uint32_t c1,
                               float *score) {
 #if IDX_SIMD
-    if (!idx_simd_ok(keys, hd)) return 0;
-    score_keys_avx512(keys, heads, hd, 1, q, w, slot_keys, c0, c1, score);
+    const int simd = idx_simd_ok(keys, hd);
+    if (!simd) return 0;
+    if (simd == 2)
+        score_keys_avx512(keys, heads, hd, 1, q, w, slot_keys, c0, c1, score);
+    else
+        score_keys_avx2(keys, heads, hd, 1, q, w, slot_keys, c0, c1, score);
     return 1;
 #else
     (void)keys, (void)heads, (void)hd, (void)q, (void)w, (void)slot_keys, (void)c0, (void)c1,
@@ -312,8 +434,12 @@ int dsib_cpu_indexer_v4_scan(const dsib_state *keys, uint32_t heads, uint32_t hd
 static void score_keys(const idx_args *a, const float *q, const float *wt, const uint8_t *keys,
                        uint32_t c0, uint32_t c1, float *score) {
 #if IDX_SIMD
-    if (a->simd) {
+    if (a->simd == 2) {
         score_keys_avx512(a->keys, a->heads, a->hd, 0, q, wt, keys, c0, c1, score);
+        return;
+    }
+    if (a->simd == 1) {
+        score_keys_avx2(a->keys, a->heads, a->hd, 0, q, wt, keys, c0, c1, score);
         return;
     }
 #endif
