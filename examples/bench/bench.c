@@ -1369,18 +1369,20 @@ static int run_depth(const opts *o, dsi_context *ctx, dsi_model *model, const ds
             /* back to depth D (an exact rewind: no work but the last token at most) */
             if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
             if (!D) dsi_session_reset(s);
-            double t0 = bench_now();
-            if (!fail && dsi_session_append(s, tok + D, (size_t)pp) != DSI_OK) fail = 1;
-            double dt = bench_now() - t0;
-            if (rep > 0 && tp.n_samples < 64) tp.samples[tp.n_samples++] = pp / dt;
-            if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
-            if (!D) dsi_session_reset(s);
+            double t0 = bench_now(), dt = 0;
+            if (pp > 0) { /* -p 0: no prefill test */
+                if (!fail && dsi_session_append(s, tok + D, (size_t)pp) != DSI_OK) fail = 1;
+                dt = bench_now() - t0;
+                if (rep > 0 && tp.n_samples < 64) tp.samples[tp.n_samples++] = pp / dt;
+                if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
+                if (!D) dsi_session_reset(s);
+            }
             g_t_idx = g_t_attn = 0;
             t0 = bench_now();
             for (int i = 0; i < tg && !fail; i++)
                 if (dsi_session_append(s, tok + D + i, 1) != DSI_OK) fail = 1;
             dt = bench_now() - t0;
-            if (rep > 0 && tt.n_samples < 64) {
+            if (rep > 0 && tg > 0 && tt.n_samples < 64) {
                 tt.samples[tt.n_samples++] = tg / dt;
                 ti += g_t_idx;
                 ta += g_t_attn;
@@ -1394,17 +1396,23 @@ static int run_depth(const opts *o, dsi_context *ctx, dsi_model *model, const ds
             if (D == 0) tg0 = tt.mean;
             dsii_state_info si;
             dsii_session_state_info(s, &si);
-            double ms = 1e3 / tt.mean, nrep = tt.n_samples * (double)tg;
+            double ms = tg > 0 ? 1e3 / tt.mean : 0, nrep = tt.n_samples * (double)tg;
             char sp_i[32] = "n/a", sp_a[32] = "n/a", sp_r[32] = "n/a";
-            if (split) {
+            char c_pp[48] = "-", c_tg[48] = "-", c_ms[32] = "-";
+            if (split && tg > 0) {
                 snprintf(sp_i, sizeof sp_i, "%.2f", 1e3 * ti / nrep);
                 snprintf(sp_a, sizeof sp_a, "%.2f", 1e3 * ta / nrep);
                 snprintf(sp_r, sizeof sp_r, "%.2f", ms - 1e3 * (ti + ta) / nrep);
             }
-            printf("| %u | %.2f ± %.2f | %.2f ± %.2f | %.2f | %s | %s | %s | %.1f%s | %.2f |\n", D,
-                   tp.mean, tp.sd, tt.mean, tt.sd, ms, sp_i, sp_a, sp_r, si.bytes_per_token,
-                   si.packed ? " (packed)" : " (f32)", si.pool_bytes / 1048576.0);
-            if (D > 0 && tg0 > 0)
+            if (pp > 0) snprintf(c_pp, sizeof c_pp, "%.2f ± %.2f", tp.mean, tp.sd);
+            if (tg > 0) {
+                snprintf(c_tg, sizeof c_tg, "%.2f ± %.2f", tt.mean, tt.sd);
+                snprintf(c_ms, sizeof c_ms, "%.2f", ms);
+            }
+            printf("| %u | %s | %s | %s | %s | %s | %s | %.1f%s | %.2f |\n", D, c_pp, c_tg, c_ms,
+                   sp_i, sp_a, sp_r, si.bytes_per_token, si.packed ? " (packed)" : " (f32)",
+                   si.pool_bytes / 1048576.0);
+            if (D > 0 && tg0 > 0 && tg > 0)
                 printf("|  | | decode depth-0 / depth-%u = %.2fx | | | | | | |\n", D, tg0 / tt.mean);
         }
         dsi_session_free(s);

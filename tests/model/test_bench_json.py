@@ -121,6 +121,22 @@ def main():
         if k.get("isa") != isa or row.get("type") != t or not row.get("tg_gbs", 0) > 0:
             fail("--kernels --isa %s --type %s: %r" % (isa, t, r.stdout[:400]))
         print("--kernels --isa %s --type %s: %.2f GB/s" % (isa, t, row["tg_gbs"]))
+    # -d with -p 0 (decode only) or -n 0 (prefill only): the other test is left out and its
+    # columns say "-" (it once failed every depth: "dsi_session_append: n is 0")
+    for pn, col in ((("-p", "0", "-n", "2"), 1), (("-p", "4", "-n", "0"), 2)):
+        cmd = [exe, "-m", model, "-t", "1", "-r", "1", "--no-limits", "-d", "0,32"] + list(pn)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+        rows = [l.split("|")[1:-1] for l in r.stdout.splitlines() if l.startswith("| ")
+                and l.split("|")[1].strip().isdigit()]
+        if [int(c[0]) for c in rows] != [0, 32]:
+            fail("%s: depth rows %r" % (" ".join(cmd), r.stdout[:1500]))
+        for c in rows:
+            other = 2 if col == 1 else 1
+            if c[col].strip() != "-" or not float(c[other].split()[0]) > 0:
+                fail("%s: row %r" % (" ".join(cmd), c))
+        print("-d 0,32 %s: %d rows" % (" ".join(pn), len(rows)))
     print("ok")
 
 
