@@ -247,8 +247,8 @@ DSIB_AI float iq1_m_d_hw(const uint8_t *blk) { return _cvtsh_ss(iq1_m_dh(blk)); 
 IQ1_TILE_AVX2(iq1_s_tile_avx2, 50, iq1_s_idx_avx2, iq1_s_sub_avx2, iq1_s_d_hw)
 IQ1_TILE_AVX2(iq1_m_tile_avx2, 56, iq1_m_idx_avx2, iq1_m_sub_avx2, iq1_m_d_hw)
 
-DSIB_QROWS_DEFINE_T(iq1_s_rows_avx2, iq1_s_tile_avx2, 2)
-DSIB_QROWS_DEFINE_T(iq1_m_rows_avx2, iq1_m_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(iq1_s_rows_avx2, iq1_s_tile_avx2, 4)
+DSIB_QROWS_DEFINE_T(iq1_m_rows_avx2, iq1_m_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

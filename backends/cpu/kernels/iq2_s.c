@@ -81,7 +81,7 @@ DSIB_AI void iq2_s_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg, 
 
 DSIB_IQ_TILE_AVX2(iq2_s_tile_avx2, 82, iq2_s_sub_avx2, 0.125f)
 
-DSIB_QROWS_DEFINE_T(iq2_s_rows_avx2, iq2_s_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(iq2_s_rows_avx2, iq2_s_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

@@ -80,7 +80,7 @@ DSIB_AI void iq2_xs_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg,
 
 DSIB_IQ_TILE_AVX2(iq2_xs_tile_avx2, 74, iq2_xs_sub_avx2, 0.125f)
 
-DSIB_QROWS_DEFINE_T(iq2_xs_rows_avx2, iq2_xs_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(iq2_xs_rows_avx2, iq2_xs_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

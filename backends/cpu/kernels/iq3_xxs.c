@@ -75,7 +75,7 @@ DSIB_AI void iq3_xxs_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg
 
 DSIB_IQ_TILE_AVX2(iq3_xxs_tile_avx2, 98, iq3_xxs_sub_avx2, 0.25f)
 
-DSIB_QROWS_DEFINE_T(iq3_xxs_rows_avx2, iq3_xxs_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(iq3_xxs_rows_avx2, iq3_xxs_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

@@ -103,8 +103,8 @@ DSIB_AI __m256i nib_block_avx2(const int8_t *tab, const uint8_t *qs) {
 #define F16_SBLK(blk) dsib_f16_hw(blk)
 DSIB_Q8_32_TILE_AVX2(q4_0_tile_avx2, 18, Q4_0_WBLK, F16_SBLK)
 DSIB_Q8_32_TILE_AVX2(iq4_nl_tile_avx2, 18, IQ4_NL_WBLK, F16_SBLK)
-DSIB_QROWS_DEFINE_T(q4_0_rows_avx2, q4_0_tile_avx2, 2)
-DSIB_QROWS_DEFINE_T(iq4_nl_rows_avx2, iq4_nl_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(q4_0_rows_avx2, q4_0_tile_avx2, 4)
+DSIB_QROWS_DEFINE_T(iq4_nl_rows_avx2, iq4_nl_tile_avx2, 4)
 
 /* IQ4_XS: DSIB_Q8_32_TILE_AVX2's per-block step over the eight blocks of each super-block. */
 DSIB_AI void iq4_xs_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,
@@ -137,7 +137,7 @@ DSIB_AI void iq4_xs_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const d
             out[r * T + t] = dsib_reduce32_avx2(acc[r][t][0][0], acc[r][t][0][1], acc[r][t][1][0],
                                                 acc[r][t][1][1]);
 }
-DSIB_QROWS_DEFINE_T(iq4_xs_rows_avx2, iq4_xs_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(iq4_xs_rows_avx2, iq4_xs_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

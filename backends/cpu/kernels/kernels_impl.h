@@ -302,8 +302,10 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * (R = 1): the weights then stream from memory as one sequential read, which measured
  * 2-2.5x faster cold than interleaving 2 or 4 rows (the two accumulator sets of the
  * canonical order give a single row its instruction-level parallelism); prefill tiles
- * serve up to TT tokens (4 on AVX-512, 2 on AVX2 with its 16 registers) from one decoded
- * weight block. Every tile runs the same per-(row, token) sequence, so results do not
+ * serve up to TT = 4 tokens from one decoded weight block (on AVX2 too since the K-quant and
+ * IQ tiles decode one position at a time: their float accumulators live in memory, touched
+ * once per block; four tokens measured 5-70 % faster than two on Zen 3, docs/performance.md
+ * 4.000000000000000). Every tile runs the same per-(row, token) sequence, so results do not
  * depend on it. (Exceptions: the AVX2 kernels that are compute-bound on short rows take four
  * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below; the
  * AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the later token tiles

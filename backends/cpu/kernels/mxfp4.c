@@ -78,7 +78,7 @@ DSIB_AI __m256i mxfp4_block_avx2(const uint8_t *qs) {
 #define MXFP4_SBLK(blk) dsib_u32_as_f32(e8m0_half_bits[(blk)[0]])
 DSIB_Q8_32_TILE_AVX2(mxfp4_tile_avx2, 17, MXFP4_WBLK, MXFP4_SBLK)
 
-DSIB_QROWS_DEFINE_T4(mxfp4_rows_avx2, mxfp4_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(mxfp4_rows_avx2, mxfp4_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

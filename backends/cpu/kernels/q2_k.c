@@ -80,7 +80,7 @@ DSIB_AI void q2_k_tail_avx2(const uint8_t *blk, __m256i sc4, __m256i *mn, __m128
 }
 DSIB_KQ_TILE_AVX2(q2_k_tile_avx2, 84, q2_k_prep_avx2, q2_k_pos_avx2, q2_k_tail_avx2)
 
-DSIB_QROWS_DEFINE_T4(q2_k_rows_avx2, q2_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q2_k_rows_avx2, q2_k_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

@@ -118,7 +118,7 @@ DSIB_AI void q3_k_tail_avx2(const uint8_t *blk, __m256i sv, __m256i *scw) {
 
 DSIB_KQO_TILE_AVX2(q3_k_tile_avx2, 110, q3_k_prep_avx2, q3_k_pos_avx2, q3_k_tail_avx2, 108, 2)
 
-DSIB_QROWS_DEFINE_T4(q3_k_rows_avx2, q3_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q3_k_rows_avx2, q3_k_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

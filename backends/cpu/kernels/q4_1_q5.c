@@ -121,7 +121,7 @@ DSIB_AI __m256i q5_0_block_avx2(const uint8_t *blk) {
 #define Q5_0_WBLK(blk) q5_0_block_avx2(blk)
 #define F16_SBLK(blk) dsib_f16_hw(blk)
 DSIB_Q8_32_TILE_AVX2(q5_0_tile_avx2, 22, Q5_0_WBLK, F16_SBLK)
-DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 4)
 
 /* Q4_1 / Q5_1: the unsigned codes (nibble | h << 4). */
 #define Q4_1_UBLK(blk) nib_block_avx2((blk) + 4)
@@ -177,8 +177,8 @@ DSIB_QROWS_DEFINE_T(q5_0_rows_avx2, q5_0_tile_avx2, 2)
 
 QM_TILE_AVX2(q4_1_tile_avx2, 20, Q4_1_UBLK)
 QM_TILE_AVX2(q5_1_tile_avx2, 24, Q5_1_UBLK)
-DSIB_QROWS_DEFINE_T4(q4_1_rows_avx2, q4_1_tile_avx2, 2)
-DSIB_QROWS_DEFINE_T4(q5_1_rows_avx2, q5_1_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q4_1_rows_avx2, q4_1_tile_avx2, 4)
+DSIB_QROWS_DEFINE_T4(q5_1_rows_avx2, q5_1_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

@@ -76,7 +76,7 @@ DSIB_AI void q4_k_tail_avx2(const uint8_t *blk, __m256i smv, __m256i *mn, __m128
 }
 DSIB_KQ_TILE_AVX2(q4_k_tile_avx2, 144, Q4_K_PREP_AVX2, q4_k_pos_avx2, q4_k_tail_avx2)
 
-DSIB_QROWS_DEFINE_T4(q4_k_rows_avx2, q4_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q4_k_rows_avx2, q4_k_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

@@ -95,7 +95,7 @@ DSIB_AI void q6_k_tail_avx2(const uint8_t *blk, __m256i sv, __m256i *scw) {
 
 DSIB_KQO_TILE_AVX2(q6_k_tile_avx2, 210, q6_k_prep_avx2, q6_k_pos_avx2, q6_k_tail_avx2, 208, 5)
 
-DSIB_QROWS_DEFINE_T4(q6_k_rows_avx2, q6_k_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T4(q6_k_rows_avx2, q6_k_tile_avx2, 4)
 
 DSIB_TARGET_POP
 

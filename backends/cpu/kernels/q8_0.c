@@ -46,7 +46,7 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #define Q8_0_SBLK(blk) dsib_f16_hw(blk)
 DSIB_Q8_32_TILE_AVX2(q8_0_tile_avx2, 34, Q8_0_WBLK, Q8_0_SBLK)
 
-DSIB_QROWS_DEFINE_T(q8_0_rows_avx2, q8_0_tile_avx2, 2)
+DSIB_QROWS_DEFINE_T(q8_0_rows_avx2, q8_0_tile_avx2, 4)
 
 DSIB_TARGET_POP
 
