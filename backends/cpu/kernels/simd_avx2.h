@@ -84,6 +84,18 @@ DSIB_AI void dsib_kq_pos_avx2(__m256i S[][2], int T, __m256i wq, __m256i sc, con
     }
 }
 
+/* In a K-quant tile (T tokens, super-block b, activations x): st = PREP(blk) and the integer
+ * sums S[t][0..1] of the super-block at blk, one position at a time (POS as below). */
+#define DSIB_KQ_SUMS_AVX2_(S, st, blk, PREP, POS)                                          \
+    const __m256i st = PREP(blk);                                                          \
+    __m256i S[4][2];                                                                       \
+    for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();                \
+    _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {                                  \
+        __m256i wq, sc;                                                                    \
+        POS(blk, st, p, &wq, &sc);                                                         \
+        dsib_kq_pos_avx2(S, T, wq, sc, x, b, p);                                           \
+    }
+
 /* The whole AVX2 tile of a K-quant, decoding each super-block one position at a time:
  * st = PREP(blk) (a vector of per-super-block state, e.g. the unpacked scales),
  * POS(blk, st, p, &wq, &sc) (position p's 32 codes and int16 scale words; p is a constant
@@ -106,14 +118,7 @@ DSIB_AI void dsib_kq_pos_avx2(__m256i S[][2], int T, __m256i wq, __m256i sc, con
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
                 DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
-                const __m256i st = PREP(blk);                                              \
-                __m256i S[4][2];                                                           \
-                for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();    \
-                _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {                      \
-                    __m256i wq, sc;                                                        \
-                    POS(blk, st, p, &wq, &sc);                                             \
-                    dsib_kq_pos_avx2(S, T, wq, sc, x, b, p);                               \
-                }                                                                          \
+                DSIB_KQ_SUMS_AVX2_(S, st, blk, PREP, POS);                                 \
                 __m256i mn;                                                                \
                 __m128 dmw;                                                                \
                 TAIL(blk, st, &mn, &dmw);                                                  \
@@ -226,14 +231,7 @@ DSIB_AI __m256i dsib_s8_pair_words_avx2(__m256i v, int i0, int i1) {
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk = w + (size_t)r * rb + (BLK) * b;                       \
                 DSIB_PF_ROWS(PF, blk, BLK, R, rb);                                         \
-                const __m256i st = PREP(blk);                                              \
-                __m256i S[4][2];                                                           \
-                for (int t = 0; t < T; t++) S[t][0] = S[t][1] = _mm256_setzero_si256();    \
-                _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {                      \
-                    __m256i wq, sc;                                                        \
-                    POS(blk, st, p, &wq, &sc);                                             \
-                    dsib_kq_pos_avx2(S, T, wq, sc, x, b, p);                               \
-                }                                                                          \
+                DSIB_KQ_SUMS_AVX2_(S, st, blk, PREP, POS);                                 \
                 __m256i scw;                                                               \
                 TAIL(blk, st, &scw);                                                       \
                 const float d = dsib_f16_hw(blk + (DOFF));                                 \
