@@ -127,7 +127,7 @@ static void usage(FILE *f) {
             "               prompt cache, from a snapshot file (-r repetitions of the warm ones)\n"
             "  --cache-dir  directory for --ttft's cache and snapshot (default: a new /tmp dir)\n"
             "  -d LIST      context depths, e.g. 0,4096,16384,65536 (llama-bench's -d): decode\n"
-            "               (-n, default 32) and prefill (-p, at most 256, default 128) tokens/s\n"
+            "               (-n, default 32) and prefill (-p, default 128; each at most 255) tokens/s\n"
             "               at each depth, decode time split (indexer scan / attention / rest),\n"
             "               state bytes per token; the depth's state is synthetic (random rows\n"
             "               on the FP8/FP4 grids, nothing evaluated) unless --real-depth\n"
@@ -1276,10 +1276,27 @@ static void released_bpt(double *v4_packed, double *v4_f32, double *v41_packed, 
     *v41_f32 = 3.0 * (512 + 128) * 4 / 2 + (512 + 128) * 4;
 }
 
+/* Rewinds s to its first D tokens; anything but an exact rewind (which re-evaluates token
+ * D-1 at most) would re-prefill the depth for real and time something else: a failure. */
+static dsi_status depth_sync(dsi_session *s, const dsi_token *tok, uint32_t D) {
+    size_t reused = 0;
+    dsi_status st = dsi_session_sync(s, tok, D, &reused);
+    if (st == DSI_OK && reused + 1 < D) {
+        fprintf(stderr, "dsinfer-bench: -d: the rewind to depth %u was not exact (%zu tokens "
+                        "kept)\n", D, reused);
+        return DSI_ERR_INTERNAL;
+    }
+    return st;
+}
+
 static int run_depth(const opts *o, dsi_context *ctx, dsi_model *model, const dsi_model_info *info) {
     int pp = o->p_given ? o->p : 128, tg = o->n_given ? o->n : 32;
-    if (pp > 256 || tg > 256) {
-        fprintf(stderr, "dsinfer-bench: -d: -p and -n at most 256 (the exact-rewind margin)\n");
+    /* back to depth D after a test re-evaluates token D-1 (its logits), so a test of k
+     * tokens rewinds k + 1: within the exact-rewind margin (DSII_DEFAULT_MARGIN, 256) when
+     * k <= 255. Beyond it the sync would prefill the whole depth for real. */
+    if (pp > 255 || tg > 255) {
+        fprintf(stderr, "dsinfer-bench: -d: -p and -n at most 255 (the exact-rewind margin 256 "
+                        "less the re-evaluated last token of the depth)\n");
         return 2;
     }
     uint32_t dv[16];
@@ -1367,14 +1384,14 @@ static int run_depth(const opts *o, dsi_context *ctx, dsi_model *model, const ds
         double ti = 0, ta = 0;
         for (int rep = 0; rep < o->r + 1 && !fail; rep++) {
             /* back to depth D (an exact rewind: no work but the last token at most) */
-            if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
+            if (D && depth_sync(s, tok, D) != DSI_OK) fail = 1;
             if (!D) dsi_session_reset(s);
             double t0 = bench_now(), dt = 0;
             if (pp > 0) { /* -p 0: no prefill test */
                 if (!fail && dsi_session_append(s, tok + D, (size_t)pp) != DSI_OK) fail = 1;
                 dt = bench_now() - t0;
                 if (rep > 0 && tp.n_samples < 64) tp.samples[tp.n_samples++] = pp / dt;
-                if (D && dsi_session_sync(s, tok, D, NULL) != DSI_OK) fail = 1;
+                if (D && depth_sync(s, tok, D) != DSI_OK) fail = 1;
                 if (!D) dsi_session_reset(s);
             }
             g_t_idx = g_t_attn = 0;

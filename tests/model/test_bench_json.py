@@ -137,6 +137,18 @@ def main():
             if c[col].strip() != "-" or not float(c[other].split()[0]) > 0:
                 fail("%s: row %r" % (" ".join(cmd), c))
         print("-d 0,32 %s: %d rows" % (" ".join(pn), len(rows)))
+    # -d's tests must rewind exactly to the depth (a test of k tokens goes back k + 1, the
+    # margin is 256): 255 tokens do; 256 are refused (they once re-prefilled the whole depth
+    # for real, silently, and timed that)
+    for n, want in (("255", 0), ("256", 2)):
+        cmd = [exe, "-m", model, "-t", "2", "-r", "1", "--no-limits", "-d", "300", "-p", "1",
+               "-n", n]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != want or (want and "at most 255" not in r.stderr) or \
+                (not want and "| 300 |" not in r.stdout):
+            fail("%s: exit %d (want %d): %s %s" % (" ".join(cmd), r.returncode, want,
+                                                 r.stdout[-800:], r.stderr[-800:]))
+        print("-d 300 -n %s: exit %d" % (n, r.returncode))
     print("ok")
 
 
