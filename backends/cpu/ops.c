@@ -1754,13 +1754,19 @@ static dsi_status op_attn_sink(dsib_stream *strm, dsib_view q, uint32_t ldq, uin
 #endif
     j.hg = 1;
     if (j.simd) {
-        /* heads per task: a multiple of 4 (of 8 on the AVX-512 path), at least 2 tasks per
-         * thread where possible */
+        /* heads per task: a multiple of 4 (of 8 on the AVX-512 path), below */
         j.hg = j.simd512 ? 8 : 4;
-        while (j.hg * 2 <= H && (uint64_t)n * (H / (j.hg * 2)) >= 2 * nt) j.hg *= 2;
     }
     const int packed = ring->format != DSIB_STATE_F32 ||
                        (comp_ratio && comp->format != DSIB_STATE_F32);
+    if (j.simd) {
+        /* at least 2 tasks per thread where possible; with packed state one per thread, as
+         * every task decodes the rows its step row sees (AVX2, bench-v41 decode at depth
+         * 65,000 on two threads: 4 heads a task decoded each row four times; 8 heads
+         * took attention from 3.8-4.3 to 3.6 ms per token) */
+        const uint64_t per = packed ? nt : 2 * nt;
+        while (j.hg * 2 <= H && (uint64_t)n * (H / (j.hg * 2)) >= per) j.hg *= 2;
+    }
     /* ws: sinks [H], then per thread scores [8 × max_rows], row pointers [max_rows] and row
      * formats [max_rows]; with packed state, per thread the decoded rows [max_rows × hd] */
     size_t o1 = ((size_t)H * sizeof(float) + 63) & ~(size_t)63;
