@@ -222,15 +222,14 @@ static void test_indexer_split(void **state) {
  * them): the AVX-512 scan gives the scalar path's scores bit for bit (tails of 1..15 keys,
  * -0 / NaN-free random data with some 2^-127 scales), and both are within 1e-5 of the
  * formula in double. */
-static void test_indexer_packed_scan(void **state) {
-    (void)state;
-    enum { H = 5, HD = 128, BLK = 32, ROWS = 3000 };
+static void packed_scan_shape(const uint32_t HD, const uint32_t BLK, const uint32_t ROWS) {
+    enum { H = 5 };
     const uint32_t rb = dsii_sp_row_bytes(DSIB_STATE_E2M1_UE8M0, HD, HD, BLK);
     uint8_t *packed = malloc((size_t)ROWS * rb);
     float *keys = malloc(sizeof(float) * ROWS * HD), *s_def = malloc(sizeof(float) * ROWS),
           *s_sc = malloc(sizeof(float) * ROWS);
-    static float q[H * HD], w[H];
-    assert_true(packed && keys && s_def && s_sc);
+    static float q[H * 576], w[H];
+    assert_true(packed && keys && s_def && s_sc && HD <= 576);
     for (uint32_t r = 0; r < ROWS; r++) {
         uint8_t *row = packed + (size_t)r * rb;
         for (uint32_t i = 0; i < HD / 2; i++) row[i] = (uint8_t)((rng = rng * 1664525u + 1013904223u) >> 24);
@@ -238,11 +237,12 @@ static void test_indexer_packed_scan(void **state) {
         if (r % 89 == 3) row[HD / 2 + 1] = 0;
         dsii_sp_unpack_row(DSIB_STATE_E2M1_UE8M0, HD, HD, BLK, row, keys + (size_t)r * HD);
     }
-    for (int i = 0; i < H * HD; i++) q[i] = frand();
+    for (uint32_t i = 0; i < H * HD; i++) q[i] = frand();
     for (int h = 0; h < H; h++) w[h] = frand();
     dsib_view vk = wrap(packed, (size_t)ROWS * rb);
     dsib_state sk = {vk.buf, 0, 1, ROWS, HD, DSIB_STATE_E2M1_UE8M0, rb, HD, BLK, 0};
     const int64_t ranges[][2] = {{0, ROWS}, {2, 3}, {7, 22}, {100, 131}, {ROWS - 13, ROWS}};
+    assert_true(ROWS >= 131);
     /* every SIMD scan the CPU can run (AVX2; AVX-512 too where present) against the scalar
      * one, bit for bit */
     const int32_t native = dsib_cpu_ops_isa();
@@ -263,7 +263,7 @@ static void test_indexer_packed_scan(void **state) {
             double sd = 0.0, mag = 0.0;
             for (int h = 0; h < H; h++) {
                 double d = 0.0;
-                for (int i = 0; i < HD; i++) {
+                for (uint32_t i = 0; i < HD; i++) {
                     d += (double)q[h * HD + i] * keys[c * HD + i];
                     mag += fabs((double)q[h * HD + i] * keys[c * HD + i] * w[h]);
                 }
@@ -281,6 +281,16 @@ static void test_indexer_packed_scan(void **state) {
     free(keys);
     free(s_def);
     free(s_sc);
+}
+
+/* The shapes the AVX2 tile decode takes apart: 64-dim transposed groups and 8-dim remainders,
+ * scales per 8 / 16 / 32 / 64 dims, and a key too wide for two tiles (eight keys a step). */
+static void test_indexer_packed_scan(void **state) {
+    (void)state;
+    packed_scan_shape(128, 32, 3000);
+    packed_scan_shape(96, 8, 300);
+    packed_scan_shape(256, 64, 300);
+    packed_scan_shape(576, 16, 300);
 }
 
 /* ---- fake quant (§10.1) ------------------------------------------------------------------ */
