@@ -128,4 +128,9 @@ float dsib_cpu_attn_exp(float x);
 void dsib_cpu_indexer_v4_scores(const float *q, const float *w, const dsib_state *keys,
                                 uint32_t heads, uint32_t hd, int64_t c0, int64_t c1, float *score);
 
+/* Tests (ops.c): one packed state row decoded by attention's isa path (DSIB_ISA_AVX2 or
+ * DSIB_ISA_AVX512): 1, or 0 where this build or CPU lacks it. */
+int dsib_cpu_attn_unpack_row(int32_t isa, int32_t format, uint32_t width, uint32_t qcols,
+                             uint32_t block, const uint8_t *src, float *dst);
+
 #endif /* DSIB_CPU_IMPL_H */
