@@ -442,6 +442,40 @@ IDX_AI void idx_head_v4_avx2(const float *q, uint32_t hd, const float *kt, float
     *s = _mm256_add_ps(*s, _mm256_mul_ps(d, _mm256_set1_ps(wh)));
 }
 
+/* idx_head_v4_avx2 on two tiles: each query broadcast serves both, the lane accumulators in
+ * two halves (dims ≡ 0..3 mod 8, then 4..7: each lane's own chain is unchanged), the first
+ * half's pair sums ((l0 + l1) + (l2 + l3)) kept while the second runs. */
+IDX_AI void idx_head_v4_2_avx2(const float *q, uint32_t hd, const float *kt, const float *kt2,
+                               float wh, __m256 *s, __m256 *s2) {
+    __m256 lo, lo2;
+    {
+        __m256 a[4], b[4];
+        for (int j = 0; j < 4; j++) a[j] = b[j] = _mm256_setzero_ps();
+        for (uint32_t i = 0; i < hd; i += 8)
+            for (int j = 0; j < 4; j++) {
+                const __m256 qb = _mm256_broadcast_ss(q + i + (uint32_t)j);
+                a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(qb, _mm256_load_ps(kt + 8 * (size_t)(i + (uint32_t)j))));
+                b[j] = _mm256_add_ps(b[j], _mm256_mul_ps(qb, _mm256_load_ps(kt2 + 8 * (size_t)(i + (uint32_t)j))));
+            }
+        lo = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        lo2 = _mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3]));
+    }
+    __m256 a[4], b[4];
+    for (int j = 0; j < 4; j++) a[j] = b[j] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < hd; i += 8)
+        for (int j = 0; j < 4; j++) {
+            const __m256 qb = _mm256_broadcast_ss(q + i + 4 + (uint32_t)j);
+            a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(qb, _mm256_load_ps(kt + 8 * (size_t)(i + 4 + (uint32_t)j))));
+            b[j] = _mm256_add_ps(b[j], _mm256_mul_ps(qb, _mm256_load_ps(kt2 + 8 * (size_t)(i + 4 + (uint32_t)j))));
+        }
+    __m256 d = _mm256_add_ps(lo, _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+    __m256 d2 = _mm256_add_ps(lo2, _mm256_add_ps(_mm256_add_ps(b[0], b[1]), _mm256_add_ps(b[2], b[3])));
+    d = _mm256_blendv_ps(d, _mm256_setzero_ps(), _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_LT_OQ));
+    d2 = _mm256_blendv_ps(d2, _mm256_setzero_ps(), _mm256_cmp_ps(d2, _mm256_setzero_ps(), _CMP_LT_OQ));
+    *s = _mm256_add_ps(*s, _mm256_mul_ps(d, _mm256_set1_ps(wh)));
+    *s2 = _mm256_add_ps(*s2, _mm256_mul_ps(d2, _mm256_set1_ps(wh)));
+}
+
 /* score[c0 .. c1) from m (<= 8) lanes of s. */
 IDX_AI void idx_store_avx2(float *score, __m256 s, uint32_t m) {
     if (m == 8) {
@@ -472,10 +506,7 @@ static void score_keys_avx2(const dsib_state *ks, uint32_t H, uint32_t hd, int o
         if (m > 8) {
             idx_tile_avx2(r + 8, hd, ks->block, kt2);
             if (order == 1) {
-                for (; h < H; h++) {
-                    idx_head_v4_avx2(q + (size_t)h * hd, hd, kt, wt[h], &s);
-                    idx_head_v4_avx2(q + (size_t)h * hd, hd, kt2, wt[h], &s2);
-                }
+                for (; h < H; h++) idx_head_v4_2_avx2(q + (size_t)h * hd, hd, kt, kt2, wt[h], &s, &s2);
             } else {
                 for (; h + 4 <= H; h += 4) idx_heads2_avx2(q + (size_t)h * hd, hd, kt, kt2, wt + h, &s, &s2, 4);
                 for (; h < H; h++) idx_heads2_avx2(q + (size_t)h * hd, hd, kt, kt2, wt + h, &s, &s2, 1);
