@@ -646,15 +646,17 @@ static void fq_block_avx2(float *v, uint32_t block, int32_t recipe, int round) {
                 r = _mm256_or_si256(sign, _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan));
             } else {
                 const __m256 a6 = _mm256_min_ps(a, _mm256_set1_ps(6.0f));
-                const int md = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                /* a macro: the rounding mode must be an integer constant expression (clang) */
+#define FQ_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
                 const __m256 r1 = _mm256_mul_ps(
-                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(2.0f)), md), _mm256_set1_ps(0.5f));
-                const __m256 r2 = _mm256_round_ps(a6, md);
+                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(2.0f)), FQ_RN), _mm256_set1_ps(0.5f));
+                const __m256 r2 = _mm256_round_ps(a6, FQ_RN);
                 const __m256 r3 = _mm256_mul_ps(
-                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(0.5f)), md), _mm256_set1_ps(2.0f));
+                    _mm256_round_ps(_mm256_mul_ps(a6, _mm256_set1_ps(0.5f)), FQ_RN), _mm256_set1_ps(2.0f));
                 __m256 rr = _mm256_blendv_ps(r3, r2, _mm256_cmp_ps(a6, _mm256_set1_ps(4.0f), _CMP_LT_OQ));
                 rr = _mm256_blendv_ps(rr, r1, _mm256_cmp_ps(a6, _mm256_set1_ps(2.0f), _CMP_LT_OQ));
                 r = _mm256_andnot_si256(nan, _mm256_or_si256(sign, _mm256_castps_si256(rr)));
+#undef FQ_RN
             }
             q = _mm256_castsi256_ps(r);
         }

@@ -148,8 +148,8 @@ static uint64_t now_ns(void) {
 }
 
 static void host_add(dsii_place *pl, uint64_t b) {
-    uint64_t u = atomic_fetch_add(&pl->host_used, b) + b;
-    uint64_t p = atomic_load(&pl->host_peak);
+    unsigned long long u = atomic_fetch_add(&pl->host_used, b) + b;
+    unsigned long long p = atomic_load(&pl->host_peak);
     while (u > p && !atomic_compare_exchange_weak(&pl->host_peak, &p, u)) {
     }
 }
