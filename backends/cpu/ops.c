@@ -1387,7 +1387,7 @@ static void attn_heads4_avx2(const attn_job *j, uint32_t t, uint32_t h, const fl
  *    times half the scale (exact: E4M3 scales and powers of two, 2^-127's half included).
  *    Code 8 (−0) gives +0, which no attention sum can see: they all start at +0, and
  *    x + (±0) = x for every x but +0, where it is +0 either way (test_v4_ops
- *    test_attn_unpack_avx2 checks every code and scale against dsii_sp_unpack_row).
+ *    test_attn_unpack_simd checks every code and scale against dsii_sp_unpack_row).
  * On the Zen 3 guest (one core, 256 rows of 512 hot): E4M3 with 32-wide blocks 69 ns a
  * row, E2M1 with 16-wide ones 77, against 102 and 110 with the earlier per-8 arithmetic
  * decode and table permutes (and 226 / 257 for dsii_sp_unpack_row). Block sizes that are
