@@ -356,40 +356,40 @@ IDX_AI void idx_decode8_avx2(__m256i cw, __m256 hs, float *kt) {
     }
 }
 
+/* At dim i (a multiple of 8) where a block starts: its half scale into hs (first the dword of
+ * four scale bytes that holds it into sw, when it is the dword's first). */
+IDX_AI void idx_scale_at(const uint8_t *const r[8], uint32_t cb, uint32_t block, uint32_t i,
+                         __m256i *sw, __m256 *hs) {
+    if (i % block != 0) return;
+    const uint32_t b = i / block;
+    if (b % 4 == 0) *sw = idx_dwords8(r, cb + b);
+    *hs = _mm256_mul_ps(idx_ue8m0_ps256(_mm256_and_si256(
+                            _mm256_srlv_epi32(*sw, _mm256_set1_epi32(8 * (int)(b % 4))),
+                            _mm256_set1_epi32(255))),
+                        _mm256_set1_ps(0.5f));
+}
+
 /* The tile of eight keys (rows r[0..7]; repeated rows past the caller's count are decoded
- * and never stored): kt[8 i + l] = dim i of key l. block % 8 == 0, (hd / block) % 4 == 0. */
+ * and never stored): kt[8 i + l] = dim i of key l. block % 8 == 0, (hd / block) % 4 == 0.
+ * 64 dims at a time by one transpose, a remainder of 8 at a time. */
 static void idx_tile_avx2(const uint8_t *const r[8], uint32_t hd, uint32_t block, float *kt) {
     const uint32_t cb = hd / 2; /* code bytes; the scales follow */
-    const __m256i mff = _mm256_set1_epi32(255);
-    __m256i sw = _mm256_setzero_si256(); /* four scale bytes of the current dword */
+    __m256i sw = _mm256_setzero_si256();
     __m256 hs = _mm256_setzero_ps();
-    uint32_t i = 0;
-    for (; i < hd; i += 8) {
-        const uint32_t b = i / block;
-        if (i % block == 0) {
-            if (b % 4 == 0) sw = idx_dwords8(r, cb + b);
-            hs = _mm256_mul_ps(idx_ue8m0_ps256(_mm256_and_si256(
-                                   _mm256_srlv_epi32(sw, _mm256_set1_epi32(8 * (int)(b % 4))), mff)),
-                               _mm256_set1_ps(0.5f));
-        }
-        if (i % 64 == 0 && i + 64 <= hd) { /* 64 dims of the eight keys: one transpose */
+    for (uint32_t i = 0; i < hd;) {
+        if (i % 64 == 0 && i + 64 <= hd) {
             __m256i x[8];
             for (int l = 0; l < 8; l++) x[l] = _mm256_loadu_si256((const __m256i *)(const void *)(r[l] + i / 2));
             idx_transpose8(x);
             for (int d = 0; d < 8; d++, i += 8) {
-                if (d > 0 && i % block == 0) {
-                    const uint32_t bd = i / block;
-                    if (bd % 4 == 0) sw = idx_dwords8(r, cb + bd);
-                    hs = _mm256_mul_ps(idx_ue8m0_ps256(_mm256_and_si256(
-                                           _mm256_srlv_epi32(sw, _mm256_set1_epi32(8 * (int)(bd % 4))), mff)),
-                                       _mm256_set1_ps(0.5f));
-                }
+                idx_scale_at(r, cb, block, i, &sw, &hs);
                 idx_decode8_avx2(x[d], hs, kt + 8 * (size_t)i);
             }
-            i -= 8; /* the loop's own step */
-            continue;
+        } else {
+            idx_scale_at(r, cb, block, i, &sw, &hs);
+            idx_decode8_avx2(idx_dwords8(r, i / 2), hs, kt + 8 * (size_t)i);
+            i += 8;
         }
-        idx_decode8_avx2(idx_dwords8(r, i / 2), hs, kt + 8 * (size_t)i);
     }
 }
 
