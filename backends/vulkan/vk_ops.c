@@ -289,13 +289,22 @@ static dsi_status mm_window(opc *c, const dsib_weight *w, const mm_win *win, voi
     p[16] = a->ids_off;
     p[17] = a->mode == MM_ROWS_ADD ? a->period : (a->xdiv ? a->xdiv : 1);
     dsib_vk_bind b[4] = {win->b, a->bx, a->by, a->bi};
+    /* The narrow variant (a CPU device) computes up to 4 output rows per group (push 19), each
+     * row's sum as alone: 4 where the rows of a group read the same x columns (no groups, or
+     * groups of a multiple of 4 rows starting on a multiple of 4) */
+    uint32_t rpg = 1;
+    if ((dsib_vk_shaders[a->si].needs & DSIB_VK_NEED_NARROW) &&
+        (a->Kg == 0 || (a->R % 4 == 0 && win->r0 % 4 == 0)))
+        rpg = 4;
+    p[19] = rpg;
+    uint32_t ng = (win->nr + rpg - 1) / rpg;
     if (a->mode == MM_PLAIN) {
         uint32_t gy = (a->n + 3) / 4;
-        return dispatch_rows(c, a->si, b, 4, p, 32, gy, win->nr, 1, 18, 1);
+        return dispatch_rows(c, a->si, b, 4, p, 32, gy, ng, 1, 18, 1);
     }
     if (a->mode == MM_IDS) {
         uint32_t gy = a->n < 65535 ? a->n : 65535, gz = (a->n + 65534) / 65535;
-        return dispatch_rows(c, a->si, b, 4, p, 32, gy, win->nr, gz, 18, 1);
+        return dispatch_rows(c, a->si, b, 4, p, 32, gy, ng, gz, 18, 1);
     }
     /* rows: gx = column blocks, gy = tokens */
     uint32_t gx = (uint32_t)((w->ne[0] + 63) / 64);
