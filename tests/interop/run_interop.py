@@ -30,11 +30,16 @@ LCPP_BACKEND_DIR. Every check prints one line; the figures go to WORK/interop-re
       (max |d| <= 1e-4): llama.cpp reads libdsinfer's blocks as libdsinfer does;
    b. llama.cpp and libdsinfer on it: top-1 and mean |d| with the floors of 2c.
 
+Checks 2 and 5 run one job per type on DSI_JOBS threads (default: the CPU count; every program
+a job starts uses one thread); their lines are printed in TYPES order, as a serial run would.
+Check 4 runs after them, alone.
+
 Adding a type = one entry in TYPES (see README.md).
 """
 
 import argparse
 import os
+import concurrent.futures
 import subprocess
 import sys
 import time
@@ -117,6 +122,14 @@ class Run:
         if not ok:
             self.failed += 1
 
+    def replay(self, job):
+        """Reports what a per-type job (a Job) found, in order, as if it had run here."""
+        for kind, a, b in job.out:
+            if kind == "report":
+                self.report(a, b)
+            else:
+                self.lines.append(a)
+
     def tokens(self, n, name):
         rng = np.random.default_rng(20260928)
         t = rng.integers(3, 1000, n).astype("<i4")
@@ -143,6 +156,97 @@ class Run:
         import gguf_reader as gr
         g = gr.GGUFFile(path)
         return {n: t.type for n, t in g.tensors.items()}
+
+
+class Job:
+    """One type's checks, run on a worker thread: its reports and table lines are kept (in
+    order) and replayed by the main thread, so the log reads as a serial run would."""
+
+    def __init__(self, r):
+        self.r = r
+        self.out = []
+
+    def report(self, ok, text):
+        self.out.append(("report", ok, text))
+
+    def line(self, text):
+        self.out.append(("line", text, None))
+
+
+def check_lcpp_quantized(r, tt, f32, name, ftype, pure, want_type, min_top1, max_mean):
+    """Check 2 for one type: llama.cpp's quantizer writes the file."""
+    j = Job(r)
+    q = r.path("tiny-v4-lcpp-%s.gguf" % name)
+    deq = r.path("tiny-v4-lcpp-%s-deq.gguf" % name)
+    try:
+        r.sh(r.peer, "quantize", f32, q, str(ftype), "2", "pure" if pure else "-",
+             *(["imatrix"] if name in IMATRIX else []))
+        types = r.types_in(q)
+        n_have = sum(1 for t in types.values() if t == want_type)
+        if n_have == 0:
+            j.report(False, "%s: llama.cpp wrote no tensor of type %d" % (name, want_type))
+            return j
+        if name in MIXES:
+            mix = sorted(set(types.values()))
+            j.report(len([t for t in mix if t not in (0, 1, 30)]) > 1,
+                     "%s: llama.cpp's mix has the ggml types %s" % (name, mix))
+        r.sh(r.peer, "quantize", q, deq, "0")  # LLAMA_FTYPE_ALL_F32: ggml's dequantization
+        A = r.logits("dsi", q, tt, r.path("%s.dsi" % name), N_POS_TYPE)
+        B = r.logits("lcpp", q, tt, r.path("%s.lcpp" % name), N_POS_TYPE)
+        C = r.logits("lcpp", deq, tt, r.path("%s-deq.lcpp" % name), N_POS_TYPE)
+        D = r.logits("dsi", deq, tt, r.path("%s-deq.dsi" % name), N_POS_TYPE)
+    except RuntimeError as e:
+        j.report(False, "%s: %s" % (name, e))
+        return j
+    a_mx, _, a_t = r.stats(A, D)
+    b_mx, _, b_t = r.stats(C, D)
+    c_mx, c_mean, c_t = r.stats(B, A)
+    s_mx, s_mean, s_t = r.stats(B, C)
+    j.report(a_mx <= TOL_DECODE and a_t == 1.0,
+             "%s (%d tensors): libdsinfer decodes it as ggml does: max |d| %.2e vs the dequantized file (need <= %.0e)"
+             % (name, n_have, a_mx, TOL_DECODE))
+    j.report(b_mx <= TOL_SAME_FILE and b_t >= 0.99,
+             "%s: llama.cpp and libdsinfer on the dequantized file: max |d| %.2e, top-1 %.1f %%" % (name, b_mx, 100 * b_t))
+    j.report(c_t >= min_top1 and c_mean <= max_mean,
+             "%s: llama.cpp and libdsinfer on the %s file: top-1 %.1f %%, max |d| %.3g, mean |d| %.3g "
+             "(floor top-1 %.0f %%, mean <= %.2g; llama.cpp vs itself dequantized: top-1 %.1f %%, mean |d| %.3g)"
+             % (name, name, 100 * c_t, c_mx, c_mean, 100 * min_top1, max_mean, 100 * s_t, s_mean))
+    j.line("%s | %.2e | %.2e %.1f%% | %.1f%% %.3g %.3g | %.1f%% %.3g"
+           % (name, a_mx, b_mx, 100 * b_t, 100 * c_t, c_mx, c_mean, 100 * s_t, s_mean))
+    return j
+
+
+def check_dsi_quantized(r, tt, f32, name, want_type, min_top1, max_mean):
+    """Check 5 for one type: dsinfer-quantize writes the file, llama.cpp reads it."""
+    j = Job(r)
+    qz = os.path.join(r.build, "bin", "dsinfer-quantize")
+    q = r.path("tiny-v4-dsiq-%s.gguf" % name)
+    deq = r.path("tiny-v4-dsiq-%s-deq.gguf" % name)
+    # the matrices at the type (mxfp4: the experts, the rest q8_0, as llama.cpp's MXFP4_MOE)
+    targs = ["--type", "q8_0", "--type-experts", "mxfp4"] if name == "mxfp4" else ["--type", name]
+    try:
+        r.sh(qz, f32, "-o", q, "--layout", "llama.cpp", "--no-mtp", "--quiet", *targs)
+        n_have = sum(1 for t in r.types_in(q).values() if t == want_type)
+        if n_have == 0:
+            j.report(False, "%s: dsinfer-quantize wrote no tensor of type %d" % (name, want_type))
+            return j
+        r.sh(r.peer, "quantize", q, deq, "0")  # llama.cpp reads our blocks, writes f32
+        A = r.logits("dsi", q, tt, r.path("%s.dsiq.dsi" % name), N_POS_TYPE)
+        B = r.logits("lcpp", q, tt, r.path("%s.dsiq.lcpp" % name), N_POS_TYPE)
+        D = r.logits("dsi", deq, tt, r.path("%s.dsiq-deq.dsi" % name), N_POS_TYPE)
+    except RuntimeError as e:
+        j.report(False, "%s (libdsinfer-written): %s" % (name, e))
+        return j
+    a_mx, _, a_t = r.stats(A, D)
+    c_mx, c_mean, c_t = r.stats(B, A)
+    j.report(a_mx <= TOL_DECODE and a_t == 1.0,
+             "%s (%d tensors, libdsinfer-written): llama.cpp decodes it as libdsinfer does: max |d| %.2e (need <= %.0e)"
+             % (name, n_have, a_mx, TOL_DECODE))
+    j.report(c_t >= min_top1 and c_mean <= max_mean,
+             "%s (libdsinfer-written): llama.cpp and libdsinfer on it: top-1 %.1f %%, max |d| %.3g, mean |d| %.3g "
+             "(floor top-1 %.0f %%, mean <= %.2g)" % (name, 100 * c_t, c_mx, c_mean, 100 * min_top1, max_mean))
+    j.line("%s | %.2e | %.1f%% %.3g %.3g" % (name, a_mx, 100 * c_t, c_mx, c_mean))
+    return j
 
 
 def main():
@@ -173,75 +277,19 @@ def main():
     tt = r.tokens(N_POS_TYPE, "tokens200.bin")
     r.lines.append("type | 2a dsi(q) vs dsi(ggml-deq) max|d| | 2b lcpp vs dsi on deq: max|d| top-1 | "
                    "2c lcpp vs dsi on q: top-1 max|d| mean|d| | lcpp(q) vs lcpp(deq): top-1 mean|d|")
-    for name, ftype, pure, want_type, (min_top1, max_mean) in selected():
-        q = r.path("tiny-v4-lcpp-%s.gguf" % name)
-        deq = r.path("tiny-v4-lcpp-%s-deq.gguf" % name)
-        try:
-            r.sh(r.peer, "quantize", f32, q, str(ftype), "2", "pure" if pure else "-",
-                 *(["imatrix"] if name in IMATRIX else []))
-            types = r.types_in(q)
-            n_have = sum(1 for t in types.values() if t == want_type)
-            if n_have == 0:
-                r.report(False, "%s: llama.cpp wrote no tensor of type %d" % (name, want_type))
-                continue
-            if name in MIXES:
-                mix = sorted(set(types.values()))
-                r.report(len([t for t in mix if t not in (0, 1, 30)]) > 1,
-                         "%s: llama.cpp's mix has the ggml types %s" % (name, mix))
-            r.sh(r.peer, "quantize", q, deq, "0")  # LLAMA_FTYPE_ALL_F32: ggml's dequantization
-            A = r.logits("dsi", q, tt, r.path("%s.dsi" % name), N_POS_TYPE)
-            B = r.logits("lcpp", q, tt, r.path("%s.lcpp" % name), N_POS_TYPE)
-            C = r.logits("lcpp", deq, tt, r.path("%s-deq.lcpp" % name), N_POS_TYPE)
-            D = r.logits("dsi", deq, tt, r.path("%s-deq.dsi" % name), N_POS_TYPE)
-        except RuntimeError as e:
-            r.report(False, "%s: %s" % (name, e))
-            continue
-        a_mx, _, a_t = r.stats(A, D)
-        b_mx, _, b_t = r.stats(C, D)
-        c_mx, c_mean, c_t = r.stats(B, A)
-        s_mx, s_mean, s_t = r.stats(B, C)
-        r.report(a_mx <= TOL_DECODE and a_t == 1.0,
-                 "%s (%d tensors): libdsinfer decodes it as ggml does: max |d| %.2e vs the dequantized file (need <= %.0e)"
-                 % (name, n_have, a_mx, TOL_DECODE))
-        r.report(b_mx <= TOL_SAME_FILE and b_t >= 0.99,
-                 "%s: llama.cpp and libdsinfer on the dequantized file: max |d| %.2e, top-1 %.1f %%" % (name, b_mx, 100 * b_t))
-        r.report(c_t >= min_top1 and c_mean <= max_mean,
-                 "%s: llama.cpp and libdsinfer on the %s file: top-1 %.1f %%, max |d| %.3g, mean |d| %.3g "
-                 "(floor top-1 %.0f %%, mean <= %.2g; llama.cpp vs itself dequantized: top-1 %.1f %%, mean |d| %.3g)"
-                 % (name, name, 100 * c_t, c_mx, c_mean, 100 * min_top1, max_mean, 100 * s_t, s_mean))
-        r.lines.append("%s | %.2e | %.2e %.1f%% | %.1f%% %.3g %.3g | %.1f%% %.3g"
-                       % (name, a_mx, b_mx, 100 * b_t, 100 * c_t, c_mx, c_mean, 100 * s_t, s_mean))
-
-    # ---- 5. the other way: libdsinfer's quantizer, every type, read by llama.cpp -------------
-    qz = os.path.join(r.build, "bin", "dsinfer-quantize")
-    r.lines.append("type | 5a dsi(ours) vs dsi(ggml-deq of ours) max|d| | 5b lcpp vs dsi on ours: top-1 max|d| mean|d|")
-    for name, _ftype, _pure, want_type, (min_top1, max_mean) in [t for t in selected() if t[0] not in MIXES]:
-        q = r.path("tiny-v4-dsiq-%s.gguf" % name)
-        deq = r.path("tiny-v4-dsiq-%s-deq.gguf" % name)
-        # the matrices at the type (mxfp4: the experts, the rest q8_0, as llama.cpp's MXFP4_MOE)
-        targs = ["--type", "q8_0", "--type-experts", "mxfp4"] if name == "mxfp4" else ["--type", name]
-        try:
-            r.sh(qz, f32, "-o", q, "--layout", "llama.cpp", "--no-mtp", "--quiet", *targs)
-            n_have = sum(1 for t in r.types_in(q).values() if t == want_type)
-            if n_have == 0:
-                r.report(False, "%s: dsinfer-quantize wrote no tensor of type %d" % (name, want_type))
-                continue
-            r.sh(r.peer, "quantize", q, deq, "0")  # llama.cpp reads our blocks, writes f32
-            A = r.logits("dsi", q, tt, r.path("%s.dsiq.dsi" % name), N_POS_TYPE)
-            B = r.logits("lcpp", q, tt, r.path("%s.dsiq.lcpp" % name), N_POS_TYPE)
-            D = r.logits("dsi", deq, tt, r.path("%s.dsiq-deq.dsi" % name), N_POS_TYPE)
-        except RuntimeError as e:
-            r.report(False, "%s (libdsinfer-written): %s" % (name, e))
-            continue
-        a_mx, _, a_t = r.stats(A, D)
-        c_mx, c_mean, c_t = r.stats(B, A)
-        r.report(a_mx <= TOL_DECODE and a_t == 1.0,
-                 "%s (%d tensors, libdsinfer-written): llama.cpp decodes it as libdsinfer does: max |d| %.2e (need <= %.0e)"
-                 % (name, n_have, a_mx, TOL_DECODE))
-        r.report(c_t >= min_top1 and c_mean <= max_mean,
-                 "%s (libdsinfer-written): llama.cpp and libdsinfer on it: top-1 %.1f %%, max |d| %.3g, mean |d| %.3g "
-                 "(floor top-1 %.0f %%, mean <= %.2g)" % (name, 100 * c_t, c_mx, c_mean, 100 * min_top1, max_mean))
-        r.lines.append("%s | %.2e | %.1f%% %.3g %.3g" % (name, a_mx, 100 * c_t, c_mx, c_mean))
+    # Checks 2 and 5, one job per type on DSI_JOBS worker threads (default: the CPUs; every
+    # program they run uses one thread), reported in the serial order.
+    jobs = int(os.environ.get("DSI_JOBS") or os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        two = [pool.submit(check_lcpp_quantized, r, tt, f32, name, ftype, pure, want_type, lo, hi)
+               for name, ftype, pure, want_type, (lo, hi) in selected()]
+        five = [pool.submit(check_dsi_quantized, r, tt, f32, name, want_type, lo, hi)
+                for name, _ftype, _pure, want_type, (lo, hi) in selected() if name not in MIXES]
+        for f in two:
+            r.replay(f.result())
+        r.lines.append("type | 5a dsi(ours) vs dsi(ggml-deq of ours) max|d| | 5b lcpp vs dsi on ours: top-1 max|d| mean|d|")
+        for f in five:
+            r.replay(f.result())
 
     # ---- 3. MTP in llama.cpp's layout binds to the native file's tensors ---------------------
     nat = r.path("tiny-v4-lcpp-native.gguf")
