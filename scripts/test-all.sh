@@ -205,7 +205,7 @@ if [ -f "$out/cmake/CTestTestfile.cmake" ]; then
   # every test of the label reads the layer's error count (tests/common/vk_validation.h)
   stage "Vulkan tests under the Khronos validation layer"
   sl=$(skiplog vkval)
-  (cd "$out/cmake" && DSI_SKIP_LOG=$sl DSINFER_VULKAN_VALIDATION=1 ctest -j1 --no-tests=error --output-on-failure --timeout 1800 -L backend) 2>&1 | tee "$out/ctest-vkval.log"
+  (cd "$out/cmake" && DSI_SKIP_LOG=$sl DSINFER_VULKAN_VALIDATION=1 ctest -j"$jobs" --no-tests=error --output-on-failure --timeout 1800 -L backend) 2>&1 | tee "$out/ctest-vkval.log"
   count_ctest vulkan-validation "$out/ctest-vkval.log" "${PIPESTATUS[0]}" "$sl"
 fi
 
