@@ -162,8 +162,7 @@ class Job:
     """One type's checks, run on a worker thread: its reports and table lines are kept (in
     order) and replayed by the main thread, so the log reads as a serial run would."""
 
-    def __init__(self, r):
-        self.r = r
+    def __init__(self):
         self.out = []
 
     def report(self, ok, text):
@@ -175,7 +174,7 @@ class Job:
 
 def check_lcpp_quantized(r, tt, f32, name, ftype, pure, want_type, min_top1, max_mean):
     """Check 2 for one type: llama.cpp's quantizer writes the file."""
-    j = Job(r)
+    j = Job()
     q = r.path("tiny-v4-lcpp-%s.gguf" % name)
     deq = r.path("tiny-v4-lcpp-%s-deq.gguf" % name)
     try:
@@ -218,7 +217,7 @@ def check_lcpp_quantized(r, tt, f32, name, ftype, pure, want_type, min_top1, max
 
 def check_dsi_quantized(r, tt, f32, name, want_type, min_top1, max_mean):
     """Check 5 for one type: dsinfer-quantize writes the file, llama.cpp reads it."""
-    j = Job(r)
+    j = Job()
     qz = os.path.join(r.build, "bin", "dsinfer-quantize")
     q = r.path("tiny-v4-dsiq-%s.gguf" % name)
     deq = r.path("tiny-v4-dsiq-%s-deq.gguf" % name)
