@@ -315,22 +315,42 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * rows. The first tile (cold weights, prefetching) and one-token tiles keep R = 1: from
  * memory, R = 2 measured slower (Zen 5, q8_0, 4 tokens: 18.2-18.9 against 19.8-22.2 GB/s),
  * from L2 faster (128 tokens: 250-265 against 237-244 GFLOP/s). RR = 1: one row at a time. */
-#define DSIB_QTILE_FN_R(NAME, TILE, T, RR)                                                 \
+#define DSIB_QTILE_FN_R(NAME, TILE, T, RR) DSIB_QTILE_FN_RS_(NAME, TILE, T, RR, 0)
+#define DSIB_QTILE_FN_RS_(NAME, TILE, T, RR, SPEC)                                         \
     static void NAME##_t##T(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,         \
                             int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {    \
         int64_t o = o0;                                                                    \
-        for (; !pf && o + (RR) <= o1; o += (RR)) {                                         \
-            float out[(RR) * (T)];                                                         \
-            TILE(w + (size_t)o * rb, rb, n_in, x, out, RR, T, pf);                         \
-            for (int r = 0; r < (RR); r++)                                                 \
-                for (int t = 0; t < (T); t++) yp[t][o + r] = out[r * (T) + t];            \
-        }                                                                                  \
-        for (; o < o1; o++) {                                                              \
-            float out[T];                                                                  \
-            TILE(w + (size_t)o * rb, rb, n_in, x, out, 1, T, pf);                          \
-            for (int t = 0; t < (T); t++) yp[t][o] = out[t];                               \
-        }                                                                                  \
+        if (!pf) DSIB_QTILE_ROWS_BY_N_(SPEC, TILE, n_in, RR, T, 0, o + (RR) <= o1, 1);    \
+        DSIB_QTILE_ROWS_BY_N_(SPEC, TILE, n_in, 1, T, pf, o < o1, 1);                      \
     }
+/* Tiles of RR rows, T tokens while COND holds (o the next row). With SPEC, n_in is replaced
+ * by a constant where it is one of the short rows of the models' projections (512, 1024,
+ * 2048 columns: LoRA ranks, expert widths, q_b's input): with the super-block count known
+ * the compiler unrolls a row's blocks and keeps the R = 4 one-token tile's sixteen
+ * accumulators in registers instead of spilling them. Only code generation changes, not one
+ * operation of the canonical order. Used by the AVX2 K-quant-like types
+ * (DSIB_QROWS_DEFINE_T4); it triples their code, and Q8_0 and the IQ types measured no
+ * faster one-token. Zen 3, two threads, 8192 x 512, hot: Q4_K 26.8 -> 30.7 GB/s, Q2_K
+ * 17.5 -> 21.2, Q6_K 29.9 -> 35.2; Q4_K at four tokens 10.4 -> 12.7 GB/s
+ * (docs/performance.md 4.00000000000000000). */
+#define DSIB_QTILE_ROWS_AT_(TILE, NIN, RR, T, PF, COND)                                    \
+    for (; COND; o += (RR)) {                                                              \
+        float out[(RR) * (T)];                                                             \
+        TILE(w + (size_t)o * rb, rb, NIN, x, out, RR, T, PF);                              \
+        for (int r = 0; r < (RR); r++)                                                     \
+            for (int t = 0; t < (T); t++) yp[t][o + r] = out[r * (T) + t];                \
+    }
+#define DSIB_QTILE_ROWS_BY_N_(SPEC, TILE, n_in, RR, T, PF, COND, ANY)                      \
+    do {                                                                                   \
+        if ((SPEC) && (n_in) == 512)                                                       \
+            DSIB_QTILE_ROWS_AT_(TILE, 512, RR, T, PF, COND)                                \
+        else if ((SPEC) && (n_in) == 1024)                                                 \
+            DSIB_QTILE_ROWS_AT_(TILE, 1024, RR, T, PF, COND)                               \
+        else if ((SPEC) && (n_in) == 2048)                                                 \
+            DSIB_QTILE_ROWS_AT_(TILE, 2048, RR, T, PF, COND)                               \
+        else if (ANY)                                                                      \
+            DSIB_QTILE_ROWS_AT_(TILE, n_in, RR, T, PF, COND)                               \
+    } while (0)
 #define DSIB_QTILE_FN(NAME, TILE, T) DSIB_QTILE_FN_R(NAME, TILE, T, 1)
 /* One-token (decode) tiles of RR rows for the AVX2 kernels that are compute-bound on short
  * rows (DSIB_QROWS_DEFINE_T4): while n_in <= DSIB_T1_ROWS_MAX_IN the rows go RR at a time,
@@ -347,12 +367,8 @@ static inline float dsib_reduce32(const float a[2][16]) {
     static void NAME##_t1(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,           \
                           int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {      \
         int64_t o = o0;                                                                    \
-        if (n_in <= DSIB_T1_ROWS_MAX_IN)                                                   \
-            for (; o + (RR) <= o1; o += (RR)) {                                            \
-                float out[RR];                                                             \
-                TILE(w + (size_t)o * rb, rb, n_in, x, out, RR, 1, pf);                     \
-                for (int r = 0; r < (RR); r++) yp[0][o + r] = out[r];                     \
-            }                                                                              \
+        DSIB_QTILE_ROWS_BY_N_(1, TILE, n_in, RR, 1, pf, o + (RR) <= o1,                    \
+                              n_in <= DSIB_T1_ROWS_MAX_IN);                                \
         for (; o < o1; o++) {                                                              \
             float out[1];                                                                  \
             TILE(w + (size_t)o * rb, rb, n_in, x, out, 1, 1, pf);                          \
@@ -361,18 +377,18 @@ static inline float dsib_reduce32(const float a[2][16]) {
     }
 /* The one-row tiles of 2, 3 and 4 tokens, and the row function over them (TT tokens at most
  * per tile). */
-#define DSIB_QROWS_T234_(NAME, TILE, TT)                                                   \
-    DSIB_QTILE_FN(NAME, TILE, 2)                                                           \
-    DSIB_QTILE_FN(NAME, TILE, 3)                                                           \
-    DSIB_QTILE_FN(NAME, TILE, 4)                                                           \
+#define DSIB_QROWS_T234_(NAME, TILE, TT, SPEC)                                             \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 2, 1, SPEC)                                              \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 3, 1, SPEC)                                              \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 4, 1, SPEC)                                              \
     DSIB_QROWS_DISPATCH(NAME, TT)
 #define DSIB_QROWS_DEFINE_T4(NAME, TILE, TT)                                               \
     DSIB_QTILE_FN_T1(NAME, TILE, 4)                                                        \
-    DSIB_QROWS_T234_(NAME, TILE, TT)
+    DSIB_QROWS_T234_(NAME, TILE, TT, 1)
 #define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
 #define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
-    DSIB_QROWS_T234_(NAME, TILE, TT)
+    DSIB_QROWS_T234_(NAME, TILE, TT, 0)
 #define DSIB_QROWS_DEFINE_R(NAME, TILE, RR)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
     DSIB_QTILE_FN_R(NAME, TILE, 2, RR)                                                     \

@@ -923,6 +923,53 @@ static void test_cross_isa(void **state) {
     }
 }
 
+/* The short rows the tile drivers give code of their own (kernels_impl.h
+ * DSIB_QTILE_ROWS_BY_N_: 512, 1024 and 2048 columns, the models' LoRA ranks and expert
+ * widths) give the scalar path's bits on every ISA, for every default-path type: one token
+ * at a time (the AVX2 four-row one-token tiles and the rows left over), and batched (a
+ * four-token tile that prefetches, then later tiles that do not), over 23 rows. */
+static void test_short_rows(void **state) {
+    (void)state;
+    const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
+    int others = 0;
+    for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
+    if (!others) DSIT_SKIP_TEST("ISA", "no SIMD path on this CPU/build");
+    static const int64_t n_ins[] = {512, 1024, 2048};
+    enum { NO = 23, NT = 9 };
+    int compared = 0;
+    for (size_t si = 0; si < N_SHAPES; si++) {
+        for (int ni = 0; ni < 3; ni++) {
+            problem p;
+            problem_make(&p, shapes[si].type, n_ins[ni], NO, NT);
+            if (p.fmt == DSIB_ACT_F32) { /* exact-path types: test_cross_isa */
+                problem_free(&p);
+                continue;
+            }
+            size_t as = 0;
+            void *act = quantize_all(sc, &p, &as);
+            float ys[NO * NT], yb[NO * NT], y1[NO * NT];
+            run_rows(sc, PATH_DEFAULT, &p, act, as, 0, NO, 0, NT, ys, NO);
+            for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) {
+                const dsib_kern_table *kt = dsib_kern_table_for(isa);
+                /* AMX's Q8_0 has its own order (test_amx_blocksum) */
+                if (!kt || (isa == DSIB_ISA_AMX && p.type == DSI_TYPE_Q8_0)) continue;
+                void *a2 = quantize_all(kt, &p, &as);
+                run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, NO, 0, NT, yb, NO);
+                for (int64_t t = 0; t < NT; t++) run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, NO, t, 1, y1, NO);
+                if (memcmp(ys, yb, sizeof ys) || memcmp(ys, y1, sizeof ys))
+                    fail_msg("type %d n_in %lld on %s: %s differs from scalar", (int)p.type,
+                             (long long)p.n_in, kt->name,
+                             memcmp(ys, yb, sizeof ys) ? "the batched call" : "one token at a time");
+                compared++;
+                free(a2);
+            }
+            free(act);
+            problem_free(&p);
+        }
+    }
+    assert_true(compared > 0);
+}
+
 /* The AMX path's Q8_0 block-sum order (q8_0.c), written here from its definition with this
  * test's own quantiser: acc = 0; per block b in order, I = Σ_{k<32} w·q (exact),
  * s = f16(dw)·d (f32), acc = fmaf(s, (float)I, acc). The kernel must give these bits for
@@ -1293,6 +1340,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_lib_quant_agreement),
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_cross_isa),
+        cmocka_unit_test(test_short_rows),
         cmocka_unit_test(test_amx_blocksum),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
