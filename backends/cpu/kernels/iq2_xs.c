@@ -73,8 +73,7 @@ DSIB_AI void iq2_xs_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg,
     const uint64_t *G = dsii_iq2xs_grid;
     *g = _mm256_set_epi64x((long long)G[q3 & 511], (long long)G[q2 & 511], (long long)G[q1 & 511],
                            (long long)G[q0 & 511]);
-    *sg = dsib_iq_signs_avx2(iq2_xs_signs8(q0) | iq2_xs_signs8(q1) << 8 | iq2_xs_signs8(q2) << 16 |
-                             iq2_xs_signs8(q3) << 24);
+    *sg = dsib_iq_signs4_avx2(q0 >> 9, q1 >> 9, q2 >> 9, q3 >> 9);
     *sc = dsib_iq_scales16_avx2(blk[66 + s]);
 }
 

@@ -69,7 +69,7 @@ DSIB_AI void iq2_xxs_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg
     const uint32_t w = dsib_ld32(sb + 4);
     *g = _mm256_set_epi64x((long long)dsii_iq2xxs_grid[sb[3]], (long long)dsii_iq2xxs_grid[sb[2]],
                            (long long)dsii_iq2xxs_grid[sb[1]], (long long)dsii_iq2xxs_grid[sb[0]]);
-    *sg = dsib_iq_signs_avx2(dsib_iq_signs32(w));
+    *sg = dsib_iq_signs4_avx2(w & 127, (w >> 7) & 127, (w >> 14) & 127, (w >> 21) & 127);
     *sc = _mm256_set1_epi16((short)(2 * (w >> 28) + 1));
 }
 

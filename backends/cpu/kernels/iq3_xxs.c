@@ -69,7 +69,7 @@ DSIB_AI void iq3_xxs_sub_avx2(const uint8_t *blk, int s, __m256i *g, __m256i *sg
     const uint32_t *G = dsii_iq3xxs_grid;
     *g = _mm256_set_epi32((int)G[qs[7]], (int)G[qs[6]], (int)G[qs[5]], (int)G[qs[4]], (int)G[qs[3]], (int)G[qs[2]],
                           (int)G[qs[1]], (int)G[qs[0]]);
-    *sg = dsib_iq_signs_avx2(dsib_iq_signs32(w));
+    *sg = dsib_iq_signs4_avx2(w & 127, (w >> 7) & 127, (w >> 14) & 127, (w >> 21) & 127);
     *sc = _mm256_set1_epi16((short)(2 * (w >> 28) + 1));
 }
 

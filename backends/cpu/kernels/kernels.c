@@ -126,6 +126,19 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
  * 256 KiB — every new task restarts the hardware prefetcher's stream. */
 int32_t dsib_kern_prefetch = DSIB_PREFETCH_BYTES;
 
+/* dsib_ksigns64 (kernels_impl.h), from the definition of ksigns: bit 7 is the parity of the
+ * seven index bits. */
+#define DSIB_KS_(i) ((uint64_t)(i) | (uint64_t)(((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1) << 7)
+#define DSIB_KSB_(i, j) ((DSIB_KS_(i) >> (j) & 1 ? UINT64_C(0xFF) : UINT64_C(0x01)) << (8 * (j)))
+#define DSIB_KS64_(i)                                                                      \
+    (DSIB_KSB_(i, 0) | DSIB_KSB_(i, 1) | DSIB_KSB_(i, 2) | DSIB_KSB_(i, 3) | DSIB_KSB_(i, 4) | \
+     DSIB_KSB_(i, 5) | DSIB_KSB_(i, 6) | DSIB_KSB_(i, 7))
+#define DSIB_KS64_4_(i) DSIB_KS64_(i), DSIB_KS64_((i) + 1), DSIB_KS64_((i) + 2), DSIB_KS64_((i) + 3)
+#define DSIB_KS64_16_(i) DSIB_KS64_4_(i), DSIB_KS64_4_((i) + 4), DSIB_KS64_4_((i) + 8), DSIB_KS64_4_((i) + 12)
+const uint64_t dsib_ksigns64[128] = {DSIB_KS64_16_(0),  DSIB_KS64_16_(16), DSIB_KS64_16_(32),
+                                     DSIB_KS64_16_(48), DSIB_KS64_16_(64), DSIB_KS64_16_(80),
+                                     DSIB_KS64_16_(96), DSIB_KS64_16_(112)};
+
 #ifndef DSIB_TASK_BYTES
 #define DSIB_TASK_BYTES 262144
 #endif

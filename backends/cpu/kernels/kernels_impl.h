@@ -214,6 +214,11 @@ static inline uint64_t dsib_ld64(const uint8_t *p) {
     return v;
 }
 
+/* ggml's ksigns table (ksigns[i] = i | parity(i) << 7) as ±1 bytes, byte j = -1 where bit j of
+ * ksigns[i] is set, else +1: the AVX2 IQ kernels build a sub-block's sign vector from four of
+ * these qwords (kernels.c; the same bytes as dsib_iq_signs_avx2 of dsib_iq_signs32). */
+extern const uint64_t dsib_ksigns64[128];
+
 /* IQ2_XXS / IQ3_XXS: the 32 sign bits of a sub-block (bit 8l + j: element 8l + j negative)
  * from its w (sign index of group l = (w >> 7l) & 127, through ggml's ksigns table). */
 static inline uint32_t dsib_iq_signs32(uint32_t w) {

@@ -261,6 +261,14 @@ DSIB_AI __m256i dsib_iq_signs_avx2(uint32_t m) {
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, pat), pat), _mm256_set1_epi8(1));
 }
 
+/* The sign vector of four 7-bit ksigns indices (dsib_ksigns64): the same ±1 bytes as
+ * dsib_iq_signs_avx2 of their sign bits, by four qword loads instead of four byte loads and
+ * the byte spread (about ten operations fewer per sub-block). */
+DSIB_AI __m256i dsib_iq_signs4_avx2(uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
+    return _mm256_set_epi64x((long long)dsib_ksigns64[i3], (long long)dsib_ksigns64[i2],
+                             (long long)dsib_ksigns64[i1], (long long)dsib_ksigns64[i0]);
+}
+
 /* IQ2_XS / IQ2_S: the odd scales 2·ls + 1 of a sub-block's scale byte (ls of its 16-element
  * half h = nibble h) as int16: words 0-7 (elements 0-15) the low nibble's, 8-15 the high's. */
 DSIB_AI __m256i dsib_iq_scales16_avx2(uint8_t b) {
