@@ -325,17 +325,18 @@ static inline float dsib_reduce32(const float a[2][16]) {
     static void NAME##_t##T(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,         \
                             int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {    \
         int64_t o = o0;                                                                    \
-        if (!pf) DSIB_QTILE_ROWS_BY_N_(SPEC, TILE, n_in, RR, T, 0, o + (RR) <= o1, 1);    \
+        if (!pf && (RR) > 1)                                                               \
+            DSIB_QTILE_ROWS_BY_N_(SPEC, TILE, n_in, RR, T, 0, o + (RR) <= o1, 1);          \
         DSIB_QTILE_ROWS_BY_N_(SPEC, TILE, n_in, 1, T, pf, o < o1, 1);                      \
     }
 /* Tiles of RR rows, T tokens while COND holds (o the next row). With SPEC, n_in is replaced
- * by a constant where it is one of the short rows of the models' projections (512, 1024,
- * 2048 columns: LoRA ranks, expert widths, q_b's input): with the super-block count known
- * the compiler unrolls a row's blocks and keeps the R = 4 one-token tile's sixteen
- * accumulators in registers instead of spilling them. Only code generation changes, not one
- * operation of the canonical order. Used by the AVX2 K-quant-like types
- * (DSIB_QROWS_DEFINE_T4); it triples their code, and Q8_0 and the IQ types measured no
- * faster one-token. Zen 3, two threads, 8192 x 512, hot: Q4_K 26.8 -> 30.7 GB/s, Q2_K
+ * by a constant where it is one of the short rows of the models' projections (512 and 1024
+ * columns: LoRA ranks, expert widths, q_b's input): with the super-block count known the
+ * compiler unrolls a row's blocks and keeps the R = 4 one-token tile's sixteen accumulators
+ * in registers instead of spilling them. Only code generation changes, not one operation of
+ * the canonical order. Used by the AVX2 K-quant-like types (DSIB_QROWS_DEFINE_T4), whose
+ * code it doubles; Q8_0 and the IQ types measured no faster one-token, and 2048 columns gained
+ * nothing measurable. Zen 3, two threads, 8192 x 512, hot: Q4_K 26.8 -> 30.7 GB/s, Q2_K
  * 17.5 -> 21.2, Q6_K 29.9 -> 35.2; Q4_K at four tokens 10.4 -> 12.7 GB/s
  * (docs/performance.md 4.00000000000000000). */
 #define DSIB_QTILE_ROWS_AT_(TILE, NIN, RR, T, PF, COND)                                    \
@@ -351,8 +352,6 @@ static inline float dsib_reduce32(const float a[2][16]) {
             DSIB_QTILE_ROWS_AT_(TILE, 512, RR, T, PF, COND)                                \
         else if ((SPEC) && (n_in) == 1024)                                                 \
             DSIB_QTILE_ROWS_AT_(TILE, 1024, RR, T, PF, COND)                               \
-        else if ((SPEC) && (n_in) == 2048)                                                 \
-            DSIB_QTILE_ROWS_AT_(TILE, 2048, RR, T, PF, COND)                               \
         else if (ANY)                                                                      \
             DSIB_QTILE_ROWS_AT_(TILE, n_in, RR, T, PF, COND)                               \
     } while (0)
