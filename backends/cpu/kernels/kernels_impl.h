@@ -373,11 +373,7 @@ static inline float dsib_reduce32(const float a[2][16]) {
         int64_t o = o0;                                                                    \
         DSIB_QTILE_ROWS_BY_N_(1, TILE, n_in, RR, 1, pf, o + (RR) <= o1,                    \
                               n_in <= DSIB_T1_ROWS_MAX_IN);                                \
-        for (; o < o1; o++) {                                                              \
-            float out[1];                                                                  \
-            TILE(w + (size_t)o * rb, rb, n_in, x, out, 1, 1, pf);                          \
-            yp[0][o] = out[0];                                                             \
-        }                                                                                  \
+        DSIB_QTILE_ROWS_AT_(TILE, n_in, 1, 1, pf, o < o1)                                  \
     }
 /* The one-row tiles of 2, 3 and 4 tokens, and the row function over them (TT tokens at most
  * per tile). */

@@ -926,9 +926,9 @@ static void test_cross_isa(void **state) {
 /* The short rows the tile drivers give code of their own (kernels_impl.h
  * DSIB_QTILE_ROWS_BY_N_: 512 and 1024 columns, the models' LoRA ranks and expert widths),
  * and 2048 next to them on the general code, give the scalar path's bits on every ISA, for
- * every default-path type: one token
- * at a time (the AVX2 four-row one-token tiles and the rows left over), and batched (a
- * four-token tile that prefetches, then later tiles that do not), over 23 rows. */
+ * every default-path type: one token at a time (the AVX2 four-row one-token tiles and the
+ * rows left over), and batched (a four-token tile that prefetches, then later tiles that do
+ * not), over 23 rows. */
 static void test_short_rows(void **state) {
     (void)state;
     const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
