@@ -657,6 +657,7 @@ typedef struct iqgrid {
     uint16_t lo[2048];  /* pattern id of the first G/2 values of each entry */
     uint16_t hi[2048];  /* pattern id of the last G/2 values */
     uint16_t ord[2048]; /* entries ordered by lo id (stable) ... */
+    uint16_t ohi[2048]; /* ... and their hi ids in that order */
     uint16_t lstart[IQ_MAX_PAT + 1]; /* ... entries with lo id p: ord[lstart[p] .. lstart[p + 1]) */
 } iqgrid;
 
@@ -695,56 +696,95 @@ static void iqgrid_init(iqgrid *g, int G, int n, const uint64_t *g64, const uint
     for (int p = 0; p < g->npat; p++) cnt[p + 1] += cnt[p];
     for (int p = 0; p <= g->npat; p++) g->lstart[p] = (uint16_t)cnt[p];
     for (int e = 0; e < n; e++) g->ord[cnt[g->lo[e]]++] = (uint16_t)e;
+    for (int r = 0; r < n; r++) g->ohi[r] = g->hi[g->ord[r]];
+}
+
+/* Ascending order of v[0..n) (n <= 9) as indices: insertion sort, ties in index order. */
+static void iq_order(const float *v, int n, int *ix) {
+    for (int i = 0; i < n; i++) {
+        int j = i;
+        while (j > 0 && v[ix[j - 1]] > v[i]) {
+            ix[j] = ix[j - 1];
+            j--;
+        }
+        ix[j] = i;
+    }
 }
 
 /* Best grid entry for targets a[0..G) and weights w: minimizes sum w (a - S (level + delta))^2.
- * Ties go to the lower index. */
+ * Ties go to the lower index.
+ *
+ * An entry's cost is lo(entry) + hi(entry), the costs of its two halves; a half's cost is
+ * A[i] + B[k], the costs of its two quarters (G = 8: two values of 3 levels each, i, k in
+ * 0..8; G = 4: one value of 8 levels, i, k in 0..7), lo pattern p = i + na k. The search
+ * visits the lo patterns quarter by quarter in ascending A, then ascending B, and skips the
+ * rest of a row (and all later rows) as soon as A[i] + B[k] plus the cheapest hi half cannot
+ * beat the best cost so far; within a pattern, every entry is tried. Each cost is computed as
+ * fl(fl(A[i] + B[k]) + fl(hi)) whatever the order, and rounding is monotone, so a skipped
+ * entry costs more than the best so far: the result is that of the exhaustive search
+ * (lowest cost, then lowest index). Non-finite costs (NaN inputs) take the exhaustive loop. */
 static int iqgrid_best(const iqgrid *g, const float *a, const float *w, float S, float delta,
                        float *err_out) {
     float c[8][8];
+    int finite = 1;
     for (int j = 0; j < g->G; j++)
         for (int l = 0; l < g->nlev; l++) {
             const float e = a[j] - S * (g->lv[l] + delta);
             c[j][l] = w[j] * e * e;
+            finite &= c[j][l] == c[j][l];
         }
-    /* cost of every half pattern (lo: values 0 .. G/2-1, hi: G/2 .. G-1); pattern id =
-     * level of the half's first value + nlev * (level of its second) + … */
-    float clo[IQ_MAX_PAT], chi[IQ_MAX_PAT];
-    if (g->G == 8) { /* 3 levels: id = (v0 + 3 v1) + 9 (v2 + 3 v3) */
-        float a01[9], a23[9], b01[9], b23[9];
+    /* quarter costs A (lo half's first quarter), B (its second); hi half costs chi[h] */
+    float A[9], B[9], chi[IQ_MAX_PAT];
+    int na;
+    if (g->G == 8) { /* 3 levels: quarter id = v0 + 3 v1, pattern id = q0 + 9 q1 */
+        float b01[9], b23[9];
+        na = 9;
         for (int q = 0; q < 9; q++) {
-            a01[q] = c[0][q % 3] + c[1][q / 3];
-            a23[q] = c[2][q % 3] + c[3][q / 3];
+            A[q] = c[0][q % 3] + c[1][q / 3];
+            B[q] = c[2][q % 3] + c[3][q / 3];
             b01[q] = c[4][q % 3] + c[5][q / 3];
             b23[q] = c[6][q % 3] + c[7][q / 3];
         }
-        for (int p = 0; p < 81; p++) {
-            clo[p] = a01[p % 9] + a23[p / 9];
-            chi[p] = b01[p % 9] + b23[p / 9];
+        for (int k = 0; k < 9; k++)
+            for (int i = 0; i < 9; i++) chi[i + 9 * k] = b01[i] + b23[k];
+    } else { /* 8 levels: pattern id = v0 + 8 v1 */
+        na = 8;
+        for (int q = 0; q < 8; q++) {
+            A[q] = c[0][q];
+            B[q] = c[1][q];
         }
-    } else { /* 8 levels: id = v0 + 8 v1 */
-        for (int p = 0; p < 64; p++) {
-            clo[p] = c[0][p & 7] + c[1][p >> 3];
-            chi[p] = c[2][p & 7] + c[3][p >> 3];
-        }
-    }
-    /* exhaustive over the entries, with pruning: a lo pattern whose cost plus the cheapest
-     * hi half cannot beat the best so far is skipped (exact); the cheapest lo goes first */
-    float mhi = chi[0];
-    int p0 = 0;
-    for (int p = 1; p < g->npat; p++) {
-        if (chi[p] < mhi) mhi = chi[p];
-        if (clo[p] < clo[p0]) p0 = p;
+        for (int k = 0; k < 8; k++)
+            for (int i = 0; i < 8; i++) chi[i + 8 * k] = c[2][i] + c[3][k];
     }
     int best = 0;
     float be = INFINITY;
-    for (int k = -1; k < g->npat; k++) {
-        const int p = k < 0 ? p0 : k;
-        if (k == p0 || clo[p] + mhi > be) continue;
-        for (int r = g->lstart[p]; r < g->lstart[p + 1]; r++) {
-            const int e = g->ord[r];
-            const float v = clo[p] + chi[g->hi[e]];
-            if (v < be || (v == be && e < best)) be = v, best = e;
+    if (!finite) {
+        for (int e = 0; e < g->n; e++) {
+            const int p = g->lo[e];
+            const float v = (A[p % na] + B[p / na]) + chi[g->hi[e]];
+            if (v < be) be = v, best = e;
+        }
+        *err_out = be;
+        return best;
+    }
+    float mhi = chi[0];
+    for (int p = 1; p < g->npat; p++) mhi = chi[p] < mhi ? chi[p] : mhi;
+    int ia[9], ib[9];
+    iq_order(A, na, ia);
+    iq_order(B, na, ib);
+    for (int x = 0; x < na; x++) {
+        const int i = ia[x];
+        if ((A[i] + B[ib[0]]) + mhi > be) break; /* this row and every later one */
+        for (int y = 0; y < na; y++) {
+            const int k = ib[y];
+            const float lo = A[i] + B[k];
+            if (lo + mhi > be) break; /* the rest of the row */
+            const int p = i + na * k;
+            for (int r = g->lstart[p]; r < g->lstart[p + 1]; r++) {
+                const float v = lo + chi[g->ohi[r]];
+                const int e = g->ord[r];
+                if (v < be || (v == be && e < best)) be = v, best = e;
+            }
         }
     }
     *err_out = be;

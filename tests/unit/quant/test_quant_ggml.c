@@ -19,6 +19,7 @@
 
 #include "ggml_ref.h"
 #include "quant/ggml_tables.h"
+#include "quant/fp.h"
 #include "quant/quant.h"
 
 static const int32_t k_new[] = {2, 3, 6, 7, 11, 13, 14, 20, 23, 18, 21, 16, 17, 22, 19, 29};
@@ -324,11 +325,80 @@ static void test_quantize(void **state) {
     free(r);
 }
 
+/* The IQ writers' grid search (quant_ggml.c iqgrid_best, pruned): in what they write, every
+ * group's grid entry must be the best one for its unit's written scale and signs — no other
+ * entry of the grid gives a smaller weighted error (the writer's weights: sqrt(2 mean(x^2) +
+ * x^2) per value, no importance matrix). Checked for IQ2_XXS (groups of 8 values, 3 levels)
+ * and IQ3_XXS (half-groups of 4, 8 levels): the two shapes of the search. The errors are
+ * recomputed in double, so near-ties may differ by rounding: 1e-5 relative. */
+static double iq_group_err(const float *x, const double *w, int G, double db, const float *y,
+                           const uint8_t *lv) {
+    double e = 0;
+    for (int j = 0; j < G; j++) {
+        const double v = lv ? db * lv[j] * (y[j] < 0 ? -1.0 : 1.0) : (double)y[j];
+        e += w[j] * ((double)x[j] - v) * ((double)x[j] - v);
+    }
+    return e;
+}
+static void test_iq_search_optimal(void **state) {
+    (void)state;
+    const int64_t n = 256 * 64;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    uint8_t *q = malloc((size_t)n);
+    double w[256];
+    for (int64_t i = 0; i < n; i++) x[i] = gauss() * 0.02f * (i % 256 < 8 ? 4.0f : 1.0f);
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t type = pass == 0 ? DSI_TYPE_IQ2_XXS : 18 /* IQ3_XXS */;
+        const int G = pass == 0 ? 8 : 4, ngrid = 256, bsz = pass == 0 ? 66 : 98;
+        assert_int_equal(dsii_quantize_row(type, x, q, n, NULL), DSI_OK);
+        deq(type, q, n, y);
+        int64_t groups = 0, worse = 0;
+        for (int64_t b = 0; b < n / 256; b++) {
+            const float *xb = x + 256 * b, *yb = y + 256 * b;
+            const uint8_t *blk = q + (size_t)bsz * (size_t)b;
+            double s2 = 0;
+            for (int i = 0; i < 256; i++) s2 += (double)xb[i] * xb[i];
+            for (int i = 0; i < 256; i++) w[i] = sqrt(2.0 * s2 / 256 + (double)xb[i] * xb[i]);
+            const double d = dsii_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+            for (int u = 0; u < 8; u++) { /* units of 32 values, one scale each */
+                const uint8_t *aux = pass == 0 ? blk + 2 + 8 * u + 4 : blk + 66 + 4 * u;
+                const uint32_t aw = (uint32_t)aux[0] | (uint32_t)aux[1] << 8 |
+                                    (uint32_t)aux[2] << 16 | (uint32_t)aux[3] << 24;
+                const double db = d * (0.5 + (double)(aw >> 28)) * (pass == 0 ? 0.25 : 0.5);
+                for (int g = 0; g < 32 / G; g++) {
+                    const int o = 32 * u + G * g;
+                    const double chosen = iq_group_err(xb + o, w + o, G, 0, yb + o, NULL);
+                    double best = INFINITY;
+                    for (int e = 0; e < ngrid; e++) {
+                        uint8_t lv[8];
+                        for (int j = 0; j < G; j++)
+                            lv[j] = pass == 0 ? (uint8_t)(dsii_iq2xxs_grid[e] >> (8 * j))
+                                              : (uint8_t)(dsii_iq3xxs_grid[e] >> (8 * j));
+                        best = fmin(best, iq_group_err(xb + o, w + o, G, db, yb + o, lv));
+                    }
+                    groups++;
+                    if (!(chosen <= best * (1 + 1e-5) + 1e-30)) {
+                        if (worse++ < 3)
+                            printf("  type %d block %lld unit %d group %d: error %.9g, grid best %.9g\n",
+                                   (int)type, (long long)b, u, g, chosen, best);
+                    }
+                }
+            }
+        }
+        printf("  type %d: %lld groups, %lld with a better grid entry\n", (int)type,
+               (long long)groups, (long long)worse);
+        assert_int_equal(worse, 0);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hand_iq2_xxs), cmocka_unit_test(test_hand_others),
         cmocka_unit_test(test_tables),       cmocka_unit_test(test_vs_double),
-        cmocka_unit_test(test_quantize),
+        cmocka_unit_test(test_quantize),     cmocka_unit_test(test_iq_search_optimal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
