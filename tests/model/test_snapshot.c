@@ -329,10 +329,32 @@ static void test_corruption(void **state) {
     assert_int_equal(dsi_session_sync(t, mine, 48, NULL), DSI_OK);
     assert_int_equal(dsi_session_sync(twin, mine, 48, NULL), DSI_OK);
 
-    /* truncation at every byte */
-    for (size_t k = 0; k < n; k++) {
+    /* truncation: at every byte of the header and the first 128 bytes after it, at every
+     * byte within 24 of a section's start or end, and at 61 points spread over each payload
+     * (the loader compares the length with the header's total before it reads a section, so
+     * every cut inside a payload takes the same path; at every byte of tiny-v4's 2.3 MB
+     * snapshot this was 2.7 million loads, 78 s under ASan) */
+    size_t cuts = 0;
+    for (size_t k = 0; k < n;) {
         dsi_status st = dsi_session_load_buffer(t, snap, k);
         if (st != DSI_ERR_BAD_FORMAT) fail_msg("truncated to %zu of %zu: status %d", k, n, st);
+        cuts++;
+        size_t next_k = k + 1;
+        if (k >= 256) {
+            size_t so = 128, near = 0, step = 1;
+            for (int sct = 0; sct < 4 && so < n; sct++) { /* the section holding k */
+                const size_t se = so + 16 + (size_t)rd64(snap + so + 8) + 8;
+                if (k < se) {
+                    near = k < so + 24 || k + 24 >= se;
+                    step = (se - so) / 61 > 1 ? (se - so) / 61 : 1;
+                    if (!near && k + step + 24 >= se) step = se - 24 - k;
+                    break;
+                }
+                so = se;
+            }
+            if (!near) next_k = k + step;
+        }
+        k = next_k;
     }
     unchanged(t, twin, next, f->V, 0);
     /* trailing garbage */
@@ -371,7 +393,7 @@ static void test_corruption(void **state) {
         off = end;
     }
     assert_int_equal(off, n);
-    printf("# %s: %zu truncations, %zu flipped bytes rejected\n", f->config, n, flips);
+    printf("# %s: %zu truncations, %zu flipped bytes rejected\n", f->config, cuts, flips);
     unchanged(t, twin, next, f->V, 0);
 
     /* a future version (header checksum recomputed would need xxhash here: the version is
