@@ -722,7 +722,8 @@ static void iq_order(const float *v, int n, int *ix) {
  * beat the best cost so far; within a pattern, every entry is tried. Each cost is computed as
  * fl(fl(A[i] + B[k]) + fl(hi)) whatever the order, and rounding is monotone, so a skipped
  * entry costs more than the best so far: the result is that of the exhaustive search
- * (lowest cost, then lowest index). Non-finite costs (NaN inputs) take the exhaustive loop. */
+ * (lowest cost, then lowest index). Costs with a NaN (NaN inputs) take the exhaustive loop:
+ * the pruning's comparisons need ordered values (infinite costs are ordered: they keep it). */
 static int iqgrid_best(const iqgrid *g, const float *a, const float *w, float S, float delta,
                        float *err_out) {
     float c[8][8];

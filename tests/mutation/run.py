@@ -7,6 +7,7 @@ rebuild and the tests that must fail. The driver copies the working tree to a sc
 directory, configures one CMake build there and builds it once; then for each mutant it
 mutates the copy, lets ninja rebuild only what changed, runs only the listed tests (with the
 environment ctest gives them, and DSI_TEST_FILTER for a cmocka subset) and puts the file back.
+Mutants run grouped by file, headers last (fewer rebuilds); the report lists them that way.
 
 A mutant is killed when every listed test fails (exit status neither 0 nor 77: a skip is not
 a kill). A mutant whose code runs only on some CPUs names their /proc/cpuinfo flags in a
@@ -341,6 +342,12 @@ def main():
     results = []
     print("  baselines done: %.0f s since the start (%.0f s CPU)" % (time.time() - t_start,
                                                                        cpu_seconds()))
+    # Order of the runs: a mutant's build also rebuilds what the previous mutant's file (just
+    # put back) feeds. So the mutants of one file run one after another, and the headers last:
+    # the CPU kernel headers feed every kernel file, and after the last mutant nothing is
+    # rebuilt (in file order, the restores after them cost a full kernel rebuild each).
+    mutants.sort(key=lambda m: (1 if (m["file"] or "").endswith(".h") else 0,
+                                m["file"] or "", m["name"]))
     for m in mutants:
         t0, c0 = time.time(), cpu_seconds()
         path = os.path.join(src, m["file"]) if m["file"] else None
