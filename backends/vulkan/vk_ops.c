@@ -832,7 +832,7 @@ static dsi_status indexer_impl(opc *c, dsib_view q, uint32_t ldq, dsib_view w, u
     p[1] = ldq, p[3] = ldw, p[5] = heads, p[6] = hd, p[8] = ratio;
     p[9] = topk, p[11] = (uint32_t)stride, p[13] = cand_in.buf != NULL, p[14] = cand_out.buf != NULL;
     p[15] = cand_block, p[16] = cands ? cand_k : 0, p[19] = keys->rows;
-    if (st == DSI_OK) st = dispatch_rows(c, shader("indexer"), bd, 8, p, 32, 1, n, 1, 12, 1);
+    if (st == DSI_OK) st = dispatch_rows(c, pick(c->inst, "indexer"), bd, 8, p, 32, 1, n, 1, 12, 1);
     return st;
 }
 

@@ -275,6 +275,9 @@ static const uint32_t spv_matmul_iq1_m_nw[] =
 static const uint32_t spv_attn_sink_nw[] =
 #include "attn_sink_nw.spv.inc"
     ;
+static const uint32_t spv_indexer_nw[] =
+#include "indexer_nw.spv.inc"
+    ;
 
 const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_f32", spv_matmul_f32, sizeof spv_matmul_f32, 0, 4},
@@ -365,5 +368,6 @@ const dsib_vk_shader dsib_vk_shaders[] = {
     {"matmul_iq1_s_nw", spv_matmul_iq1_s_nw, sizeof spv_matmul_iq1_s_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
     {"matmul_iq1_m_nw", spv_matmul_iq1_m_nw, sizeof spv_matmul_iq1_m_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 4},
     {"attn_sink_nw", spv_attn_sink_nw, sizeof spv_attn_sink_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 8},
+    {"indexer_nw", spv_indexer_nw, sizeof spv_indexer_nw, DSIB_VK_NEED_SUBGROUP_ARITH | DSIB_VK_NEED_NARROW, 8},
 };
 const size_t dsib_vk_n_shaders = sizeof dsib_vk_shaders / sizeof dsib_vk_shaders[0];

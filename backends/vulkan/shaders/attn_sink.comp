@@ -44,19 +44,15 @@ shared float red[64];
 float q_[NK], o_[NK];
 float m_, den_;
 
-// value i of a row: src 0 comp, 1 ring (off: the row's first byte), 2 kv (off: word)
-float val(uint src, uint off, uint i) {
-    if (src == 0u) return ld_comp(pc.p[21], off, i, pc.p[22], pc.p[23]);
-    if (src == 1u) return ld_ring(pc.p[25], off, i, pc.p[26], pc.p[27]);
-    return uintBitsToFloat(kb.d[off + i]);
-}
-
-void row(uint src, uint off) {
+// One visible row: its values v (each read once), then the dot product with q reduced over
+// the group and the online-softmax update of o. The callers read v with the loader of the
+// row's source (compressed, ring or this step's kv rows).
+void accum(float v[NK]) {
     uint tid = gl_LocalInvocationID.x, hd = pc.p[3];
     float d = 0.0;
     [[unroll]] for (uint k = 0u; k < NK; k++) {
         uint i = tid + WG * k;
-        if (i < hd) d += q_[k] * val(src, off, i);
+        if (i < hd) d += q_[k] * v[k];
     }
 #ifdef NARROW
     float z = subgroupAdd(d) * PF(16);
@@ -75,10 +71,26 @@ void row(uint src, uint off) {
     den_ = den_ * a + e;
     [[unroll]] for (uint k = 0u; k < NK; k++) {
         uint i = tid + WG * k;
-        if (i < hd) o_[k] = o_[k] * a + e * val(src, off, i);
+        if (i < hd) o_[k] = o_[k] * a + e * v[k];
     }
     m_ = mn;
 }
+
+// A compressed row at byte off, a ring row at byte off, a kv row at word off: one loader
+// each, so that a call site runs only its own (a CPU device runs both sides of a branch)
+#define DEF_ROW(NAME, LOAD)                                                              \
+    void NAME(uint off) {                                                                \
+        uint tid = gl_LocalInvocationID.x, hd = pc.p[3];                                 \
+        float v[NK];                                                                     \
+        [[unroll]] for (uint k = 0u; k < NK; k++) {                                      \
+            uint i = tid + WG * k;                                                       \
+            v[k] = i < hd ? LOAD : 0.0;                                                  \
+        }                                                                                \
+        accum(v);                                                                        \
+    }
+DEF_ROW(row_comp, ld_comp(pc.p[21], off, i, pc.p[22], pc.p[23]))
+DEF_ROW(row_ring, ld_ring(pc.p[25], off, i, pc.p[26], pc.p[27]))
+DEF_ROW(row_kv, uintBitsToFloat(kb.d[off + i]))
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -105,17 +117,17 @@ void main() {
             uint io = pc.p[12] + t * pc.p[13];
             for (uint k = 0u; k < pc.p[13]; k++) {
                 int c = ib.d[io + k];
-                if (c >= 0) row(0u, cbase + uint(c) * pc.p[24]);
+                if (c >= 0) row_comp(cbase + uint(c) * pc.p[24]);
             }
         } else {
             int nv = (p + 1) / int(ratio);
-            for (int c = 0; c < nv; c++) row(0u, cbase + uint(c) * pc.p[24]);
+            for (int c = 0; c < nv; c++) row_comp(cbase + uint(c) * pc.p[24]);
         }
     }
     int w0 = max(0, p - int(pc.p[5]) + 1);
     for (int q = w0; q <= p; q++) {
-        if (q < pos0) row(1u, pc.p[6] * 4u + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * pc.p[28]);
-        else row(2u, pc.p[8] + uint(first + q - pos0) * pc.p[9]);
+        if (q < pos0) row_ring(pc.p[6] * 4u + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * pc.p[28]);
+        else row_kv(pc.p[8] + uint(first + q - pos0) * pc.p[9]);
     }
     uint oo = pc.p[17] + t * pc.p[18] + h * hd;
     [[unroll]] for (uint k = 0u; k < NK; k++) {

@@ -13,7 +13,20 @@
 // The row's position and slot come from the step rows; keys of the slot (hd values a row).
 // scratch row: [0,nvis) scores, [nvis,2nvis) flags, [2nvis, 2nvis+nb) block scores,
 //              [2nvis+nb, 2nvis+2nb) block flags
-layout(local_size_x = 64) in;
+#ifdef NARROW
+// Variant for CPU Vulkan devices (DSIB_VK_NEED_NARROW, as matmul.comp / attn_sink.comp): a
+// work group of 8 invocations = one subgroup, so every count of the rank selection is one
+// subgroupAdd instead of a 6-level shared-memory tree with a barrier per level (32 counts a
+// selection: lavapipe suspends and resumes each of a 64-wide group's 8 slices at every
+// barrier). The scores, counts and selections are the same (integer counts; each score is
+// one lane's sum in the same order), so the indices are identical.
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
+#define WG 8u
+#else
+#define WG 64u
+#endif
+layout(local_size_x = WG) in;
 layout(std430, binding = 0) readonly buffer QB { uint d[]; } qb;
 layout(std430, binding = 1) readonly buffer WB { uint d[]; } wb;
 layout(std430, binding = 2) readonly buffer KB { uint d[]; } kb;
@@ -40,10 +53,13 @@ uint fkey(uint bits) { return (bits & 0x80000000u) != 0u ? ~bits : (bits | 0x800
 // #allowed c < N with key >= T (flags: allowed iff sb[fo + c] != 0; no flags: all)
 uint count_ge(uint so, uint fo, bool flags, uint N, uint T) {
     uint tid = gl_LocalInvocationID.x, k = 0u;
-    for (uint c = tid; c < N; c += 64u) {
+    for (uint c = tid; c < N; c += WG) {
         if (flags && sb.d[fo + c] == 0u) continue;
         if (fkey(sb.d[so + c]) >= T) k++;
     }
+#ifdef NARROW
+    return subgroupAdd(k);
+#else
     cnt[tid] = k;
     barrier();
     for (uint s = 32u; s > 0u; s >>= 1) {
@@ -53,6 +69,7 @@ uint count_ge(uint so, uint fo, bool flags, uint N, uint T) {
     uint r = cnt[0];
     barrier();
     return r;
+#endif
 }
 // Largest T with count_ge(T) >= k (0 if fewer than k allowed).
 uint kth_key(uint so, uint fo, bool flags, uint N, uint k) {
@@ -99,13 +116,13 @@ void main() {
     bool cin = pc.p[13] != 0u, cout_ = pc.p[14] != 0u;
     uint cb = pc.p[15], ck = pc.p[16];
     if (!cin && !cout_ && nvis <= topk) {
-        for (uint i = tid; i < topk; i += 64u) ib.d[io + i] = i < nvis ? int(i) : -1;
+        for (uint i = tid; i < topk; i += WG) ib.d[io + i] = i < nvis ? int(i) : -1;
         return;
     }
     uint heads = pc.p[5], hd = pc.p[6];
     uint qo = pc.p[0] + t * pc.p[1], wo = pc.p[2] + t * pc.p[3];
     uint so = pc.p[20] + t * pc.p[11];
-    for (uint c = tid; c < nvis; c += 64u) {
+    for (uint c = tid; c < nvis; c += WG) {
         uint ko = kslot + c * pc.p[24];
         uint kf = pc.p[21], kq = pc.p[22], kbk = pc.p[23];
         float s = 0.0;
@@ -122,7 +139,7 @@ void main() {
     if (cout_) {
         uint nb = (nvis + cb - 1u) / cb;
         uint bo = so + 2u * nvis;
-        for (uint b = tid; b < nb; b += 64u) {
+        for (uint b = tid; b < nb; b += WG) {
             float m = uintBitsToFloat(0xff800000u); // -inf
             uint end = min((b + 1u) * cb, nvis);
             for (uint c = b * cb; c < end; c++) m = max(m, uintBitsToFloat(sb.d[so + c]));
@@ -131,7 +148,7 @@ void main() {
         }
         sync_();
         // allowed blocks: score > −inf
-        for (uint b = tid; b < nb; b += 64u)
+        for (uint b = tid; b < nb; b += WG)
             sb.d[bo + nb + b] = uintBitsToFloat(sb.d[bo + b]) > uintBitsToFloat(0xff800000u) ? 1u : 0u;
         sync_();
         uint T = kth_key(bo, bo + nb, true, nb, ck);
@@ -139,7 +156,7 @@ void main() {
         sync_();
     }
     // allowed flags (candidate masking) go into the flag half first
-    for (uint c = tid; c < nvis; c += 64u) {
+    for (uint c = tid; c < nvis; c += WG) {
         uint ok = 1u;
         if (cin) {
             ok = 0u;

@@ -32,15 +32,23 @@ uint st_tail_offset(uint fmt, uint qc, uint blk) {
 // float NAME(uint fmt, uint ra, uint i, uint qc, uint blk): value i of the row that starts at
 // byte ra of buffer B (a uint array). fmt 0: the f32 word ra / 4 + i.
 #define ST_BYTE(B, a) ((B.d[(a) >> 2] >> (((a) & 3u) * 8u)) & 255u)
+// Two loads per value whatever the format: a CPU device (lavapipe) runs every branch of a
+// shader under a mask and every buffer load as a loop over the lanes, so the value's word (an
+// f32 row, the f32 tail, or the word holding its code byte) and its scale byte are read once
+// each and the format is picked by selects (docs/vulkan.md).
 #define DEF_ST_LOAD(NAME, B)                                                              \
     float NAME(uint fmt, uint ra_, uint i, uint qc, uint blk) {                            \
-        if (fmt == 0u) return uintBitsToFloat(B.d[(ra_ >> 2) + i]);                        \
-        if (i >= qc)                                                                      \
-            return uintBitsToFloat(B.d[((ra_ + st_tail_offset(fmt, qc, blk)) >> 2) + i - qc]); \
-        uint sb_ = ST_BYTE(B, ra_ + st_codes_bytes(fmt, qc) + i / blk);                    \
+        bool packed_ = fmt != 0u && i < qc;                                                \
+        uint ca_ = ra_ + (fmt == 1u ? i : i / 2u);                                         \
+        uint wa_ = fmt == 0u ? (ra_ >> 2) + i                                              \
+                 : packed_ ? ca_ >> 2                                                      \
+                           : ((ra_ + st_tail_offset(fmt, qc, blk)) >> 2) + i - qc;        \
+        uint w_ = B.d[wa_];                                                                \
+        uint sb_ = ST_BYTE(B, ra_ + st_codes_bytes(fmt, qc) + i / max(blk, 1u));           \
+        if (!packed_) return uintBitsToFloat(w_);                                          \
         float s = fmt == 3u ? st_e4m3(sb_) : st_ue8m0(sb_);                               \
-        if (fmt == 1u) return st_e4m3(ST_BYTE(B, ra_ + i)) * s;                            \
-        uint cb_ = ST_BYTE(B, ra_ + i / 2u);                                               \
+        uint cb_ = (w_ >> ((ca_ & 3u) * 8u)) & 255u;                                       \
+        if (fmt == 1u) return st_e4m3(cb_) * s;                                            \
         return e2m1_to_f32((i & 1u) != 0u ? cb_ >> 4 : cb_) * s;                          \
     }
 
