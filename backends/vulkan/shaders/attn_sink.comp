@@ -76,21 +76,34 @@ void accum(float v[NK]) {
     m_ = mn;
 }
 
-// A compressed row at byte off, a ring row at byte off, a kv row at word off: one loader
-// each, so that a call site runs only its own (a CPU device runs both sides of a branch)
-#define DEF_ROW(NAME, LOAD)                                                              \
-    void NAME(uint off) {                                                                \
-        uint tid = gl_LocalInvocationID.x, hd = pc.p[3];                                 \
-        float v[NK];                                                                     \
-        [[unroll]] for (uint k = 0u; k < NK; k++) {                                      \
-            uint i = tid + WG * k;                                                       \
-            v[k] = i < hd ? LOAD : 0.0;                                                  \
-        }                                                                                \
-        accum(v);                                                                        \
+// A compressed row at byte off (row_comp), and a window row (row_win): the ring row at byte
+// roff when ring, else the kv row at word koff. Each has one call site, so the shader holds
+// two copies of accum (a CPU device compiles every call inlined: four copies took lavapipe
+// about 16 s of CPU to compile), and row_comp runs only its own loader (a CPU device runs
+// both sides of a branch under a mask).
+void row_comp(uint off) {
+    uint tid = gl_LocalInvocationID.x, hd = pc.p[3];
+    float v[NK];
+    [[unroll]] for (uint k = 0u; k < NK; k++) {
+        uint i = tid + WG * k;
+        v[k] = 0.0;
+        if (i < hd) v[k] = ld_comp(pc.p[21], off, i, pc.p[22], pc.p[23]);
     }
-DEF_ROW(row_comp, ld_comp(pc.p[21], off, i, pc.p[22], pc.p[23]))
-DEF_ROW(row_ring, ld_ring(pc.p[25], off, i, pc.p[26], pc.p[27]))
-DEF_ROW(row_kv, uintBitsToFloat(kb.d[off + i]))
+    accum(v);
+}
+void row_win(bool ring, uint roff, uint koff) { // loads only from the row's source
+    uint tid = gl_LocalInvocationID.x, hd = pc.p[3];
+    float v[NK];
+    [[unroll]] for (uint k = 0u; k < NK; k++) {
+        uint i = tid + WG * k;
+        v[k] = 0.0;
+        if (i < hd) {
+            if (ring) v[k] = ld_ring(pc.p[25], roff, i, pc.p[26], pc.p[27]);
+            else v[k] = uintBitsToFloat(kb.d[koff + i]);
+        }
+    }
+    accum(v);
+}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -113,21 +126,24 @@ void main() {
     den_ = 1.0;
     uint ratio = pc.p[10];
     if (ratio > 0u) {
-        if (pc.p[12] != 0xFFFFFFFFu) {
-            uint io = pc.p[12] + t * pc.p[13];
-            for (uint k = 0u; k < pc.p[13]; k++) {
-                int c = ib.d[io + k];
-                if (c >= 0) row_comp(cbase + uint(c) * pc.p[24]);
-            }
-        } else {
-            int nv = (p + 1) / int(ratio);
-            for (int c = 0; c < nv; c++) row_comp(cbase + uint(c) * pc.p[24]);
+        // the top-k list's rows in its order, or every compressed row so far
+        bool listed = pc.p[12] != 0xFFFFFFFFu;
+        uint io = listed ? pc.p[12] + t * pc.p[13] : 0u;
+        int nc = listed ? int(pc.p[13]) : (p + 1) / int(ratio);
+        for (int k = 0; k < nc; k++) {
+            int c = k;
+            if (listed) c = ib.d[io + uint(k)];
+            if (c >= 0) row_comp(cbase + uint(c) * pc.p[24]);
         }
     }
     int w0 = max(0, p - int(pc.p[5]) + 1);
     for (int q = w0; q <= p; q++) {
-        if (q < pos0) row_ring(pc.p[6] * 4u + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * pc.p[28]);
-        else row_kv(pc.p[8] + uint(first + q - pos0) * pc.p[9]);
+        // only the address of the row's own source is formed (the other may not exist)
+        bool ring = q < pos0;
+        uint roff = 0u, koff = 0u;
+        if (ring) roff = pc.p[6] * 4u + (slot * pc.p[7] + uint(q % int(pc.p[7]))) * pc.p[28];
+        else koff = pc.p[8] + uint(first + q - pos0) * pc.p[9];
+        row_win(ring, roff, koff);
     }
     uint oo = pc.p[17] + t * pc.p[18] + h * hd;
     [[unroll]] for (uint k = 0u; k < NK; k++) {
