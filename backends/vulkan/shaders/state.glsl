@@ -32,10 +32,12 @@ uint st_tail_offset(uint fmt, uint qc, uint blk) {
 // float NAME(uint fmt, uint ra, uint i, uint qc, uint blk): value i of the row that starts at
 // byte ra of buffer B (a uint array). fmt 0: the f32 word ra / 4 + i.
 #define ST_BYTE(B, a) ((B.d[(a) >> 2] >> (((a) & 3u) * 8u)) & 255u)
-// Two loads per value whatever the format: a CPU device (lavapipe) runs every branch of a
-// shader under a mask and every buffer load as a loop over the lanes, so the value's word (an
-// f32 row, the f32 tail, or the word holding its code byte) and its scale byte are read once
-// each and the format is picked by selects (docs/vulkan.md).
+#ifdef NARROW
+// The CPU-device variants (NARROW): two loads per value whatever the format. lavapipe runs
+// every branch of a shader under a mask and every buffer load as a loop over the lanes, so
+// the value's word (an f32 row, the f32 tail, or the word holding its code byte) and its
+// scale byte are read once each and the format is picked by selects (docs/vulkan.md). The
+// same values as the branching form below, which GPUs keep (no extra load per value).
 #define DEF_ST_LOAD(NAME, B)                                                              \
     float NAME(uint fmt, uint ra_, uint i, uint qc, uint blk) {                            \
         bool packed_ = fmt != 0u && i < qc;                                                \
@@ -51,6 +53,19 @@ uint st_tail_offset(uint fmt, uint qc, uint blk) {
         if (fmt == 1u) return st_e4m3(cb_) * s;                                            \
         return e2m1_to_f32((i & 1u) != 0u ? cb_ >> 4 : cb_) * s;                          \
     }
+#else
+#define DEF_ST_LOAD(NAME, B)                                                              \
+    float NAME(uint fmt, uint ra_, uint i, uint qc, uint blk) {                            \
+        if (fmt == 0u) return uintBitsToFloat(B.d[(ra_ >> 2) + i]);                        \
+        if (i >= qc)                                                                      \
+            return uintBitsToFloat(B.d[((ra_ + st_tail_offset(fmt, qc, blk)) >> 2) + i - qc]); \
+        uint sb_ = ST_BYTE(B, ra_ + st_codes_bytes(fmt, qc) + i / blk);                    \
+        float s = fmt == 3u ? st_e4m3(sb_) : st_ue8m0(sb_);                               \
+        if (fmt == 1u) return st_e4m3(ST_BYTE(B, ra_ + i)) * s;                            \
+        uint cb_ = ST_BYTE(B, ra_ + i / 2u);                                               \
+        return e2m1_to_f32((i & 1u) != 0u ? cb_ >> 4 : cb_) * s;                          \
+    }
+#endif
 
 // ---- packing (store_rows; lib/quant/statepack.c dsii_sp_pack_row) ------------------------
 // f32 → E4M3FN code, round to nearest even, saturating at ±448 (lib/quant/fp.c).
