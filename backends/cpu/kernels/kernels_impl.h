@@ -312,12 +312,13 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * once per block; four tokens measured 5-70 % faster than two on Zen 3, docs/performance.md
  * 4.000000000000000). Every tile runs the same per-(row, token) sequence, so results do not
  * depend on it. (Exceptions: the AVX2 kernels that are compute-bound on short rows take four
- * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below; the
- * AVX-512 kernels of Q8_0, Q4_K, Q2_K and MXFP4 use two-row tiles for the later token tiles
- * of a call: DSIB_QTILE_FN_R below.) */
+ * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below, and so
+ * do the AVX-512 kernels on rows of at most 1024 columns, DSIB_QROWS_DEFINE_RT4; the
+ * AVX-512 kernels use two-row tiles for the later token tiles of a call: DSIB_QTILE_FN_R
+ * below.) */
 /* RR rows per tile in the later multi-token tiles of a call (T >= 2, pf = 0: rows re-read
  * from L2; the last odd row alone): the token rows' activations are loaded once per RR
- * rows. The first tile (cold weights, prefetching) and one-token tiles keep R = 1: from
+ * rows. The first tile (cold weights, prefetching) and long one-token rows keep R = 1: from
  * memory, R = 2 measured slower (Zen 5, q8_0, 4 tokens: 18.2-18.9 against 19.8-22.2 GB/s),
  * from L2 faster (128 tokens: 250-265 against 237-244 GFLOP/s). RR = 1: one row at a time. */
 #define DSIB_QTILE_FN_R(NAME, TILE, T, RR) DSIB_QTILE_FN_RS_(NAME, TILE, T, RR, 0)
@@ -365,14 +366,26 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * Q4_K 512 / 1024 / 2048 / 4096 columns 11.6 -> 13.1, 13.2 -> 13.7, 14.9 -> 15.4,
  * 16.2 -> 15.3 GB/s; Q2_K 5.4 -> 7.9, 7.5 -> 8.8, 9.4 -> 9.5, 10.4 -> 10.1. Q8_0, which is
  * memory-bound there, measured 19.6 -> 12.9 GB/s (1024 columns): the memory-bound types
- * keep DSIB_QROWS_DEFINE_T. Results are the same: every row runs its own sequence. */
+ * keep DSIB_QROWS_DEFINE_T. Results are the same: every row runs its own sequence.
+ * The AVX-512 kernels of Q2_K-Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 take the
+ * same four-row one-token tiles (DSIB_QROWS_DEFINE_RT4; not the grid-bound IQ types, whose
+ * +3-10 % did not pay for doubling their code, nor IQ4_XS and the IQ1 types) up to
+ * DSIB_T1_ROWS_MAX_IN_AVX512 columns, with the widths as constants in the multi-token
+ * tiles too, and reduce the four rows' outputs
+ * together (DSIB_REDUCE_R4T1_AVX512_); their prefetch stays DSIB_PF's distance ahead of
+ * each row (the four rows are adjacent: one tile ahead measured 20 % slower cold at 512
+ * columns). Intel Emerald Rapids, one thread, 512 / 1024 columns, cold, R = 1 -> 4
+ * (docs/performance.md 4.000000000000000000): Q4_K 12.9 -> 13.0 / 13.3 -> 13.2 GB/s (hot
+ * 14.5 -> 17.0 / 16.6 -> 18.0), Q2_K 8.6 -> 10.8 / 10.4 -> 11.4, Q6_K 13.7 -> 14.0 (hot
+ * 20.4 -> 24.9), Q8_0 13.5 -> 14.3 (hot 23.6 -> 28.8); at 2048 columns R = 4 was slower
+ * cold for Q8_0 (13.9 -> 10.9), Q6_K and Q4_K, hence the lower bound. */
 #define DSIB_T1_ROWS_MAX_IN 2048
-#define DSIB_QTILE_FN_T1(NAME, TILE, RR)                                                   \
+#define DSIB_T1_ROWS_MAX_IN_AVX512 1024
+#define DSIB_QTILE_FN_T1(NAME, TILE, RR, MAXIN)                                            \
     static void NAME##_t1(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0,           \
                           int64_t o1, const dsib_qrow *x, float *const *yp, int pf) {      \
         int64_t o = o0;                                                                    \
-        DSIB_QTILE_ROWS_BY_N_(1, TILE, n_in, RR, 1, pf, o + (RR) <= o1,                    \
-                              n_in <= DSIB_T1_ROWS_MAX_IN);                                \
+        DSIB_QTILE_ROWS_BY_N_(1, TILE, n_in, RR, 1, pf, o + (RR) <= o1, n_in <= (MAXIN));  \
         DSIB_QTILE_ROWS_AT_(TILE, n_in, 1, 1, pf, o < o1)                                  \
     }
 /* The one-row tiles of 2, 3 and 4 tokens, and the row function over them (TT tokens at most
@@ -383,12 +396,20 @@ static inline float dsib_reduce32(const float a[2][16]) {
     DSIB_QTILE_FN_RS_(NAME, TILE, 4, 1, SPEC)                                              \
     DSIB_QROWS_DISPATCH(NAME, TT)
 #define DSIB_QROWS_DEFINE_T4(NAME, TILE, TT)                                               \
-    DSIB_QTILE_FN_T1(NAME, TILE, 4)                                                        \
+    DSIB_QTILE_FN_T1(NAME, TILE, 4, DSIB_T1_ROWS_MAX_IN)                                   \
     DSIB_QROWS_T234_(NAME, TILE, TT, 1)
 #define DSIB_QROWS_DEFINE(NAME, TILE) DSIB_QROWS_DEFINE_T(NAME, TILE, 4)
 #define DSIB_QROWS_DEFINE_T(NAME, TILE, TT)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
     DSIB_QROWS_T234_(NAME, TILE, TT, 0)
+/* The AVX-512 row function: four-row one-token tiles on short rows (above), RR rows in the
+ * later multi-token tiles, the short widths as constants everywhere. */
+#define DSIB_QROWS_DEFINE_RT4(NAME, TILE, RR)                                              \
+    DSIB_QTILE_FN_T1(NAME, TILE, 4, DSIB_T1_ROWS_MAX_IN_AVX512)                            \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 2, RR, 1)                                                \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 3, RR, 1)                                                \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 4, RR, 1)                                                \
+    DSIB_QROWS_DISPATCH(NAME, 4)
 #define DSIB_QROWS_DEFINE_R(NAME, TILE, RR)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
     DSIB_QTILE_FN_R(NAME, TILE, 2, RR)                                                     \

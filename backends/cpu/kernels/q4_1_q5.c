@@ -210,7 +210,7 @@ DSIB_AI __m512i q5_0_pair_avx512(const uint8_t *blk, int half, int u_off) {
 #define F16_SPAIR(blk, half)                                                               \
     ((half) ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk)) : dsib_pair_f16(blk, (blk) + 22))
 DSIB_Q8_32_TILE_AVX512(q5_0_tile_avx512, 22, Q5_0_WPAIR, F16_SPAIR)
-DSIB_QROWS_DEFINE_R(q5_0_rows_avx512, q5_0_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT4(q5_0_rows_avx512, q5_0_tile_avx512, 2)
 
 /* Q4_1 / Q5_1: the unsigned codes of a block pair. */
 #define Q4_1_UPAIR(blk, half) nib_pair_avx512((blk) + 4, (blk) + 24, half)
@@ -245,6 +245,7 @@ DSIB_AI __m128 dm_pair_avx512(const uint8_t *blk, int blk_bytes, int half) {
             for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
         const int64_t nb = n_in / 32;                                                      \
         DSIB_PAIR_LOOP(nb, QM_PAIR_AVX512_, BLK, UPAIR);                                   \
+        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
         for (int r = 0; r < R; r++) {                                                      \
             if (T == 4) {                                                                  \
                 dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
@@ -287,8 +288,8 @@ DSIB_AI __m128 dm_pair_avx512(const uint8_t *blk, int blk_bytes, int half) {
 
 QM_TILE_AVX512(q4_1_tile_avx512, 20, Q4_1_UPAIR)
 QM_TILE_AVX512(q5_1_tile_avx512, 24, Q5_1_UPAIR)
-DSIB_QROWS_DEFINE_R(q4_1_rows_avx512, q4_1_tile_avx512, 2)
-DSIB_QROWS_DEFINE_R(q5_1_rows_avx512, q5_1_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT4(q4_1_rows_avx512, q4_1_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT4(q5_1_rows_avx512, q5_1_tile_avx512, 2)
 
 DSIB_TARGET_POP
 

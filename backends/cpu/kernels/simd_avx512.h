@@ -43,6 +43,18 @@ DSIB_AI void dsib_reduce32x4_avx512(const __m512 a[4][2], float *out) {
     _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, r)));
 }
 
+/* The one-token tile of four rows (R = 4, T = 1: the short-row decode tiles of
+ * DSIB_QROWS_DEFINE_RT4) reduces its four rows' outputs together, like four tokens. */
+#define DSIB_REDUCE_R4T1_AVX512_(acc, out)                                                 \
+    do {                                                                                   \
+        if (R == 4 && T == 1) {                                                            \
+            const __m512 a4_[4][2] = {{acc[0][0][0], acc[0][0][1]}, {acc[1][0][0], acc[1][0][1]}, \
+                                      {acc[2][0][0], acc[2][0][1]}, {acc[3][0][0], acc[3][0][1]}}; \
+            dsib_reduce32x4_avx512(a4_, out);                                              \
+            return;                                                                        \
+        }                                                                                  \
+    } while (0)
+
 /* 16 lanes: lanes 0-7 = a, lanes 8-15 = b (two broadcast loads and one insert). */
 DSIB_AI __m512 dsib_pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_set1_ps(*a), _mm256_set1_ps(*b), 1);
@@ -113,6 +125,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
                     acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, &x[t], b); \
             }                                                                              \
         }                                                                                  \
+        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
         for (int r = 0; r < R; r++) {                                                      \
             if (T == 4) {                                                                  \
                 dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
@@ -148,6 +161,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
         const __m512i c128 = _mm512_set1_epi8((char)0x80);                                 \
         (void)c128;                                                                        \
         DSIB_PAIR_LOOP(nb, DSIB_Q8_32_PAIR_AVX512_, BLK, WPAIR, SPAIR);                    \
+        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
         for (int r = 0; r < R; r++) {                                                      \
             if (T == 4) {                                                                  \
                 dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
@@ -275,6 +289,7 @@ DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i 
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
+        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++)                                                    \
                 out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
