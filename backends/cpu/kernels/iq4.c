@@ -165,8 +165,8 @@ DSIB_AI __m512i nib_pair_avx512(const int8_t *tab, const uint8_t *qa, const uint
     ((half) ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk)) : dsib_pair_f16(blk, (blk) + 18))
 DSIB_Q8_32_TILE_AVX512(q4_0_tile_avx512, 18, Q4_0_WPAIR, F16_SPAIR)
 DSIB_Q8_32_TILE_AVX512(iq4_nl_tile_avx512, 18, IQ4_NL_WPAIR, F16_SPAIR)
-DSIB_QROWS_DEFINE_RT4(q4_0_rows_avx512, q4_0_tile_avx512, 2)
-DSIB_QROWS_DEFINE_RT4(iq4_nl_rows_avx512, iq4_nl_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT8(q4_0_rows_avx512, q4_0_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT8(iq4_nl_rows_avx512, iq4_nl_tile_avx512, 2)
 
 /* IQ4_XS: the eight block scales of the super-block at sb, d · (ls − 32) in lanes 0-7
  * (exact, as iq4_xs_scales then the product): scales_l's nibble b is bits 4b.. of its u32,

@@ -410,6 +410,36 @@ static inline float dsib_reduce32(const float a[2][16]) {
     DSIB_QTILE_FN_RS_(NAME, TILE, 3, RR, 1)                                                \
     DSIB_QTILE_FN_RS_(NAME, TILE, 4, RR, 1)                                                \
     DSIB_QROWS_DISPATCH(NAME, 4)
+/* RT4 with eight-token tiles of one row: a call's tokens go eight at a time, then a tile
+ * of the rest (four at most; five to seven tokens: four, then the others). One decoded
+ * weight block then serves eight tokens, the row's decode and scale work is shared by twice
+ * as many products, and the sixteen accumulators fill half the vector registers. Every
+ * (row, token) still runs its own canonical sequence: the same bits (test_short_rows,
+ * test_invariance_default with 9 and 17 tokens). Emerald Rapids, one core, 2048 x 1024,
+ * 128 tokens, GFLOP/s, RT4 -> RT8 (docs/performance.md 4.0000000000000000000): Q4_K
+ * 108 -> 122, Q8_0 97 -> 121, Q6_K 113 -> 132, Q3_K 100 -> 122, Q2_K 116 -> 127. Not for
+ * Q4_1 / Q5_1, whose eight-token tile measured slower (74 -> 71): their per-token min
+ * products do not fit beside sixteen accumulators. */
+#define DSIB_QROWS_DEFINE_RT8(NAME, TILE, RR)                                              \
+    DSIB_QTILE_FN_T1(NAME, TILE, 4, DSIB_T1_ROWS_MAX_IN_AVX512)                            \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 2, RR, 1)                                                \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 3, RR, 1)                                                \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 4, RR, 1)                                                \
+    DSIB_QTILE_FN_RS_(NAME, TILE, 8, 1, 1)                                                 \
+    DSIB_QROWS_DISPATCH8(NAME)
+#define DSIB_QROWS_DISPATCH8(NAME)                                                         \
+    static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
+                     const dsib_qrow *x, float *const *yp, int n) {                        \
+        typedef void (*tile_fn)(const uint8_t *, size_t, int64_t, int64_t, int64_t,        \
+                                const dsib_qrow *, float *const *, int);                   \
+        static const tile_fn rows[9] = {NULL,      NAME##_t1, NAME##_t2, NAME##_t3, NAME##_t4, \
+                                        NULL,      NULL,      NULL,      NAME##_t8};       \
+        for (int t0 = 0; t0 < n;) {                                                        \
+            const int T = n - t0 >= 8 ? 8 : n - t0 > 4 ? 4 : n - t0;                       \
+            rows[T](w, rb, n_in, o0, o1, x + t0, yp + t0, t0 == 0);                        \
+            t0 += T;                                                                       \
+        }                                                                                  \
+    }
 #define DSIB_QROWS_DEFINE_R(NAME, TILE, RR)                                                \
     DSIB_QTILE_FN(NAME, TILE, 1)                                                           \
     DSIB_QTILE_FN_R(NAME, TILE, 2, RR)                                                     \

@@ -108,7 +108,7 @@ DSIB_AI __m512i mxfp4_pair_avx512(const uint8_t *blk, int half, int u) {
                            (const float *)(const void *)&e8m0_half_bits[(blk)[17]]))
 DSIB_Q8_32_TILE_AVX512(mxfp4_tile_avx512, 17, MXFP4_WPAIR, MXFP4_SPAIR)
 
-DSIB_QROWS_DEFINE_RT4(mxfp4_rows_avx512, mxfp4_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT8(mxfp4_rows_avx512, mxfp4_tile_avx512, 2)
 
 DSIB_TARGET_POP
 

@@ -154,7 +154,7 @@ DSIB_AI void q3_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
 
 DSIB_KQO_TILE_AVX512(q3_k_tile_avx512, 110, q3_k_decode_avx512, 108, 2)
 
-DSIB_QROWS_DEFINE_RT4(q3_k_rows_avx512, q3_k_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT8(q3_k_rows_avx512, q3_k_tile_avx512, 2)
 
 DSIB_TARGET_POP
 

@@ -101,7 +101,7 @@ DSIB_AI void q4_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
 }
 DSIB_KQ_TILE_AVX512(q4_k_tile_avx512, 144, q4_k_decode_avx512)
 
-DSIB_QROWS_DEFINE_RT4(q4_k_rows_avx512, q4_k_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT8(q4_k_rows_avx512, q4_k_tile_avx512, 2)
 
 DSIB_TARGET_POP
 

@@ -67,7 +67,7 @@ DSIB_AI __m512i q8_0_pair_avx512(const uint8_t *blk, int half, int u) {
     ((half) ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk)) : dsib_pair_f16(blk, (blk) + 34))
 DSIB_Q8_32_TILE_AVX512(q8_0_tile_avx512, 34, Q8_0_WPAIR, Q8_0_SPAIR)
 
-DSIB_QROWS_DEFINE_RT4(q8_0_rows_avx512, q8_0_tile_avx512, 2)
+DSIB_QROWS_DEFINE_RT8(q8_0_rows_avx512, q8_0_tile_avx512, 2)
 
 DSIB_TARGET_POP
 

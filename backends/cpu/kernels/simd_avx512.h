@@ -86,8 +86,8 @@ DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dmw, 
  * then the epilogue above. (Pairing the scales halves the scale shuffles and the
  * multiply-port work of maddubs + dpwssd per vector: +5-17 % decode per core, docs/performance.md.) */
 DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[2],
-                                    __m256i mn, __m128 dmw, const dsib_qrow *x, int64_t b) {
-    const int8_t *xq = x->q + 256 * b;
+                                    __m256i mn, __m128 dmw, const int8_t *xq, const int16_t *xs,
+                                    float dx) {
     const __m512i z = _mm512_setzero_si512();
     const __m512i i0 = _mm512_dpbusd_epi32(z, wv[0], _mm512_loadu_si512(xq));
     const __m512i i1 = _mm512_dpbusd_epi32(z, wv[1], _mm512_loadu_si512(xq + 64));
@@ -95,9 +95,31 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
     const __m512i i3 = _mm512_dpbusd_epi32(z, wv[3], _mm512_loadu_si512(xq + 192));
     __m512i S = _mm512_dpwssd_epi32(z, _mm512_mask_blend_epi16(0xAAAAAAAAu, i0, _mm512_slli_epi32(i1, 16)), sc[0]);
     S = _mm512_dpwssd_epi32(S, _mm512_mask_blend_epi16(0xAAAAAAAAu, i2, _mm512_slli_epi32(i3, 16)), sc[1]);
-    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x->s + 16 * b)));
-    return dsib_kq_acc_avx512(acc, S, M, dmw, x->d[b]);
+    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(const void *)xs));
+    return dsib_kq_acc_avx512(acc, S, M, dmw, dx);
 }
+
+/* Where token t's quants, sums per 16 and scale of super-block b are (K-quant tiles): up to
+ * four tokens through their views, eight through one base pointer each with the sums and
+ * scales at the row layout's fixed offsets from the quants (act.c) — eight tokens' three
+ * pointers each left the 16 general registers short, and the compiler moved them through
+ * vector registers on every token. The same addresses either way. */
+#define DSIB_KQ_XQ_(t, b) (T > 4 ? (const int8_t *)(xb_[t] + 256 * (b)) : x[t].q + 256 * (b))
+#define DSIB_KQ_XS_(t, b)                                                                  \
+    (T > 4 ? (const int16_t *)(const void *)(xb_[t] + os_ + 32 * (b)) : x[t].s + 16 * (b))
+#define DSIB_KQ_XD_(t, b) (T > 4 ? dsib_ldf_(xb_[t] + od_ + 4 * (b)) : x[t].d[b])
+DSIB_AI float dsib_ldf_(const char *p) {
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+#define DSIB_KQ_XBASE_()                                                                   \
+    const char *xb_[8];                                                                    \
+    for (int t = 0; t < T; t++) xb_[t] = (const char *)x[t].q;                             \
+    const ptrdiff_t os_ = (const char *)x[0].s - xb_[0];                                   \
+    const ptrdiff_t od_ = (const char *)x[0].d - xb_[0];                                   \
+    (void)os_;                                                                             \
+    (void)od_
 
 /* The whole AVX-512 tile of a K-quant (super-blocks of 256, BLK bytes, on a DSIB_ACT_Q8_K*
  * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
@@ -107,10 +129,11 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
 #define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE)                                             \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
         const int64_t nb = n_in / 256;                                                     \
+        DSIB_KQ_XBASE_();                                                                  \
         for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
         _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
             const int64_t b = b2 + u;                                                      \
@@ -122,13 +145,16 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
                 DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, BLK);                          \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
                 for (int t = 0; t < T; t++)                                                \
-                    acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, &x[t], b); \
+                    acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw,        \
+                                                        DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b), \
+                                                        DSIB_KQ_XD_(t, b));                \
             }                                                                              \
         }                                                                                  \
         DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
         for (int r = 0; r < R; r++) {                                                      \
-            if (T == 4) {                                                                  \
-                dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
+            if (T == 4 || T == 8) {                                                        \
+                for (int t4 = 0; t4 < T; t4 += 4)                                          \
+                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
                 continue;                                                                  \
             }                                                                              \
             for (int t = 0; t < T; t++)                                                    \
@@ -145,26 +171,33 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
  *   BLK:                 bytes per block.
  * Block pair p, or the lone last block when `half` (its lanes 8-15 then add +0, which never
  * changes an accumulator: acc is never -0). dpbusd multiplies unsigned by signed bytes, so
- * one side is offset by 128 and each lane starts at minus that offset's contribution — the
- * same integers Σ w·q either way:
- *   T = 1 (decode):  w + 128 against q, lanes starting at the activation row's -128·Σq (c);
- *   T > 1 (prefill): q + 128 (once per token) against w, lanes starting at -128·Σw (once
- *                    per row, shared by the tokens).
+ * the weights are offset by 128 (once per row) against q, each lane starting at the
+ * activation row's -128·Σq (c): the integers Σ w·q exactly. (Tiles of several tokens offset
+ * q instead, once per token, with lanes starting at -128·Σw once per row, until 7 December:
+ * the same integers, with a xor per token and a dpbusd and a subtraction per row more.)
+ * Token t's c[] and e[] are read at their fixed offsets from its quants (act.c's layout), one
+ * base pointer per token: with eight tokens' three pointers each the compiler ran out of
+ * general registers and moved them through vector registers on every token (Emerald Rapids,
+ * one core, Q8_0 2048 x 1024 at 128 tokens: 106 -> 121 GFLOP/s). Tiles take up to eight
+ * tokens (DSIB_QROWS_DEFINE_RT8).
  */
 #define DSIB_Q8_32_TILE_AVX512(NAME, BLK, WPAIR, SPAIR)                                    \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
         const int64_t nb = n_in / 32;                                                      \
-        const __m512i c128 = _mm512_set1_epi8((char)0x80);                                 \
-        (void)c128;                                                                        \
+        const int8_t *xq_[8];                                                              \
+        for (int t = 0; t < T; t++) xq_[t] = x[t].q;                                       \
+        const ptrdiff_t oc_ = (const char *)x[0].c - (const char *)x[0].q;                 \
+        const ptrdiff_t oe_ = (const char *)x[0].e - (const char *)x[0].q;                 \
         DSIB_PAIR_LOOP(nb, DSIB_Q8_32_PAIR_AVX512_, BLK, WPAIR, SPAIR);                    \
         DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
         for (int r = 0; r < R; r++) {                                                      \
-            if (T == 4) {                                                                  \
-                dsib_reduce32x4_avx512((const __m512(*)[2])acc[r], out + r * 4);           \
+            if (T == 4 || T == 8) {                                                        \
+                for (int t4 = 0; t4 < T; t4 += 4)                                          \
+                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
                 continue;                                                                  \
             }                                                                              \
             for (int t = 0; t < T; t++)                                                    \
@@ -174,35 +207,22 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
 
 #define DSIB_Q8_32_PAIR_AVX512_(p, half, set, BLK, WPAIR, SPAIR)                           \
     do {                                                                                   \
-        __m512 dx[4];                                                                      \
-        __m512i xq[4];                                                                     \
-        for (int t = 0; t < T; t++) {                                                      \
-            dx[t] = _mm512_loadu_ps(x[t].e + 16 * (p)); /* upper half 0 when half */      \
-            xq[t] = (half) ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x[t].q + 64 * (p))     \
-                           : _mm512_loadu_si512(x[t].q + 64 * (p));                        \
-            if (T > 1) xq[t] = _mm512_xor_si512(xq[t], c128);                              \
-        }                                                                                  \
         for (int r = 0; r < R; r++) {                                                      \
             const uint8_t *blk = w + (size_t)r * rb + 2 * (BLK) * (p);                     \
             DSIB_PF(PF, blk, 2 * (BLK));                                                   \
             const __m512 sw = SPAIR(blk, half);                                            \
-            if (T == 1) {                                                                  \
+            const __m512i wq = WPAIR(blk, half, 1);                                        \
+            for (int t = 0; t < T; t++) {                                                  \
+                const char *xb = (const char *)xq_[t] + 64 * (p);                          \
                 const __m512i I = _mm512_dpbusd_epi32(                                     \
-                    (half) ? _mm512_maskz_loadu_epi32(0x00FF, x[0].c + 16 * (p))           \
-                           : _mm512_loadu_si512(x[0].c + 16 * (p)),                        \
-                    WPAIR(blk, half, 1), xq[0]);                                           \
-                acc[r][0][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[0]),                 \
-                                                 _mm512_cvtepi32_ps(I), acc[r][0][set]);   \
-            } else {                                                                       \
-                const __m512i wq = WPAIR(blk, half, 0);                                    \
-                const __m512i neg = _mm512_sub_epi32(                                      \
-                    _mm512_setzero_si512(),                                                \
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wq));                \
-                for (int t = 0; t < T; t++) {                                              \
-                    const __m512i I = _mm512_dpbusd_epi32(neg, xq[t], wq);                 \
-                    acc[r][t][set] = _mm512_fmadd_ps(_mm512_mul_ps(sw, dx[t]),             \
-                                                     _mm512_cvtepi32_ps(I), acc[r][t][set]); \
-                }                                                                          \
+                    (half) ? _mm512_maskz_loadu_epi32(0x00FF, xb + oc_)                    \
+                           : _mm512_loadu_si512(xb + oc_),                                 \
+                    wq,                                                                    \
+                    (half) ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, xb)                    \
+                           : _mm512_loadu_si512(xb));                                      \
+                acc[r][t][set] = _mm512_fmadd_ps(                                          \
+                    _mm512_mul_ps(sw, _mm512_loadu_ps((const float *)(const void *)(xb + oe_))), \
+                    _mm512_cvtepi32_ps(I), acc[r][t][set]);                                \
             }                                                                              \
         }                                                                                  \
     } while (0)
@@ -256,11 +276,12 @@ DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i 
 #define DSIB_KQO_TILE_AVX512(NAME, BLK, DECODE, DOFF, SH)                                  \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][4][2]; /* [row][token][set] */                                       \
+        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
         for (int r = 0; r < R; r++)                                                        \
             for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
         const int64_t nb = n_in / 256;                                                     \
         const __m512i z = _mm512_setzero_si512();                                          \
+        DSIB_KQ_XBASE_();                                                                  \
         for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
         _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
             const int64_t b = b2 + u;                                                      \
@@ -273,7 +294,7 @@ DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i 
                 DECODE(blk, wv, sc, &scw);                                                 \
                 const float d = dsib_f16_hw(blk + (DOFF));                                 \
                 for (int t = 0; t < T; t++) {                                              \
-                    const int8_t *xq = x[t].q + 256 * b;                                   \
+                    const int8_t *xq = DSIB_KQ_XQ_(t, b);                                  \
                     __m512i I[4];                                                          \
                     for (int v = 0; v < 4; v++)                                            \
                         I[v] = _mm512_dpbusd_epi32(z, wv[v], _mm512_loadu_si512(xq + 64 * v)); \
@@ -282,17 +303,23 @@ DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i 
                     S = _mm512_dpwssd_epi32(                                               \
                         S, _mm512_mask_blend_epi16(0xAAAAAAAAu, I[2], _mm512_slli_epi32(I[3], 16)), sc[1]); \
                     const __m256i M =                                                      \
-                        _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b))); \
+                        _mm256_madd_epi16(scw, _mm256_loadu_si256((const __m256i *)(const void *)DSIB_KQ_XS_(t, b))); \
                     S = _mm512_sub_epi32(S, _mm512_zextsi256_si512(_mm256_slli_epi32(M, SH))); \
-                    acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * x[t].d[b]),          \
+                    acc[r][t][u] = _mm512_fmadd_ps(_mm512_set1_ps(d * DSIB_KQ_XD_(t, b)),  \
                                                    _mm512_cvtepi32_ps(S), acc[r][t][u]);   \
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
         DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
-        for (int r = 0; r < R; r++)                                                        \
+        for (int r = 0; r < R; r++) {                                                      \
+            if (T == 4 || T == 8) {                                                        \
+                for (int t4 = 0; t4 < T; t4 += 4)                                          \
+                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
+                continue;                                                                  \
+            }                                                                              \
             for (int t = 0; t < T; t++)                                                    \
                 out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+        }                                                                                  \
     }
 
 /* The odd scales 2·(w >> 28) + 1 of dsib_iq_signs_avx512 (sub-block s at dword 2s); the
