@@ -118,7 +118,8 @@ def main():
             fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
         k = json.loads(r.stdout)
         row = k.get("kernels", [{}])[0]
-        if k.get("isa") != isa or row.get("type") != t or not row.get("tg_gbs", 0) > 0:
+        if (k.get("isa") != isa or row.get("type") != t or not row.get("tg_gbs", 0) > 0
+                or not row.get("ntok4_gbs", 0) > 0 or not row.get("ntok8_gbs", 0) > 0):
             fail("--kernels --isa %s --type %s: %r" % (isa, t, r.stdout[:400]))
         print("--kernels --isa %s --type %s: %.2f GB/s" % (isa, t, row["tg_gbs"]))
     # -d with -p 0 (decode only) or -n 0 (prefill only): the other test is left out and its
