@@ -307,10 +307,11 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * (R = 1): the weights then stream from memory as one sequential read, which measured
  * 2-2.5x faster cold than interleaving 2 or 4 rows (the two accumulator sets of the
  * canonical order give a single row its instruction-level parallelism); prefill tiles
- * serve up to TT = 4 tokens from one decoded weight block (on AVX2 too since the K-quant and
- * IQ tiles decode one position at a time: their float accumulators live in memory, touched
- * once per block; four tokens measured 5-70 % faster than two on Zen 3, docs/performance.md
- * 4.000000000000000). Every tile runs the same per-(row, token) sequence, so results do not
+ * serve up to TT = 4 tokens from one decoded weight block (on AVX2 too since the K-quant
+ * and IQ tiles decode one position at a time: their float accumulators live in memory,
+ * touched once per block; four tokens measured 5-70 % faster than two on Zen 3,
+ * docs/performance.md 4.000000000000000), 8 in most AVX-512 kernels
+ * (DSIB_QROWS_DEFINE_RT8). Every tile runs the same per-(row, token) sequence, so results do not
  * depend on it. (Exceptions: the AVX2 kernels that are compute-bound on short rows take four
  * rows per one-token tile, prefetching one tile ahead: DSIB_QROWS_DEFINE_T4 below, and so
  * do the AVX-512 kernels on rows of at most 1024 columns, DSIB_QROWS_DEFINE_RT4; the
