@@ -55,6 +55,22 @@ DSIB_AI void dsib_reduce32x4_avx512(const __m512 a[4][2], float *out) {
         }                                                                                  \
     } while (0)
 
+/* A tile's outputs out[r * T + t] from its accumulators acc[row][token][set]: four rows of
+ * one token, or four tokens at a time, reduced together (the same additions). */
+#define DSIB_TILE_REDUCE_AVX512_(acc, out)                                                 \
+    do {                                                                                   \
+        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
+        for (int r = 0; r < R; r++) {                                                      \
+            if (T == 4 || T == 8) {                                                        \
+                for (int t4 = 0; t4 < T; t4 += 4)                                          \
+                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
+                continue;                                                                  \
+            }                                                                              \
+            for (int t = 0; t < T; t++)                                                    \
+                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
+        }                                                                                  \
+    } while (0)
+
 /* 16 lanes: lanes 0-7 = a, lanes 8-15 = b (two broadcast loads and one insert). */
 DSIB_AI __m512 dsib_pair_ps(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_set1_ps(*a), _mm256_set1_ps(*b), 1);
@@ -150,16 +166,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
                                                         DSIB_KQ_XD_(t, b));                \
             }                                                                              \
         }                                                                                  \
-        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
-        for (int r = 0; r < R; r++) {                                                      \
-            if (T == 4 || T == 8) {                                                        \
-                for (int t4 = 0; t4 < T; t4 += 4)                                          \
-                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
-                continue;                                                                  \
-            }                                                                              \
-            for (int t = 0; t < T; t++)                                                    \
-                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
-        }                                                                                  \
+        DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
     }
 
 /*
@@ -193,16 +200,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
         const ptrdiff_t oc_ = (const char *)x[0].c - (const char *)x[0].q;                 \
         const ptrdiff_t oe_ = (const char *)x[0].e - (const char *)x[0].q;                 \
         DSIB_PAIR_LOOP(nb, DSIB_Q8_32_PAIR_AVX512_, BLK, WPAIR, SPAIR);                    \
-        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
-        for (int r = 0; r < R; r++) {                                                      \
-            if (T == 4 || T == 8) {                                                        \
-                for (int t4 = 0; t4 < T; t4 += 4)                                          \
-                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
-                continue;                                                                  \
-            }                                                                              \
-            for (int t = 0; t < T; t++)                                                    \
-                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
-        }                                                                                  \
+        DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
     }
 
 #define DSIB_Q8_32_PAIR_AVX512_(p, half, set, BLK, WPAIR, SPAIR)                           \
@@ -310,16 +308,7 @@ DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i 
                 }                                                                          \
             }                                                                              \
         }                                                                                  \
-        DSIB_REDUCE_R4T1_AVX512_(acc, out);                                                \
-        for (int r = 0; r < R; r++) {                                                      \
-            if (T == 4 || T == 8) {                                                        \
-                for (int t4 = 0; t4 < T; t4 += 4)                                          \
-                    dsib_reduce32x4_avx512((const __m512(*)[2])acc[r][t4], out + r * T + t4); \
-                continue;                                                                  \
-            }                                                                              \
-            for (int t = 0; t < T; t++)                                                    \
-                out[r * T + t] = dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]);         \
-        }                                                                                  \
+        DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
     }
 
 /* The odd scales 2·(w >> 28) + 1 of dsib_iq_signs_avx512 (sub-block s at dword 2s); the
