@@ -180,7 +180,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
  * changes an accumulator: acc is never -0). dpbusd multiplies unsigned by signed bytes, so
  * the weights are offset by 128 (once per row) against q, each lane starting at the
  * activation row's -128·Σq (c): the integers Σ w·q exactly. (Tiles of several tokens offset
- * q instead, once per token, with lanes starting at -128·Σw once per row, until 7 December:
+ * q instead, once per token, with lanes starting at -128·Σw once per row, until 6 December:
  * the same integers, with a xor per token and a dpbusd and a subtraction per row more.)
  * Token t's c[] and e[] are read at their fixed offsets from its quants (act.c's layout), one
  * base pointer per token: with eight tokens' three pointers each the compiler ran out of
