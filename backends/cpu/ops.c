@@ -1920,6 +1920,62 @@ static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_v
 
 int dsib_cpu_moe_split;
 
+/* The routed experts' element-wise steps between and after the matmuls, split over the
+ * pool: rows of a task go through the same scalar code as on one thread, so the results do
+ * not depend on the split. On one thread they took about 4 % of a 512-token prefill on
+ * bench-v41 (expf over 6 × 512 products per token and layer) while the other core waited;
+ * split, the routed experts' pp512 time fell 2657 -> 2379 µs per token (medians of five
+ * alternated runs, two threads, Emerald Rapids; docs/performance.md 4.0000000000000000000).
+ * Steps below MOE_INLINE_ELEMS (decode: 6 × 512) stay inline, without a pool hand-off. */
+enum { MOE_ROWS_PER_TASK = 64, MOE_INLINE_ELEMS = 1 << 15 };
+typedef struct moe_post_job {
+    float *G;
+    const float *U, *wt, *Y;
+    float *y;
+    int64_t F, D, ns, n;
+    uint32_t k, ldy;
+    float limit;
+} moe_post_job;
+
+/* G = swiglu(G, U) · wt, slot rows [task · 64, +64) */
+static void moe_act_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const moe_post_job *j = arg;
+    const int64_t s1 = (task + 1) * MOE_ROWS_PER_TASK < j->ns ? (task + 1) * MOE_ROWS_PER_TASK : j->ns;
+    for (int64_t s = task * MOE_ROWS_PER_TASK; s < s1; s++) {
+        float *gs = j->G + s * j->F;
+        swiglu_row(gs, j->U + s * j->F, gs, (uint32_t)j->F, j->limit);
+        for (int64_t i = 0; i < j->F; i++) gs[i] *= j->wt[s];
+    }
+}
+
+/* y[t] = Σ_kk Y[t·k + kk] in slot order, tokens [task · 64, +64) */
+static void moe_sum_task(void *arg, int64_t task, int32_t slot) {
+    (void)slot;
+    const moe_post_job *j = arg;
+    const int64_t t1 = (task + 1) * MOE_ROWS_PER_TASK < j->n ? (task + 1) * MOE_ROWS_PER_TASK : j->n;
+    for (int64_t t = task * MOE_ROWS_PER_TASK; t < t1; t++) {
+        float *o = j->y + t * (int64_t)j->ldy;
+        const float *r0 = j->Y + t * (int64_t)j->k * j->D;
+        memcpy(o, r0, sizeof(float) * (size_t)j->D);
+        for (uint32_t kk = 1; kk < j->k; kk++) {
+            const float *r = r0 + (int64_t)kk * j->D;
+            for (int64_t i = 0; i < j->D; i++) o[i] += r[i];
+        }
+    }
+}
+
+/* fn over n rows of `elems` floats each: in the pool when there is enough work to split */
+static void moe_post_run(dsib_threadpool *pool, int64_t n, int64_t elems, dsib_task_fn fn,
+                         moe_post_job *j) {
+    const int64_t tasks = (n + MOE_ROWS_PER_TASK - 1) / MOE_ROWS_PER_TASK;
+    if (n * elems < MOE_INLINE_ELEMS || dsib_threadpool_n_threads(pool) < 2) {
+        for (int64_t t = 0; t < tasks; t++) fn(j, t, 0);
+        return;
+    }
+    dsib_parallel_for(pool, tasks, fn, j);
+}
+
 static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view sel,
                                  dsib_view wts, uint32_t k, const dsib_weight *w1,
                                  const dsib_weight *w3, const dsib_weight *w2, float limit,
@@ -1999,11 +2055,8 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
         st = dsib_matmul_moe2(inst->pool, &m, &mu, msg, sizeof msg);
     }
     if (st != DSI_OK) goto done;
-    for (size_t s = 0; s < ns; s++) {
-        float *gs = G + s * (size_t)F;
-        swiglu_row(gs, U + s * (size_t)F, gs, (uint32_t)F, limit);
-        for (int64_t i = 0; i < F; i++) gs[i] *= wt[s];
-    }
+    moe_post_job pj = {G, U, wt, Y, dsib_cpu_f32(y), F, D, (int64_t)ns, (int64_t)n, k, ldy, limit};
+    moe_post_run(inst->pool, (int64_t)ns, F, moe_act_task, &pj);
     /* down projection: slot-ordered input rows = yr (the slot itself) */
     m.type = w2->type;
     m.w_base = dsib_cpu_wptr(w2);
@@ -2018,16 +2071,7 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     m.y_stride = D;
     st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
     if (st != DSI_OK) goto done;
-    float *py = dsib_cpu_f32(y);
-    for (uint32_t t = 0; t < n; t++) {
-        float *o = py + (size_t)t * ldy;
-        const float *r0 = Y + (size_t)t * k * (size_t)D;
-        memcpy(o, r0, sizeof(float) * (size_t)D);
-        for (uint32_t kk = 1; kk < k; kk++) {
-            const float *r = r0 + (size_t)kk * D;
-            for (int64_t i = 0; i < D; i++) o[i] += r[i];
-        }
-    }
+    moe_post_run(inst->pool, (int64_t)n, (int64_t)k * D, moe_sum_task, &pj);
 done:
     return dsib_cpu_ret(strm, st);
 }
