@@ -1965,11 +1965,12 @@ static void moe_sum_task(void *arg, int64_t task, int32_t slot) {
     }
 }
 
-/* fn over n rows of `elems` floats each: in the pool when there is enough work to split */
+/* fn over n rows of `elems` floats each: in the pool when there is enough work to split
+ * (dsib_parallel_for itself runs inline without workers or with one task) */
 static void moe_post_run(dsib_threadpool *pool, int64_t n, int64_t elems, dsib_task_fn fn,
                          moe_post_job *j) {
     const int64_t tasks = (n + MOE_ROWS_PER_TASK - 1) / MOE_ROWS_PER_TASK;
-    if (n * elems < MOE_INLINE_ELEMS || dsib_threadpool_n_threads(pool) < 2) {
+    if (n * elems < MOE_INLINE_ELEMS) {
         for (int64_t t = 0; t < tasks; t++) fn(j, t, 0);
         return;
     }

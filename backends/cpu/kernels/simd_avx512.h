@@ -115,15 +115,14 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
     return dsib_kq_acc_avx512(acc, S, M, dmw, dx);
 }
 
-/* Where token t's quants, sums per 16 and scale of super-block b are (K-quant tiles): up to
- * four tokens through their views, eight through one base pointer each with the sums and
- * scales at the row layout's fixed offsets from the quants (act.c) — eight tokens' three
- * pointers each left the 16 general registers short, and the compiler moved them through
- * vector registers on every token. The same addresses either way. */
-#define DSIB_KQ_XQ_(t, b) (T > 4 ? (const int8_t *)(xb_[t] + 256 * (b)) : x[t].q + 256 * (b))
-#define DSIB_KQ_XS_(t, b)                                                                  \
-    (T > 4 ? (const int16_t *)(const void *)(xb_[t] + os_ + 32 * (b)) : x[t].s + 16 * (b))
-#define DSIB_KQ_XD_(t, b) (T > 4 ? dsib_ldf_(xb_[t] + od_ + 4 * (b)) : x[t].d[b])
+/* Where token t's quants, sums per 16 and scale of super-block b are (K-quant tiles): one
+ * base pointer per token, the sums and scales at the row layout's fixed offsets from the
+ * quants (act.c) — with three pointers per token, eight tokens left the 16 general
+ * registers short and the compiler moved them through vector registers on every token.
+ * The same addresses as the views'. */
+#define DSIB_KQ_XQ_(t, b) ((const int8_t *)(xb_[t] + 256 * (b)))
+#define DSIB_KQ_XS_(t, b) ((const int16_t *)(const void *)(xb_[t] + os_ + 32 * (b)))
+#define DSIB_KQ_XD_(t, b) dsib_ldf_(xb_[t] + od_ + 4 * (b))
 DSIB_AI float dsib_ldf_(const char *p) {
     float f;
     memcpy(&f, p, sizeof f);
@@ -133,9 +132,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
     const char *xb_[8];                                                                    \
     for (int t = 0; t < T; t++) xb_[t] = (const char *)x[t].q;                             \
     const ptrdiff_t os_ = (const char *)x[0].s - xb_[0];                                   \
-    const ptrdiff_t od_ = (const char *)x[0].d - xb_[0];                                   \
-    (void)os_;                                                                             \
-    (void)od_
+    const ptrdiff_t od_ = (const char *)x[0].d - xb_[0]
 
 /* The whole AVX-512 tile of a K-quant (super-blocks of 256, BLK bytes, on a DSIB_ACT_Q8_K*
  * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
