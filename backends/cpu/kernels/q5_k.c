@@ -90,12 +90,12 @@ DSIB_TARGET_POP
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-/* Super-block decode for DSIB_KQ_TILE_AVX512: vector v = low (v even) / high (v odd)
- * nibbles of qs[64·(v/2)..]; its int32 lanes 0-7 use the scale of sub-block P[2v], 8-15
- * that of P[2v+1], paired per dsib_kq_token_avx512 (vpermw over the 16 unpacked words:
- * scales 0-7, mins 8-15); the mins are doubled up to match the activation sums per 16. */
-DSIB_AI void q5_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *mn,
-                                __m128 *dmw) {
+/* Weight decode for DSIB_KQ4_TILE_AVX512: vector v = low (v even) / high (v odd) nibbles
+ * of qs[64·(v/2)..] with their fifth bits; its int32 lanes 0-7 use the scale of sub-block
+ * P[2v], 8-15 that of P[2v+1], paired per dsib_kq_token_avx512 (dsib_kq4_scales_pair_avx512:
+ * vpermw over the 16 unpacked words, scales 0-7, mins 8-15); the mins are doubled up to
+ * match the activation sums per 16. */
+DSIB_AI void q5_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i q0 = _mm512_loadu_si512(blk + 48), q1 = _mm512_loadu_si512(blk + 112);
     /* fifth bits: vector v = 2h + u holds chunks c = 2h (bytes 0-31), 2h + 1 (32-63), nibble
@@ -112,10 +112,8 @@ DSIB_AI void q5_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
     wv[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), Q5K_HBR(1, 3)); /* bits 5, 7 */
 #undef Q5K_HB
 #undef Q5K_HBR
-    dsib_kq4_scales_avx512(blk + 4, sc, mn);
-    *dmw = dsib_f16x2_hw(blk); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX512(q5_k_tile_avx512, 176, q5_k_decode_avx512)
+DSIB_KQ4_TILE_AVX512(q5_k_tile_avx512, 176, q5_k_wdecode_avx512)
 
 DSIB_QROWS_DEFINE_RT8(q5_k_rows_avx512, q5_k_tile_avx512, 2)
 

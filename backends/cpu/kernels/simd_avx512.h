@@ -85,12 +85,20 @@ DSIB_AI __m512 dsib_pair_f16(const uint8_t *a, const uint8_t *b) {
         _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(ha)), _mm_set1_epi16(hb), 1));
 }
 
-/* K-quant super-block epilogue (q4_k.c, q2_k.c): acc + (d·dx)·S over 16 lanes, then minus
- * (dmin·dx)·M over lanes 0-7; dmw = (d, dmin) in lanes 0, 1. */
-DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dmw, float dx) {
-    const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(dx));
-    acc = _mm512_fmadd_ps(_mm512_broadcastss_ps(pr2), _mm512_cvtepi32_ps(S), acc);
-    return _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(pr2)),
+/* K-quant super-block epilogue (q4_k.c, q2_k.c, q5_k.c): acc + (d·dx)·S over 16 lanes, then
+ * minus (dmin·dx)·M over lanes 0-7; dm holds (d, dmin) of super-block h in lanes 2h, 2h + 1
+ * (the pair tiles decode two super-blocks' scales at once; h = 0 elsewhere). The two products
+ * go through memory so that each FMA takes its scale as an embedded broadcast from the load
+ * ports: the broadcasts from a register, and the shuffle of dmin to lane 0, were three
+ * shuffle-port operations per token and super-block (Emerald Rapids, one core, Q4_K 2048 x
+ * 1024 from the caches: one token 18.97 -> 19.42 GB/s, four tokens 7.6 -> 8.1). Same
+ * products, same FMAs, same bits. */
+DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dm, int h, float dx) {
+    float pr[4];
+    _mm_storeu_ps(pr, _mm_mul_ps(dm, _mm_set1_ps(dx)));
+    __asm__("" : "+m"(pr)); /* keeps the compiler from forwarding them back into registers */
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(pr[2 * h]), _mm512_cvtepi32_ps(S), acc);
+    return _mm512_fnmadd_ps(_mm512_set1_ps(pr[2 * h + 1]),
                             _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc);
 }
 
@@ -102,8 +110,8 @@ DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dmw, 
  * then the epilogue above. (Pairing the scales halves the scale shuffles and the
  * multiply-port work of maddubs + dpwssd per vector: +5-17 % decode per core, docs/performance.md.) */
 DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[2],
-                                    __m256i mn, __m128 dmw, const int8_t *xq, const int16_t *xs,
-                                    float dx) {
+                                    __m256i mn, __m128 dm, int h, const int8_t *xq,
+                                    const int16_t *xs, float dx) {
     const __m512i z = _mm512_setzero_si512();
     const __m512i i0 = _mm512_dpbusd_epi32(z, wv[0], _mm512_loadu_si512(xq));
     const __m512i i1 = _mm512_dpbusd_epi32(z, wv[1], _mm512_loadu_si512(xq + 64));
@@ -112,7 +120,7 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
     __m512i S = _mm512_dpwssd_epi32(z, _mm512_mask_blend_epi16(0xAAAAAAAAu, i0, _mm512_slli_epi32(i1, 16)), sc[0]);
     S = _mm512_dpwssd_epi32(S, _mm512_mask_blend_epi16(0xAAAAAAAAu, i2, _mm512_slli_epi32(i3, 16)), sc[1]);
     const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(const void *)xs));
-    return dsib_kq_acc_avx512(acc, S, M, dmw, dx);
+    return dsib_kq_acc_avx512(acc, S, M, dm, h, dx);
 }
 
 /* Where token t's quants, sums per 16 and scale of super-block b are (K-quant tiles): one
@@ -158,13 +166,66 @@ DSIB_AI float dsib_ldf_(const char *p) {
                 DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, BLK);                          \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
                 for (int t = 0; t < T; t++)                                                \
-                    acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw,        \
+                    acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, 0,     \
                                                         DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b), \
                                                         DSIB_KQ_XD_(t, b));                \
             }                                                                              \
         }                                                                                  \
         DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
     }
+
+/* DSIB_KQ_TILE_AVX512 for the types whose super-blocks start with (d, dmin) as f16 and the 12
+ * packed 6-bit scale bytes of Q4_K (Q4_K, Q5_K): the scales and (d, dmin) of a pair of
+ * super-blocks b, b + 1 are decoded together, one per 128-bit lane (dsib_kq4_pair_avx512),
+ * and WDECODE(blk, wv) gives the four weight vectors of one super-block; an odd last
+ * super-block goes alone. Per row and pair: one scale decode and one f16 conversion where
+ * each super-block had its own (Emerald Rapids, one core, 2048 x 1024 from the caches, with
+ * the epilogue's memory broadcasts: Q4_K one token 18.98 -> 20.78 GB/s, four tokens 7.61 ->
+ * 8.55; Q5_K 18.30 -> 19.95 / 8.50 -> 9.11; docs/performance.md 4.00000000000000000000).
+ * Every value and every floating-point operation of a (row, token) is the same: same bits
+ * (test_cpukernels: Q4_K at 256 / 512 / 2304 columns, Q5_K at 256 / 768 / 2048, odd
+ * super-block counts included). */
+#define DSIB_KQ4_TILE_AVX512(NAME, BLK, WDECODE)                                           \
+    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
+                      float *out, const int R, const int T, const int PF) {                \
+        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
+        for (int r = 0; r < R; r++)                                                        \
+            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        const int64_t nb = n_in / 256;                                                     \
+        DSIB_KQ_XBASE_();                                                                  \
+        int64_t b2 = 0;                                                                    \
+        for (; b2 + 1 < nb; b2 += 2)                                                       \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk0 = w + (size_t)r * rb + (BLK) * b2;                     \
+                __m512i s16;                                                               \
+                __m128 dm;                                                                 \
+                dsib_kq4_pair_avx512(blk0, BLK, 1, &s16, &dm);                             \
+                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0);                            \
+                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0 + (BLK), b2 + 1, 1);                \
+            }                                                                              \
+        if (b2 < nb)                                                                       \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk0 = w + (size_t)r * rb + (BLK) * b2;                     \
+                __m512i s16;                                                               \
+                __m128 dm;                                                                 \
+                dsib_kq4_pair_avx512(blk0, BLK, 0, &s16, &dm);                             \
+                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0);                            \
+            }                                                                              \
+        DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
+    }
+/* Super-block b = half h of the pair at row r of DSIB_KQ4_TILE_AVX512, into set h. */
+#define DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk, b, h)                                       \
+    do {                                                                                   \
+        DSIB_PF(PF, blk, BLK);                                                             \
+        __m512i wv[4], sc[2];                                                              \
+        __m256i mn;                                                                        \
+        WDECODE(blk, wv);                                                                  \
+        dsib_kq4_scales_pair_avx512(s16, h, sc, &mn);                                      \
+        for (int t = 0; t < T; t++)                                                        \
+            acc[r][t][h] = dsib_kq_token_avx512(acc[r][t][h], wv, sc, mn, dm, h,           \
+                                                DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b),      \
+                                                DSIB_KQ_XD_(t, b));                        \
+    } while (0)
 
 /*
  * The whole AVX-512 tile of a type with 32-element blocks on DSIB_ACT_Q8_32 activations
@@ -246,21 +307,53 @@ DSIB_AI float dsib_ldf_(const char *p) {
 /* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
  * iq2_xxs.c / iq3_xxs.c / iq2_xs.c / iq2_s.c / iq3_s.c) ----------------------------------------- */
 
-/* Q4_K / Q5_K scales (the twelve packed bytes at sc12, activation order P = 0,2,1,3,4,6,5,7):
- * the scale pairs of dsib_kq_token_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks
- * P[0], P[2] / P[1], P[3]; of vectors 2, 3: P[4], P[6] / P[5], P[7] (vpermw over the 16
- * unpacked words: scales 0-7, mins 8-15) — and the mins doubled up to match the activation
- * sums per 16. */
-DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *sc12, __m512i sc[2], __m256i *mn) {
-    const __m256i s16 = _mm256_cvtepu8_epi16(dsib_q4k_scales_sse(sc12));
+/* The scales, mins and (d, dmin) of the super-blocks at blk and (when two) blk + BLK, laid
+ * out for dsib_kq4_scales_pair_avx512: s16 holds the 16 unpacked words of the first in words
+ * 0-15 and of the second in words 16-31 — in each 128-bit lane the operations of
+ * dsib_q4k_scales_sse (simd_avx2.h) on that super-block's bytes, so the same values; dm =
+ * (d, dmin) of the first, then of the second (zero without a second). */
+DSIB_AI void dsib_kq4_pair_avx512(const uint8_t *blk, size_t BLK, int two, __m512i *s16, __m128 *dm) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(blk + 4));
+    int32_t h0, h1 = 0;
+    memcpy(&h0, blk, 4);
+    __m256i v = _mm256_castsi128_si256(a);
+    if (two) {
+        v = _mm256_inserti128_si256(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + BLK + 4)), 1);
+        memcpy(&h1, blk + BLK, 4);
+    } else {
+        v = _mm256_inserti128_si256(v, _mm_setzero_si128(), 1);
+    }
+    const __m256i p1 = _mm256_shuffle_epi8(
+        v, _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+    const __m256i lo = _mm256_and_si256(
+        p1, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
+    const __m256i hn = _mm256_and_si256(
+        _mm256_srli_epi16(p1, 4),
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m256i p2 = _mm256_shuffle_epi8(
+        v, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+    const __m256i hi = _mm256_srli_epi16(_mm256_and_si256(p2, _mm256_set1_epi8((char)0xC0)), 2);
+    *s16 = _mm512_cvtepu8_epi16(_mm256_or_si256(_mm256_or_si256(lo, hn), hi));
+    *dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
+}
+
+/* Super-block h (0, 1) of a pair from dsib_kq4_pair_avx512's s16: the scale pairs and mins of
+ * dsib_kq_token_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks P[0], P[2] / P[1], P[3];
+ * of vectors 2, 3: P[4], P[6] / P[5], P[7] (vpermw over the 16 unpacked words: scales 0-7,
+ * mins 8-15) — and the mins doubled up to match the activation sums per 16; the second
+ * super-block's words are 16 further. */
+DSIB_AI void dsib_kq4_scales_pair_avx512(__m512i s16, int h, __m512i sc[2], __m256i *mn) {
+    const int o = 16 * h;
     sc[0] = _mm512_permutexvar_epi16(
-        _mm512_inserti64x4(_mm512_set1_epi32(0 | (1 << 16)), _mm256_set1_epi32(2 | (3 << 16)), 1),
-        _mm512_castsi256_si512(s16));
+        _mm512_inserti64x4(_mm512_set1_epi32((o + 0) | ((o + 1) << 16)), _mm256_set1_epi32((o + 2) | ((o + 3) << 16)), 1),
+        s16);
     sc[1] = _mm512_permutexvar_epi16(
-        _mm512_inserti64x4(_mm512_set1_epi32(4 | (5 << 16)), _mm256_set1_epi32(6 | (7 << 16)), 1),
-        _mm512_castsi256_si512(s16));
-    *mn = _mm256_permutexvar_epi16(
-        _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), s16);
+        _mm512_inserti64x4(_mm512_set1_epi32((o + 4) | ((o + 5) << 16)), _mm256_set1_epi32((o + 6) | ((o + 7) << 16)), 1),
+        s16);
+    *mn = _mm512_castsi512_si256(_mm512_permutexvar_epi16(
+        _mm512_castsi256_si512(_mm256_setr_epi16(o + 8, o + 8, o + 9, o + 9, o + 10, o + 10, o + 11, o + 11, o + 12,
+                                                 o + 12, o + 13, o + 13, o + 14, o + 14, o + 15, o + 15)),
+        s16));
 }
 
 /* The whole AVX-512 tile of a 256-element type whose codes sit at an offset sharing the
