@@ -123,6 +123,13 @@ DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m51
     return dsib_kq_acc_avx512(acc, S, M, dm, h, dx);
 }
 
+/* The accumulators of an AVX-512 tile of R rows and T tokens, zeroed: two sets per
+ * (row, token), the canonical order's step parity. */
+#define DSIB_TILE_ACC_AVX512_()                                                            \
+    __m512 acc[4][8][2]; /* [row][token][set] */                                           \
+    for (int r = 0; r < R; r++)                                                            \
+        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps()
+
 /* Where token t's quants, sums per 16 and scale of super-block b are (K-quant tiles): one
  * base pointer per token, the sums and scales at the row layout's fixed offsets from the
  * quants (act.c) — with three pointers per token, eight tokens left the 16 general
@@ -150,9 +157,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
 #define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE)                                             \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
-        for (int r = 0; r < R; r++)                                                        \
-            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        DSIB_TILE_ACC_AVX512_();                                                           \
         const int64_t nb = n_in / 256;                                                     \
         DSIB_KQ_XBASE_();                                                                  \
         for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
@@ -188,9 +193,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
 #define DSIB_KQ4_TILE_AVX512(NAME, BLK, WDECODE)                                           \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
-        for (int r = 0; r < R; r++)                                                        \
-            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        DSIB_TILE_ACC_AVX512_();                                                           \
         const int64_t nb = n_in / 256;                                                     \
         DSIB_KQ_XBASE_();                                                                  \
         int64_t b2 = 0;                                                                    \
@@ -249,9 +252,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
 #define DSIB_Q8_32_TILE_AVX512(NAME, BLK, WPAIR, SPAIR)                                    \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
-        for (int r = 0; r < R; r++)                                                        \
-            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        DSIB_TILE_ACC_AVX512_();                                                           \
         const int64_t nb = n_in / 32;                                                      \
         const int8_t *xq_[8];                                                              \
         for (int t = 0; t < T; t++) xq_[t] = x[t].q;                                       \
@@ -364,9 +365,7 @@ DSIB_AI void dsib_kq4_scales_pair_avx512(__m512i s16, int h, __m512i sc[2], __m2
 #define DSIB_KQO_TILE_AVX512(NAME, BLK, DECODE, DOFF, SH)                                  \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
-        __m512 acc[4][8][2]; /* [row][token][set] */                                       \
-        for (int r = 0; r < R; r++)                                                        \
-            for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();  \
+        DSIB_TILE_ACC_AVX512_();                                                           \
         const int64_t nb = n_in / 256;                                                     \
         const __m512i z = _mm512_setzero_si512();                                          \
         DSIB_KQ_XBASE_();                                                                  \
