@@ -64,6 +64,8 @@ typedef struct opts {
     const char *type;
     const char *isa;
     int bw_mib;
+    int bw_mib_given;      /* --bw-mib given: that buffer exactly, not raised to 8 x the LLC */
+    int cold_mib;          /* --cold-mib: the --kernels cold set (0: 256 MiB or 8 x the LLC) */
     int no_limits;
     int exact;
     int no_mmap;           /* --no-mmap: DSI_ACCESS_PREAD (weights read into library memory) */
@@ -106,6 +108,9 @@ static void usage(FILE *f) {
             "               of 256 columns)\n"
             "  --isa NAME   --kernels with this ISA path (scalar, avx2, avx512, avx512vnni)\n"
             "               instead of the one the library picked\n"
+            "  --cold-mib N --kernels: the matrices the cold figures cycle through, N MiB in all\n"
+            "               (default 256 or 8 x the last-level cache, the larger; below 8 x the\n"
+            "               LLC the cold figures partly come from the cache)\n"
             "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
             "  --prefetch N the CPU kernels' weight prefetch, N bytes ahead (0: off; default 4096) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
@@ -115,7 +120,8 @@ static void usage(FILE *f) {
             "               pages where the kernel allows) instead of mapping the file; the\n"
             "               Engram tables stay in the file, their rows read on demand\n"
             "  --resident   --no-mmap with the Engram tables read in too (DSI_MODEL_FLAG_RESIDENT)\n"
-            "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024)\n"
+            "  --bw-mib N   buffer of the read-bandwidth measurement (default 1024, raised to\n"
+            "               8 x the last-level cache; a given N is used as it is)\n"
             "  --no-limits  skip the bandwidth / FMA-peak measurements\n"
             "  --sessions L batch sizes of the serving frontier, e.g. 1,2,4,8 (-n decode steps,\n"
             "               default 32 here; prompts of 16 tokens)\n"
@@ -181,7 +187,15 @@ static int parse(int argc, char **argv, opts *o) {
                 return -1;
             }
         }
-        else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); }
+        else if (!strcmp(a, "--bw-mib")) { NEEDV; o->bw_mib = atoi(v); o->bw_mib_given = 1; }
+        else if (!strcmp(a, "--cold-mib")) {
+            NEEDV;
+            o->cold_mib = atoi(v);
+            if (o->cold_mib < 1 || o->cold_mib > (1 << 20)) {
+                fprintf(stderr, "dsinfer-bench: --cold-mib wants 1 .. 1048576 (MiB)\n");
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--sessions")) { NEEDV; o->sessions = v; }
         else if (!strcmp(a, "--ttft")) { NEEDV; o->ttft = atoi(v); }
         else if (!strcmp(a, "--cache-dir")) { NEEDV; o->cache_dir = v; }
@@ -242,7 +256,7 @@ static void measure_limits(const opts *o, dsib_threadpool *pool, limits *l) {
     if (o->no_limits) return;
     l->bw_bytes = (size_t)o->bw_mib << 20;
     size_t llc = bench_llc_bytes();
-    if (l->bw_bytes < 8 * llc) l->bw_bytes = 8 * llc;
+    if (!o->bw_mib_given && l->bw_bytes < 8 * llc) l->bw_bytes = 8 * llc;
     l->read_gbs = bench_read_bandwidth(pool, l->bw_bytes, 5, &l->read_gbs_cpu);
     l->fma_gflops = bench_fma_peak(pool, 3, &l->fma_gflops_cpu);
 }
@@ -338,15 +352,16 @@ static int run_kernels(const opts *o) {
     size_t llc = bench_llc_bytes();
     size_t target = (size_t)256 << 20;
     if (target < 8 * llc) target = 8 * llc;
+    if (o->cold_mib > 0) target = (size_t)o->cold_mib << 20; /* --cold-mib */
 
     if (o->json) {
         printf("{");
         print_build_json(stdout);
         printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"path\": \"%s\", \"threads\": %d, "
                "\"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], "
-               "\"kernels\": [",
+               "\"cold_mib\": %zu, \"kernels\": [",
                cpu, isa_name, path, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
-               (long long)n_in);
+               (long long)n_in, target >> 20);
     } else {
         printf("cpu: %s, kernels: %s, path: %s, threads: %d\n", cpu, isa_name, path, o->t);
         if (!o->no_limits)

@@ -112,13 +112,14 @@ def main():
     isa = "avx2" if " avx2" in flags and " fma" in flags else "scalar"
     for t in ("q4_0", "q4_1", "q4_k", "iq2_xxs"):
         cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--isa", isa, "--type", t,
-               "--shape", "256x1024", "--json"]
+               "--shape", "256x1024", "--cold-mib", "24", "--json"]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
         k = json.loads(r.stdout)
         row = k.get("kernels", [{}])[0]
-        if (k.get("isa") != isa or row.get("type") != t or not row.get("tg_gbs", 0) > 0
+        if (k.get("isa") != isa or k.get("cold_mib") != 24 or row.get("type") != t
+                or not row.get("tg_gbs", 0) > 0
                 or not row.get("ntok4_gbs", 0) > 0 or not row.get("ntok8_gbs", 0) > 0):
             fail("--kernels --isa %s --type %s: %r" % (isa, t, r.stdout[:400]))
         print("--kernels --isa %s --type %s: %.2f GB/s" % (isa, t, row["tg_gbs"]))
