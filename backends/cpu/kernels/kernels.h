@@ -270,5 +270,10 @@ extern int32_t dsib_kern_prefetch;
  * plain AVX-512 ones. Same results; for tests and A/B benchmarks, set before any matmul
  * runs. */
 extern int32_t dsib_kern_iq2_vbmi;
+/* Q2_K, Q4_K and Q5_K on the AVX-512 VNNI path: 1 (default) = their AVX512_VBMI2 tiles (the
+ * pairs of lane sums without a blend, simd_avx512.h DSIB_KQ_S_VB2_) where the CPU has it,
+ * 0 = the plain ones. Same results; for tests and A/B benchmarks, set before any matmul
+ * runs. */
+extern int32_t dsib_kern_kq_vbmi2;
 
 #endif /* DSIB_CPU_KERNELS_H */

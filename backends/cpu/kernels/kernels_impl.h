@@ -131,6 +131,9 @@ extern const dsib_kern_qtype dsib_kq_iq3_s;
 /* 1 if the CPU has AVX512_VBMI (iq2_xxs.c; the IQ types' VBMI variants run where it is
  * set and dsib_kern_iq2_vbmi is). */
 int dsib_kern_cpu_vbmi(void);
+/* 1 if the CPU has AVX512_VBMI2 (q4_k.c; the Q2_K / Q4_K / Q5_K VB2 tiles run where it is
+ * set and dsib_kern_kq_vbmi2 is). */
+int dsib_kern_cpu_vbmi2(void);
 #endif
 extern const dsib_kern_qtype dsib_kq_iq1_s;
 extern const dsib_kern_qtype dsib_kq_iq1_m;
@@ -166,6 +169,7 @@ const uint8_t *dsib_act_perm(int32_t fmt);
 #define DSIB_TGT_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define DSIB_TGT_AVX512VNNI "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
 #define DSIB_TGT_AVX512VBMI "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c"
+#define DSIB_TGT_AVX512VBMI2 "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi2,avx2,fma,f16c"
 #define DSIB_TGT_AMX                                                                       \
     "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8"
 #define DSIB_AI static inline __attribute__((always_inline))

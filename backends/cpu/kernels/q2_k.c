@@ -118,14 +118,28 @@ DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
     *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
     *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX512(q2_k_tile_avx512, 84, q2_k_decode_avx512)
+DSIB_KQ_TILE_AVX512(q2_k_tile_avx512, 84, q2_k_decode_avx512, 0)
 
 DSIB_QROWS_DEFINE_RT8(q2_k_rows_avx512, q2_k_tile_avx512, 2)
 
 DSIB_TARGET_POP
 
+/* AVX512_VBMI2: the pairs of lane sums without a blend (simd_avx512.h DSIB_KQ_S_VB2_). */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX512VBMI2)
+DSIB_KQ_TILE_AVX512(q2_k_tile_vb2, 84, q2_k_decode_avx512, 1)
+DSIB_QROWS_DEFINE_RT8(q2_k_rows_vb2, q2_k_tile_vb2, 2)
+DSIB_TARGET_POP
+
+static void q2_k_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                                 const dsib_qrow *x, float *const *yp, int n) {
+    if (dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
+        q2_k_rows_vb2(w, rb, n_in, o0, o1, x, yp, n);
+    else
+        q2_k_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);
+}
+
 const dsib_kern_qtype dsib_kq_q2_k = {
-    DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar, q2_k_rows_avx2, NULL, q2_k_rows_avx512}};
+    DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar, q2_k_rows_avx2, NULL, q2_k_rows_avx512_any}};
 
 #else
 

@@ -21,6 +21,10 @@
 #include "backends/cpu/kernels/kernels_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
+
+/* kernels.h: defined on every architecture (tests set it), used on x86-64 */
+int32_t dsib_kern_kq_vbmi2 = 1;
 
 static const uint8_t q4k_perm[8] = {0, 2, 1, 3, 4, 6, 5, 7};
 
@@ -97,14 +101,39 @@ DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
     wv[2] = _mm512_and_si512(q1, m4);
     wv[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
 }
-DSIB_KQ4_TILE_AVX512(q4_k_tile_avx512, 144, q4_k_wdecode_avx512)
+DSIB_KQ4_TILE_AVX512(q4_k_tile_avx512, 144, q4_k_wdecode_avx512, 0)
 
 DSIB_QROWS_DEFINE_RT8(q4_k_rows_avx512, q4_k_tile_avx512, 2)
 
 DSIB_TARGET_POP
 
+/* AVX512_VBMI2: the pairs of lane sums without a blend (simd_avx512.h DSIB_KQ_S_VB2_). */
+DSIB_TARGET_PUSH(DSIB_TGT_AVX512VBMI2)
+DSIB_KQ4_TILE_AVX512(q4_k_tile_vb2, 144, q4_k_wdecode_avx512, 1)
+DSIB_QROWS_DEFINE_RT8(q4_k_rows_vb2, q4_k_tile_vb2, 2)
+DSIB_TARGET_POP
+
+int dsib_kern_cpu_vbmi2(void) {
+    static atomic_int has = -1;
+    int v = atomic_load_explicit(&has, memory_order_relaxed);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi2") ? 1 : 0;
+        atomic_store_explicit(&has, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+static void q4_k_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                                 const dsib_qrow *x, float *const *yp, int n) {
+    if (dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
+        q4_k_rows_vb2(w, rb, n_in, o0, o1, x, yp, n);
+    else
+        q4_k_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);
+}
+
 const dsib_kern_qtype dsib_kq_q4_k = {
-    DSI_TYPE_Q4_K, DSIB_ACT_Q8_K_P4, {q4_k_rows_scalar, q4_k_rows_avx2, NULL, q4_k_rows_avx512}};
+    DSI_TYPE_Q4_K, DSIB_ACT_Q8_K_P4, {q4_k_rows_scalar, q4_k_rows_avx2, NULL, q4_k_rows_avx512_any}};
 
 #else
 

@@ -109,19 +109,57 @@ DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dm, i
  * with one dpwssd per pair: S[j] = Σ_v sc_v[j] · (wv_v · q_v)[j] exactly. M = mins · sums,
  * then the epilogue above. (Pairing the scales halves the scale shuffles and the
  * multiply-port work of maddubs + dpwssd per vector: +5-17 % decode per core, docs/performance.md.) */
-DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[2],
-                                    __m256i mn, __m128 dm, int h, const int8_t *xq,
-                                    const int16_t *xs, float dx) {
+DSIB_AI __m512i dsib_kq_s_avx512(const __m512i wv[4], const __m512i sc[2], const int8_t *xq) {
     const __m512i z = _mm512_setzero_si512();
     const __m512i i0 = _mm512_dpbusd_epi32(z, wv[0], _mm512_loadu_si512(xq));
     const __m512i i1 = _mm512_dpbusd_epi32(z, wv[1], _mm512_loadu_si512(xq + 64));
     const __m512i i2 = _mm512_dpbusd_epi32(z, wv[2], _mm512_loadu_si512(xq + 128));
     const __m512i i3 = _mm512_dpbusd_epi32(z, wv[3], _mm512_loadu_si512(xq + 192));
     __m512i S = _mm512_dpwssd_epi32(z, _mm512_mask_blend_epi16(0xAAAAAAAAu, i0, _mm512_slli_epi32(i1, 16)), sc[0]);
-    S = _mm512_dpwssd_epi32(S, _mm512_mask_blend_epi16(0xAAAAAAAAu, i2, _mm512_slli_epi32(i3, 16)), sc[1]);
-    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(const void *)xs));
-    return dsib_kq_acc_avx512(acc, S, M, dm, h, dx);
+    return _mm512_dpwssd_epi32(S, _mm512_mask_blend_epi16(0xAAAAAAAAu, i2, _mm512_slli_epi32(i3, 16)), sc[1]);
 }
+DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[2],
+                                    __m256i mn, __m128 dm, int h, const int8_t *xq,
+                                    const int16_t *xs, float dx) {
+    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(const void *)xs));
+    return dsib_kq_acc_avx512(acc, dsib_kq_s_avx512(wv, sc, xq), M, dm, h, dx);
+}
+
+/*
+ * The same S with AVX512_VBMI2 (Ice Lake and later, Zen 4; not every AVX-512 VNNI CPU:
+ * Cascade Lake lacks it), used by the K-quant tiles' VB2 variants. The two sums of a pair go
+ * into one int32 lane without a blend: vpshldd shifts hi's sums into the high word and puts
+ * a bias B = 2^14 in the low word, then lo's products are accumulated on top, giving
+ * 2^16·hi + (B + lo). vpdpwssd reads that lane as the signed words (B + lo, hi) exactly when
+ * 0 <= B + lo < 2^15 — |lo| <= 15748 for Q2_K, Q4_K and Q5_K (codes below 32, |q| <= 127,
+ * four products) — so the pair's dpwssd gives sc_lo·(lo + B) + sc_hi·hi, and S starts at
+ * S0 = −B·(sc0_lo + sc1_lo), once per row and super-block (DSIB_KQ_S0_VB2_). The integers
+ * are those of the blend form; without the bias the low word's sign borrows from the high
+ * word (hi − 1 whenever lo < 0: docs/performance.md 4.00000000000000000000). One blend and
+ * one zeroed register fewer per pair and token.
+ */
+#define DSIB_KQ_VB2_BIAS 16384
+#define DSIB_KQ_P_VB2_(wlo, xlo, whi, xhi)                                                 \
+    _mm512_dpbusd_epi32(                                                                   \
+        _mm512_shldi_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), (whi), _mm512_loadu_si512(xhi)), \
+                           _mm512_set1_epi32(DSIB_KQ_VB2_BIAS << 16), 16),                 \
+        (wlo), _mm512_loadu_si512(xlo))
+#define DSIB_KQ_S0_VB2_(sc)                                                                \
+    _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32(0xFFFF & -DSIB_KQ_VB2_BIAS), \
+                                            (sc)[0]),                                      \
+                        _mm512_set1_epi32(0xFFFF & -DSIB_KQ_VB2_BIAS), (sc)[1])
+#define DSIB_KQ_S_VB2_(S0, wv, sc, xq)                                                     \
+    _mm512_dpwssd_epi32(_mm512_dpwssd_epi32((S0), DSIB_KQ_P_VB2_((wv)[0], (xq), (wv)[1], (xq) + 64), (sc)[0]), \
+                        DSIB_KQ_P_VB2_((wv)[2], (xq) + 128, (wv)[3], (xq) + 192), (sc)[1])
+/* S of token t in the tiles: VB = 0 the blend form, 1 the VBMI2 form (S0 from the row). */
+#define DSIB_KQ_S0_AVX512_0(sc) _mm512_setzero_si512()
+#define DSIB_KQ_S0_AVX512_1(sc) DSIB_KQ_S0_VB2_(sc)
+#define DSIB_KQ_S_AVX512_0(S0, wv, sc, xq) dsib_kq_s_avx512(wv, sc, xq)
+#define DSIB_KQ_S_AVX512_1(S0, wv, sc, xq) DSIB_KQ_S_VB2_(S0, wv, sc, xq)
+#define DSIB_KQ_TOKEN_AVX512_(VB, acc, wv, sc, S0, mn, dm, h, xq, xs, dx)                   \
+    dsib_kq_acc_avx512((acc), DSIB_KQ_S_AVX512_##VB(S0, wv, sc, xq),                       \
+                       _mm256_madd_epi16((mn), _mm256_loadu_si256((const __m256i *)(const void *)(xs))), \
+                       (dm), (h), (dx))
 
 /* The accumulators of an AVX-512 tile of R rows and T tokens, zeroed: two sets per
  * (row, token), the canonical order's step parity. */
@@ -154,7 +192,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
  * gives the super-block's four weight vectors (unsigned quants), the two scale-pair vectors
  * of dsib_kq_token_avx512 (vectors 0 / 1 and 2 / 3), the 16 mins as int16 in the
  * order of the activation sums (so mn · sums gives M), and (d, dmin). */
-#define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE)                                             \
+#define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE, VB)                                         \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
         DSIB_TILE_ACC_AVX512_();                                                           \
@@ -170,10 +208,12 @@ DSIB_AI float dsib_ldf_(const char *p) {
                 __m128 dmw;                                                                \
                 DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, BLK);                          \
                 DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
+                const __m512i S0 = DSIB_KQ_S0_AVX512_##VB(sc);                             \
+                (void)S0;                                                                  \
                 for (int t = 0; t < T; t++)                                                \
-                    acc[r][t][u] = dsib_kq_token_avx512(acc[r][t][u], wv, sc, mn, dmw, 0,     \
-                                                        DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b), \
-                                                        DSIB_KQ_XD_(t, b));                \
+                    acc[r][t][u] = DSIB_KQ_TOKEN_AVX512_(VB, acc[r][t][u], wv, sc, S0, mn, dmw, 0, \
+                                                         DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b), \
+                                                         DSIB_KQ_XD_(t, b));               \
             }                                                                              \
         }                                                                                  \
         DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
@@ -190,7 +230,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
  * Every value and every floating-point operation of a (row, token) is the same: same bits
  * (test_cpukernels: Q4_K at 256 / 512 / 2304 columns, Q5_K at 256 / 768 / 2048, odd
  * super-block counts included). */
-#define DSIB_KQ4_TILE_AVX512(NAME, BLK, WDECODE)                                           \
+#define DSIB_KQ4_TILE_AVX512(NAME, BLK, WDECODE, VB)                                       \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
         DSIB_TILE_ACC_AVX512_();                                                           \
@@ -203,8 +243,8 @@ DSIB_AI float dsib_ldf_(const char *p) {
                 __m512i s16;                                                               \
                 __m128 dm;                                                                 \
                 dsib_kq4_pair_avx512(blk0, BLK, 1, &s16, &dm);                             \
-                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0);                            \
-                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0 + (BLK), b2 + 1, 1);                \
+                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0, VB);                        \
+                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0 + (BLK), b2 + 1, 1, VB);            \
             }                                                                              \
         if (b2 < nb)                                                                       \
             for (int r = 0; r < R; r++) {                                                  \
@@ -212,22 +252,24 @@ DSIB_AI float dsib_ldf_(const char *p) {
                 __m512i s16;                                                               \
                 __m128 dm;                                                                 \
                 dsib_kq4_pair_avx512(blk0, BLK, 0, &s16, &dm);                             \
-                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0);                            \
+                DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0, VB);                        \
             }                                                                              \
         DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
     }
 /* Super-block b = half h of the pair at row r of DSIB_KQ4_TILE_AVX512, into set h. */
-#define DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk, b, h)                                       \
+#define DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk, b, h, VB)                                   \
     do {                                                                                   \
         DSIB_PF(PF, blk, BLK);                                                             \
         __m512i wv[4], sc[2];                                                              \
         __m256i mn;                                                                        \
         WDECODE(blk, wv);                                                                  \
         dsib_kq4_scales_pair_avx512(s16, h, sc, &mn);                                      \
+        const __m512i S0 = DSIB_KQ_S0_AVX512_##VB(sc);                                     \
+        (void)S0;                                                                          \
         for (int t = 0; t < T; t++)                                                        \
-            acc[r][t][h] = dsib_kq_token_avx512(acc[r][t][h], wv, sc, mn, dm, h,           \
-                                                DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b),      \
-                                                DSIB_KQ_XD_(t, b));                        \
+            acc[r][t][h] = DSIB_KQ_TOKEN_AVX512_(VB, acc[r][t][h], wv, sc, S0, mn, dm, h,  \
+                                                 DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b),     \
+                                                 DSIB_KQ_XD_(t, b));                       \
     } while (0)
 
 /*

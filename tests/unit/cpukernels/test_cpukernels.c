@@ -869,7 +869,8 @@ static void test_act_quantize(void **state) {
 /* ---- across ISAs -------------------------------------------------------------------------- */
 
 /* The default path gives the same bits on every ISA (its integer sums are exact and its
- * float part is one fixed sequence); the exact path's ISAs agree within their tolerances. */
+ * float part is one fixed sequence); the exact path's ISAs agree within their tolerances.
+ * Six tokens (tiles of four and two) and nine (eight and one), 16 rows. */
 static void test_cross_isa(void **state) {
     (void)state;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -877,25 +878,29 @@ static void test_cross_isa(void **state) {
     print_message("IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S on AVX-512 VNNI: %s\n",
                   __builtin_cpu_supports("avx512vbmi") ? "the VBMI and the plain variants"
                                                        : "the plain variants (no AVX512_VBMI here)");
+    print_message("Q2_K, Q4_K, Q5_K on AVX-512 VNNI: %s\n",
+                  __builtin_cpu_supports("avx512vbmi2") ? "the VBMI2 and the plain variants"
+                                                        : "the plain variants (no AVX512_VBMI2 here)");
 #endif
     const dsib_kern_table *sc = dsib_kern_table_for(DSIB_ISA_SCALAR);
     int others = 0;
     for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) others += dsib_kern_table_for(isa) != NULL;
     if (!others) DSIT_SKIP_TEST("ISA", "no SIMD path on this CPU/build");
     for (size_t si = 0; si < N_SHAPES; si++) {
-        for (int ni = 0; ni < 3; ni++) {
+        for (int nti = 0; nti < 2 * 3; nti++) {
+            const int ni = nti % 3, nt = nti < 3 ? 6 : 9, ny = 16 * nt;
             problem p;
-            problem_make(&p, shapes[si].type, shapes[si].n_in[ni], 16, 6);
+            problem_make(&p, shapes[si].type, shapes[si].n_in[ni], 16, nt);
             size_t as = 0;
             void *act = p.fmt != DSIB_ACT_F32 ? quantize_all(sc, &p, &as) : NULL;
-            float ys[2][96], yv[96];
-            run_rows(sc, PATH_EXACT, &p, act, as, 0, 16, 0, 6, ys[0], 16);
-            run_rows(sc, PATH_DEFAULT, &p, act, as, 0, 16, 0, 6, ys[1], 16);
+            float ys[2][144], yv[144];
+            run_rows(sc, PATH_EXACT, &p, act, as, 0, 16, 0, nt, ys[0], 16);
+            run_rows(sc, PATH_DEFAULT, &p, act, as, 0, 16, 0, nt, ys[1], 16);
             for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) {
                 const dsib_kern_table *kt = dsib_kern_table_for(isa);
                 if (!kt) continue;
-                run_rows(kt, PATH_EXACT, &p, act, as, 0, 16, 0, 6, yv, 16);
-                for (int i = 0; i < 96; i++)
+                run_rows(kt, PATH_EXACT, &p, act, as, 0, 16, 0, nt, yv, 16);
+                for (int i = 0; i < ny; i++)
                     assert_true(fabs((double)ys[0][i] - yv[i]) <= 2 * tol_exact(&p, i));
                 if (p.fmt == DSIB_ACT_F32) continue;
                 /* AMX's Q8_0 has its own order: test_amx_blocksum checks it bit for bit. */
@@ -906,15 +911,20 @@ static void test_cross_isa(void **state) {
                 const int has_vbmi = p.type == DSI_TYPE_IQ2_XXS || p.type == DSI_TYPE_IQ2_XS ||
                                      p.type == DSI_TYPE_IQ2_S || p.type == DSI_TYPE_IQ3_XXS ||
                                      p.type == DSI_TYPE_IQ3_S;
-                const int variants = has_vbmi && isa >= DSIB_ISA_AVX512VNNI ? 2 : 1;
+                /* Q2_K, Q4_K, Q5_K on AVX-512 VNNI: the VBMI2 variant (where the CPU has it)
+                 * and the plain one (dsib_kern_kq_vbmi2) */
+                const int has_vbmi2 = p.type == DSI_TYPE_Q2_K || p.type == DSI_TYPE_Q4_K ||
+                                      p.type == DSI_TYPE_Q5_K;
+                const int variants = (has_vbmi || has_vbmi2) && isa >= DSIB_ISA_AVX512VNNI ? 2 : 1;
                 for (int v = 0; v < variants; v++) {
-                    dsib_kern_iq2_vbmi = v == 0;
-                    run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, 16, 0, 6, yv, 16);
-                    if (memcmp(ys[1], yv, sizeof yv))
-                        fail_msg("type %d n_in %lld: default path on %s%s differs from scalar", (int)p.type,
-                                 (long long)p.n_in, kt->name, variants == 2 && v == 1 ? " (no VBMI)" : "");
+                    dsib_kern_iq2_vbmi = dsib_kern_kq_vbmi2 = v == 0;
+                    run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, 16, 0, nt, yv, 16);
+                    if (memcmp(ys[1], yv, sizeof(float) * (size_t)ny))
+                        fail_msg("type %d n_in %lld n_tok %d: default path on %s%s differs from scalar",
+                                 (int)p.type, (long long)p.n_in, nt, kt->name,
+                                 variants == 2 && v == 1 ? (has_vbmi ? " (no VBMI)" : " (no VBMI2)") : "");
                 }
-                dsib_kern_iq2_vbmi = 1;
+                dsib_kern_iq2_vbmi = dsib_kern_kq_vbmi2 = 1;
                 free(a2);
             }
             free(act);
