@@ -483,4 +483,16 @@ static inline void dsib_q8_32_step_scalar(float acc[2][16], int64_t b, float s, 
             for (int t = 0; t < n; t++) yp[t][o] = DOT(w + (size_t)o * rb, n_in, &x[t]);   \
     }
 
+/* A row function that runs FAST where COND holds (a CPU feature and its test knob, checked
+ * per call) and PLAIN elsewhere: the AVX-512 VNNI entries of the types with a VBMI / VBMI2
+ * variant (q2_k.c, q4_k.c, q5_k.c). */
+#define DSIB_QROWS_VARIANT(NAME, FAST, PLAIN, COND)                                        \
+    static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
+                     const dsib_qrow *x, float *const *yp, int n) {                        \
+        if (COND)                                                                          \
+            FAST(w, rb, n_in, o0, o1, x, yp, n);                                           \
+        else                                                                               \
+            PLAIN(w, rb, n_in, o0, o1, x, yp, n);                                          \
+    }
+
 #endif /* DSIB_CPU_KERNELS_IMPL_H */

@@ -130,13 +130,8 @@ DSIB_KQ_TILE_AVX512(q2_k_tile_vb2, 84, q2_k_decode_avx512, 1)
 DSIB_QROWS_DEFINE_RT8(q2_k_rows_vb2, q2_k_tile_vb2, 2)
 DSIB_TARGET_POP
 
-static void q2_k_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
-                                 const dsib_qrow *x, float *const *yp, int n) {
-    if (dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
-        q2_k_rows_vb2(w, rb, n_in, o0, o1, x, yp, n);
-    else
-        q2_k_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);
-}
+DSIB_QROWS_VARIANT(q2_k_rows_avx512_any, q2_k_rows_vb2, q2_k_rows_avx512,
+                   dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
 
 const dsib_kern_qtype dsib_kq_q2_k = {
     DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar, q2_k_rows_avx2, NULL, q2_k_rows_avx512_any}};

@@ -124,13 +124,8 @@ int dsib_kern_cpu_vbmi2(void) {
     return v;
 }
 
-static void q4_k_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
-                                 const dsib_qrow *x, float *const *yp, int n) {
-    if (dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
-        q4_k_rows_vb2(w, rb, n_in, o0, o1, x, yp, n);
-    else
-        q4_k_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);
-}
+DSIB_QROWS_VARIANT(q4_k_rows_avx512_any, q4_k_rows_vb2, q4_k_rows_avx512,
+                   dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
 
 const dsib_kern_qtype dsib_kq_q4_k = {
     DSI_TYPE_Q4_K, DSIB_ACT_Q8_K_P4, {q4_k_rows_scalar, q4_k_rows_avx2, NULL, q4_k_rows_avx512_any}};

@@ -125,13 +125,8 @@ DSIB_KQ4_TILE_AVX512(q5_k_tile_vb2, 176, q5_k_wdecode_avx512, 1)
 DSIB_QROWS_DEFINE_RT8(q5_k_rows_vb2, q5_k_tile_vb2, 2)
 DSIB_TARGET_POP
 
-static void q5_k_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
-                                 const dsib_qrow *x, float *const *yp, int n) {
-    if (dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
-        q5_k_rows_vb2(w, rb, n_in, o0, o1, x, yp, n);
-    else
-        q5_k_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);
-}
+DSIB_QROWS_VARIANT(q5_k_rows_avx512_any, q5_k_rows_vb2, q5_k_rows_avx512,
+                   dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
 
 const dsib_kern_qtype dsib_kq_q5_k = {
     DSIB_TYPE_Q5_K, DSIB_ACT_Q8_K_P4, {q5_k_rows_scalar, q5_k_rows_avx2, NULL, q5_k_rows_avx512_any}};
