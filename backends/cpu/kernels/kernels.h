@@ -41,7 +41,10 @@
  * scalar (portable C, always), AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ) and AVX-512 + VNNI on
  * x86-64, chosen once per process by CPU detection (the first call fixes it); AMX (Q8_0 in
  * its own block-sum order, q8_0.c; other types use the VNNI kernels) only with
- * DSINFER_CPU_AMX=1, so on that path Q8_0 is not bit-identical to the others. The SIMD
+ * DSINFER_CPU_AMX=1, so on that path Q8_0 is not bit-identical to the others. Inside the
+ * AVX-512 VNNI path the IQ grid types take AVX512_VBMI variants and Q2_K / Q4_K / Q5_K
+ * AVX512_VBMI2 ones where the CPU has them (same bits; dsib_kern_iq2_vbmi and
+ * dsib_kern_kq_vbmi2 below select the plain ones for tests). The SIMD
  * code is compiled per function for its target, so the library runs on any x86-64. Tests
  * reach a specific path through dsib_kern_table_for().
  *

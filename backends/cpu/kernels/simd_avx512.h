@@ -191,7 +191,9 @@ DSIB_AI float dsib_ldf_(const char *p) {
  * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
  * gives the super-block's four weight vectors (unsigned quants), the two scale-pair vectors
  * of dsib_kq_token_avx512 (vectors 0 / 1 and 2 / 3), the 16 mins as int16 in the
- * order of the activation sums (so mn · sums gives M), and (d, dmin). */
+ * order of the activation sums (so mn · sums gives M), and (d, dmin). VB: 0 pairs the lane
+ * sums with a blend (dsib_kq_s_avx512), 1 with AVX512_VBMI2 (DSIB_KQ_S_VB2_; instantiate
+ * inside a DSIB_TGT_AVX512VBMI2 region). */
 #define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE, VB)                                         \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
@@ -380,7 +382,8 @@ DSIB_AI void dsib_kq4_pair_avx512(const uint8_t *blk, size_t BLK, int two, __m51
     *dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
 }
 
-/* Super-block h (0, 1) of a pair from dsib_kq4_pair_avx512's s16: the scale pairs and mins of
+/* Super-block h (0, 1) of a pair from dsib_kq4_pair_avx512's s16 (activation order P =
+ * 0,2,1,3,4,6,5,7): the scale pairs and mins of
  * dsib_kq_token_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks P[0], P[2] / P[1], P[3];
  * of vectors 2, 3: P[4], P[6] / P[5], P[7] (vpermw over the 16 unpacked words: scales 0-7,
  * mins 8-15) — and the mins doubled up to match the activation sums per 16; the second
