@@ -289,7 +289,7 @@ DSIB_AI void iq1_grid_avx512(const uint16_t *ix, __m512i raw[4]) {
 
 /* IQ1_S for IQ1_TILE_AVX512: the 32 grid indices of the super-block at blk (word k: group
  * k); its decode from them (vector v = sub-blocks 2v, 2v+1), the odd scales as the scale
- * pairs of dsib_kq_token_avx512 (dword j of sc[0]: sub-blocks j/8, 2 + j/8; of sc[1]:
+ * pairs of dsib_kq_s_avx512 (dword j of sc[0]: sub-blocks j/8, 2 + j/8; of sc[1]:
  * 4 + j/8, 6 + j/8). */
 DSIB_AI __m512i iq1_s_idx_avx512(const uint8_t *blk) {
     const __m128i qh = _mm_loadu_si128((const __m128i *)(blk + 34));

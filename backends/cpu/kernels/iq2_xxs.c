@@ -205,16 +205,7 @@ DSIB_TARGET_POP
  * check serve the VBMI variants of iq2_xs.c, iq2_s.c, iq3_xxs.c and iq3_s.c too. */
 int32_t dsib_kern_iq2_vbmi = 1;
 
-int dsib_kern_cpu_vbmi(void) {
-    static atomic_int has = -1;
-    int v = atomic_load_explicit(&has, memory_order_relaxed);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-        atomic_store_explicit(&has, v, memory_order_relaxed);
-    }
-    return v;
-}
+DSIB_CPU_FEATURE_FN(dsib_kern_cpu_vbmi, "avx512vbmi")
 
 static void iq2_xxs_rows_avx512_any(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
                                     const dsib_qrow *x, float *const *yp, int n) {

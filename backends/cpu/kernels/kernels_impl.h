@@ -483,6 +483,19 @@ static inline void dsib_q8_32_step_scalar(float acc[2][16], int64_t b, float s, 
             for (int t = 0; t < n; t++) yp[t][o] = DOT(w + (size_t)o * rb, n_in, &x[t]);   \
     }
 
+/* int NAME(void): 1 if the CPU has FEAT (a __builtin_cpu_supports name), asked once. */
+#define DSIB_CPU_FEATURE_FN(NAME, FEAT)                                                    \
+    int NAME(void) {                                                                       \
+        static atomic_int has = -1;                                                        \
+        int v = atomic_load_explicit(&has, memory_order_relaxed);                          \
+        if (v < 0) {                                                                       \
+            __builtin_cpu_init();                                                          \
+            v = __builtin_cpu_supports(FEAT) ? 1 : 0;                                      \
+            atomic_store_explicit(&has, v, memory_order_relaxed);                          \
+        }                                                                                  \
+        return v;                                                                          \
+    }
+
 /* A row function that runs FAST where COND holds (a CPU feature and its test knob, checked
  * per call) and PLAIN elsewhere: the AVX-512 VNNI entries of the types with a VBMI / VBMI2
  * variant (q2_k.c, q4_k.c, q5_k.c). */

@@ -90,7 +90,7 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Super-block decode for DSIB_KQ_TILE_AVX512: vector s = 2-bit field s of qs[0..64); its
  * 16-byte quarters are the sub-blocks 2s, 2s+1, 8+2s, 9+2s, whose scales pshufb spreads
- * over the quarter's 4 int32 lanes, paired per dsib_kq_token_avx512 (vectors 0 / 1, 2 / 3),
+ * over the quarter's 4 int32 lanes, paired per dsib_kq_s_avx512 (vectors 0 / 1, 2 / 3),
  * from the scale bytes broadcast to every 128-bit lane; the mins are in natural order, like
  * the activation sums. */
 DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *mn,
@@ -101,7 +101,7 @@ DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
     const __m512i sc4 = _mm512_broadcast_i32x4(_mm_and_si128(scb, m4));
     const __m512i q = _mm512_loadu_si512(blk + 16);
     for (int s = 0; s < 4; s++) wv[s] = _mm512_and_si512(s ? _mm512_srli_epi16(q, 2 * s) : q, m3);
-    /* scale pairs (dsib_kq_token_avx512): in quarter c of vectors s, s + 1 (s = 0, 2) the
+    /* scale pairs (dsib_kq_s_avx512): in quarter c of vectors s, s + 1 (s = 0, 2) the
      * sub-blocks g(s, c), g(s + 1, c), zero-extended to words */
     for (int p = 0; p < 2; p++) {
         const int s0 = 2 * p, s1 = 2 * p + 1;

@@ -128,7 +128,7 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Super-block decode: vector s = field s of qs[0..64) plus bit s (bytes 0-31) / 4 + s
  * (bytes 32-63) of hmask (broadcast to both halves, a variable word shift per half), the
- * scale pairs of dsib_kq_token_avx512's layout (vectors 0 / 1, 2 / 3; lane j of vector s in
+ * scale pairs of dsib_kq_s_avx512's layout (vectors 0 / 1, 2 / 3; lane j of vector s in
  * sub-block g(s, j/4)), all 16 scales as int16 for M. */
 DSIB_AI void q3_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *scw) {
     const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);

@@ -90,7 +90,7 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Weight decode for DSIB_KQ4_TILE_AVX512: vector v = low (v even) / high (v odd) nibbles of
  * qs[64·(v/2)..]; its int32 lanes 0-7 use the scale of sub-block P[2v], 8-15 that of
- * P[2v+1], paired per dsib_kq_token_avx512 (dsib_kq4_scales_pair_avx512: vpermw over the 16
+ * P[2v+1], paired per dsib_kq_s_avx512 (dsib_kq4_scales_pair_avx512: vpermw over the 16
  * unpacked words, scales 0-7, mins 8-15); the mins are doubled up to match the activation
  * sums per 16. */
 DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
@@ -113,16 +113,7 @@ DSIB_KQ4_TILE_AVX512(q4_k_tile_vb2, 144, q4_k_wdecode_avx512, 1)
 DSIB_QROWS_DEFINE_RT8(q4_k_rows_vb2, q4_k_tile_vb2, 2)
 DSIB_TARGET_POP
 
-int dsib_kern_cpu_vbmi2(void) {
-    static atomic_int has = -1;
-    int v = atomic_load_explicit(&has, memory_order_relaxed);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512vbmi2") ? 1 : 0;
-        atomic_store_explicit(&has, v, memory_order_relaxed);
-    }
-    return v;
-}
+DSIB_CPU_FEATURE_FN(dsib_kern_cpu_vbmi2, "avx512vbmi2")
 
 DSIB_QROWS_VARIANT(q4_k_rows_avx512_any, q4_k_rows_vb2, q4_k_rows_avx512,
                    dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())

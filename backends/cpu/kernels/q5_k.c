@@ -92,7 +92,7 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Weight decode for DSIB_KQ4_TILE_AVX512: vector v = low (v even) / high (v odd) nibbles
  * of qs[64·(v/2)..] with their fifth bits; its int32 lanes 0-7 use the scale of sub-block
- * P[2v], 8-15 that of P[2v+1], paired per dsib_kq_token_avx512 (dsib_kq4_scales_pair_avx512:
+ * P[2v], 8-15 that of P[2v+1], paired per dsib_kq_s_avx512 (dsib_kq4_scales_pair_avx512:
  * vpermw over the 16 unpacked words, scales 0-7, mins 8-15); the mins are doubled up to
  * match the activation sums per 16. */
 DSIB_AI void q5_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {

@@ -105,7 +105,7 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* Super-block decode: wv[v] = the codes of elements 64v .. 64v+63 (v = 2h: k = 0, 1; v =
  * 2h + 1: k = 2, 3 — qh broadcast to both halves, shifted per half by a variable word
- * shift), the scale pairs of dsib_kq_token_avx512's layout (vectors 0 / 1, 2 / 3: int32 lane
+ * shift), the scale pairs of dsib_kq_s_avx512's layout (vectors 0 / 1, 2 / 3: int32 lane
  * j = the scale of the first vector's lane j in the low word, the second's in the high
  * word), and all 16 scales as int16 for M. */
 DSIB_AI void q6_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *scw) {

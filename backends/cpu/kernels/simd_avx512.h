@@ -102,12 +102,12 @@ DSIB_AI __m512 dsib_kq_acc_avx512(__m512 acc, __m512i S, __m256i M, __m128 dm, i
                             _mm512_cvtepi32_ps(_mm512_zextsi256_si512(M)), acc);
 }
 
-/* One token of a K-quant super-block b: the exact lane sums of the four 64-byte vectors
+/* S of one token and K-quant super-block b: the exact lane sums of the four 64-byte vectors
  * (dpbusd, 4 products per int32 lane; |.| < 2^15) paired into words — vector 0 low, vector 1
  * high; vectors 2, 3 likewise — and multiplied by the pairs' scales sc[0], sc[1] (int32 lane
  * j: the scale of the first vector's lane j in the low word, the second's in the high word)
- * with one dpwssd per pair: S[j] = Σ_v sc_v[j] · (wv_v · q_v)[j] exactly. M = mins · sums,
- * then the epilogue above. (Pairing the scales halves the scale shuffles and the
+ * with one dpwssd per pair: S[j] = Σ_v sc_v[j] · (wv_v · q_v)[j] exactly; the tiles add
+ * M = mins · sums and the epilogue above (DSIB_KQ_TOKEN_AVX512_). (Pairing the scales halves the scale shuffles and the
  * multiply-port work of maddubs + dpwssd per vector: +5-17 % decode per core, docs/performance.md.) */
 DSIB_AI __m512i dsib_kq_s_avx512(const __m512i wv[4], const __m512i sc[2], const int8_t *xq) {
     const __m512i z = _mm512_setzero_si512();
@@ -117,12 +117,6 @@ DSIB_AI __m512i dsib_kq_s_avx512(const __m512i wv[4], const __m512i sc[2], const
     const __m512i i3 = _mm512_dpbusd_epi32(z, wv[3], _mm512_loadu_si512(xq + 192));
     __m512i S = _mm512_dpwssd_epi32(z, _mm512_mask_blend_epi16(0xAAAAAAAAu, i0, _mm512_slli_epi32(i1, 16)), sc[0]);
     return _mm512_dpwssd_epi32(S, _mm512_mask_blend_epi16(0xAAAAAAAAu, i2, _mm512_slli_epi32(i3, 16)), sc[1]);
-}
-DSIB_AI __m512 dsib_kq_token_avx512(__m512 acc, const __m512i wv[4], const __m512i sc[2],
-                                    __m256i mn, __m128 dm, int h, const int8_t *xq,
-                                    const int16_t *xs, float dx) {
-    const __m256i M = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(const void *)xs));
-    return dsib_kq_acc_avx512(acc, dsib_kq_s_avx512(wv, sc, xq), M, dm, h, dx);
 }
 
 /*
@@ -190,7 +184,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
 /* The whole AVX-512 tile of a K-quant (super-blocks of 256, BLK bytes, on a DSIB_ACT_Q8_K*
  * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
  * gives the super-block's four weight vectors (unsigned quants), the two scale-pair vectors
- * of dsib_kq_token_avx512 (vectors 0 / 1 and 2 / 3), the 16 mins as int16 in the
+ * of dsib_kq_s_avx512 (vectors 0 / 1 and 2 / 3), the 16 mins as int16 in the
  * order of the activation sums (so mn · sums gives M), and (d, dmin). VB: 0 pairs the lane
  * sums with a blend (dsib_kq_s_avx512), 1 with AVX512_VBMI2 (DSIB_KQ_S_VB2_; instantiate
  * inside a DSIB_TGT_AVX512VBMI2 region). */
@@ -384,7 +378,7 @@ DSIB_AI void dsib_kq4_pair_avx512(const uint8_t *blk, size_t BLK, int two, __m51
 
 /* Super-block h (0, 1) of a pair from dsib_kq4_pair_avx512's s16 (activation order P =
  * 0,2,1,3,4,6,5,7): the scale pairs and mins of
- * dsib_kq_token_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks P[0], P[2] / P[1], P[3];
+ * dsib_kq_s_avx512 — lanes 0-7 / 8-15 of vectors 0, 1: sub-blocks P[0], P[2] / P[1], P[3];
  * of vectors 2, 3: P[4], P[6] / P[5], P[7] (vpermw over the 16 unpacked words: scales 0-7,
  * mins 8-15) — and the mins doubled up to match the activation sums per 16; the second
  * super-block's words are 16 further. */
@@ -404,7 +398,7 @@ DSIB_AI void dsib_kq4_scales_pair_avx512(__m512i s16, int h, __m512i sc[2], __m2
 
 /* The whole AVX-512 tile of a 256-element type whose codes sit at an offset sharing the
  * scale d (Q6_K: q − 32, Q3_K: u − 4): DECODE(blk, wv, sc, &scw) gives the four code vectors
- * (unsigned), the scale pairs of dsib_kq_token_avx512 and the 16 signed scales as int16; the
+ * (unsigned), the scale pairs of dsib_kq_s_avx512 and the 16 signed scales as int16; the
  * offset 2^SH goes through the activation sums per 16, so S − (M << SH) is one exact integer
  * and each super-block one fmaf per lane with d (f16 at byte DOFF) · dx. */
 #define DSIB_KQO_TILE_AVX512(NAME, BLK, DECODE, DOFF, SH)                                  \
@@ -518,7 +512,7 @@ DSIB_AI __m512i dsib_iq_codes1024(const __m512i *tab, __m512i iw, __mmask32 b8, 
  * dword of qword s): the four 7-bit sign fields of each w spread to bytes, each byte's bit 7
  * its parity (ksigns's rule), the bytes tested against a bit pattern into the vectors'
  * 64-bit masks (vector v = sub-blocks 2v, 2v+1); the odd scales 2·(w >> 28) + 1 as the
- * scale pairs of dsib_kq_token_avx512's layout (vectors 0 / 1, 2 / 3; lanes 0-7 even
+ * scale pairs of dsib_kq_s_avx512's layout (vectors 0 / 1, 2 / 3; lanes 0-7 even
  * sub-blocks, 8-15 odd ones). */
 DSIB_AI void dsib_iq_signs_avx512(__m512i w, __mmask64 ng[4], __m512i sc[2]) {
     const __m512i m7 = _mm512_set1_epi64(0x7F);
