@@ -315,7 +315,9 @@ static int amx_usable(void) {
 
 /* The AMX path is opt-in (DSINFER_CPU_AMX=1, read when the process's path is fixed): its
  * prefill is faster and its decode as fast as the AVX-512 path's on the machine it was
- * measured on, but its Q8_0 results follow another order (docs/performance.md 4.000000). */
+ * measured on, and its Q8_0 results are the other ISAs' (the block-sum order, q8_0.c), but
+ * using it asks the kernel for tile data for the whole process (arch_prctl above), which
+ * enlarges every signal frame of the host's threads: a library does not do that unasked. */
 static int amx_wanted(void) {
     const char *v = getenv("DSINFER_CPU_AMX");
     return v && v[0] && strcmp(v, "0") != 0;

@@ -19,7 +19,8 @@
  * the weight type (an activation format, DSIB_ACT_*). The dot products are then exact
  * integer sums (AVX2 maddubs/madd, AVX-512 VNNI dpbusd/dpwssd) over fixed groups of four
  * elements ("lanes"), scaled and accumulated in f32 in a fixed order (the type's
- * canonical order, documented in its file). Because the integer part is exact and the float
+ * canonical order, documented in its file; Q8_0 sums each 32-element block whole and keeps
+ * one chain per output, the "block-sum order", so its kernels hold rows in the lanes). Because the integer part is exact and the float
  * part is the same sequence on every ISA, the scalar, AVX2 and AVX-512 paths give
  * BIT-IDENTICAL results for these types. Float weight types (F32/F16/BF16) and the FP8
  * block types keep f32 activations on this path (act format DSIB_ACT_F32).
@@ -39,9 +40,9 @@
  *
  * ---- ISA paths ------------------------------------------------------------------------
  * scalar (portable C, always), AVX2+FMA+F16C, AVX-512 (F/BW/VL/DQ) and AVX-512 + VNNI on
- * x86-64, chosen once per process by CPU detection (the first call fixes it); AMX (Q8_0 in
- * its own block-sum order, q8_0.c; other types use the VNNI kernels) only with
- * DSINFER_CPU_AMX=1, so on that path Q8_0 is not bit-identical to the others. Inside the
+ * x86-64, chosen once per process by CPU detection (the first call fixes it); AMX (Q8_0's
+ * tiles, same bits; other types use the VNNI kernels) only with DSINFER_CPU_AMX=1
+ * (kernels.c says why). Inside the
  * AVX-512 VNNI path the IQ grid types take AVX512_VBMI variants and Q2_K / Q4_K / Q5_K
  * AVX512_VBMI2 ones where the CPU has them (same bits; dsib_kern_iq2_vbmi and
  * dsib_kern_kq_vbmi2 below select the plain ones for tests). The SIMD
@@ -49,7 +50,7 @@
  * reach a specific path through dsib_kern_table_for().
  *
  * ---- Adding a weight type to the default path (one new file + one table entry) ----------
- *  1. Write backends/cpu/kernels/<type>.c (q8_0.c / mxfp4.c for 32-element blocks, q4_k.c /
+ *  1. Write backends/cpu/kernels/<type>.c (mxfp4.c / iq4.c for 32-element blocks, q4_k.c /
  *     q2_k.c for 256-element super-blocks are the templates) defining
  *       const dsib_kern_qtype dsib_kq_<type> = { .type, .act, .qrows = {scalar, avx2,
  *                                                 avx512, avx512vnni} };

@@ -463,8 +463,18 @@ static inline float dsib_reduce32(const float a[2][16]) {
         }                                                                                  \
     }
 
-/* One 32-element block b of the Q8_32 canonical order (q8_0.c): lanes of four, fmaf with
- * the product of the scales s, into set (b / 2) mod 2, lanes 8·(b mod 2)... */
+/* The Q8_32 lane order, the canonical order of the 32-element types on DSIB_ACT_Q8_32
+ * activations (iq4.c, mxfp4.c, q4_1_q5.c; Q8_0 has its own, q8_0.c): two sets of 16 f32
+ * lanes acc[2][16], zero at the start; block b (pair p = b / 2) with the product s_b of its
+ * weight and activation scales (one f32 rounding) in order:
+ *
+ *   I_b[j] = Σ_{k<4} w[32b + 4j + k] · q[32b + 4j + k]        j < 8 (exact int32)
+ *   acc[p mod 2][8·(b mod 2) + j] = fmaf(s_b, (float)I_b[j], acc[p mod 2][8·(b mod 2) + j])
+ *
+ * then y = dsib_reduce32(acc). AVX2 holds a set's lanes 0-7 / 8-15 in two ymm (one block
+ * each); AVX-512 holds a block pair in one zmm (dpbusd of w + 128 against the signed
+ * activations, each lane starting at the activation row's correction -128·Σq). One block's
+ * step: */
 static inline void dsib_q8_32_step_scalar(float acc[2][16], int64_t b, float s, const int8_t *wq,
                                           const int8_t *xq) {
     float *a = acc[(b >> 1) & 1] + 8 * (b & 1);

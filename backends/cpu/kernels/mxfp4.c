@@ -6,7 +6,7 @@
  * Element order inside a block is natural (i < 16: low nibble of qs[i]; i >= 16: high
  * nibble of qs[i - 16]).
  *
- * Canonical order (every ISA, bit-identical): exactly Q8_0's (q8_0.c) with these weights
+ * Canonical order (every ISA, bit-identical): the Q8_32 lane order (kernels_impl.h) with these weights
  * and scales (pair p = b / 2 goes to set p mod 2):
  *
  *   I_b[j] = Σ_{k<4} w[32b + 4j + k] · q[32b + 4j + k]        j < 8 (exact)

@@ -13,7 +13,7 @@
  * unsigned operand of maddubs / dpbusd). The min m does not share the scale d, so it gets
  * its own float step with the exact activation block sum Σq_b (the row's s[b]).
  *
- * Canonical order (every ISA, bit-identical): Q8_0's (q8_0.c) — two sets of 16 f32 lanes
+ * Canonical order (every ISA, bit-identical): the Q8_32 lane order (kernels_impl.h) — two sets of 16 f32 lanes
  * acc[2][16], zero at the start, block b in order (pair p = b / 2 → set p mod 2, h = b mod 2,
  * lanes 8h .. 8h+7; dx_b the activation scale, q its int8 values):
  *

@@ -1,20 +1,26 @@
 /*
  * Q8_0 weights × DSIB_ACT_Q8_32 activations (default path; kernels.h).
  *
- * Canonical order (every ISA, bit-identical): two sets of 16 f32 lanes acc[2][16], zero at
- * the start. Block b (32 elements) with weight scale dw_b (f16) and activation scale dx_b
- * belongs to the pair (step) p = b / 2:
+ * Canonical order (every ISA, bit-identical): the block-sum order. For output (o, t),
+ * acc = 0, then for every 32-element block b in order, with weight scale dw_b (f16) and
+ * activation scale dx_b:
  *
- *   I_b[j] = Σ_{k<4} w[32b + 4j + k] · q[32b + 4j + k]        j < 8 (exact int32)
- *   s_b    = dw_b · dx_b                                       (one f32 rounding)
- *   acc[p mod 2][8·(b mod 2) + j] = fmaf(s_b, (float)I_b[j], acc[p mod 2][8·(b mod 2) + j])
+ *   I_b = Σ_{k<32} w[32b + k] · q[32b + k]      (exact int32)
+ *   s_b = dw_b · dx_b                            (one f32 rounding)
+ *   acc = fmaf(s_b, (float)I_b, acc)
  *
- * in block order, then y = dsib_reduce32(acc). AVX2 holds a set's lanes 0-7 / 8-15 in two
- * ymm (one block each); AVX-512 holds a block pair in one zmm (dpbusd of w + 128 against the signed
- * activations, each lane starting at the activation row's correction -128·Σq).
+ * and y = acc: one serial chain per output, no lanes, no final reduction. Until 2026-12 the
+ * order was the lane order of the other 32-element types (dsib_q8_32_step_scalar: sixteen
+ * lanes of four products per block pair, a fmaf per lane and block); the AMX path already
+ * used this one. With one output per lane, the vector kernels put sixteen (AVX-512) or eight
+ * (AVX2) ROWS in a register: the float work (convert, scale product, fmaf) is one
+ * instruction per block for all of them instead of one per row, and the tile path reuses one
+ * transposed weight block for eight tokens (docs/performance.md 4.000000000000000000000).
+ * The other 32-element types (iq4.c, mxfp4.c, q4_1_q5.c) keep the lane order.
  *
- * This file is also the template for a new 32-element-block type: decode the weight block
- * to int8 in registers, reuse it for every token of the tile, keep the lanes above.
+ * Integer sums are exact in any grouping, so only the chain matters: every ISA, every row
+ * and token split of a call, one token or many, gives the same bits (test_cpukernels
+ * test_q8_0_blocksum writes the order in plain C).
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -24,75 +30,308 @@
 /* ---- scalar ---------------------------------------------------------------------------- */
 
 static float q8_0_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
-    float acc[2][16] = {{0}};
+    float acc = 0.0f;
     for (int64_t b = 0; b < n_in / 32; b++) {
         const uint8_t *blk = row + 34 * b;
         const float s = dsib_ld_f16(blk) * x->d[b];
         const int8_t *wq = (const int8_t *)(blk + 2), *xq = x->q + 32 * b;
-        dsib_q8_32_step_scalar(acc, b, s, wq, xq);
+        int32_t I = 0;
+        for (int k = 0; k < 32; k++) I += (int32_t)wq[k] * (int32_t)xq[k];
+        acc = fmaf(s, (float)I, acc);
     }
-    return dsib_reduce32(acc);
+    return acc;
 }
 
 DSIB_QROWS_SCALAR(q8_0_rows_scalar, q8_0_dot_scalar)
 
 #ifdef DSIB_KERN_X86
 
-/* ---- AVX2 ------------------------------------------------------------------------------ */
+/* ---- AVX2: eight rows per register (lanes = rows) ----------------------------------------
+ * Per block and token, each row's 32 products go into eight int32 lanes (maddubs of |w|
+ * against q with w's sign, then madd); a tree of horizontal adds (exact int32) turns the
+ * eight rows' vectors into their sums I_b, row order; then one chain step for the eight rows.
+ * Rows past the group's end repeat the group's first row and are not stored. */
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
-#define Q8_0_WBLK(blk) _mm256_loadu_si256((const __m256i *)((blk) + 2))
-#define Q8_0_SBLK(blk) dsib_f16_hw(blk)
-DSIB_Q8_32_TILE_AVX2(q8_0_tile_avx2, 34, Q8_0_WBLK, Q8_0_SBLK)
+/* The f16 scales of eight rows' block at sb + ridx[m] → f32 lanes. */
+DSIB_AI __m256 q8_0_dw8_avx2(__m256i ridx, const uint8_t *sb) {
+    const __m256i g = _mm256_i32gather_epi32((const int *)(const void *)sb, ridx, 1);
+    const __m256i lo16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i pk = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(g, lo16), 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(pk));
+}
 
-DSIB_QROWS_DEFINE_T(q8_0_rows_avx2, q8_0_tile_avx2, 4)
+/* I_b of the eight rows whose block quants start at q[m], against the token's block xv. */
+DSIB_AI __m256i q8_0_isum8_avx2(const uint8_t *const *q, __m256i xv) {
+    __m256i p[8];
+    for (int m = 0; m < 8; m++)
+        p[m] = dsib_dot_s8s8_avx2(_mm256_loadu_si256((const __m256i *)(const void *)q[m]), xv);
+    const __m256i h0 = _mm256_hadd_epi32(p[0], p[1]), h1 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i h2 = _mm256_hadd_epi32(p[4], p[5]), h3 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i q0 = _mm256_hadd_epi32(h0, h1), q1 = _mm256_hadd_epi32(h2, h3);
+    /* q0 = [rows 0-3: lanes 0-3 | rows 0-3: lanes 4-7], q1 the same for rows 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                            _mm256_permute2x128_si256(q0, q1, 0x31));
+}
+
+enum { Q8_AVX2_TT = 4 }; /* tokens per pass over a row group's blocks */
+
+static void q8_0_rows_avx2(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                           const dsib_qrow *x, float *const *yp, int n) {
+    const int64_t nb = n_in / 32;
+    for (int64_t r0 = o0; r0 < o1; r0 += 8) {
+        const int M = o1 - r0 < 8 ? (int)(o1 - r0) : 8;
+        int32_t ro[8], mk[8];
+        for (int m = 0; m < 8; m++) {
+            ro[m] = m < M ? (int32_t)((size_t)m * rb) : 0;
+            mk[m] = m < M ? -1 : 0;
+        }
+        const __m256i ridx = _mm256_loadu_si256((const __m256i *)(const void *)ro);
+        const __m256i smask = _mm256_loadu_si256((const __m256i *)(const void *)mk);
+        const uint8_t *wg = w + (size_t)r0 * rb;
+        for (int t0 = 0; t0 < n; t0 += Q8_AVX2_TT) {
+            const int T = n - t0 < Q8_AVX2_TT ? n - t0 : Q8_AVX2_TT;
+            /* prefetch (speed only), in the first token tile: each row's blocks in the next
+             * group, 8 rows on, as they are read here; in the call's first group also
+             * half the one-row kernels' distance ahead in the row itself */
+            const int pf_on = t0 == 0 && dsib_kern_prefetch > 0;
+            const size_t pf_next = pf_on && o1 > r0 + 8 ? 8 * rb : 0;
+            const int32_t pf_ahead = pf_on && r0 == o0 ? dsib_kern_prefetch / 2 : 0;
+            __m256 acc[Q8_AVX2_TT];
+            for (int t = 0; t < Q8_AVX2_TT; t++) acc[t] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *q[8];
+                for (int m = 0; m < 8; m++) {
+                    q[m] = wg + (size_t)ro[m] + 34 * b + 2;
+                    if (pf_next && !(b & 1)) __builtin_prefetch(q[m] + pf_next, 0, 3);
+                    if (pf_ahead && !(b & 1)) __builtin_prefetch(q[m] + pf_ahead, 0, 3);
+                }
+                const __m256 dw = q8_0_dw8_avx2(ridx, wg + 34 * b);
+                for (int t = 0; t < T; t++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[t0 + t].q + 32 * b));
+                    const __m256i I = q8_0_isum8_avx2(q, xv);
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[t0 + t].d[b])),
+                                             _mm256_cvtepi32_ps(I), acc[t]);
+                }
+            }
+            for (int t = 0; t < T; t++) _mm256_maskstore_ps(yp[t0 + t] + r0, smask, acc[t]);
+        }
+    }
+}
 
 DSIB_TARGET_POP
 
-/* ---- AVX-512 + VNNI -------------------------------------------------------------------- */
+/* ---- AVX-512 + VNNI: sixteen rows per register (lanes = rows) ----------------------------
+ * Both paths run the sixteen rows of a group (rows past the group's end repeat its first
+ * row and are not stored) and take the weights as w + 128 (unsigned) against the signed
+ * activations, so each lane starts at the token's correction −128·Σq.
+ *
+ * One token (q8_0_bs_token16): per block pair and row, one vpdpbusd gives 16 lanes of four
+ * products; a transpose-add tree of exact int32 additions turns the 16 rows' vectors into the
+ * two blocks' sums I_b, I_b+1 of the 16 rows, row order; then the two chain steps.
+ *
+ * Two to eight tokens (q8_0_bs_tile): per block, the 16 rows' 32 bytes are transposed once
+ * into eight registers W_c whose lane m holds bytes 4c..4c+3 of row m; then per token eight
+ * vpdpbusd against the token's four bytes broadcast give I_b of all 16 rows, and one
+ * convert, one product and one fmaf advance the 16 chains. The transpose (32 shuffles) is
+ * shared by the tile's tokens; the dot products are all the integer unit does. */
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-/* The weights of a block pair (the second block's zero when half), + 128 when u. */
-DSIB_AI __m512i q8_0_pair_avx512(const uint8_t *blk, int half, int u) {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const __m512i v = half ? _mm512_zextsi256_si512(a)
-                           : _mm512_inserti64x4(_mm512_castsi256_si512(a),
-                                                _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
-    return u ? _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)) : v;
+/* The f16 scales of sixteen rows' block at sb + ridx[m] → f32 lanes. */
+DSIB_AI __m512 q8_0_dw16(__m512i ridx, const uint8_t *sb) {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(ridx, (const void *)sb, 1)));
 }
-#define Q8_0_WPAIR(blk, half, u) q8_0_pair_avx512(blk, half, u)
-#define Q8_0_SPAIR(blk, half)                                                              \
-    ((half) ? _mm512_maskz_mov_ps(0x00FF, dsib_pair_f16(blk, blk)) : dsib_pair_f16(blk, (blk) + 34))
-DSIB_Q8_32_TILE_AVX512(q8_0_tile_avx512, 34, Q8_0_WPAIR, Q8_0_SPAIR)
 
-DSIB_QROWS_DEFINE_RT8(q8_0_rows_avx512, q8_0_tile_avx512, 2)
+DSIB_AI __m512i q8_0_bs_pair(__m512i a, __m512i b) { /* [a0+a2, b0+b2, a1+a3, b1+b3] per 128 */
+    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 128 */
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+/* Prefetch plan of a row group (speed only): with `on` (the call's first token tile, the one
+ * that reads the weights cold) each row's blocks are prefetched in the next group, 16 rows
+ * on, as they are read here — measured better than spreading the next group's bytes evenly
+ * over this group's steps (one core, 2048 × 1024 from memory: one token 13.6 → 14.5 GB/s,
+ * four tokens 11.0 → 12.4, eight 9.0 → 9.8) — and in the first group of the call each row
+ * also half the one-row kernels' distance ahead (512 × 2048 10.3 → 11.1 GB/s with it on the
+ * AMX machine). Later token tiles re-read the group from L1 / L2 and prefetch nothing. */
+typedef struct q8_0_pf {
+    size_t next;   /* bytes to the same block of the next group's row; 0: none */
+    int32_t ahead; /* bytes ahead in the row itself; 0: none */
+} q8_0_pf;
+
+DSIB_AI q8_0_pf q8_0_pf_plan(size_t rb, int64_t rows_after, int first, int on) {
+    q8_0_pf p;
+    const int use = on && dsib_kern_prefetch > 0;
+    p.next = use && rows_after > 0 ? 16 * rb : 0;
+    p.ahead = use && first ? dsib_kern_prefetch / 2 : 0;
+    return p;
+}
+
+/* One token over a group of 16 rows (row offsets ridx / ro from wg), nb blocks: y[0..M). */
+static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
+                            const dsib_qrow *x, float *y, q8_0_pf pf) {
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int half = b + 1 == nb;
+        const int64_t p = b / 2;
+        const __m512i xq = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x->q + 32 * b)
+                                : _mm512_loadu_si512(x->q + 32 * b);
+        const __m512i c = half ? _mm512_maskz_loadu_epi32(0x00FF, x->c + 16 * p)
+                               : _mm512_loadu_si512(x->c + 16 * p);
+        __m512i z[16];
+        for (int m = 0; m < 16; m++) {
+            const uint8_t *blk = wg + (size_t)ro[m] + 34 * b;
+            if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead, 0, 3);
+            if (pf.next) __builtin_prefetch(blk + pf.next, 0, 3);
+            const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+            const __m512i v = half ? _mm512_zextsi256_si512(lo)
+                                   : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                                        _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)), 1);
+            z[m] = _mm512_dpbusd_epi32(c, _mm512_xor_si512(v, c128), xq);
+        }
+        __m512i s2[8], s4[4];
+        for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
+        for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
+        /* s4[k] = [b: rows 4k.., half 0 | half 1 | b+1: half 0 | half 1] */
+        const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
+                                            _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
+        const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
+                                            _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
+        const __m512i i0 = _mm512_shuffle_i32x4(w0, w1, 0x88); /* I_b of rows 0..15 */
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(ridx, wg + 34 * b), _mm512_set1_ps(x->d[b])),
+                              _mm512_cvtepi32_ps(i0), acc);
+        if (!half) {
+            const __m512i i1 = _mm512_shuffle_i32x4(w0, w1, 0xDD); /* I_b+1 */
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(ridx, wg + 34 * (b + 1)), _mm512_set1_ps(x->d[b + 1])),
+                                  _mm512_cvtepi32_ps(i1), acc);
+        }
+    }
+    _mm512_mask_storeu_ps(y, (__mmask16)((1u << M) - 1), acc);
+}
+
+/* T tokens (2..8) over a group of 16 rows: y[t][0..M). */
+DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
+                          const dsib_qrow *x, float *const *y, q8_0_pf pf, const int T) {
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    /* stage 3 of the transpose: qwords (0,1 of a, 0,1 of b, 4,5 of a, 4,5 of b) and the odd
+     * 128-bit lanes the same */
+    const __m512i sel_e = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i sel_o = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512 acc[8];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int pair_start = !(b & 1); /* prefetches per block pair, as one token's */
+        /* z[m] = [row m | row m + 8] (w + 128), then an 8 × 8 dword transpose per half */
+        __m512i z[8], u[8], W[8];
+        for (int m = 0; m < 8; m++) {
+            const uint8_t *a = wg + (size_t)ro[m] + 34 * b + 2, *c = wg + (size_t)ro[m + 8] + 34 * b + 2;
+            if (pf.ahead > 0 && pair_start) {
+                __builtin_prefetch(a + pf.ahead, 0, 3);
+                __builtin_prefetch(c + pf.ahead, 0, 3);
+            }
+            if (pf.next && pair_start) {
+                __builtin_prefetch(a + pf.next, 0, 3);
+                __builtin_prefetch(c + pf.next, 0, 3);
+            }
+            z[m] = _mm512_xor_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),
+                                   _mm256_loadu_si256((const __m256i *)(const void *)c), 1),
+                c128);
+        }
+        for (int k = 0; k < 4; k++) {
+            u[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+            u[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+        }
+        for (int k = 0; k < 2; k++) { /* rows 4k..4k+3: dwords (0,4), (1,5), (2,6), (3,7) */
+            z[4 * k + 0] = _mm512_unpacklo_epi64(u[4 * k], u[4 * k + 2]);
+            z[4 * k + 1] = _mm512_unpackhi_epi64(u[4 * k], u[4 * k + 2]);
+            z[4 * k + 2] = _mm512_unpacklo_epi64(u[4 * k + 1], u[4 * k + 3]);
+            z[4 * k + 3] = _mm512_unpackhi_epi64(u[4 * k + 1], u[4 * k + 3]);
+        }
+        for (int c = 0; c < 4; c++) {
+            W[c] = _mm512_permutex2var_epi64(z[c], sel_e, z[4 + c]);
+            W[c + 4] = _mm512_permutex2var_epi64(z[c], sel_o, z[4 + c]);
+        }
+        const __m512 dw = q8_0_dw16(ridx, wg + 34 * b);
+        for (int t = 0; t < T; t++) {
+            const int8_t *xq = x[t].q + 32 * b;
+            __m512i I = _mm512_set1_epi32(-128 * (int32_t)x[t].s[b]);
+            for (int c = 0; c < 8; c++) {
+                int32_t xc;
+                memcpy(&xc, xq + 4 * c, 4);
+                I = _mm512_dpbusd_epi32(I, W[c], _mm512_set1_epi32(xc));
+            }
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), _mm512_cvtepi32_ps(I), acc[t]);
+        }
+    }
+    const __mmask16 km = (__mmask16)((1u << M) - 1);
+    for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y[t], km, acc[t]);
+}
+
+#define Q8_0_TILE_T(TT)                                                                    \
+    static void q8_0_bs_tile##TT(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, \
+                                 int M, const dsib_qrow *x, float *const *y, q8_0_pf pf) {  \
+        q8_0_bs_tile(wg, ro, ridx, nb, M, x, y, pf, TT);                                   \
+    }
+Q8_0_TILE_T(2)
+Q8_0_TILE_T(3)
+Q8_0_TILE_T(4)
+Q8_0_TILE_T(5)
+Q8_0_TILE_T(6)
+Q8_0_TILE_T(7)
+Q8_0_TILE_T(8)
+
+static void q8_0_rows_avx512(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                             const dsib_qrow *x, float *const *yp, int n) {
+    typedef void (*tile_fn)(const uint8_t *, const int32_t *, __m512i, int64_t, int,
+                            const dsib_qrow *, float *const *, q8_0_pf);
+    static const tile_fn tiles[9] = {NULL, NULL, q8_0_bs_tile2, q8_0_bs_tile3, q8_0_bs_tile4,
+                                     q8_0_bs_tile5, q8_0_bs_tile6, q8_0_bs_tile7, q8_0_bs_tile8};
+    const int64_t nb = n_in / 32;
+    for (int64_t r0 = o0; r0 < o1; r0 += 16) {
+        const int M = o1 - r0 < 16 ? (int)(o1 - r0) : 16;
+        int32_t ro[16];
+        for (int m = 0; m < 16; m++) ro[m] = m < M ? (int32_t)((size_t)m * rb) : 0;
+        const __m512i ridx = _mm512_loadu_si512(ro);
+        const uint8_t *wg = w + (size_t)r0 * rb;
+        for (int t0 = 0; t0 < n;) {
+            const int T = n - t0 < 8 ? n - t0 : 8;
+            const q8_0_pf pf = q8_0_pf_plan(rb, o1 - (r0 + 16), r0 == o0, t0 == 0);
+            float *yt[8];
+            for (int t = 0; t < T; t++) yt[t] = yp[t0 + t] + r0;
+            if (T == 1)
+                q8_0_bs_token16(wg, ro, ridx, nb, M, &x[t0], yt[0], pf);
+            else
+                tiles[T](wg, ro, ridx, nb, M, x + t0, yt, pf);
+            t0 += T;
+        }
+    }
+}
 
 DSIB_TARGET_POP
 
 /* ---- AMX (AVX-512 + VNNI + AMX-TILE + AMX-INT8) ----------------------------------------
  *
- * Its own canonical order (the "block-sum order"; docs/performance.md 4.000000), because an AMX
- * dot product sums a whole 32-element block: for output (o, t), acc = 0 and for every block
- * b in order
- *
- *   I_b = Σ_{k<32} w[32b + k] · q[32b + k]      (exact int32)
- *   s_b = dw_b · dx_b                            (one f32 rounding)
- *   acc = fmaf(s_b, (float)I_b, acc)
- *
- * y = acc. One serial chain per output: no lanes, no final reduction. When the process
- * uses this path, every Q8_0 call takes it (n_tok = 1 included), so the invariance contract
- * holds as on the other ISAs (test_cpukernels test_amx_blocksum writes the order in plain C
- * and compares bit for bit). Opt-in (DSINFER_CPU_AMX=1, kernels.c; docs/performance.md
- * 4.000000: prefill +56 %, decode as fast as the AVX-512 path, other last bits).
+ * The block-sum order of the file's head, which an AMX dot product computes natively (it
+ * sums a whole 32-element block). Every Q8_0 call of the process takes this path when it is
+ * on (n_tok = 1 included); its bits are the other ISAs' (test_cpukernels test_q8_0_blocksum,
+ * test_cross_isa). Opt-in (DSINFER_CPU_AMX=1, kernels.c): turning it on asks the kernel for
+ * tile data for the whole process, which enlarges every signal frame of the host's threads
+ * (docs/performance.md 4.000000: prefill +56 % over the lane-order AVX-512 kernels of the
+ * time, decode as fast).
  *
  * Tiles: C (tiles 0-3) = M weight rows × T tokens of int32, A (tiles 4, 5) = M rows × 32
  * bytes of one block's weights, read in place with the row stride, B (tiles 6, 7) = the
  * block's 32 activation bytes of T tokens in the VNNI layout (8 rows of T × 4 bytes),
  * transposed into a small stack buffer once per (super-tile of 128 rows, token group of
  * 16, chunk of 16 blocks); four blocks in flight. The float stage runs 16 tokens per zmm
- * (one row per register). Up to Q8_AMX_FEW tokens: no tiles (q8_0_bs_token). */
+ * (one row per register). Up to Q8_AMX_FEW tokens: no tiles (the AVX-512 VNNI kernels). */
 DSIB_TARGET_PUSH(DSIB_TGT_AMX)
 #include "backends/cpu/kernels/simd_avx512.h"
 
@@ -150,95 +389,11 @@ enum { Q8_AMX_SR = 128, Q8_AMX_CB = 16, Q8_AMX_FEW = 3 };
         if ((g) > 3) _tile_stored(3, (cb)[3], 64);                                         \
     } while (0)
 
-/* One token, in the block-sum order without tiles (a tile op per block of 16 rows was
- * slower than memory for one token): 16 rows per register, lanes = rows. Per block pair and
- * row, one vpdpbusd gives 16 lanes of four products (w + 128 against q, each lane starting at
- * the token's correction c); a transpose-add tree of exact int32 additions turns the 16
- * rows' vectors into the two blocks' sums I_b, I_b+1 of the 16 rows, in row order; then
- * the two steps of the chain, block b first. */
-DSIB_AI __m512i q8_0_bs_pair(__m512i a, __m512i b) { /* [a0+a2, b0+b2, a1+a3, b1+b3] per 128 */
-    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-}
-DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 128 */
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-}
-
-static void q8_0_bs_token(const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int64_t o1,
-                        const dsib_qrow *x, float *y) {
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    /* Prefetch: the next row tile's bytes (the task's rows are contiguous, so that is the
-     * stream's next 16 rows), spread evenly over this tile's block pairs, and in the first
-     * tile of the call each row half the one-row kernels' distance ahead (one core, from
-     * memory: 512 × 2048 10.3 → 11.1 GB/s with it, 2048 × 4096 the same); off when
-     * dsib_kern_prefetch is 0. */
-    const int pf_on = dsib_kern_prefetch > 0;
-    const int64_t npair = (nb + 1) / 2;
-    for (int64_t r0 = o0; r0 < o1; r0 += 16) {
-        const int M = o1 - r0 < 16 ? (int)(o1 - r0) : 16;
-        const uint8_t *wr[16];
-        int32_t ro[16];
-        for (int m = 0; m < 16; m++) { /* rows past the end repeat the first (not stored) */
-            ro[m] = m < M ? (int32_t)((size_t)m * rb) : 0;
-            wr[m] = w + (size_t)r0 * rb + (size_t)ro[m];
-        }
-        const __m512i ridx = _mm512_loadu_si512(ro);
-        const int64_t nx = o1 - (r0 + 16) < 16 ? o1 - (r0 + 16) : 16; /* rows of the next tile */
-        const char *pf = (const char *)(w + (size_t)(r0 + 16) * rb);
-        const size_t pf_bytes = nx > 0 && pf_on ? (size_t)nx * rb : 0;
-        const size_t pf_step = (pf_bytes / (size_t)npair + 63) & ~(size_t)63;
-        size_t pf_at = 0;
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t b = 0; b < nb; b += 2) {
-            const int half = b + 1 == nb;
-            const int64_t p = b / 2;
-            const __m512i xq = half ? _mm512_maskz_loadu_epi8(0xFFFFFFFFull, x->q + 32 * b)
-                                    : _mm512_loadu_si512(x->q + 32 * b);
-            const __m512i c = half ? _mm512_maskz_loadu_epi32(0x00FF, x->c + 16 * p)
-                                   : _mm512_loadu_si512(x->c + 16 * p);
-            for (const size_t e = pf_at + pf_step; pf_at < e && pf_at < pf_bytes; pf_at += 64)
-                __builtin_prefetch(pf + pf_at, 0, 3);
-            __m512i z[16];
-            const int32_t pfr = r0 == o0 ? dsib_kern_prefetch / 2 : 0;
-            for (int m = 0; m < 16; m++) {
-                const uint8_t *blk = wr[m] + 34 * b;
-                if (pfr > 0) __builtin_prefetch(blk + pfr, 0, 3);
-                const __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                const __m512i v = half ? _mm512_zextsi256_si512(lo)
-                                       : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-                                                            _mm256_loadu_si256((const __m256i *)(blk + 36)), 1);
-                z[m] = _mm512_dpbusd_epi32(c, _mm512_xor_si512(v, c128), xq);
-            }
-            __m512i s2[8], s4[4];
-            for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
-            for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
-            /* s4[k] = [b: rows 4k.., half 0 | half 1 | b+1: half 0 | half 1] */
-            const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
-                                                _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
-            const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
-                                                _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
-            const __m512i i0 = _mm512_shuffle_i32x4(w0, w1, 0x88); /* I_b of rows 0..15 */
-            const uint8_t *sb = w + (size_t)r0 * rb + 34 * b;
-            const __m512 d0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-                _mm512_i32gather_epi32(ridx, (const void *)sb, 1)));
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(d0, _mm512_set1_ps(x->d[b])),
-                                  _mm512_cvtepi32_ps(i0), acc);
-            if (!half) {
-                const __m512i i1 = _mm512_shuffle_i32x4(w0, w1, 0xDD); /* I_b+1 */
-                const __m512 d1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-                    _mm512_i32gather_epi32(ridx, (const void *)(sb + 34), 1)));
-                acc = _mm512_fmadd_ps(_mm512_mul_ps(d1, _mm512_set1_ps(x->d[b + 1])),
-                                      _mm512_cvtepi32_ps(i1), acc);
-            }
-        }
-        _mm512_mask_storeu_ps(y + r0, (__mmask16)((1u << M) - 1), acc);
-    }
-}
-
 static void q8_0_rows_amx(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
                           const dsib_qrow *x, float *const *yp, int n) {
     const int64_t nb = n_in / 32;
     if (n <= Q8_AMX_FEW) { /* few tokens (decode, routed experts of a batch): no tiles */
-        for (int t = 0; t < n; t++) q8_0_bs_token(w, rb, nb, o0, o1, &x[t], yp[t]);
+        q8_0_rows_avx512(w, rb, n_in, o0, o1, x, yp, n);
         return;
     }
     int cfg_m = -1, cfg_t = -1;

@@ -137,7 +137,7 @@ DSIB_AI void dsib_kq_pos_avx2(__m256i S[][2], int T, __m256i wq, __m256i sc, con
 
 /*
  * The whole AVX2 tile of a type with 32-element blocks on DSIB_ACT_Q8_32 activations
- * (q8_0.c, mxfp4.c; the canonical order of q8_0.c), one block per ymm. The type supplies
+ * (iq4.c, mxfp4.c, q4_1_q5.c; the Q8_32 lane order of kernels_impl.h), one block per ymm. The type supplies
  * WBLK(blk) (the block's 32 weights as int8, not -128 together with |q| = 128), SBLK(blk)
  * (its f32 scale) and BLK (bytes per block).
  */

@@ -270,7 +270,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
 
 /*
  * The whole AVX-512 tile of a type with 32-element blocks on DSIB_ACT_Q8_32 activations
- * (q8_0.c, mxfp4.c; the canonical order of q8_0.c). The type supplies
+ * (iq4.c, mxfp4.c, q4_1_q5.c; the Q8_32 lane order of kernels_impl.h). The type supplies
  *   WPAIR(blk, half, u): the 64 weight bytes of the block pair at blk (the second block's
  *                        bytes zero when half) as int8, plus 128 (unsigned) when u;
  *   SPAIR(blk, half):    the two weight scales as 16 lanes (a × 8, b × 8; b = 0 when half);

@@ -903,8 +903,6 @@ static void test_cross_isa(void **state) {
                 for (int i = 0; i < ny; i++)
                     assert_true(fabs((double)ys[0][i] - yv[i]) <= 2 * tol_exact(&p, i));
                 if (p.fmt == DSIB_ACT_F32) continue;
-                /* AMX's Q8_0 has its own order: test_amx_blocksum checks it bit for bit. */
-                if (isa == DSIB_ISA_AMX && p.type == DSI_TYPE_Q8_0) continue;
                 void *a2 = quantize_all(kt, &p, &as);
                 /* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S on AVX-512 VNNI: the VBMI variant
                  * (where the CPU has it) and the plain one (dsib_kern_iq2_vbmi) */
@@ -962,8 +960,7 @@ static void test_short_rows(void **state) {
             run_rows(sc, PATH_DEFAULT, &p, act, as, 0, NO, 0, NT, ys, NO);
             for (int32_t isa = 1; isa < DSIB_ISA_COUNT; isa++) {
                 const dsib_kern_table *kt = dsib_kern_table_for(isa);
-                /* AMX's Q8_0 has its own order (test_amx_blocksum) */
-                if (!kt || (isa == DSIB_ISA_AMX && p.type == DSI_TYPE_Q8_0)) continue;
+                if (!kt) continue;
                 void *a2 = quantize_all(kt, &p, &as);
                 run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, NO, 0, NT, yb, NO);
                 for (int64_t t = 0; t < NT; t++) run_rows(kt, PATH_DEFAULT, &p, a2, as, 0, NO, t, 1, y1, NO);
@@ -981,68 +978,74 @@ static void test_short_rows(void **state) {
     assert_true(compared > 0);
 }
 
-/* The AMX path's Q8_0 block-sum order (q8_0.c), written here from its definition with this
+/* Q8_0's canonical block-sum order (q8_0.c), written here from its definition with this
  * test's own quantiser: acc = 0; per block b in order, I = Σ_{k<32} w·q (exact),
- * s = f16(dw)·d (f32), acc = fmaf(s, (float)I, acc). The kernel must give these bits for
- * every row and token, across its super-tiles (128 rows), token groups (16), block chunks
- * (16) and their tails, whatever the row / token split of the call, and one token at a time. */
-static void test_amx_blocksum(void **state) {
+ * s = f16(dw)·d (f32), acc = fmaf(s, (float)I, acc). Every ISA's kernel (scalar, AVX2's
+ * eight-row groups, AVX-512's sixteen-row groups and token tiles, AMX's tiles) must give
+ * these bits for every row and token, across its row groups, token tiles, block pairs and
+ * their tails, whatever the row / token split of the call, and one token at a time. */
+static void test_q8_0_blocksum(void **state) {
     (void)state;
-    const dsib_kern_table *kt = dsib_kern_table_for(DSIB_ISA_AMX);
-    if (!kt) DSIT_SKIP_TEST("AMX", "the AMX kernels cannot run on this CPU / build");
-    static const int64_t n_ins[] = {32, 544, 2080};
-    for (int ni = 0; ni < 3; ni++) {
-        problem p;
-        problem_make(&p, DSI_TYPE_Q8_0, n_ins[ni], 300, 40);
-        const int64_t nb = p.n_in / 32;
-        int8_t *q = malloc((size_t)p.n_in);
-        float *d = malloc(sizeof(float) * (size_t)nb);
-        float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        assert_true(q && d && want && got);
-        for (int64_t t = 0; t < p.n_tok; t++) {
-            ref_quantize(p.x + t * p.xs, p.n_in, 32, q, d);
-            for (int64_t o = 0; o < p.n_out; o++) {
-                const uint8_t *row = p.w + (size_t)o * p.rb;
-                float acc = 0.0f;
-                for (int64_t b = 0; b < nb; b++) {
-                    const uint8_t *blk = row + 34 * b;
-                    int32_t I = 0;
-                    for (int k = 0; k < 32; k++) I += (int8_t)blk[2 + k] * q[32 * b + k];
-                    const float s = (float)dec_f16(rd16(blk)) * d[b];
-                    acc = fmaf(s, (float)I, acc);
+    int checked = 0;
+    for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
+        const dsib_kern_table *kt = dsib_kern_table_for(isa);
+        if (!kt) continue;
+        checked++;
+        static const int64_t n_ins[] = {32, 544, 2080};
+        for (int ni = 0; ni < 3; ni++) {
+            problem p;
+            problem_make(&p, DSI_TYPE_Q8_0, n_ins[ni], 300, 40);
+            const int64_t nb = p.n_in / 32;
+            int8_t *q = malloc((size_t)p.n_in);
+            float *d = malloc(sizeof(float) * (size_t)nb);
+            float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            assert_true(q && d && want && got);
+            for (int64_t t = 0; t < p.n_tok; t++) {
+                ref_quantize(p.x + t * p.xs, p.n_in, 32, q, d);
+                for (int64_t o = 0; o < p.n_out; o++) {
+                    const uint8_t *row = p.w + (size_t)o * p.rb;
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t *blk = row + 34 * b;
+                        int32_t I = 0;
+                        for (int k = 0; k < 32; k++) I += (int8_t)blk[2 + k] * q[32 * b + k];
+                        const float s = (float)dec_f16(rd16(blk)) * d[b];
+                        acc = fmaf(s, (float)I, acc);
+                    }
+                    want[t * p.n_out + o] = acc;
                 }
-                want[t * p.n_out + o] = acc;
             }
+            size_t as = 0;
+            void *act = quantize_all(kt, &p, &as);
+            /* whole; then rows [0,7) [7,300) with tokens [0,2) [2,5) [5,40) */
+            run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, 0, p.n_tok, got, p.n_out);
+            for (int64_t i = 0; i < p.n_out * p.n_tok; i++)
+                if (memcmp(&want[i], &got[i], sizeof(float)))
+                    fail_msg("n_in %lld: %s row %lld token %lld = %.9g, block-sum order %.9g",
+                             (long long)p.n_in, kt->name, (long long)(i % p.n_out), (long long)(i / p.n_out),
+                             got[i], want[i]);
+            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
+            for (int r = 0; r < 2; r++)
+                for (int c = 0; c < 3; c++)
+                    run_rows(kt, PATH_DEFAULT, &p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c],
+                             got, p.n_out);
+            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            /* one token per call (the decode path) */
+            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            for (int64_t t = 0; t < p.n_tok; t++)
+                run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, t, 1, got, p.n_out);
+            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            free(act);
+            free(q);
+            free(d);
+            free(want);
+            free(got);
+            problem_free(&p);
         }
-        size_t as = 0;
-        void *act = quantize_all(kt, &p, &as);
-        /* whole; then rows [0,7) [7,300) with tokens [0,2) [2,5) [5,40) */
-        run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, 0, p.n_tok, got, p.n_out);
-        for (int64_t i = 0; i < p.n_out * p.n_tok; i++)
-            if (memcmp(&want[i], &got[i], sizeof(float)))
-                fail_msg("n_in %lld: AMX row %lld token %lld = %.9g, block-sum order %.9g",
-                         (long long)p.n_in, (long long)(i % p.n_out), (long long)(i / p.n_out),
-                         got[i], want[i]);
-        memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
-        for (int r = 0; r < 2; r++)
-            for (int c = 0; c < 3; c++)
-                run_rows(kt, PATH_DEFAULT, &p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c],
-                         got, p.n_out);
-        assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        /* one token per call (the decode path) */
-        memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        for (int64_t t = 0; t < p.n_tok; t++)
-            run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, t, 1, got, p.n_out);
-        assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-        free(act);
-        free(q);
-        free(d);
-        free(want);
-        free(got);
-        problem_free(&p);
     }
+    assert_true(checked > 0);
 }
 
 /* ---- threads, flags ------------------------------------------------------------------------- */
@@ -1352,7 +1355,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_checks),
         cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_short_rows),
-        cmocka_unit_test(test_amx_blocksum),
+        cmocka_unit_test(test_q8_0_blocksum),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
         cmocka_unit_test(test_batch),
