@@ -50,7 +50,10 @@ DSIB_QROWS_SCALAR(q8_0_rows_scalar, q8_0_dot_scalar)
  * Per block and token, each row's 32 products go into eight int32 lanes (maddubs of |w|
  * against q with w's sign, then madd); a tree of horizontal adds (exact int32) turns the
  * eight rows' vectors into their sums I_b, row order; then one chain step for the eight rows.
- * Rows past the group's end repeat the group's first row and are not stored. */
+ * Rows past the group's end repeat the group's first row and are not stored. Tried and
+ * dropped (one token from memory, this Intel guest): four-row groups (no faster), the rows
+ * read eight blocks at a time each with a transpose of the block sums (no faster cold, 20 %
+ * slower from cache), scalar scale loads instead of the gather (no change). */
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
@@ -76,10 +79,58 @@ DSIB_AI __m256i q8_0_isum8_avx2(const uint8_t *const *q, __m256i xv) {
                             _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
-enum { Q8_AVX2_TT = 4 }; /* tokens per pass over a row group's blocks */
+/* T tokens (1..4) over a group of eight rows (row offsets ro from wg, M of them real), nb
+ * blocks: y[t][0..M). Prefetch (speed only): the next group's pf_next bytes in order, an equal
+ * share per block step, and with pf_ahead each row that far ahead in itself (the call's first
+ * group). A row is only 17 lines at 1024 columns, too short a stream for the hardware
+ * prefetchers; the in-order spread measured better than prefetching each row's blocks in the
+ * next group as they are read (one thread, 2048 × 1024 from memory: 10.5 → 11.3 GB/s), though
+ * still below the lane order's one row at a time (12.5–13.2; docs/performance.md
+ * 4.000000000000000000000). */
+DSIB_AI void q8_0_group8_avx2(const uint8_t *wg, const int32_t *ro, __m256i ridx, __m256i smask,
+                              int64_t nb, const dsib_qrow *x, float *const *y, size_t pf_next,
+                              int32_t pf_ahead, const int T) {
+    __m256 acc[4];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    /* the next group's bytes, in order, an equal share per block step */
+    const size_t pf_share = pf_next ? ((pf_next + (size_t)nb - 1) / (size_t)nb + 63) & ~(size_t)63 : 0;
+    const char *pf_at = (const char *)wg + pf_next;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *q[8];
+        for (size_t k = 0; k < pf_share; k += 64) __builtin_prefetch(pf_at + k, 0, 3);
+        pf_at += pf_share;
+        for (int m = 0; m < 8; m++) {
+            q[m] = wg + (size_t)ro[m] + 34 * b + 2;
+            if (pf_ahead && !(b & 1)) __builtin_prefetch(q[m] + pf_ahead, 0, 3);
+        }
+        const __m256 dw = q8_0_dw8_avx2(ridx, wg + 34 * b);
+        for (int t = 0; t < T; t++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[t].q + 32 * b));
+            const __m256i I = q8_0_isum8_avx2(q, xv);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])),
+                                     _mm256_cvtepi32_ps(I), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) _mm256_maskstore_ps(y[t], smask, acc[t]);
+}
+
+#define Q8_0_GROUP8_T(TT)                                                                  \
+    static void q8_0_group8_avx2_##TT(const uint8_t *wg, const int32_t *ro, __m256i ridx,  \
+                                      __m256i smask, int64_t nb, const dsib_qrow *x,       \
+                                      float *const *y, size_t pf_next, int32_t pf_ahead) { \
+        q8_0_group8_avx2(wg, ro, ridx, smask, nb, x, y, pf_next, pf_ahead, TT);            \
+    }
+Q8_0_GROUP8_T(1)
+Q8_0_GROUP8_T(2)
+Q8_0_GROUP8_T(3)
+Q8_0_GROUP8_T(4)
 
 static void q8_0_rows_avx2(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
                            const dsib_qrow *x, float *const *yp, int n) {
+    typedef void (*group_fn)(const uint8_t *, const int32_t *, __m256i, __m256i, int64_t,
+                             const dsib_qrow *, float *const *, size_t, int32_t);
+    static const group_fn groups[5] = {NULL, q8_0_group8_avx2_1, q8_0_group8_avx2_2,
+                                       q8_0_group8_avx2_3, q8_0_group8_avx2_4};
     const int64_t nb = n_in / 32;
     for (int64_t r0 = o0; r0 < o1; r0 += 8) {
         const int M = o1 - r0 < 8 ? (int)(o1 - r0) : 8;
@@ -91,32 +142,15 @@ static void q8_0_rows_avx2(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0
         const __m256i ridx = _mm256_loadu_si256((const __m256i *)(const void *)ro);
         const __m256i smask = _mm256_loadu_si256((const __m256i *)(const void *)mk);
         const uint8_t *wg = w + (size_t)r0 * rb;
-        for (int t0 = 0; t0 < n; t0 += Q8_AVX2_TT) {
-            const int T = n - t0 < Q8_AVX2_TT ? n - t0 : Q8_AVX2_TT;
-            /* prefetch (speed only), in the first token tile: each row's blocks in the next
-             * group, 8 rows on, as they are read here; in the call's first group also
-             * half the one-row kernels' distance ahead in the row itself */
+        for (int t0 = 0; t0 < n; t0 += 4) {
+            const int T = n - t0 < 4 ? n - t0 : 4;
+            /* prefetch in the first token tile (the one that reads the weights cold); the
+             * next group's bytes may run past o1 (prefetches do not fault) */
             const int pf_on = t0 == 0 && dsib_kern_prefetch > 0;
-            const size_t pf_next = pf_on && o1 > r0 + 8 ? 8 * rb : 0;
-            const int32_t pf_ahead = pf_on && r0 == o0 ? dsib_kern_prefetch / 2 : 0;
-            __m256 acc[Q8_AVX2_TT];
-            for (int t = 0; t < Q8_AVX2_TT; t++) acc[t] = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *q[8];
-                for (int m = 0; m < 8; m++) {
-                    q[m] = wg + (size_t)ro[m] + 34 * b + 2;
-                    if (pf_next && !(b & 1)) __builtin_prefetch(q[m] + pf_next, 0, 3);
-                    if (pf_ahead && !(b & 1)) __builtin_prefetch(q[m] + pf_ahead, 0, 3);
-                }
-                const __m256 dw = q8_0_dw8_avx2(ridx, wg + 34 * b);
-                for (int t = 0; t < T; t++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(x[t0 + t].q + 32 * b));
-                    const __m256i I = q8_0_isum8_avx2(q, xv);
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(x[t0 + t].d[b])),
-                                             _mm256_cvtepi32_ps(I), acc[t]);
-                }
-            }
-            for (int t = 0; t < T; t++) _mm256_maskstore_ps(yp[t0 + t] + r0, smask, acc[t]);
+            float *yt[4];
+            for (int t = 0; t < T; t++) yt[t] = yp[t0 + t] + r0;
+            groups[T](wg, ro, ridx, smask, nb, x + t0, yt, pf_on && o1 > r0 + 8 ? 8 * rb : 0,
+                      pf_on && r0 == o0 ? dsib_kern_prefetch / 2 : 0);
         }
     }
 }
