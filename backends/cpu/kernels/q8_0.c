@@ -295,12 +295,17 @@ DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
         const __m512 dw = q8_0_dw16(ridx, wg + 34 * b);
         for (int t = 0; t < T; t++) {
             const int8_t *xq = x[t].q + 32 * b;
-            __m512i I = _mm512_set1_epi32(-128 * (int32_t)x[t].s[b]);
-            for (int c = 0; c < 8; c++) {
-                int32_t xc;
+            /* two chains of four: one chain of eight dependent vpdpbusd per token left the
+             * tile waiting on their latency (the same integer) */
+            __m512i I = _mm512_set1_epi32(-128 * (int32_t)x[t].s[b]), J = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                int32_t xc, xd;
                 memcpy(&xc, xq + 4 * c, 4);
+                memcpy(&xd, xq + 16 + 4 * c, 4);
                 I = _mm512_dpbusd_epi32(I, W[c], _mm512_set1_epi32(xc));
+                J = _mm512_dpbusd_epi32(J, W[c + 4], _mm512_set1_epi32(xd));
             }
+            I = _mm512_add_epi32(I, J);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), _mm512_cvtepi32_ps(I), acc[t]);
         }
     }
