@@ -5,8 +5,9 @@
  * 0, 2; the twelve bytes of 6-bit scales / mins at 4 (packed as Q4_K's); qh[32] at 16;
  * qs[128] at 48. Element e = 64c + 32u + l (c < 4, u < 2, l < 32) has the 5-bit code
  * nibble u of qs[32c + l] + 16 · bit (2c + u) of qh[l], sub-block 2c + u: Q4_K's packing
- * (q4_k.c) plus a fifth bit, so the same activation order P = (0,2,1,3,4,6,5,7), the same
- * vectors and the same canonical order as Q4_K with the codes < 32:
+ * (q4_k.c) plus a fifth bit, so the same activation order P = (0,2,1,3,4,6,5,7) and the same
+ * vectors as Q4_K, and the lane order Q4_K had until 2026-12-07 (Q4_K now has the block-sum
+ * order, q4_k.c), with the codes < 32:
  *
  *   S[j] = Σ_{v<4} sc_{P[2v + (j>=8)]} · Σ_{k<4} q_v[4j+k] · x_v[4j+k]   j < 16 (exact)
  *   M[j] = m_j · (bs[2j] + bs[2j+1])                                     j < 8  (exact)

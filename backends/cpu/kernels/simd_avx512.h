@@ -85,7 +85,7 @@ DSIB_AI __m512 dsib_pair_f16(const uint8_t *a, const uint8_t *b) {
         _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(ha)), _mm_set1_epi16(hb), 1));
 }
 
-/* K-quant super-block epilogue (q4_k.c, q2_k.c, q5_k.c): acc + (d·dx)·S over 16 lanes, then
+/* K-quant super-block epilogue (q2_k.c, q5_k.c): acc + (d·dx)·S over 16 lanes, then
  * minus (dmin·dx)·M over lanes 0-7; dm holds (d, dmin) of super-block h in lanes 2h, 2h + 1
  * (the pair tiles decode two super-blocks' scales at once; h = 0 elsewhere). The two products
  * go through memory so that each FMA takes its scale as an embedded broadcast from the load
@@ -216,7 +216,7 @@ DSIB_AI float dsib_ldf_(const char *p) {
     }
 
 /* DSIB_KQ_TILE_AVX512 for the types whose super-blocks start with (d, dmin) as f16 and the 12
- * packed 6-bit scale bytes of Q4_K (Q4_K, Q5_K): the scales and (d, dmin) of a pair of
+ * packed 6-bit scale bytes of Q4_K (Q5_K; Q4_K until its block-sum order): the scales and (d, dmin) of a pair of
  * super-blocks b, b + 1 are decoded together, one per 128-bit lane (dsib_kq4_pair_avx512),
  * and WDECODE(blk, wv) gives the four weight vectors of one super-block; an odd last
  * super-block goes alone. Per row and pair: one scale decode and one f16 conversion where

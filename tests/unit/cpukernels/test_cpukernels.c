@@ -1048,6 +1048,106 @@ static void test_q8_0_blocksum(void **state) {
     assert_true(checked > 0);
 }
 
+/* Q4_K's canonical order (q4_k.c), written here in plain C on this test's own quantised
+ * activations: per super-block S_b = Σ_j sc_j · I_j and M_b = Σ_j m_j · Σ_{32 of j} q (exact
+ * integers), then acc = fmaf(-(dmin·dx), M_b, acc), acc = fmaf(d·dx, S_b, acc). Every ISA
+ * (scalar, AVX2's rows one at a time, AVX-512's one-row decode kernel and its sixteen-row
+ * token tiles) must give these bits for every row and token, whatever the row / token split
+ * of the call, and one token at a time. Row 0 against token 0 is the extreme super-block
+ * (every scale and min 63, every code 15, x = 127 but one 126): S_b is odd and above 2^24, so
+ * its conversion to f32 rounds. */
+static int32_t q4k_ref_scale(const uint8_t *sc, int j, int min) {
+    if (j < 4) return (min ? sc[j + 4] : sc[j]) & 63;
+    return min ? (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4) : (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+}
+
+static void test_q4_k_blocksum(void **state) {
+    (void)state;
+    int checked = 0;
+    for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
+        const dsib_kern_table *kt = dsib_kern_table_for(isa);
+        if (!kt) continue;
+        checked++;
+        static const int64_t n_ins[] = {256, 1280, 2304};
+        for (int ni = 0; ni < 3; ni++) {
+            problem p;
+            problem_make(&p, DSI_TYPE_Q4_K, n_ins[ni], 300, 40);
+            const int64_t nb = p.n_in / 256;
+            for (int64_t b = 0; b < nb; b++) { /* the extreme super-blocks of row 0 */
+                uint8_t *blk = p.w + 144 * b;
+                blk[0] = 0x00, blk[1] = 0x3C; /* d = 1 */
+                blk[2] = 0x00, blk[3] = 0x38; /* dmin = 0.5 */
+                memset(blk + 4, 0xFF, 140);
+            }
+            for (int64_t i = 0; i < p.n_in; i++) p.x[i] = 1.0f;
+            p.x[5] = 126.0f / 127.0f;
+            int8_t *q = malloc((size_t)p.n_in);
+            float *d = malloc(sizeof(float) * (size_t)nb);
+            float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            assert_true(q && d && want && got);
+            int rounded = 0;
+            for (int64_t t = 0; t < p.n_tok; t++) {
+                ref_quantize(p.x + t * p.xs, p.n_in, 256, q, d);
+                for (int64_t o = 0; o < p.n_out; o++) {
+                    const uint8_t *row = p.w + (size_t)o * p.rb;
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t *blk = row + 144 * b, *qs = blk + 16;
+                        const int8_t *xb = q + 256 * b;
+                        int32_t S = 0, M = 0;
+                        for (int j = 0; j < 8; j++) {
+                            int32_t I = 0, X = 0;
+                            for (int k = 0; k < 32; k++) {
+                                const int code = (qs[32 * (j / 2) + k] >> (4 * (j & 1))) & 15;
+                                I += code * xb[32 * j + k];
+                                X += xb[32 * j + k];
+                            }
+                            S += q4k_ref_scale(blk + 4, j, 0) * I;
+                            M += q4k_ref_scale(blk + 4, j, 1) * X;
+                        }
+                        if ((S > (1 << 24) || S < -(1 << 24)) && (S & 1)) rounded = 1;
+                        const float dd = (float)dec_f16(rd16(blk)) * d[b];
+                        const float dm = (float)dec_f16(rd16(blk + 2)) * d[b];
+                        acc = fmaf(-dm, (float)M, acc);
+                        acc = fmaf(dd, (float)S, acc);
+                    }
+                    want[t * p.n_out + o] = acc;
+                }
+            }
+            assert_true(rounded);
+            size_t as = 0;
+            void *act = quantize_all(kt, &p, &as);
+            run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, 0, p.n_tok, got, p.n_out);
+            for (int64_t i = 0; i < p.n_out * p.n_tok; i++)
+                if (memcmp(&want[i], &got[i], sizeof(float)))
+                    fail_msg("n_in %lld: %s row %lld token %lld = %.9g, block-sum order %.9g",
+                             (long long)p.n_in, kt->name, (long long)(i % p.n_out), (long long)(i / p.n_out),
+                             got[i], want[i]);
+            /* rows [0,7) [7,300) with tokens [0,2) [2,5) [5,40) */
+            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
+            for (int r = 0; r < 2; r++)
+                for (int c = 0; c < 3; c++)
+                    run_rows(kt, PATH_DEFAULT, &p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c],
+                             got, p.n_out);
+            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            /* one token per call (the decode path) */
+            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            for (int64_t t = 0; t < p.n_tok; t++)
+                run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, t, 1, got, p.n_out);
+            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
+            free(act);
+            free(q);
+            free(d);
+            free(want);
+            free(got);
+            problem_free(&p);
+        }
+    }
+    assert_true(checked > 0);
+}
+
 /* ---- threads, flags ------------------------------------------------------------------------- */
 
 /* dsib_matmul over pools of 1..4 threads equals the process path's single-threaded rows, on
@@ -1356,6 +1456,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cross_isa),
         cmocka_unit_test(test_short_rows),
         cmocka_unit_test(test_q8_0_blocksum),
+        cmocka_unit_test(test_q4_k_blocksum),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
         cmocka_unit_test(test_batch),
