@@ -186,29 +186,15 @@ DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 
     return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
-/* Prefetch plan of a row group (speed only): with `on` (the call's first token tile, the one
- * that reads the weights cold) each row's blocks are prefetched in the next group, 16 rows
- * on, as they are read here — measured better than spreading the next group's bytes evenly
- * over this group's steps (one core, 2048 × 1024 from memory: one token 13.6 → 14.5 GB/s,
- * four tokens 11.0 → 12.4, eight 9.0 → 9.8) — and in the first group of the call each row
- * also half the one-row kernels' distance ahead (512 × 2048 10.3 → 11.1 GB/s with it on the
- * AMX machine). Later token tiles re-read the group from L1 / L2 and prefetch nothing. */
-typedef struct q8_0_pf {
-    size_t next;   /* bytes to the same block of the next group's row; 0: none */
-    int32_t ahead; /* bytes ahead in the row itself; 0: none */
-} q8_0_pf;
-
-DSIB_AI q8_0_pf q8_0_pf_plan(size_t rb, int64_t rows_after, int first, int on) {
-    q8_0_pf p;
-    const int use = on && dsib_kern_prefetch > 0;
-    p.next = use && rows_after > 0 ? 16 * rb : 0;
-    p.ahead = use && first ? dsib_kern_prefetch / 2 : 0;
-    return p;
-}
+/* Prefetch (dsib_pf16, simd_avx512.h): each row's blocks in the next group as they are read
+ * here measured better than spreading the next group's bytes evenly over this group's steps
+ * (one core, 2048 × 1024 from memory: one token 13.6 → 14.5 GB/s, four tokens 11.0 → 12.4,
+ * eight 9.0 → 9.8), and the first group's rows half the one-row distance ahead 512 × 2048
+ * 10.3 → 11.1 GB/s on the AMX machine. */
 
 /* One token over a group of 16 rows (row offsets ridx / ro from wg), nb blocks: y[0..M). */
 static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
-                            const dsib_qrow *x, float *y, q8_0_pf pf) {
+                            const dsib_qrow *x, float *y, dsib_pf16 pf) {
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
@@ -251,18 +237,14 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
 
 /* T tokens (2..8) over a group of 16 rows: y[t][0..M). */
 DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
-                          const dsib_qrow *x, float *const *y, q8_0_pf pf, const int T) {
+                          const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    /* stage 3 of the transpose: qwords (0,1 of a, 0,1 of b, 4,5 of a, 4,5 of b) and the odd
-     * 128-bit lanes the same */
-    const __m512i sel_e = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-    const __m512i sel_o = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     __m512 acc[8];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const int pair_start = !(b & 1); /* prefetches per block pair, as one token's */
-        /* z[m] = [row m | row m + 8] (w + 128), then an 8 × 8 dword transpose per half */
-        __m512i z[8], u[8], W[8];
+        /* z[m] = [row m | row m + 8] (w + 128), transposed: W[c] lane m = bytes 4c.. of row m */
+        __m512i z[8], W[8];
         for (int m = 0; m < 8; m++) {
             const uint8_t *a = wg + (size_t)ro[m] + 34 * b + 2, *c = wg + (size_t)ro[m + 8] + 34 * b + 2;
             if (pf.ahead > 0 && pair_start) {
@@ -278,20 +260,7 @@ DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                                    _mm256_loadu_si256((const __m256i *)(const void *)c), 1),
                 c128);
         }
-        for (int k = 0; k < 4; k++) {
-            u[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
-            u[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
-        }
-        for (int k = 0; k < 2; k++) { /* rows 4k..4k+3: dwords (0,4), (1,5), (2,6), (3,7) */
-            z[4 * k + 0] = _mm512_unpacklo_epi64(u[4 * k], u[4 * k + 2]);
-            z[4 * k + 1] = _mm512_unpackhi_epi64(u[4 * k], u[4 * k + 2]);
-            z[4 * k + 2] = _mm512_unpacklo_epi64(u[4 * k + 1], u[4 * k + 3]);
-            z[4 * k + 3] = _mm512_unpackhi_epi64(u[4 * k + 1], u[4 * k + 3]);
-        }
-        for (int c = 0; c < 4; c++) {
-            W[c] = _mm512_permutex2var_epi64(z[c], sel_e, z[4 + c]);
-            W[c + 4] = _mm512_permutex2var_epi64(z[c], sel_o, z[4 + c]);
-        }
+        dsib_rows16_transpose_avx512(z, W);
         const __m512 dw = q8_0_dw16(ridx, wg + 34 * b);
         for (int t = 0; t < T; t++) {
             const int8_t *xq = x[t].q + 32 * b;
@@ -313,44 +282,18 @@ DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y[t], km, acc[t]);
 }
 
-#define Q8_0_TILE_T(TT)                                                                    \
-    static void q8_0_bs_tile##TT(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, \
-                                 int M, const dsib_qrow *x, float *const *y, q8_0_pf pf) {  \
-        q8_0_bs_tile(wg, ro, ridx, nb, M, x, y, pf, TT);                                   \
-    }
-Q8_0_TILE_T(2)
-Q8_0_TILE_T(3)
-Q8_0_TILE_T(4)
-Q8_0_TILE_T(5)
-Q8_0_TILE_T(6)
-Q8_0_TILE_T(7)
-Q8_0_TILE_T(8)
+DSIB_TILE16_2TO8(q8_0_bs_tile, q8_0_bs_tile)
+
+static void q8_0_bs_tile1(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
+                          const dsib_qrow *x, float *const *y, dsib_pf16 pf) {
+    q8_0_bs_token16(wg, ro, ridx, nb, M, x, y[0], pf);
+}
 
 static void q8_0_rows_avx512(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
                              const dsib_qrow *x, float *const *yp, int n) {
-    typedef void (*tile_fn)(const uint8_t *, const int32_t *, __m512i, int64_t, int,
-                            const dsib_qrow *, float *const *, q8_0_pf);
-    static const tile_fn tiles[9] = {NULL, NULL, q8_0_bs_tile2, q8_0_bs_tile3, q8_0_bs_tile4,
-                                     q8_0_bs_tile5, q8_0_bs_tile6, q8_0_bs_tile7, q8_0_bs_tile8};
-    const int64_t nb = n_in / 32;
-    for (int64_t r0 = o0; r0 < o1; r0 += 16) {
-        const int M = o1 - r0 < 16 ? (int)(o1 - r0) : 16;
-        int32_t ro[16];
-        for (int m = 0; m < 16; m++) ro[m] = m < M ? (int32_t)((size_t)m * rb) : 0;
-        const __m512i ridx = _mm512_loadu_si512(ro);
-        const uint8_t *wg = w + (size_t)r0 * rb;
-        for (int t0 = 0; t0 < n;) {
-            const int T = n - t0 < 8 ? n - t0 : 8;
-            const q8_0_pf pf = q8_0_pf_plan(rb, o1 - (r0 + 16), r0 == o0, t0 == 0);
-            float *yt[8];
-            for (int t = 0; t < T; t++) yt[t] = yp[t0 + t] + r0;
-            if (T == 1)
-                q8_0_bs_token16(wg, ro, ridx, nb, M, &x[t0], yt[0], pf);
-            else
-                tiles[T](wg, ro, ridx, nb, M, x + t0, yt, pf);
-            t0 += T;
-        }
-    }
+    static const dsib_tile16_fn tiles[9] = {NULL,          q8_0_bs_tile1, q8_0_bs_tile2, q8_0_bs_tile3, q8_0_bs_tile4,
+                                            q8_0_bs_tile5, q8_0_bs_tile6, q8_0_bs_tile7, q8_0_bs_tile8};
+    dsib_rows16_avx512(w, rb, n_in / 32, o0, o1, x, yp, n, tiles);
 }
 
 DSIB_TARGET_POP

@@ -591,4 +591,86 @@ DSIB_AI void dsib_iq_masks_avx512(__m256i m, __mmask64 ng[4]) {
                 out[r * T + t] = (FIN) * dsib_reduce32_avx512(acc[r][t][0], acc[r][t][1]); \
     }
 
+
+/* ---- sixteen rows per register (the block-sum order's token tiles: q8_0.c, q4_k.c) ------- */
+
+/* z[m] = [32 bytes of row m | the same 32 bytes of row m + 8] (m < 8) → W[c] whose lane m
+ * holds bytes 4c..4c+3 of row m (m < 16): an 8 × 8 dword transpose per 256-bit half, 24
+ * shuffles. z is clobbered. */
+DSIB_AI void dsib_rows16_transpose_avx512(__m512i z[8], __m512i W[8]) {
+    /* stage 3: qwords (0,1 of a, 0,1 of b, 4,5 of a, 4,5 of b) and the odd pairs the same */
+    const __m512i sel_e = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i sel_o = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i u[8];
+    for (int k = 0; k < 4; k++) {
+        u[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+        u[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++) { /* rows 4k..4k+3: dwords (0,4), (1,5), (2,6), (3,7) */
+        z[4 * k + 0] = _mm512_unpacklo_epi64(u[4 * k], u[4 * k + 2]);
+        z[4 * k + 1] = _mm512_unpackhi_epi64(u[4 * k], u[4 * k + 2]);
+        z[4 * k + 2] = _mm512_unpacklo_epi64(u[4 * k + 1], u[4 * k + 3]);
+        z[4 * k + 3] = _mm512_unpackhi_epi64(u[4 * k + 1], u[4 * k + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        W[c] = _mm512_permutex2var_epi64(z[c], sel_e, z[4 + c]);
+        W[c + 4] = _mm512_permutex2var_epi64(z[c], sel_o, z[4 + c]);
+    }
+}
+
+/* Prefetch plan of a sixteen-row group (speed only): with `on` (the call's first token tile,
+ * the one that reads the weights cold) each row's block is prefetched in the next group, 16
+ * rows on, as it is read here, and in the first group of the call each row also half the
+ * one-row kernels' distance ahead. Later token tiles re-read the group from L1 / L2. */
+typedef struct dsib_pf16 {
+    size_t next;   /* bytes to the same block of the next group's row; 0: none */
+    int32_t ahead; /* bytes ahead in the row itself; 0: none */
+} dsib_pf16;
+
+/* T tokens over a group of 16 rows (row offsets ridx / ro from wg, M of them real), nb blocks:
+ * y[t][0..M). */
+typedef void (*dsib_tile16_fn)(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
+                               const dsib_qrow *x, float *const *y, dsib_pf16 pf);
+
+/* NAME##T (T = 2..8): the dsib_tile16_fn of FN(wg, ro, ridx, nb, M, x, y, pf, T), whose token
+ * count is then a constant. */
+#define DSIB_TILE16_T_(NAME, FN, TT)                                                       \
+    static void NAME##TT(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M, \
+                         const dsib_qrow *x, float *const *y, dsib_pf16 pf) {              \
+        FN(wg, ro, ridx, nb, M, x, y, pf, TT);                                             \
+    }
+#define DSIB_TILE16_2TO8(NAME, FN)                                                         \
+    DSIB_TILE16_T_(NAME, FN, 2)                                                            \
+    DSIB_TILE16_T_(NAME, FN, 3)                                                            \
+    DSIB_TILE16_T_(NAME, FN, 4)                                                            \
+    DSIB_TILE16_T_(NAME, FN, 5)                                                            \
+    DSIB_TILE16_T_(NAME, FN, 6)                                                            \
+    DSIB_TILE16_T_(NAME, FN, 7)                                                            \
+    DSIB_TILE16_T_(NAME, FN, 8)
+
+/* Rows [o0, o1) of n tokens in groups of 16 rows (the last one short, its missing rows read
+ * row 0 of the group and not stored), each group through tiles[T] for the call's tokens
+ * eight at a time and then the rest, so the group stays in the caches for its later tiles. */
+DSIB_AI void dsib_rows16_avx512(const uint8_t *w, size_t rb, int64_t nb, int64_t o0, int64_t o1,
+                                const dsib_qrow *x, float *const *yp, int n, const dsib_tile16_fn tiles[9]) {
+    for (int64_t r0 = o0; r0 < o1; r0 += 16) {
+        const int M = o1 - r0 < 16 ? (int)(o1 - r0) : 16;
+        int32_t ro[16];
+        for (int m = 0; m < 16; m++) ro[m] = m < M ? (int32_t)((size_t)m * rb) : 0;
+        const __m512i ridx = _mm512_loadu_si512(ro);
+        const uint8_t *wg = w + (size_t)r0 * rb;
+        for (int t0 = 0; t0 < n;) {
+            const int T = n - t0 < 8 ? n - t0 : 8;
+            const int use = t0 == 0 && dsib_kern_prefetch > 0;
+            dsib_pf16 pf;
+            pf.next = use && o1 - (r0 + 16) > 0 ? 16 * rb : 0;
+            pf.ahead = use && r0 == o0 ? dsib_kern_prefetch / 2 : 0;
+            float *yt[8];
+            for (int t = 0; t < T; t++) yt[t] = yp[t0 + t] + r0;
+            tiles[T](wg, ro, ridx, nb, M, x + t0, yt, pf);
+            t0 += T;
+        }
+    }
+}
+
 #endif

@@ -978,66 +978,81 @@ static void test_short_rows(void **state) {
     assert_true(compared > 0);
 }
 
+/* The block-sum tests' checks of one problem on table kt: want (the order in plain C) against
+ * the whole call, rows [0,7) [7,300) × tokens [0,2) [2,5) [5,40), and one token per call. */
+static void check_blocksum_calls(const dsib_kern_table *kt, const problem *p, const float *want, float *got) {
+    const size_t ny = (size_t)(p->n_out * p->n_tok);
+    size_t as = 0;
+    void *act = quantize_all(kt, p, &as);
+    memset(got, 0, sizeof(float) * ny);
+    run_rows(kt, PATH_DEFAULT, p, act, as, 0, p->n_out, 0, p->n_tok, got, p->n_out);
+    for (int64_t i = 0; i < p->n_out * p->n_tok; i++)
+        if (memcmp(&want[i], &got[i], sizeof(float)))
+            fail_msg("type %d n_in %lld: %s row %lld token %lld = %.9g, block-sum order %.9g", (int)p->type,
+                     (long long)p->n_in, kt->name, (long long)(i % p->n_out), (long long)(i / p->n_out), got[i],
+                     want[i]);
+    memset(got, 0, sizeof(float) * ny);
+    const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 3; c++)
+            run_rows(kt, PATH_DEFAULT, p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c], got, p->n_out);
+    assert_memory_equal(want, got, sizeof(float) * ny);
+    memset(got, 0, sizeof(float) * ny);
+    for (int64_t t = 0; t < p->n_tok; t++) run_rows(kt, PATH_DEFAULT, p, act, as, 0, p->n_out, t, 1, got, p->n_out);
+    assert_memory_equal(want, got, sizeof(float) * ny);
+    free(act);
+}
+
 /* Q8_0's canonical block-sum order (q8_0.c), written here from its definition with this
  * test's own quantiser: acc = 0; per block b in order, I = Σ_{k<32} w·q (exact),
  * s = f16(dw)·d (f32), acc = fmaf(s, (float)I, acc). Every ISA's kernel (scalar, AVX2's
  * eight-row groups, AVX-512's sixteen-row groups and token tiles, AMX's tiles) must give
  * these bits for every row and token, across its row groups, token tiles, block pairs and
  * their tails, whatever the row / token split of the call, and one token at a time. */
-static void test_q8_0_blocksum(void **state) {
-    (void)state;
+/* One output of Q8_0's order (q are the token's quants, d its scales per block). */
+static float q8_0_ref_row(const uint8_t *row, int64_t n_in, const int8_t *q, const float *d, int *rounded) {
+    (void)rounded;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_in / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        int32_t I = 0;
+        for (int k = 0; k < 32; k++) I += (int8_t)blk[2 + k] * q[32 * b + k];
+        const float s = (float)dec_f16(rd16(blk)) * d[b];
+        acc = fmaf(s, (float)I, acc);
+    }
+    return acc;
+}
+
+typedef float (*blocksum_ref_fn)(const uint8_t *row, int64_t n_in, const int8_t *q, const float *d,
+                                 int *rounded);
+
+/* A block-sum order's test over every ISA: 300 rows × 40 tokens of `type` at each of n_ins
+ * columns (activation blocks of B), prep (if any) making row 0 × token 0 a case whose
+ * conversion to f32 rounds (ref then says so), want from ref, check_blocksum_calls. */
+static void run_blocksum(int32_t type, int B, const int64_t n_ins[3], void (*prep)(problem *),
+                         blocksum_ref_fn ref) {
     int checked = 0;
     for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
         const dsib_kern_table *kt = dsib_kern_table_for(isa);
         if (!kt) continue;
         checked++;
-        static const int64_t n_ins[] = {32, 544, 2080};
         for (int ni = 0; ni < 3; ni++) {
             problem p;
-            problem_make(&p, DSI_TYPE_Q8_0, n_ins[ni], 300, 40);
-            const int64_t nb = p.n_in / 32;
+            problem_make(&p, type, n_ins[ni], 300, 40);
+            if (prep) prep(&p);
             int8_t *q = malloc((size_t)p.n_in);
-            float *d = malloc(sizeof(float) * (size_t)nb);
+            float *d = malloc(sizeof(float) * (size_t)(p.n_in / B));
             float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
             float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
             assert_true(q && d && want && got);
+            int rounded = 0;
             for (int64_t t = 0; t < p.n_tok; t++) {
-                ref_quantize(p.x + t * p.xs, p.n_in, 32, q, d);
-                for (int64_t o = 0; o < p.n_out; o++) {
-                    const uint8_t *row = p.w + (size_t)o * p.rb;
-                    float acc = 0.0f;
-                    for (int64_t b = 0; b < nb; b++) {
-                        const uint8_t *blk = row + 34 * b;
-                        int32_t I = 0;
-                        for (int k = 0; k < 32; k++) I += (int8_t)blk[2 + k] * q[32 * b + k];
-                        const float s = (float)dec_f16(rd16(blk)) * d[b];
-                        acc = fmaf(s, (float)I, acc);
-                    }
-                    want[t * p.n_out + o] = acc;
-                }
+                ref_quantize(p.x + t * p.xs, p.n_in, B, q, d);
+                for (int64_t o = 0; o < p.n_out; o++)
+                    want[t * p.n_out + o] = ref(p.w + (size_t)o * p.rb, p.n_in, q, d, &rounded);
             }
-            size_t as = 0;
-            void *act = quantize_all(kt, &p, &as);
-            /* whole; then rows [0,7) [7,300) with tokens [0,2) [2,5) [5,40) */
-            run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, 0, p.n_tok, got, p.n_out);
-            for (int64_t i = 0; i < p.n_out * p.n_tok; i++)
-                if (memcmp(&want[i], &got[i], sizeof(float)))
-                    fail_msg("n_in %lld: %s row %lld token %lld = %.9g, block-sum order %.9g",
-                             (long long)p.n_in, kt->name, (long long)(i % p.n_out), (long long)(i / p.n_out),
-                             got[i], want[i]);
-            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
-            for (int r = 0; r < 2; r++)
-                for (int c = 0; c < 3; c++)
-                    run_rows(kt, PATH_DEFAULT, &p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c],
-                             got, p.n_out);
-            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            /* one token per call (the decode path) */
-            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            for (int64_t t = 0; t < p.n_tok; t++)
-                run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, t, 1, got, p.n_out);
-            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            free(act);
+            if (prep) assert_true(rounded);
+            check_blocksum_calls(kt, &p, want, got);
             free(q);
             free(d);
             free(want);
@@ -1046,6 +1061,12 @@ static void test_q8_0_blocksum(void **state) {
         }
     }
     assert_true(checked > 0);
+}
+
+static void test_q8_0_blocksum(void **state) {
+    (void)state;
+    static const int64_t n_ins[] = {32, 544, 2080};
+    run_blocksum(DSI_TYPE_Q8_0, 32, n_ins, NULL, q8_0_ref_row);
 }
 
 /* Q4_K's canonical order (q4_k.c), written here in plain C on this test's own quantised
@@ -1061,91 +1082,47 @@ static int32_t q4k_ref_scale(const uint8_t *sc, int j, int min) {
     return min ? (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4) : (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
 }
 
+/* Row 0's super-blocks at their extremes, token 0's activation all 127 but one 126. */
+static void q4_k_extreme(problem *p) {
+    for (int64_t b = 0; b < p->n_in / 256; b++) {
+        uint8_t *blk = p->w + 144 * b;
+        blk[0] = 0x00, blk[1] = 0x3C; /* d = 1 */
+        blk[2] = 0x00, blk[3] = 0x38; /* dmin = 0.5 */
+        memset(blk + 4, 0xFF, 140);
+    }
+    for (int64_t i = 0; i < p->n_in; i++) p->x[i] = 1.0f;
+    p->x[5] = 126.0f / 127.0f;
+}
+
+static float q4_k_ref_row(const uint8_t *row, int64_t n_in, const int8_t *q, const float *d, int *rounded) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        const uint8_t *blk = row + 144 * b, *qs = blk + 16;
+        const int8_t *xb = q + 256 * b;
+        int32_t S = 0, M = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t I = 0, X = 0;
+            for (int k = 0; k < 32; k++) {
+                const int code = (qs[32 * (j / 2) + k] >> (4 * (j & 1))) & 15;
+                I += code * xb[32 * j + k];
+                X += xb[32 * j + k];
+            }
+            S += q4k_ref_scale(blk + 4, j, 0) * I;
+            M += q4k_ref_scale(blk + 4, j, 1) * X;
+        }
+        if ((S > (1 << 24) || S < -(1 << 24)) && (S & 1)) *rounded = 1;
+        const float dd = (float)dec_f16(rd16(blk)) * d[b];
+        const float dm = (float)dec_f16(rd16(blk + 2)) * d[b];
+        acc = fmaf(-dm, (float)M, acc);
+        acc = fmaf(dd, (float)S, acc);
+    }
+    return acc;
+}
+
 static void test_q4_k_blocksum(void **state) {
     (void)state;
-    int checked = 0;
-    for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
-        const dsib_kern_table *kt = dsib_kern_table_for(isa);
-        if (!kt) continue;
-        checked++;
-        static const int64_t n_ins[] = {256, 1280, 2304};
-        for (int ni = 0; ni < 3; ni++) {
-            problem p;
-            problem_make(&p, DSI_TYPE_Q4_K, n_ins[ni], 300, 40);
-            const int64_t nb = p.n_in / 256;
-            for (int64_t b = 0; b < nb; b++) { /* the extreme super-blocks of row 0 */
-                uint8_t *blk = p.w + 144 * b;
-                blk[0] = 0x00, blk[1] = 0x3C; /* d = 1 */
-                blk[2] = 0x00, blk[3] = 0x38; /* dmin = 0.5 */
-                memset(blk + 4, 0xFF, 140);
-            }
-            for (int64_t i = 0; i < p.n_in; i++) p.x[i] = 1.0f;
-            p.x[5] = 126.0f / 127.0f;
-            int8_t *q = malloc((size_t)p.n_in);
-            float *d = malloc(sizeof(float) * (size_t)nb);
-            float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            assert_true(q && d && want && got);
-            int rounded = 0;
-            for (int64_t t = 0; t < p.n_tok; t++) {
-                ref_quantize(p.x + t * p.xs, p.n_in, 256, q, d);
-                for (int64_t o = 0; o < p.n_out; o++) {
-                    const uint8_t *row = p.w + (size_t)o * p.rb;
-                    float acc = 0.0f;
-                    for (int64_t b = 0; b < nb; b++) {
-                        const uint8_t *blk = row + 144 * b, *qs = blk + 16;
-                        const int8_t *xb = q + 256 * b;
-                        int32_t S = 0, M = 0;
-                        for (int j = 0; j < 8; j++) {
-                            int32_t I = 0, X = 0;
-                            for (int k = 0; k < 32; k++) {
-                                const int code = (qs[32 * (j / 2) + k] >> (4 * (j & 1))) & 15;
-                                I += code * xb[32 * j + k];
-                                X += xb[32 * j + k];
-                            }
-                            S += q4k_ref_scale(blk + 4, j, 0) * I;
-                            M += q4k_ref_scale(blk + 4, j, 1) * X;
-                        }
-                        if ((S > (1 << 24) || S < -(1 << 24)) && (S & 1)) rounded = 1;
-                        const float dd = (float)dec_f16(rd16(blk)) * d[b];
-                        const float dm = (float)dec_f16(rd16(blk + 2)) * d[b];
-                        acc = fmaf(-dm, (float)M, acc);
-                        acc = fmaf(dd, (float)S, acc);
-                    }
-                    want[t * p.n_out + o] = acc;
-                }
-            }
-            assert_true(rounded);
-            size_t as = 0;
-            void *act = quantize_all(kt, &p, &as);
-            run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, 0, p.n_tok, got, p.n_out);
-            for (int64_t i = 0; i < p.n_out * p.n_tok; i++)
-                if (memcmp(&want[i], &got[i], sizeof(float)))
-                    fail_msg("n_in %lld: %s row %lld token %lld = %.9g, block-sum order %.9g",
-                             (long long)p.n_in, kt->name, (long long)(i % p.n_out), (long long)(i / p.n_out),
-                             got[i], want[i]);
-            /* rows [0,7) [7,300) with tokens [0,2) [2,5) [5,40) */
-            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            const int64_t rc[] = {0, 7, 300}, tc[] = {0, 2, 5, 40};
-            for (int r = 0; r < 2; r++)
-                for (int c = 0; c < 3; c++)
-                    run_rows(kt, PATH_DEFAULT, &p, act, as, rc[r], rc[r + 1], tc[c], tc[c + 1] - tc[c],
-                             got, p.n_out);
-            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            /* one token per call (the decode path) */
-            memset(got, 0, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            for (int64_t t = 0; t < p.n_tok; t++)
-                run_rows(kt, PATH_DEFAULT, &p, act, as, 0, p.n_out, t, 1, got, p.n_out);
-            assert_memory_equal(want, got, sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            free(act);
-            free(q);
-            free(d);
-            free(want);
-            free(got);
-            problem_free(&p);
-        }
-    }
-    assert_true(checked > 0);
+    static const int64_t n_ins[] = {256, 1280, 2304};
+    run_blocksum(DSI_TYPE_Q4_K, 256, n_ins, q4_k_extreme, q4_k_ref_row);
 }
 
 /* ---- threads, flags ------------------------------------------------------------------------- */
