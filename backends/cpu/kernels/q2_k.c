@@ -7,16 +7,25 @@
  * same 64 bytes of the activation row. Its 16-byte quarters are the 16-element sub-blocks
  * g(s, 0..3) = 2s, 2s+1, 8+2s, 9+2s (scale = low nibble, min = high nibble of sc[g]).
  *
- * Canonical order (every ISA, bit-identical): two sets of 16 f32 lanes acc[2][16], zero at
- * the start. For each super-block b in order (set u = b mod 2) (d, dmin f16; dx activation scale; bs[] activation sums per
- * 16 natural elements):
+ * Canonical order (every ISA, bit-identical): the block-sum order, as Q4_K's (q4_k.c). For
+ * output (o, t), acc = 0, then for each super-block b in order, with sc_g, m_g the low / high
+ * nibbles of scales[g] (16-element sub-block g < 16, natural order), d, dmin its f16 scales,
+ * dx the activation scale and bs[g] the activation sums per 16 natural elements:
  *
- *   S[j] = Σ_{s<4} (sc[g(s, j/4)] & 15) · Σ_{k<4} q_s[4j+k] · x_s[4j+k]    j < 16 (exact)
- *   M[j] = (sc[2j] >> 4) · bs[2j] + (sc[2j+1] >> 4) · bs[2j+1]             j < 8  (exact)
- *   acc[u][j] = fmaf(d·dx, (float)S[j], acc[u][j])            j < 16
- *   acc[u][j] = fmaf(-(dmin·dx), (float)M[j], acc[u][j])      j < 8
+ *   I_g = Σ_{k<16} q[16g + k] · x[16g + k]       (exact)
+ *   S_b = Σ_g sc_g · I_g                          (exact int32, |S_b| < 2^21)
+ *   M_b = Σ_g m_g · bs[g]                         (exact int32, |M_b| < 2^20)
+ *   acc = fmaf(-(dmin·dx), (float)M_b, acc)
+ *   acc = fmaf(d·dx, (float)S_b, acc)
  *
- * then y = dsib_reduce32(acc).
+ * and y = acc (the conversions are exact). Until 2026-12-07 Q2_K kept two sets of sixteen
+ * lanes (S[j] of four products per lane, a fmaf per lane and super-block, a 32 → 1 reduction).
+ * The AVX-512 token tiles put sixteen rows in a register (q4_k.c's scheme: the rows' quant
+ * bytes transposed once per 32-byte chunk, the 2-bit fields split, per token and sub-block
+ * pair two chains of four vpdpbusd packed into word pairs and one vpdpwssd with the two
+ * scales); one-token calls read rows one at a time (dsib_kq_bs_pair_steps); AVX2 uses
+ * DSIB_KQ_BS_TILE_AVX2 (docs/performance.md 4.0000000000000000000000). test_cpukernels
+ * test_q2_k_blocksum writes the order in plain C.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -25,28 +34,27 @@
 /* ---- scalar ---------------------------------------------------------------------------- */
 
 static float q2_k_dot_scalar(const uint8_t *row, int64_t n_in, const dsib_qrow *x) {
-    float acc[2][16] = {{0}};
+    float acc = 0.0f;
     for (int64_t b = 0; b < n_in / 256; b++) {
-        float *a = acc[b & 1];
         const uint8_t *blk = row + 84 * b, *sc = blk, *qs = blk + 16;
         const int8_t *xq = x->q + 256 * b;
         const int16_t *bs = x->s + 16 * b;
-        int32_t S[16] = {0}, M[8];
-        for (int s = 0; s < 4; s++) {
-            for (int j = 0; j < 16; j++) {
-                static const int gq[4] = {0, 1, 8, 9};
-                int32_t I = 0;
-                for (int k = 0; k < 4; k++)
-                    I += ((qs[4 * j + k] >> (2 * s)) & 3) * xq[64 * s + 4 * j + k];
-                S[j] += (sc[2 * s + gq[j / 4]] & 15) * I;
-            }
+        int32_t S = 0, M = 0;
+        for (int g = 0; g < 16; g++) {
+            /* natural elements 16g.. = 128h + 32s + l, l = 16 (g & 1) + k: field s of qs[32h + l],
+             * activation position 2s + h */
+            const int h = g / 8, s2 = (g / 2) % 4, l0 = 16 * (g & 1);
+            const int8_t *xg = xq + 32 * (2 * s2 + h) + l0;
+            int32_t I = 0;
+            for (int k = 0; k < 16; k++) I += ((qs[32 * h + l0 + k] >> (2 * s2)) & 3) * xg[k];
+            S += (sc[g] & 15) * I;
+            M += (sc[g] >> 4) * bs[g];
         }
-        for (int j = 0; j < 8; j++) M[j] = (sc[2 * j] >> 4) * bs[2 * j] + (sc[2 * j + 1] >> 4) * bs[2 * j + 1];
         const float dd = dsib_ld_f16(blk + 80) * x->d[b], dm = dsib_ld_f16(blk + 82) * x->d[b];
-        for (int j = 0; j < 16; j++) a[j] = fmaf(dd, (float)S[j], a[j]);
-        for (int j = 0; j < 8; j++) a[j] = fmaf(-dm, (float)M[j], a[j]);
+        acc = fmaf(-dm, (float)M, acc);
+        acc = fmaf(dd, (float)S, acc);
     }
-    return dsib_reduce32(acc);
+    return acc;
 }
 
 DSIB_QROWS_SCALAR(q2_k_rows_scalar, q2_k_dot_scalar)
@@ -78,7 +86,7 @@ DSIB_AI void q2_k_tail_avx2(const uint8_t *blk, __m256i sc4, __m256i *mn, __m128
     *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(0x0F)));
     *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX2(q2_k_tile_avx2, 84, q2_k_prep_avx2, q2_k_pos_avx2, q2_k_tail_avx2)
+DSIB_KQ_BS_TILE_AVX2(q2_k_tile_avx2, 84, q2_k_prep_avx2, q2_k_pos_avx2, q2_k_tail_avx2)
 
 DSIB_QROWS_DEFINE_T4(q2_k_rows_avx2, q2_k_tile_avx2, 4)
 
@@ -118,23 +126,144 @@ DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2]
     *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
     *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
 }
-DSIB_KQ_TILE_AVX512(q2_k_tile_avx512, 84, q2_k_decode_avx512, 0)
+/* One token, rows one at a time (four at a time on rows of at most
+ * DSIB_T1_ROWS_MAX_IN_AVX512 columns): the exact lanes of dsib_kq_s_avx512 and of the mins
+ * against the sums per 16 from the decode above, the chain steps of a pair of super-blocks
+ * at a time (dsib_kq_bs_pair_steps). */
+#define Q2_K_LANES1_AVX512_(blk, b, Sv, Mv, dmw)                                           \
+    DSIB_PF(PF, blk, 84);                                                                  \
+    __m512i Sv;                                                                            \
+    __m256i Mv;                                                                            \
+    __m128 dmw;                                                                            \
+    {                                                                                      \
+        __m512i wv_[4], sc_[2];                                                            \
+        __m256i mn_;                                                                       \
+        q2_k_decode_avx512(blk, wv_, sc_, &mn_, &dmw);                                     \
+        Sv = dsib_kq_s_avx512(wv_, sc_, x->q + 256 * (b));                                 \
+        Mv = _mm256_madd_epi16(mn_, _mm256_loadu_si256((const __m256i *)(const void *)(x->s + 16 * (b)))); \
+    }
+DSIB_AI void q2_k_row_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x, float *out,
+                                  const int R, const int T, const int PF) {
+    (void)T;
+    __m128 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
+    const int64_t nb = n_in / 256;
+    int64_t b2 = 0;
+    for (; b2 + 1 < nb; b2 += 2)
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk0 = w + (size_t)r * rb + 84 * b2;
+            Q2_K_LANES1_AVX512_(blk0, b2, S0v, M0v, dm0)
+            Q2_K_LANES1_AVX512_(blk0 + 84, b2 + 1, S1v, M1v, dm1)
+            const __m128 dmx = _mm_mul_ps(_mm_movelh_ps(dm0, dm1),
+                                          _mm_setr_ps(x->d[b2], x->d[b2], x->d[b2 + 1], x->d[b2 + 1]));
+            acc[r] = dsib_kq_bs_pair_steps(acc[r], S0v, M0v, S1v, M1v, dmx);
+        }
+    if (b2 < nb)
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk0 = w + (size_t)r * rb + 84 * b2;
+            Q2_K_LANES1_AVX512_(blk0, b2, Sv, Mv, dm0)
+            acc[r] = dsib_kq_bs_steps(acc[r], Sv, Mv, _mm_mul_ps(dm0, _mm_set1_ps(x->d[b2])));
+        }
+    for (int r = 0; r < R; r++) out[r] = _mm_cvtss_f32(acc[r]);
+}
+DSIB_QTILE_FN_T1(q2_k_row_avx512, q2_k_row_tile_avx512, 4, DSIB_T1_ROWS_MAX_IN_AVX512)
 
-DSIB_QROWS_DEFINE_RT8(q2_k_rows_avx512, q2_k_tile_avx512, 2)
+/* Broadcast of the int32 at p. */
+DSIB_AI __m512i q2_k_bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* T tokens (1..8) over a group of 16 rows (dsib_tile16_fn): per super-block the rows' scale
+ * bytes (four gathered dwords: byte g of the row's scales is byte g mod 4 of dword g / 4) and
+ * (d, dmin); per 32-byte chunk h of the codes the rows' bytes transposed (lane m = row m),
+ * field s of dword k giving elements 128h + 32s + 4k.. (sub-block 8h + 2s for k < 4, the
+ * next for k >= 4; activation position 2s + h). */
+DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
+                          const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    /* word pair (byte o, byte o + 1) of each dword lane, o = 0, 2 (vpshufb counts in the 16-byte lane) */
+    __m512i pat[2];
+    for (int o = 0; o < 2; o++) {
+        const __m512i idx = _mm512_add_epi32(_mm512_set4_epi32(12, 8, 4, 0), _mm512_set1_epi32(2 * o));
+        pat[o] = _mm512_or_si512(_mm512_or_si512(idx, _mm512_slli_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(1)), 16)),
+                                 _mm512_set1_epi32((int)0x80008000u));
+    }
+    __m512 acc[8];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *sb = wg + 84 * b;
+        for (int m = 0; m < 16; m++) {
+            const uint8_t *blk = sb + (size_t)ro[m];
+            if (pf.ahead > 0) {
+                __builtin_prefetch(blk + pf.ahead, 0, 3);
+                __builtin_prefetch(blk + pf.ahead + 64, 0, 3);
+            }
+            if (pf.next) {
+                __builtin_prefetch(blk + pf.next, 0, 1);
+                __builtin_prefetch(blk + pf.next + 64, 0, 1);
+            }
+        }
+        __m512i scv[4], mnv[4];
+        for (int q = 0; q < 4; q++) {
+            const __m512i u = _mm512_i32gather_epi32(ridx, (const void *)(sb + 4 * q), 1);
+            scv[q] = _mm512_and_si512(u, m4);
+            mnv[q] = _mm512_and_si512(_mm512_srli_epi32(u, 4), m4);
+        }
+        const __m512i h0 = _mm512_i32gather_epi32(ridx, (const void *)(sb + 80), 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
+        const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
+        for (int t = 0; t < T; t++) { /* M_b and its step */
+            const int16_t *bs = x[t].s + 16 * b;
+            __m512i Ma = _mm512_setzero_si512(), Mb = _mm512_setzero_si512();
+            for (int i = 0; i < 8; i += 2) {
+                Ma = _mm512_dpwssd_epi32(Ma, _mm512_shuffle_epi8(mnv[i / 2], pat[0]), q2_k_bcast32(bs + 2 * i));
+                Mb = _mm512_dpwssd_epi32(Mb, _mm512_shuffle_epi8(mnv[i / 2], pat[1]), q2_k_bcast32(bs + 2 * i + 2));
+            }
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmw, _mm512_set1_ps(x[t].d[b])),
+                                      _mm512_cvtepi32_ps(_mm512_add_epi32(Ma, Mb)), acc[t]);
+        }
+        __m512i S[8];
+        for (int t = 0; t < T; t++) S[t] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i z[8], W[8];
+            for (int m = 0; m < 8; m++) {
+                const uint8_t *a = sb + (size_t)ro[m] + 16 + 32 * h, *e = sb + (size_t)ro[m + 8] + 16 + 32 * h;
+                z[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),
+                                          _mm256_loadu_si256((const __m256i *)(const void *)e), 1);
+            }
+            dsib_rows16_transpose_avx512(z, W);
+            for (int s = 0; s < 4; s++) {
+                const int g = 8 * h + 2 * s; /* sub-blocks g (k < 4), g + 1 (k >= 4) */
+                const __m512i scw = _mm512_shuffle_epi8(scv[g / 4], pat[(g % 4) / 2]);
+                __m512i V[8];
+                for (int k = 0; k < 8; k++) V[k] = _mm512_and_si512(s ? _mm512_srli_epi16(W[k], 2 * s) : W[k], m3);
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xs = x[t].q + 256 * b + 32 * (2 * s + h);
+                    __m512i L = _mm512_setzero_si512(), H = _mm512_setzero_si512();
+                    for (int k = 0; k < 4; k++) {
+                        L = _mm512_dpbusd_epi32(L, V[k], q2_k_bcast32(xs + 4 * k));
+                        H = _mm512_dpbusd_epi32(H, V[k + 4], q2_k_bcast32(xs + 16 + 4 * k));
+                    }
+                    S[t] = _mm512_dpwssd_epi32(S[t], _mm512_mask_blend_epi16(0xAAAAAAAAu, L, _mm512_slli_epi32(H, 16)),
+                                               scw);
+                }
+            }
+        }
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), _mm512_cvtepi32_ps(S[t]), acc[t]);
+    }
+    const __mmask16 km = (__mmask16)((1u << M) - 1);
+    for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y[t], km, acc[t]);
+}
+
+DSIB_KQ_BS_ROWS_AVX512(q2_k_rows_avx512, q2_k_bs_tile, q2_k_row_avx512_t1)
 
 DSIB_TARGET_POP
-
-/* AVX512_VBMI2: the pairs of lane sums without a blend (simd_avx512.h DSIB_KQ_S_VB2_). */
-DSIB_TARGET_PUSH(DSIB_TGT_AVX512VBMI2)
-DSIB_KQ_TILE_AVX512(q2_k_tile_vb2, 84, q2_k_decode_avx512, 1)
-DSIB_QROWS_DEFINE_RT8(q2_k_rows_vb2, q2_k_tile_vb2, 2)
-DSIB_TARGET_POP
-
-DSIB_QROWS_VARIANT(q2_k_rows_avx512_any, q2_k_rows_vb2, q2_k_rows_avx512,
-                   dsib_kern_kq_vbmi2 && dsib_kern_cpu_vbmi2())
 
 const dsib_kern_qtype dsib_kq_q2_k = {
-    DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar, q2_k_rows_avx2, NULL, q2_k_rows_avx512_any}};
+    DSI_TYPE_Q2_K, DSIB_ACT_Q8_K_P2, {q2_k_rows_scalar, q2_k_rows_avx2, NULL, q2_k_rows_avx512}};
 
 #else
 

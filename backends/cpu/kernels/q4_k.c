@@ -78,10 +78,8 @@ DSIB_QROWS_SCALAR(q4_k_rows_scalar, q4_k_dot_scalar)
  * four at a time, one token): per super-block, row and token the exact integer lanes of
  * DSIB_KQ_SUMS_AVX2_ (position p: the low (p & 2 clear) or high nibbles of qs[32c..32c+32),
  * c = 2 (p / 4) + (p & 1), times the scale of sub-block P[p]; their sixteen lanes add up to
- * S_b) and of the mins against the activation sums (adding up to M_b). The tile's (row,
- * token) items, four at most, are summed across lanes together by one horizontal-add tree
- * into (S_b, M_b) of each item in the lanes of two registers, and the chain steps of the four
- * items are two vector fmas. */
+ * S_b) and of the mins against the activation sums (adding up to M_b), through
+ * DSIB_KQ_BS_TILE_AVX2 (simd_avx2.h). */
 DSIB_TARGET_PUSH(DSIB_TGT_AVX2)
 #include "backends/cpu/kernels/simd_avx2.h"
 
@@ -92,52 +90,11 @@ DSIB_AI void q4_k_pos_avx2(const uint8_t *blk, __m256i smv, int p, __m256i *wq, 
     *sc = dsib_kq4_sc_avx2(smv, p);
 }
 
-/* Lane i of the result: the sum of the eight lanes of v[i] (exact). */
-DSIB_AI __m128i q4_k_hsum4_avx2(const __m256i v[4]) {
-    const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i c = _mm256_hadd_epi32(a, b); /* per 128: v0 v1 v2 v3 partial */
-    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+DSIB_AI void q4_k_tail_avx2(const uint8_t *blk, __m256i smv, __m256i *mn, __m128 *dmw) {
+    *mn = dsib_kq4_mins_avx2(smv);
+    *dmw = dsib_f16x2_hw(blk); /* d, dmin */
 }
-
-DSIB_AI void q4_k_tile_avx2(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x, float *out,
-                            const int R, const int T, const int PF) {
-    __m128 acc = _mm_setzero_ps(); /* lane r·T + t */
-    const int64_t nb = n_in / 256;
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i v[4], m[4];
-        float dd[4] = {0, 0, 0, 0}, dm[4] = {0, 0, 0, 0};
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + (size_t)r * rb + 144 * b;
-            DSIB_PF_ROWS(PF, blk, 144, R, rb);
-            DSIB_KQ_SUMS_AVX2_(S, st, blk, Q4_K_PREP_AVX2, q4_k_pos_avx2);
-            const __m256i mn = dsib_kq4_mins_avx2(st);
-            const float d = dsib_f16_hw(blk), dmin = dsib_f16_hw(blk + 2);
-            for (int t = 0; t < T; t++) {
-                const int i = r * T + t;
-                v[i] = _mm256_add_epi32(S[t][0], S[t][1]);
-                m[i] = _mm256_madd_epi16(mn, _mm256_loadu_si256((const __m256i *)(x[t].s + 16 * b)));
-                dd[i] = d * x[t].d[b];
-                dm[i] = dmin * x[t].d[b];
-            }
-        }
-        __m128i Si, Mi;
-        if (R * T == 1) {
-            const __m256i h = _mm256_hadd_epi32(v[0], m[0]); /* s01 s23 m01 m23 | s45 s67 m45 m67 */
-            const __m256i h2 = _mm256_hadd_epi32(h, h);      /* s0-3 m0-3 . . | s4-7 m4-7 . . */
-            Si = _mm_add_epi32(_mm256_castsi256_si128(h2), _mm256_extracti128_si256(h2, 1));
-            Mi = _mm_shuffle_epi32(Si, 0x55);
-        } else {
-            for (int i = R * T; i < 4; i++) v[i] = m[i] = _mm256_setzero_si256();
-            Si = q4_k_hsum4_avx2(v);
-            Mi = q4_k_hsum4_avx2(m);
-        }
-        acc = _mm_fnmadd_ps(_mm_loadu_ps(dm), _mm_cvtepi32_ps(Mi), acc);
-        acc = _mm_fmadd_ps(_mm_loadu_ps(dd), _mm_cvtepi32_ps(Si), acc);
-    }
-    float o[4];
-    _mm_storeu_ps(o, acc);
-    for (int i = 0; i < R * T; i++) out[i] = o[i];
-}
+DSIB_KQ_BS_TILE_AVX2(q4_k_tile_avx2, 144, Q4_K_PREP_AVX2, q4_k_pos_avx2, q4_k_tail_avx2)
 
 DSIB_QROWS_DEFINE_T4(q4_k_rows_avx2, q4_k_tile_avx2, 4)
 
@@ -274,10 +231,9 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
  * sixteen-row groups above read sixteen short streams at once, which measured 12 % slower
  * from memory on one token (Emerald Rapids, one core, 2048 × 1024: 11.8-12.5 against
  * 13.2-13.7 GB/s) although faster from the caches. Per super-block and row the exact lanes of
- * dsib_kq_s_avx512 and of the mins against the sums per 16; a pair of super-blocks is summed
- * across lanes by one horizontal-add tree into (S_b, M_b) of both, then the four steps of the
- * chain run in lane 0 of a register (one tree per super-block: 17.4 against 18.3 GB/s from the
- * caches; with the VBMI2 form of the lane sums, DSIB_KQ_S_VB2_, 16.5). */
+ * dsib_kq_s_avx512 and of the mins against the sums per 16, then the chain steps of a pair of
+ * super-blocks (dsib_kq_bs_pair_steps, simd_avx512.h). (The VBMI2 form of the lane sums,
+ * DSIB_KQ_S_VB2_, measured slower here: 16.5 against 17.4 GB/s from the caches.) */
 DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
@@ -285,14 +241,6 @@ DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
     wv[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4);
     wv[2] = _mm512_and_si512(q1, m4);
     wv[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4);
-}
-
-/* (S_b, M_b) in lanes 0, 1 from the sixteen S lanes and the eight M lanes (exact). */
-DSIB_AI __m128i q4_k_hsum_avx512(__m512i S, __m256i M) {
-    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(S), _mm512_extracti64x4_epi64(S, 1));
-    const __m256i h = _mm256_hadd_epi32(s8, M);
-    const __m256i h2 = _mm256_hadd_epi32(h, h);
-    return _mm_add_epi32(_mm256_castsi256_si128(h2), _mm256_extracti128_si256(h2, 1));
 }
 
 /* The exact lanes of super-block b at blk (half h of the pair decoded into s16) against the
@@ -324,20 +272,10 @@ DSIB_AI __m128i q4_k_hsum_avx512(__m512i S, __m256i M) {
                 __m512i s16;                                                               \
                 __m128 dm;                                                                 \
                 dsib_kq4_pair_avx512(blk0, 144, 1, &s16, &dm);                             \
-                /* d0, d1, dmin0, dmin1 (· dx) */                                          \
-                __m128 dmx = _mm_mul_ps(dm, _mm_setr_ps(x->d[b2], x->d[b2], x->d[b2 + 1], x->d[b2 + 1])); \
-                dmx = _mm_shuffle_ps(dmx, dmx, _MM_SHUFFLE(3, 1, 2, 0));                   \
+                const __m128 dmx = _mm_mul_ps(dm, _mm_setr_ps(x->d[b2], x->d[b2], x->d[b2 + 1], x->d[b2 + 1])); \
                 Q4_K_LANES1_AVX512_(blk0, b2, 0, S0v, M0v)                                 \
                 Q4_K_LANES1_AVX512_(blk0 + 144, b2 + 1, 1, S1v, M1v)                       \
-                const __m256i s0 = _mm256_add_epi32(_mm512_castsi512_si256(S0v), _mm512_extracti64x4_epi64(S0v, 1)); \
-                const __m256i s1 = _mm256_add_epi32(_mm512_castsi512_si256(S1v), _mm512_extracti64x4_epi64(S1v, 1)); \
-                const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(M0v, M1v)); \
-                /* S0, S1, M0, M1 */                                                       \
-                const __m128 f = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1))); \
-                acc[r] = _mm_fnmadd_ss(_mm_movehl_ps(dmx, dmx), _mm_movehl_ps(f, f), acc[r]); \
-                acc[r] = _mm_fmadd_ss(dmx, f, acc[r]);                                     \
-                acc[r] = _mm_fnmadd_ss(_mm_shuffle_ps(dmx, dmx, 3), _mm_shuffle_ps(f, f, 3), acc[r]); \
-                acc[r] = _mm_fmadd_ss(_mm_movehdup_ps(dmx), _mm_movehdup_ps(f), acc[r]);   \
+                acc[r] = dsib_kq_bs_pair_steps(acc[r], S0v, M0v, S1v, M1v, dmx);           \
             }                                                                              \
         if (b2 < nb)                                                                       \
             for (int r = 0; r < R; r++) {                                                  \
@@ -347,9 +285,7 @@ DSIB_AI __m128i q4_k_hsum_avx512(__m512i S, __m256i M) {
                 dsib_kq4_pair_avx512(blk0, 144, 0, &s16, &dm);                             \
                 const __m128 dmx = _mm_mul_ps(dm, _mm_set1_ps(x->d[b2])); /* d, dmin */    \
                 Q4_K_LANES1_AVX512_(blk0, b2, 0, Sv, Mv)                                   \
-                const __m128 sm = _mm_cvtepi32_ps(q4_k_hsum_avx512(Sv, Mv)); /* S_b, M_b */ \
-                acc[r] = _mm_fnmadd_ss(_mm_movehdup_ps(dmx), _mm_movehdup_ps(sm), acc[r]); \
-                acc[r] = _mm_fmadd_ss(dmx, sm, acc[r]);                                    \
+                acc[r] = dsib_kq_bs_steps(acc[r], Sv, Mv, dmx);                            \
             }                                                                              \
         for (int r = 0; r < R; r++) out[r] = _mm_cvtss_f32(acc[r]);                        \
     }
@@ -357,18 +293,7 @@ DSIB_AI __m128i q4_k_hsum_avx512(__m512i S, __m256i M) {
 Q4_K_ROW_TILE_AVX512(q4_k_row_tile_avx512)
 DSIB_QTILE_FN_T1(q4_k_row_avx512, q4_k_row_tile_avx512, 4, DSIB_T1_ROWS_MAX_IN_AVX512)
 
-DSIB_TILE16_T_(q4_k_bs_tile, q4_k_bs_tile, 1)
-DSIB_TILE16_2TO8(q4_k_bs_tile, q4_k_bs_tile)
-
-static void q4_k_rows_avx512(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
-                             const dsib_qrow *x, float *const *yp, int n) {
-    static const dsib_tile16_fn tiles[9] = {NULL,          q4_k_bs_tile1, q4_k_bs_tile2, q4_k_bs_tile3, q4_k_bs_tile4,
-                                            q4_k_bs_tile5, q4_k_bs_tile6, q4_k_bs_tile7, q4_k_bs_tile8};
-    if (n == 1)
-        q4_k_row_avx512_t1(w, rb, n_in, o0, o1, x, yp, 1);
-    else
-        dsib_rows16_avx512(w, rb, n_in / 256, o0, o1, x, yp, n, tiles);
-}
+DSIB_KQ_BS_ROWS_AVX512(q4_k_rows_avx512, q4_k_bs_tile, q4_k_row_avx512_t1)
 
 DSIB_TARGET_POP
 

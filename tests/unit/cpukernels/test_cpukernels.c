@@ -1125,6 +1125,41 @@ static void test_q4_k_blocksum(void **state) {
     run_blocksum(DSI_TYPE_Q4_K, 256, n_ins, q4_k_extreme, q4_k_ref_row);
 }
 
+/* Q2_K's block-sum order (q2_k.c) in plain C: natural element e = 128h + 32s + l has the code
+ * (qs[32h + l] >> 2s) & 3 and sub-block g = e / 16, whose scale / min are the low / high nibble
+ * of scales[g]; S_b = Σ_g sc_g · I_g and M_b = Σ_g m_g · Σ_{16 of g} q, then the two steps.
+ * (|S_b| < 2^21: no conversion rounds.) */
+static float q2_k_ref_row(const uint8_t *row, int64_t n_in, const int8_t *q, const float *d, int *rounded) {
+    (void)rounded;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n_in / 256; b++) {
+        const uint8_t *blk = row + 84 * b;
+        const int8_t *xb = q + 256 * b;
+        int32_t S = 0, M = 0;
+        for (int g = 0; g < 16; g++) {
+            int32_t I = 0, X = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                const int code = (blk[16 + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+                I += code * xb[e];
+                X += xb[e];
+            }
+            S += (blk[g] & 15) * I;
+            M += (blk[g] >> 4) * X;
+        }
+        const float dd = (float)dec_f16(rd16(blk + 80)) * d[b];
+        const float dm = (float)dec_f16(rd16(blk + 82)) * d[b];
+        acc = fmaf(-dm, (float)M, acc);
+        acc = fmaf(dd, (float)S, acc);
+    }
+    return acc;
+}
+
+static void test_q2_k_blocksum(void **state) {
+    (void)state;
+    static const int64_t n_ins[] = {256, 1280, 2304};
+    run_blocksum(DSI_TYPE_Q2_K, 256, n_ins, NULL, q2_k_ref_row);
+}
+
 /* ---- threads, flags ------------------------------------------------------------------------- */
 
 /* dsib_matmul over pools of 1..4 threads equals the process path's single-threaded rows, on
@@ -1434,6 +1469,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_short_rows),
         cmocka_unit_test(test_q8_0_blocksum),
         cmocka_unit_test(test_q4_k_blocksum),
+        cmocka_unit_test(test_q2_k_blocksum),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
         cmocka_unit_test(test_batch),
