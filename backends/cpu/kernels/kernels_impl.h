@@ -131,7 +131,7 @@ extern const dsib_kern_qtype dsib_kq_iq3_s;
 /* 1 if the CPU has AVX512_VBMI (iq2_xxs.c; the IQ types' VBMI variants run where it is
  * set and dsib_kern_iq2_vbmi is). */
 int dsib_kern_cpu_vbmi(void);
-/* 1 if the CPU has AVX512_VBMI2 (q4_k.c; the Q2_K / Q5_K VB2 tiles run where it is
+/* 1 if the CPU has AVX512_VBMI2 (q4_k.c; the Q5_K VB2 tiles run where it is
  * set and dsib_kern_kq_vbmi2 is). */
 int dsib_kern_cpu_vbmi2(void);
 #endif
@@ -508,7 +508,7 @@ static inline void dsib_q8_32_step_scalar(float acc[2][16], int64_t b, float s, 
 
 /* A row function that runs FAST where COND holds (a CPU feature and its test knob, checked
  * per call) and PLAIN elsewhere: the AVX-512 VNNI entries of the types with a VBMI / VBMI2
- * variant (q2_k.c, q5_k.c). */
+ * variant (q5_k.c). */
 #define DSIB_QROWS_VARIANT(NAME, FAST, PLAIN, COND)                                        \
     static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
                      const dsib_qrow *x, float *const *yp, int n) {                        \

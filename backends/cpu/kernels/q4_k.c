@@ -100,7 +100,7 @@ DSIB_QROWS_DEFINE_T4(q4_k_rows_avx2, q4_k_tile_avx2, 4)
 
 DSIB_TARGET_POP
 
-/* 1 if the CPU has AVX512_VBMI2: the Q2_K / Q5_K VB2 tiles run where it is set and
+/* 1 if the CPU has AVX512_VBMI2: the Q5_K VB2 tiles run where it is set and
  * dsib_kern_kq_vbmi2 is (simd_avx512.h DSIB_KQ_S_VB2_). */
 DSIB_CPU_FEATURE_FN(dsib_kern_cpu_vbmi2, "avx512vbmi2")
 

@@ -58,7 +58,7 @@ DSIB_AI __m128i dsib_q4k_scales_sse(const uint8_t *p) {
     return _mm_or_si128(_mm_or_si128(lo, hn), hi);
 }
 
-/* K-quant super-block epilogue (q2_k.c), lanes 0-7 in a[0], 8-15 in a[1]. */
+/* K-quant super-block epilogue (DSIB_KQ_TILE_AVX2: q5_k.c), lanes 0-7 in a[0], 8-15 in a[1]. */
 DSIB_AI void dsib_kq_acc_avx2(__m256 a[2], __m256i S0, __m256i S1, __m256i M, __m128 dmw,
                               float dx) {
     const __m128 pr2 = _mm_mul_ps(dmw, _mm_set1_ps(dx));

@@ -85,7 +85,7 @@ DSIB_AI __m512 dsib_pair_f16(const uint8_t *a, const uint8_t *b) {
         _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(ha)), _mm_set1_epi16(hb), 1));
 }
 
-/* K-quant super-block epilogue (q2_k.c, q5_k.c): acc + (d·dx)·S over 16 lanes, then
+/* K-quant super-block epilogue (q5_k.c, DSIB_KQ4_TILE_AVX512): acc + (d·dx)·S over 16 lanes, then
  * minus (dmin·dx)·M over lanes 0-7; dm holds (d, dmin) of super-block h in lanes 2h, 2h + 1
  * (the pair tiles decode two super-blocks' scales at once; h = 0 elsewhere). The two products
  * go through memory so that each FMA takes its scale as an embedded broadcast from the load
@@ -180,40 +180,6 @@ DSIB_AI float dsib_ldf_(const char *p) {
     for (int t = 0; t < T; t++) xb_[t] = (const char *)x[t].q;                             \
     const ptrdiff_t os_ = (const char *)x[0].s - xb_[0];                                   \
     const ptrdiff_t od_ = (const char *)x[0].d - xb_[0]
-
-/* The whole AVX-512 tile of a K-quant (super-blocks of 256, BLK bytes, on a DSIB_ACT_Q8_K*
- * format whose 64-byte vectors match the type's packing). DECODE(blk, wv, sc, &mn, &dmw)
- * gives the super-block's four weight vectors (unsigned quants), the two scale-pair vectors
- * of dsib_kq_s_avx512 (vectors 0 / 1 and 2 / 3), the 16 mins as int16 in the
- * order of the activation sums (so mn · sums gives M), and (d, dmin). VB: 0 pairs the lane
- * sums with a blend (dsib_kq_s_avx512), 1 with AVX512_VBMI2 (DSIB_KQ_S_VB2_; instantiate
- * inside a DSIB_TGT_AVX512VBMI2 region). */
-#define DSIB_KQ_TILE_AVX512(NAME, BLK, DECODE, VB)                                         \
-    DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
-                      float *out, const int R, const int T, const int PF) {                \
-        DSIB_TILE_ACC_AVX512_();                                                           \
-        const int64_t nb = n_in / 256;                                                     \
-        DSIB_KQ_XBASE_();                                                                  \
-        for (int64_t b2 = 0; b2 < nb; b2 += 2)                                             \
-        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {                              \
-            const int64_t b = b2 + u;                                                      \
-            if (b >= nb) break;                                                            \
-            for (int r = 0; r < R; r++) {                                                  \
-                __m512i wv[4], sc[2];                                                      \
-                __m256i mn;                                                                \
-                __m128 dmw;                                                                \
-                DSIB_PF(PF, w + (size_t)r * rb + (BLK) * b, BLK);                          \
-                DECODE(w + (size_t)r * rb + (BLK) * b, wv, sc, &mn, &dmw);                 \
-                const __m512i S0 = DSIB_KQ_S0_AVX512_##VB(sc);                             \
-                (void)S0;                                                                  \
-                for (int t = 0; t < T; t++)                                                \
-                    acc[r][t][u] = DSIB_KQ_TOKEN_AVX512_(VB, acc[r][t][u], wv, sc, S0, mn, dmw, 0, \
-                                                         DSIB_KQ_XQ_(t, b), DSIB_KQ_XS_(t, b), \
-                                                         DSIB_KQ_XD_(t, b));               \
-            }                                                                              \
-        }                                                                                  \
-        DSIB_TILE_REDUCE_AVX512_(acc, out);                                                \
-    }
 
 /* DSIB_KQ_TILE_AVX512 for the types whose super-blocks start with (d, dmin) as f16 and the 12
  * packed 6-bit scale bytes of Q4_K (Q5_K; Q4_K until its block-sum order): the scales and (d, dmin) of a pair of
