@@ -168,13 +168,6 @@ DSIB_AI void q2_k_row_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, con
 }
 DSIB_QTILE_FN_T1(q2_k_row_avx512, q2_k_row_tile_avx512, 4, DSIB_T1_ROWS_MAX_IN_AVX512)
 
-/* Broadcast of the int32 at p. */
-DSIB_AI __m512i q2_k_bcast32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* T tokens (1..8) over a group of 16 rows (dsib_tile16_fn): per super-block the rows' scale
  * bytes (four gathered dwords: byte g of the row's scales is byte g mod 4 of dword g / 4) and
  * (d, dmin); per 32-byte chunk h of the codes the rows' bytes transposed (lane m = row m),
@@ -194,17 +187,7 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *sb = wg + 84 * b;
-        for (int m = 0; m < 16; m++) {
-            const uint8_t *blk = sb + (size_t)ro[m];
-            if (pf.ahead > 0) {
-                __builtin_prefetch(blk + pf.ahead, 0, 3);
-                __builtin_prefetch(blk + pf.ahead + 64, 0, 3);
-            }
-            if (pf.next) {
-                __builtin_prefetch(blk + pf.next, 0, 1);
-                __builtin_prefetch(blk + pf.next + 64, 0, 1);
-            }
-        }
+        dsib_pf16_block(sb, ro, pf, 2);
         __m512i scv[4], mnv[4];
         for (int q = 0; q < 4; q++) {
             const __m512i u = _mm512_i32gather_epi32(ridx, (const void *)(sb + 4 * q), 1);
@@ -218,8 +201,8 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
             const int16_t *bs = x[t].s + 16 * b;
             __m512i Ma = _mm512_setzero_si512(), Mb = _mm512_setzero_si512();
             for (int i = 0; i < 8; i += 2) {
-                Ma = _mm512_dpwssd_epi32(Ma, _mm512_shuffle_epi8(mnv[i / 2], pat[0]), q2_k_bcast32(bs + 2 * i));
-                Mb = _mm512_dpwssd_epi32(Mb, _mm512_shuffle_epi8(mnv[i / 2], pat[1]), q2_k_bcast32(bs + 2 * i + 2));
+                Ma = _mm512_dpwssd_epi32(Ma, _mm512_shuffle_epi8(mnv[i / 2], pat[0]), dsib_bcast32_avx512(bs + 2 * i));
+                Mb = _mm512_dpwssd_epi32(Mb, _mm512_shuffle_epi8(mnv[i / 2], pat[1]), dsib_bcast32_avx512(bs + 2 * i + 2));
             }
             acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmw, _mm512_set1_ps(x[t].d[b])),
                                       _mm512_cvtepi32_ps(_mm512_add_epi32(Ma, Mb)), acc[t]);
@@ -243,8 +226,8 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                     const int8_t *xs = x[t].q + 256 * b + 32 * (2 * s + h);
                     __m512i L = _mm512_setzero_si512(), H = _mm512_setzero_si512();
                     for (int k = 0; k < 4; k++) {
-                        L = _mm512_dpbusd_epi32(L, V[k], q2_k_bcast32(xs + 4 * k));
-                        H = _mm512_dpbusd_epi32(H, V[k + 4], q2_k_bcast32(xs + 16 + 4 * k));
+                        L = _mm512_dpbusd_epi32(L, V[k], dsib_bcast32_avx512(xs + 4 * k));
+                        H = _mm512_dpbusd_epi32(H, V[k + 4], dsib_bcast32_avx512(xs + 16 + 4 * k));
                     }
                     S[t] = _mm512_dpwssd_epi32(S[t], _mm512_mask_blend_epi16(0xAAAAAAAAu, L, _mm512_slli_epi32(H, 16)),
                                                scw);

@@ -123,13 +123,6 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
  * start 16-byte aligned), into L2 (prefetcht1: 12.5 against 12.0 GB/s from memory at one
  * token in these groups). */
 
-/* Broadcast of the int32 at p. */
-DSIB_AI __m512i q4_k_bcast32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 /* T tokens (1..8) over a group of 16 rows (row offsets ridx / ro from wg, M of them real),
  * nb super-blocks: y[t][0..M). */
 DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
@@ -139,19 +132,7 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *sb = wg + 144 * b;
-        for (int m = 0; m < 16; m++) {
-            const uint8_t *blk = sb + (size_t)ro[m];
-            if (pf.ahead > 0) {
-                __builtin_prefetch(blk + pf.ahead, 0, 3);
-                __builtin_prefetch(blk + pf.ahead + 64, 0, 3);
-                __builtin_prefetch(blk + pf.ahead + 128, 0, 3);
-            }
-            if (pf.next) {
-                __builtin_prefetch(blk + pf.next, 0, 1);
-                __builtin_prefetch(blk + pf.next + 64, 0, 1);
-                __builtin_prefetch(blk + pf.next + 128, 0, 1);
-            }
-        }
+        dsib_pf16_block(sb, ro, pf, 3);
         /* header dwords of the 16 rows: (d, dmin), then dsib_q4k_unpack_scales' u[0..2] */
         const __m512i h0 = _mm512_i32gather_epi32(ridx, (const void *)sb, 1);
         const __m512i u0 = _mm512_i32gather_epi32(ridx, (const void *)(sb + 4), 1);
@@ -179,8 +160,8 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                 const int16_t *bs = x[t].s + 16 * b;
                 __m512i Ma = _mm512_setzero_si512(), Mb = _mm512_setzero_si512();
                 for (int j = 0; j < 8; j += 2) {
-                    Ma = _mm512_dpwssd_epi32(Ma, mw[j], q4_k_bcast32(bs + 2 * j));
-                    Mb = _mm512_dpwssd_epi32(Mb, mw[j + 1], q4_k_bcast32(bs + 2 * j + 2));
+                    Ma = _mm512_dpwssd_epi32(Ma, mw[j], dsib_bcast32_avx512(bs + 2 * j));
+                    Mb = _mm512_dpwssd_epi32(Mb, mw[j + 1], dsib_bcast32_avx512(bs + 2 * j + 2));
                 }
                 const __m512 dm = _mm512_mul_ps(dmw, _mm512_set1_ps(x[t].d[b]));
                 acc[t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(_mm512_add_epi32(Ma, Mb)), acc[t]);
@@ -208,8 +189,8 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                     const int8_t *xj = x[t].q + 256 * b + 32 * perm[j];
                     __m512i L = _mm512_setzero_si512(), H = _mm512_setzero_si512();
                     for (int k = 0; k < 4; k++) {
-                        L = _mm512_dpbusd_epi32(L, V[k], q4_k_bcast32(xj + 4 * k));
-                        H = _mm512_dpbusd_epi32(H, V[k + 4], q4_k_bcast32(xj + 16 + 4 * k));
+                        L = _mm512_dpbusd_epi32(L, V[k], dsib_bcast32_avx512(xj + 4 * k));
+                        H = _mm512_dpbusd_epi32(H, V[k + 4], dsib_bcast32_avx512(xj + 16 + 4 * k));
                     }
                     S[t] = _mm512_dpwssd_epi32(S[t], _mm512_mask_blend_epi16(0xAAAAAAAAu, L, _mm512_slli_epi32(H, 16)),
                                                scw);

@@ -621,6 +621,27 @@ typedef struct dsib_pf16 {
     int32_t ahead; /* bytes ahead in the row itself; 0: none */
 } dsib_pf16;
 
+/* The prefetches of one block step of a sixteen-row group (K-quant tiles): the `lines`
+ * 64-byte lines from each row's block at sb + ro[m], pf.ahead on in the row (to L1) and in
+ * the next group (pf.next, to L2: prefetcht1 measured 12.5 against 12.0 GB/s for Q4_K from
+ * memory at one token). */
+DSIB_AI void dsib_pf16_block(const uint8_t *sb, const int32_t *ro, dsib_pf16 pf, int lines) {
+    for (int m = 0; m < 16; m++) {
+        const uint8_t *blk = sb + (size_t)ro[m];
+        for (int l = 0; l < lines; l++) {
+            if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead + 64 * l, 0, 3);
+            if (pf.next) __builtin_prefetch(blk + pf.next + 64 * l, 0, 1);
+        }
+    }
+}
+
+/* The int32 at p in every lane. */
+DSIB_AI __m512i dsib_bcast32_avx512(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
 /* T tokens over a group of 16 rows (row offsets ridx / ro from wg, M of them real), nb blocks:
  * y[t][0..M). */
 typedef void (*dsib_tile16_fn)(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
