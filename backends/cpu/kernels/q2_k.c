@@ -23,9 +23,10 @@
  * The AVX-512 token tiles put sixteen rows in a register (q4_k.c's scheme: the rows' quant
  * bytes transposed once per 32-byte chunk, the 2-bit fields split, per token and sub-block
  * pair two chains of four vpdpbusd packed into word pairs and one vpdpwssd with the two
- * scales); one-token calls read rows one at a time (dsib_kq_bs_pair_steps); AVX2 uses
- * DSIB_KQ_BS_TILE_AVX2 (docs/performance.md 4.0000000000000000000000). test_cpukernels
- * test_q2_k_blocksum writes the order in plain C.
+ * scales), one-token calls included (DSIB_KQ_BS_ROWS16_AVX512: Q2_K's 84-byte super-blocks
+ * made the rows-one-at-a-time lanes' reduction dearer than sixteen row streams); AVX2 uses
+ * DSIB_KQ_BS_TILE_AVX2 (docs/performance.md 4.0000000000000000000000 and
+ * 4.00000000000000000000000). test_cpukernels test_q2_k_blocksum writes the order in plain C.
  */
 #include "backends/cpu/kernels/kernels_impl.h"
 
@@ -96,78 +97,6 @@ DSIB_TARGET_POP
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-/* Super-block decode for DSIB_KQ_TILE_AVX512: vector s = 2-bit field s of qs[0..64); its
- * 16-byte quarters are the sub-blocks 2s, 2s+1, 8+2s, 9+2s, whose scales pshufb spreads
- * over the quarter's 4 int32 lanes, paired per dsib_kq_s_avx512 (vectors 0 / 1, 2 / 3),
- * from the scale bytes broadcast to every 128-bit lane; the mins are in natural order, like
- * the activation sums. */
-DSIB_AI void q2_k_decode_avx512(const uint8_t *blk, __m512i wv[4], __m512i sc[2], __m256i *mn,
-                                __m128 *dmw) {
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m128i scb = _mm_loadu_si128((const __m128i *)blk);
-    const __m512i sc4 = _mm512_broadcast_i32x4(_mm_and_si128(scb, m4));
-    const __m512i q = _mm512_loadu_si512(blk + 16);
-    for (int s = 0; s < 4; s++) wv[s] = _mm512_and_si512(s ? _mm512_srli_epi16(q, 2 * s) : q, m3);
-    /* scale pairs (dsib_kq_s_avx512): in quarter c of vectors s, s + 1 (s = 0, 2) the
-     * sub-blocks g(s, c), g(s + 1, c), zero-extended to words */
-    for (int p = 0; p < 2; p++) {
-        const int s0 = 2 * p, s1 = 2 * p + 1;
-        const __m512i sel = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_set1_epi32((int)(0x80008000u | (uint32_t)(2 * s0) | ((uint32_t)(2 * s1) << 16)))),
-                _mm_set1_epi32((int)(0x80008000u | (uint32_t)(2 * s0 + 1) | ((uint32_t)(2 * s1 + 1) << 16))), 1)),
-            _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_set1_epi32((int)(0x80008000u | (uint32_t)(8 + 2 * s0) | ((uint32_t)(8 + 2 * s1) << 16)))),
-                _mm_set1_epi32((int)(0x80008000u | (uint32_t)(9 + 2 * s0) | ((uint32_t)(9 + 2 * s1) << 16))), 1),
-            1);
-        sc[p] = _mm512_shuffle_epi8(sc4, sel);
-    }
-    *mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m4));
-    *dmw = dsib_f16x2_hw(blk + 80); /* d, dmin */
-}
-/* One token, rows one at a time (four at a time on rows of at most
- * DSIB_T1_ROWS_MAX_IN_AVX512 columns): the exact lanes of dsib_kq_s_avx512 and of the mins
- * against the sums per 16 from the decode above, the chain steps of a pair of super-blocks
- * at a time (dsib_kq_bs_pair_steps). */
-#define Q2_K_LANES1_AVX512_(blk, b, Sv, Mv, dmw)                                           \
-    DSIB_PF(PF, blk, 84);                                                                  \
-    __m512i Sv;                                                                            \
-    __m256i Mv;                                                                            \
-    __m128 dmw;                                                                            \
-    {                                                                                      \
-        __m512i wv_[4], sc_[2];                                                            \
-        __m256i mn_;                                                                       \
-        q2_k_decode_avx512(blk, wv_, sc_, &mn_, &dmw);                                     \
-        Sv = dsib_kq_s_avx512(wv_, sc_, x->q + 256 * (b));                                 \
-        Mv = _mm256_madd_epi16(mn_, _mm256_loadu_si256((const __m256i *)(const void *)(x->s + 16 * (b)))); \
-    }
-DSIB_AI void q2_k_row_tile_avx512(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x, float *out,
-                                  const int R, const int T, const int PF) {
-    (void)T;
-    __m128 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm_setzero_ps();
-    const int64_t nb = n_in / 256;
-    int64_t b2 = 0;
-    for (; b2 + 1 < nb; b2 += 2)
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk0 = w + (size_t)r * rb + 84 * b2;
-            Q2_K_LANES1_AVX512_(blk0, b2, S0v, M0v, dm0)
-            Q2_K_LANES1_AVX512_(blk0 + 84, b2 + 1, S1v, M1v, dm1)
-            const __m128 dmx = _mm_mul_ps(_mm_movelh_ps(dm0, dm1),
-                                          _mm_setr_ps(x->d[b2], x->d[b2], x->d[b2 + 1], x->d[b2 + 1]));
-            acc[r] = dsib_kq_bs_pair_steps(acc[r], S0v, M0v, S1v, M1v, dmx);
-        }
-    if (b2 < nb)
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk0 = w + (size_t)r * rb + 84 * b2;
-            Q2_K_LANES1_AVX512_(blk0, b2, Sv, Mv, dm0)
-            acc[r] = dsib_kq_bs_steps(acc[r], Sv, Mv, _mm_mul_ps(dm0, _mm_set1_ps(x->d[b2])));
-        }
-    for (int r = 0; r < R; r++) out[r] = _mm_cvtss_f32(acc[r]);
-}
-DSIB_QTILE_FN_T1(q2_k_row_avx512, q2_k_row_tile_avx512, 4, DSIB_T1_ROWS_MAX_IN_AVX512)
-
 /* T tokens (1..8) over a group of 16 rows (dsib_tile16_fn): per super-block the rows' scale
  * bytes (four gathered dwords: byte g of the row's scales is byte g mod 4 of dword g / 4) and
  * (d, dmin); per 32-byte chunk h of the codes the rows' bytes transposed (lane m = row m),
@@ -175,7 +104,7 @@ DSIB_QTILE_FN_T1(q2_k_row_avx512, q2_k_row_tile_avx512, 4, DSIB_T1_ROWS_MAX_IN_A
  * next for k >= 4; activation position 2s + h). */
 DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                           const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* word pair (byte o, byte o + 1) of each dword lane, o = 0, 2 (vpshufb counts in the 16-byte lane) */
     __m512i pat[2];
     for (int o = 0; o < 2; o++) {
@@ -220,8 +149,16 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
             for (int s = 0; s < 4; s++) {
                 const int g = 8 * h + 2 * s; /* sub-blocks g (k < 4), g + 1 (k >= 4) */
                 const __m512i scw = _mm512_shuffle_epi8(scv[g / 4], pat[(g % 4) / 2]);
+                /* Up to four tokens field s stays in place (and with 3·4^s): code·4^s <= 192,
+                 * still an unsigned byte, so L and H are 4^s times the sub-block sums and one
+                 * shift per token brings each back exactly — eight shifts fewer per field than
+                 * shifting the codes down, which longer tiles keep (in place measured 9 %
+                 * slower at eight tokens: docs/performance.md 4.00000000000000000000000). */
                 __m512i V[8];
-                for (int k = 0; k < 8; k++) V[k] = _mm512_and_si512(s ? _mm512_srli_epi16(W[k], 2 * s) : W[k], m3);
+                const int ip = T <= 4;
+                for (int k = 0; k < 8; k++)
+                    V[k] = ip ? _mm512_and_si512(W[k], _mm512_set1_epi8((char)(3 << (2 * s))))
+                              : _mm512_and_si512(_mm512_srli_epi16(W[k], 2 * s), _mm512_set1_epi8(3));
                 for (int t = 0; t < T; t++) {
                     const int8_t *xs = x[t].q + 256 * b + 32 * (2 * s + h);
                     __m512i L = _mm512_setzero_si512(), H = _mm512_setzero_si512();
@@ -229,8 +166,10 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                         L = _mm512_dpbusd_epi32(L, V[k], dsib_bcast32_avx512(xs + 4 * k));
                         H = _mm512_dpbusd_epi32(H, V[k + 4], dsib_bcast32_avx512(xs + 16 + 4 * k));
                     }
-                    S[t] = _mm512_dpwssd_epi32(S[t], _mm512_mask_blend_epi16(0xAAAAAAAAu, L, _mm512_slli_epi32(H, 16)),
-                                               scw);
+                    /* in place: L·4^s >> 2s = L (|L| < 2^13: a word), (H·4^s) << (16 − 2s) = H·2^16 */
+                    const __m512i Lw = ip ? _mm512_srai_epi32(L, 2 * s) : L;
+                    const __m512i Hw = _mm512_slli_epi32(H, ip ? 16 - 2 * s : 16);
+                    S[t] = _mm512_dpwssd_epi32(S[t], _mm512_mask_blend_epi16(0xAAAAAAAAu, Lw, Hw), scw);
                 }
             }
         }
@@ -241,7 +180,7 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y[t], km, acc[t]);
 }
 
-DSIB_KQ_BS_ROWS_AVX512(q2_k_rows_avx512, q2_k_bs_tile, q2_k_row_avx512_t1)
+DSIB_KQ_BS_ROWS16_AVX512(q2_k_rows_avx512, q2_k_bs_tile)
 
 DSIB_TARGET_POP
 

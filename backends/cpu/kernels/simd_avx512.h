@@ -703,5 +703,16 @@ DSIB_AI void dsib_rows16_avx512(const uint8_t *w, size_t rb, int64_t nb, int64_t
         else                                                                               \
             dsib_rows16_avx512(w, rb, n_in / 256, o0, o1, x, yp, n, tiles);                \
     }
+/* The same with one-token calls through the sixteen-row tiles too (q2_k.c: its super-blocks
+ * are short, so the lanes' reduction per row and super-block cost more than sixteen streams). */
+#define DSIB_KQ_BS_ROWS16_AVX512(NAME, TILE)                                               \
+    DSIB_TILE16_T_(TILE, TILE, 1)                                                          \
+    DSIB_TILE16_2TO8(TILE, TILE)                                                           \
+    static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
+                     const dsib_qrow *x, float *const *yp, int n) {                        \
+        static const dsib_tile16_fn tiles[9] = {NULL,    TILE##1, TILE##2, TILE##3, TILE##4, \
+                                                TILE##5, TILE##6, TILE##7, TILE##8};       \
+        dsib_rows16_avx512(w, rb, n_in / 256, o0, o1, x, yp, n, tiles);                    \
+    }
 
 #endif
