@@ -281,8 +281,14 @@ static void test_hc_mix(Cpu *c) {
         CHECK(c->be->ops->matmul(c->s, &wf, 0, vx, W, vm, ldc, n) == DSI_OK, "cpu matmul");
         int bad = 0;
         for (uint32_t t = 0; t < n; t++) {
-            float ss = 0.0f;
-            for (uint32_t i = 0; i < W; i++) ss += X[t * W + i] * X[t * W + i];
+            /* the CPU op's sum of squares: eight lanes (element i to lane i mod 8), the tail
+             * into lane 0, the lanes as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) */
+            float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            uint32_t i8 = 0;
+            for (; i8 + 8 <= W; i8 += 8)
+                for (uint32_t k = 0; k < 8; k++) l[k] += X[t * W + i8 + k] * X[t * W + i8 + k];
+            for (; i8 < W; i8++) l[0] += X[t * W + i8] * X[t * W + i8];
+            const float ss = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
             float rs = 1.0f / sqrtf(ss / (float)W + 1e-6f);
             float m[16 * 18];
             memcpy(m, pm + t * ldc, n_mix * 4);
