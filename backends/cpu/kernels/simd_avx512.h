@@ -689,30 +689,28 @@ DSIB_AI void dsib_rows16_avx512(const uint8_t *w, size_t rb, int64_t nb, int64_t
 }
 
 /* The AVX-512 row function NAME of a 256-element type in the block-sum order (q4_k.c,
- * q2_k.c): one-token calls through ROW_T1 (rows one at a time: one sequential stream), the
- * others through the sixteen-row token tiles TILE(wg, ro, ridx, nb, M, x, y, pf, T). */
-#define DSIB_KQ_BS_ROWS_AVX512(NAME, TILE, ROW_T1)                                         \
+ * q2_k.c): one-token calls through ROW_T1 when T1_ROWS (rows one at a time: one sequential
+ * stream), all others through the sixteen-row token tiles TILE(wg, ro, ridx, nb, M, x, y,
+ * pf, T). */
+#define DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, ROW_T1, T1_ROWS)                               \
     DSIB_TILE16_T_(TILE, TILE, 1)                                                          \
     DSIB_TILE16_2TO8(TILE, TILE)                                                           \
     static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
                      const dsib_qrow *x, float *const *yp, int n) {                        \
         static const dsib_tile16_fn tiles[9] = {NULL,    TILE##1, TILE##2, TILE##3, TILE##4, \
                                                 TILE##5, TILE##6, TILE##7, TILE##8};       \
-        if (n == 1)                                                                        \
+        if ((T1_ROWS) && n == 1)                                                           \
             ROW_T1(w, rb, n_in, o0, o1, x, yp, 1);                                         \
         else                                                                               \
             dsib_rows16_avx512(w, rb, n_in / 256, o0, o1, x, yp, n, tiles);                \
     }
+DSIB_AI void dsib_kq_no_t1(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,
+                           const dsib_qrow *x, float *const *yp, int pf) {
+    (void)w, (void)rb, (void)n_in, (void)o0, (void)o1, (void)x, (void)yp, (void)pf;
+}
+#define DSIB_KQ_BS_ROWS_AVX512(NAME, TILE, ROW_T1) DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, ROW_T1, 1)
 /* The same with one-token calls through the sixteen-row tiles too (q2_k.c: its super-blocks
  * are short, so the lanes' reduction per row and super-block cost more than sixteen streams). */
-#define DSIB_KQ_BS_ROWS16_AVX512(NAME, TILE)                                               \
-    DSIB_TILE16_T_(TILE, TILE, 1)                                                          \
-    DSIB_TILE16_2TO8(TILE, TILE)                                                           \
-    static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
-                     const dsib_qrow *x, float *const *yp, int n) {                        \
-        static const dsib_tile16_fn tiles[9] = {NULL,    TILE##1, TILE##2, TILE##3, TILE##4, \
-                                                TILE##5, TILE##6, TILE##7, TILE##8};       \
-        dsib_rows16_avx512(w, rb, n_in / 256, o0, o1, x, yp, n, tiles);                    \
-    }
+#define DSIB_KQ_BS_ROWS16_AVX512(NAME, TILE) DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, dsib_kq_no_t1, 0)
 
 #endif
