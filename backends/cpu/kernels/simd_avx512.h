@@ -558,7 +558,7 @@ DSIB_AI void dsib_iq_masks_avx512(__m256i m, __mmask64 ng[4]) {
     }
 
 
-/* ---- the K-quants' block-sum order, one row at a time (q4_k.c, q2_k.c) ------------------
+/* ---- the K-quants' block-sum order, one row at a time (q4_k.c) -------------------------
  * From a super-block's exact lanes against one token — Sv (sixteen int32 lanes adding up to
  * S_b, e.g. dsib_kq_s_avx512) and Mv (eight adding up to M_b, the mins against the sums per
  * 16) — the two chain steps acc = fmaf(-(dmin·dx), M_b, acc), acc = fmaf(d·dx, S_b, acc) in
