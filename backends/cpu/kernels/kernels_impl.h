@@ -373,8 +373,9 @@ static inline float dsib_reduce32(const float a[2][16]) {
  * memory-bound there, measured 19.6 -> 12.9 GB/s (1024 columns): the memory-bound types
  * keep DSIB_QROWS_DEFINE_T. Results are the same: every row runs its own sequence.
  * The AVX-512 kernels of Q3_K-Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 take the
- * same four-row one-token tiles (Q4_K for its one-token calls only; Q8_0 and Q2_K have moved
- * to the sixteen-row tiles of the block-sum order: simd_avx512.h) (DSIB_QROWS_DEFINE_RT4; not the grid-bound IQ types, whose
+ * same four-row one-token tiles (DSIB_QROWS_DEFINE_RT4; Q4_K for its one-token calls only;
+ * Q8_0 and Q2_K have moved to the sixteen-row tiles of the block-sum order, simd_avx512.h;
+ * not the grid-bound IQ types, whose
  * +3-10 % did not pay for doubling their code, nor IQ4_XS and the IQ1 types) up to
  * DSIB_T1_ROWS_MAX_IN_AVX512 columns, with the widths as constants in the multi-token
  * tiles too, and reduce the four rows' outputs
