@@ -82,6 +82,7 @@ typedef struct opts {
     const char *ops_isa; /* --ops-isa: force the CPU ops' SIMD path (A/B in one run) */
     int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
     int prefetch;        /* --prefetch N: weight prefetch distance in bytes (-1: default) */
+    int prefetch2;       /* --prefetch2 N: its far (L2) level in bytes (-1: default) */
     const char *depths;    /* -d 0,4096,...: decode / prefill at context depths */
     int real_depth;        /* -d: prefill the depth for real instead of synthetic state */
     int place;
@@ -113,6 +114,7 @@ static void usage(FILE *f) {
             "               LLC the cold figures partly come from the cache)\n"
             "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
             "  --prefetch N the CPU kernels' weight prefetch, N bytes ahead (0: off; default 4096) -- A/B\n"
+            "  --prefetch2 N its far level, to L2 only, N bytes ahead (0: off; default 16384) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
@@ -157,6 +159,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->shape_out = 2048;
     o->shape_in = 4096;
     o->prefetch = -1;
+    o->prefetch2 = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -213,6 +216,14 @@ static int parse(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--resident")) o->no_mmap = o->resident = 1;
         else if (!strcmp(a, "--no-fuse")) o->no_fuse = 1;
         else if (!strcmp(a, "--prefetch")) { NEEDV; o->prefetch = atoi(v); }
+        else if (!strcmp(a, "--prefetch2")) {
+            NEEDV;
+            o->prefetch2 = atoi(v);
+            if (o->prefetch2 < 0 || o->prefetch2 > (1 << 20)) {
+                fprintf(stderr, "dsinfer-bench: --prefetch2 wants 0 .. 1048576 (bytes)\n");
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else {
@@ -1870,6 +1881,7 @@ int main(int argc, char **argv) {
     opts o;
     if (parse(argc, argv, &o) != 0) return 2;
     if (o.prefetch >= 0) dsib_kern_prefetch = o.prefetch;
+    if (o.prefetch2 >= 0) dsib_kern_prefetch2 = o.prefetch2;
     if (o.place) {
         if (!o.model) {
             fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");

@@ -125,6 +125,7 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
  * measured 14.3 / 25.2 GB/s (Q4_K / Q8_0, 2 threads, cold) against 16.0 / 28.1 GB/s for
  * 256 KiB — every new task restarts the hardware prefetcher's stream. */
 int32_t dsib_kern_prefetch = DSIB_PREFETCH_BYTES;
+int32_t dsib_kern_prefetch2 = DSIB_PREFETCH2_BYTES;
 
 /* dsib_ksigns64 (kernels_impl.h), from the definition of ksigns: bit 7 is the parity of the
  * seven index bits. */

@@ -269,6 +269,10 @@ dsi_status dsib_matmul_batch(dsib_threadpool *pool, uint32_t flags, const dsib_m
  * DSIB_PREFETCH_BYTES, 0: off). Speed only; set before any matmul runs (dsinfer-bench
  * --prefetch, for A/B). */
 extern int32_t dsib_kern_prefetch;
+/* Bytes ahead of the far, L2-only level of the same prefetch (kernels_impl.h
+ * DSIB_PREFETCH2_BYTES, 0: off; nothing is prefetched while dsib_kern_prefetch is 0). Speed
+ * only; set before any matmul runs (dsinfer-bench --prefetch2). */
+extern int32_t dsib_kern_prefetch2;
 /* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S on the AVX-512 VNNI path: 1 (default) = their
  * AVX512_VBMI variants (grid codes looked up in registers) where the CPU has it, 0 = the
  * plain AVX-512 ones. Same results; for tests and A/B benchmarks, set before any matmul

@@ -190,7 +190,9 @@ DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 
  * here measured better than spreading the next group's bytes evenly over this group's steps
  * (one core, 2048 × 1024 from memory: one token 13.6 → 14.5 GB/s, four tokens 11.0 → 12.4,
  * eight 9.0 → 9.8), and the first group's rows half the one-row distance ahead 512 × 2048
- * 10.3 → 11.1 GB/s on the AMX machine. */
+ * 10.3 → 11.1 GB/s on the AMX machine. The next group goes to L2 only and the rows
+ * DSIB_PF16_NEAR ahead to L1 (kernels_impl.h, the two levels): two threads from memory, one
+ * token 25.0-26.2 -> 27.2-28.2 GB/s, four 22.3 -> 24.1, eight 18.5 -> 19.1 (Emerald Rapids). */
 
 /* One token over a group of 16 rows (row offsets ridx / ro from wg), nb blocks: y[0..M). */
 static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
@@ -208,7 +210,7 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
         for (int m = 0; m < 16; m++) {
             const uint8_t *blk = wg + (size_t)ro[m] + 34 * b;
             if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead, 0, 3);
-            if (pf.next) __builtin_prefetch(blk + pf.next, 0, 3);
+            if (pf.next) __builtin_prefetch(blk + pf.next, 0, 1);
             const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
             const __m512i v = half ? _mm512_zextsi256_si512(lo)
                                    : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
@@ -252,8 +254,8 @@ DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                 __builtin_prefetch(c + pf.ahead, 0, 3);
             }
             if (pf.next && pair_start) {
-                __builtin_prefetch(a + pf.next, 0, 3);
-                __builtin_prefetch(c + pf.next, 0, 3);
+                __builtin_prefetch(a + pf.next, 0, 1);
+                __builtin_prefetch(c + pf.next, 0, 1);
             }
             z[m] = _mm512_xor_si512(
                 _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a)),

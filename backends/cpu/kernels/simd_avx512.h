@@ -614,8 +614,13 @@ DSIB_AI void dsib_rows16_transpose_avx512(__m512i z[8], __m512i W[8]) {
 
 /* Prefetch plan of a sixteen-row group (speed only): with `on` (the call's first token tile,
  * the one that reads the weights cold) each row's block is prefetched in the next group, 16
- * rows on, as it is read here, and in the first group of the call each row also half the
- * one-row kernels' distance ahead. Later token tiles re-read the group from L1 / L2. */
+ * rows on, into L2 as it is read here (the far level), and each row ahead in itself into L1
+ * (the near level): half the one-row kernels' distance in the first group of the call, and
+ * DSIB_PF16_NEAR in the later groups of calls of at most eight tokens (the cold reads of
+ * decode and batched decode; Q8_0, 2 threads, 2048 x 1024 from memory, with the next group
+ * to L2: one token 25.0-26.2 -> 27.2-28.2 GB/s, four 22.3 -> 24.1, eight 18.5 -> 19.1;
+ * docs/performance.md 4.000000000000000000000000). Later token tiles re-read the group from
+ * L1 / L2. */
 typedef struct dsib_pf16 {
     size_t next;   /* bytes to the same block of the next group's row; 0: none */
     int32_t ahead; /* bytes ahead in the row itself; 0: none */
@@ -623,8 +628,8 @@ typedef struct dsib_pf16 {
 
 /* The prefetches of one block step of a sixteen-row group (K-quant tiles): the `lines`
  * 64-byte lines from each row's block at sb + ro[m], pf.ahead on in the row (to L1) and in
- * the next group (pf.next, to L2: prefetcht1 measured 12.5 against 12.0 GB/s for Q4_K from
- * memory at one token). */
+ * the next group (pf.next, to L2 with prefetcht2 — t1 and t2 act alike on these cores — which
+ * measured 12.5 against 12.0 GB/s for Q4_K from memory at one token, to L1). */
 DSIB_AI void dsib_pf16_block(const uint8_t *sb, const int32_t *ro, dsib_pf16 pf, int lines) {
     for (int m = 0; m < 16; m++) {
         const uint8_t *blk = sb + (size_t)ro[m];
@@ -679,7 +684,7 @@ DSIB_AI void dsib_rows16_avx512(const uint8_t *w, size_t rb, int64_t nb, int64_t
             const int use = t0 == 0 && dsib_kern_prefetch > 0;
             dsib_pf16 pf;
             pf.next = use && o1 - (r0 + 16) > 0 ? 16 * rb : 0;
-            pf.ahead = use && r0 == o0 ? dsib_kern_prefetch / 2 : 0;
+            pf.ahead = !use ? 0 : r0 == o0 ? dsib_kern_prefetch / 2 : n <= 8 ? DSIB_PF16_NEAR : 0;
             float *yt[8];
             for (int t = 0; t < T; t++) yt[t] = yp[t0 + t] + r0;
             tiles[T](wg, ro, ridx, nb, M, x + t0, yt, pf);
