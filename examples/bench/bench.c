@@ -370,9 +370,9 @@ static int run_kernels(const opts *o) {
         print_build_json(stdout);
         printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"path\": \"%s\", \"threads\": %d, "
                "\"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], "
-               "\"cold_mib\": %zu, \"kernels\": [",
+               "\"cold_mib\": %zu, \"prefetch_bytes\": [%d, %d], \"kernels\": [",
                cpu, isa_name, path, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
-               (long long)n_in, target >> 20);
+               (long long)n_in, target >> 20, (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2);
     } else {
         printf("cpu: %s, kernels: %s, path: %s, threads: %d\n", cpu, isa_name, path, o->t);
         if (!o->no_limits)
@@ -1717,8 +1717,10 @@ static int run_model(const opts *o) {
                o->resident ? "resident" : o->no_mmap ? "pread" : "mmap",
                bench_anon_huge_bytes());
         printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
-               "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f]",
-               bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1);
+               "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f], "
+               "\"prefetch_bytes\": [%d, %d]",
+               bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1,
+               (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2);
         if (o->no_limits)
             printf(", \"mem_read_gbs\": null, \"fma_peak_gflops\": null");
         else

@@ -123,6 +123,27 @@ def main():
                 or not row.get("ntok4_gbs", 0) > 0 or not row.get("ntok8_gbs", 0) > 0):
             fail("--kernels --isa %s --type %s: %r" % (isa, t, r.stdout[:400]))
         print("--kernels --isa %s --type %s: %.2f GB/s" % (isa, t, row["tg_gbs"]))
+    # --prefetch / --prefetch2 reach the kernels and the JSON says so; a bad distance is refused
+    # with a message, before any work
+    cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
+           "--shape", "256x1024", "--cold-mib", "8", "--prefetch", "2048", "--prefetch2", "0",
+           "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+    k = json.loads(r.stdout)
+    if k.get("prefetch_bytes") != [2048, 0]:
+        fail("--prefetch 2048 --prefetch2 0: prefetch_bytes %r" % k.get("prefetch_bytes"))
+    if j.get("prefetch_bytes") != [4096, 16384]:
+        fail("model run: default prefetch_bytes %r, expected [4096, 16384] (kernels_impl.h)"
+             % j.get("prefetch_bytes"))
+    for bad in ("-1", "1048577"):
+        cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
+               "--shape", "256x1024", "--cold-mib", "8", "--prefetch2", bad]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or "--prefetch2 wants 0 .. 1048576" not in r.stderr:
+            fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
+    print("--prefetch2: reported and checked")
     # -d with -p 0 (decode only) or -n 0 (prefill only): the other test is left out and its
     # columns say "-" (it once failed every depth: "dsi_session_append: n is 0")
     for pn, col in ((("-p", "0", "-n", "2"), 1), (("-p", "4", "-n", "0"), 2)):
