@@ -54,6 +54,15 @@
  * after a call's first (whose rows go DSIB_PREFETCH_BYTES / 2 ahead) in calls of at most
  * eight tokens; their far level is the next group (prefetcht2). */
 #define DSIB_PF16_NEAR 256
+/* The far level of DSIB_PF / DSIB_PF_ROWS: the lines [p + D2, p + D2 + n) into L2 only. */
+#define DSIB_PF_FAR(p, n)                                                                  \
+    do {                                                                                   \
+        const int32_t pfd2_ = dsib_kern_prefetch2;                                         \
+        if (pfd2_ > 0) {                                                                   \
+            const char *pfr_ = (const char *)(p) + pfd2_;                                  \
+            for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfr_ + pfk_, 0, 1); \
+        }                                                                                  \
+    } while (0)
 /* DSIB_PF in a tile of R rows (rb bytes apart): with R > 1 the lines of the same blocks in
  * the next tile, R * rb bytes on (the distance of DSIB_PF from inside the tile would land on
  * rows being read now). */
@@ -63,10 +72,8 @@
             DSIB_PF(on, p, n);                                                             \
         } else if ((on) && dsib_kern_prefetch > 0) {                                       \
             const char *pfq_ = (const char *)(p) + (size_t)(R) * (rb);                     \
-            const char *pfr_ = (const char *)(p) + dsib_kern_prefetch2;                    \
             for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfq_ + pfk_, 0, 3); \
-            if (dsib_kern_prefetch2 > 0)                                                   \
-                for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfr_ + pfk_, 0, 1); \
+            DSIB_PF_FAR(p, n);                                                             \
         }                                                                                  \
     } while (0)
 #define DSIB_PF(on, p, n)                                                                  \
@@ -74,10 +81,8 @@
         const int32_t pfd_ = dsib_kern_prefetch;                                           \
         if ((on) && pfd_ > 0) {                                                            \
             const char *pfq_ = (const char *)(p) + pfd_;                                   \
-            const char *pfr_ = (const char *)(p) + dsib_kern_prefetch2;                    \
             for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfq_ + pfk_, 0, 3); \
-            if (dsib_kern_prefetch2 > 0)                                                   \
-                for (int pfk_ = 0; pfk_ < (int)(n); pfk_ += 64) __builtin_prefetch(pfr_ + pfk_, 0, 1); \
+            DSIB_PF_FAR(p, n);                                                             \
         }                                                                                  \
     } while (0)
 
