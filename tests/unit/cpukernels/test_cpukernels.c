@@ -1029,14 +1029,14 @@ typedef float (*blocksum_ref_fn)(const uint8_t *row, int64_t n_in, const int8_t 
 /* A block-sum order's test over every ISA: 300 rows × 40 tokens of `type` at each of n_ins
  * columns (activation blocks of B), prep (if any) making row 0 × token 0 a case whose
  * conversion to f32 rounds (ref then says so), want from ref, check_blocksum_calls. */
-static void run_blocksum(int32_t type, int B, const int64_t n_ins[3], void (*prep)(problem *),
+static void run_blocksum(int32_t type, int B, const int64_t *n_ins, int n_n, void (*prep)(problem *),
                          blocksum_ref_fn ref) {
     int checked = 0;
     for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
         const dsib_kern_table *kt = dsib_kern_table_for(isa);
         if (!kt) continue;
         checked++;
-        for (int ni = 0; ni < 3; ni++) {
+        for (int ni = 0; ni < n_n; ni++) {
             problem p;
             problem_make(&p, type, n_ins[ni], 300, 40);
             if (prep) prep(&p);
@@ -1066,7 +1066,7 @@ static void run_blocksum(int32_t type, int B, const int64_t n_ins[3], void (*pre
 static void test_q8_0_blocksum(void **state) {
     (void)state;
     static const int64_t n_ins[] = {32, 544, 2080};
-    run_blocksum(DSI_TYPE_Q8_0, 32, n_ins, NULL, q8_0_ref_row);
+    run_blocksum(DSI_TYPE_Q8_0, 32, n_ins, 3, NULL, q8_0_ref_row);
 }
 
 /* Q4_K's canonical order (q4_k.c), written here in plain C on this test's own quantised
@@ -1121,8 +1121,11 @@ static float q4_k_ref_row(const uint8_t *row, int64_t n_in, const int8_t *q, con
 
 static void test_q4_k_blocksum(void **state) {
     (void)state;
-    static const int64_t n_ins[] = {256, 1280, 2304};
-    run_blocksum(DSI_TYPE_Q4_K, 256, n_ins, q4_k_extreme, q4_k_ref_row);
+    /* one-token calls: 1 and 4 super-blocks on the four-row tiles (at most 1024 columns), 5,
+     * 7 and 9 on rows one at a time — the AVX-512 row kernel's groups of four super-blocks,
+     * then a pair, then one (q4_k.c Q4_K_ROW_TILE_AVX512) */
+    static const int64_t n_ins[] = {256, 1024, 1280, 1792, 2304};
+    run_blocksum(DSI_TYPE_Q4_K, 256, n_ins, 5, q4_k_extreme, q4_k_ref_row);
 }
 
 /* Q2_K's block-sum order (q2_k.c) in plain C: natural element e = 128h + 32s + l has the code
@@ -1157,7 +1160,7 @@ static float q2_k_ref_row(const uint8_t *row, int64_t n_in, const int8_t *q, con
 static void test_q2_k_blocksum(void **state) {
     (void)state;
     static const int64_t n_ins[] = {256, 1280, 2304};
-    run_blocksum(DSI_TYPE_Q2_K, 256, n_ins, NULL, q2_k_ref_row);
+    run_blocksum(DSI_TYPE_Q2_K, 256, n_ins, 3, NULL, q2_k_ref_row);
 }
 
 /* ---- threads, flags ------------------------------------------------------------------------- */
