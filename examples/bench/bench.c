@@ -83,6 +83,7 @@ typedef struct opts {
     int no_fuse;         /* --no-fuse: one job per matmul (A/B of matmul_multi / moe2) */
     int prefetch;        /* --prefetch N: weight prefetch distance in bytes (-1: default) */
     int prefetch2;       /* --prefetch2 N: its far (L2) level in bytes (-1: default) */
+    int rows16_gather;   /* --rows16-gather 0|1: the sixteen-row tiles' scale reads (-1: default) */
     const char *depths;    /* -d 0,4096,...: decode / prefill at context depths */
     int real_depth;        /* -d: prefill the depth for real instead of synthetic state */
     int place;
@@ -115,6 +116,9 @@ static void usage(FILE *f) {
             "  --no-fuse    one pool job per matmul (no matmul_multi, experts' gate and up apart) -- A/B\n"
             "  --prefetch N the CPU kernels' weight prefetch, N bytes ahead (0: off; default 4096) -- A/B\n"
             "  --prefetch2 N its far level, to L2 only, N bytes ahead (0: off; default 16384) -- A/B\n"
+            "  --rows16-gather 0|1  the sixteen-row tiles (Q8_0, Q4_K, Q2_K, AVX-512) read the rows'\n"
+            "               scales with gathers (1) or loads and a transpose (0; default: 0 on AMD,\n"
+            "               1 elsewhere) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
@@ -160,6 +164,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->shape_in = 4096;
     o->prefetch = -1;
     o->prefetch2 = -1;
+    o->rows16_gather = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -223,6 +228,14 @@ static int parse(int argc, char **argv, opts *o) {
                 fprintf(stderr, "dsinfer-bench: --prefetch2 wants 0 .. 1048576 (bytes)\n");
                 return -1;
             }
+        }
+        else if (!strcmp(a, "--rows16-gather")) {
+            NEEDV;
+            if (strcmp(v, "0") && strcmp(v, "1")) {
+                fprintf(stderr, "dsinfer-bench: --rows16-gather wants 0 or 1\n");
+                return -1;
+            }
+            o->rows16_gather = atoi(v);
         }
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
@@ -370,11 +383,13 @@ static int run_kernels(const opts *o) {
         print_build_json(stdout);
         printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"path\": \"%s\", \"threads\": %d, "
                "\"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], "
-               "\"cold_mib\": %zu, \"prefetch_bytes\": [%d, %d], \"kernels\": [",
+               "\"cold_mib\": %zu, \"prefetch_bytes\": [%d, %d], \"rows16_gather\": %s, \"kernels\": [",
                cpu, isa_name, path, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
-               (long long)n_in, target >> 20, (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2);
+               (long long)n_in, target >> 20, (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2,
+               dsib_kern_rows16_gather_on() ? "true" : "false");
     } else {
-        printf("cpu: %s, kernels: %s, path: %s, threads: %d\n", cpu, isa_name, path, o->t);
+        printf("cpu: %s, kernels: %s, path: %s, threads: %d, sixteen-row tiles' scales: %s\n", cpu,
+               isa_name, path, o->t, dsib_kern_rows16_gather_on() ? "gathers" : "loads");
         if (!o->no_limits)
             printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB buffer)\n"
                    "FMA peak: %.1f GFLOP/s\n",
@@ -1718,9 +1733,10 @@ static int run_model(const opts *o) {
                bench_anon_huge_bytes());
         printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
                "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f], "
-               "\"prefetch_bytes\": [%d, %d]",
+               "\"prefetch_bytes\": [%d, %d], \"rows16_gather\": %s",
                bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1,
-               (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2);
+               (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2,
+               dsib_kern_rows16_gather_on() ? "true" : "false");
         if (o->no_limits)
             printf(", \"mem_read_gbs\": null, \"fma_peak_gflops\": null");
         else
@@ -1884,6 +1900,7 @@ int main(int argc, char **argv) {
     if (parse(argc, argv, &o) != 0) return 2;
     if (o.prefetch >= 0) dsib_kern_prefetch = o.prefetch;
     if (o.prefetch2 >= 0) dsib_kern_prefetch2 = o.prefetch2;
+    if (o.rows16_gather >= 0) dsib_kern_rows16_gather = o.rows16_gather;
     if (o.place) {
         if (!o.model) {
             fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");

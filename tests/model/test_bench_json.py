@@ -6,6 +6,7 @@ Usage: test_bench_json.py PATH/TO/dsinfer-bench
 Needs $DSI_MODELS_DIR/tiny-v4.gguf (written by the build); exits 77 (skip) without it.
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -144,6 +145,27 @@ def main():
         if r.returncode == 0 or "--prefetch2 wants 0 .. 1048576" not in r.stderr:
             fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
     print("--prefetch2: reported and checked")
+    # --rows16-gather: forced either way it reaches the kernels' switch and the JSON; the model
+    # run's default follows the CPU's vendor (loads on AMD / Hygon, gathers elsewhere); a value
+    # other than 0 / 1 is refused
+    for want in ("0", "1"):
+        cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
+               "--shape", "256x1024", "--cold-mib", "8", "--rows16-gather", want, "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+        if json.loads(r.stdout).get("rows16_gather") is not (want == "1"):
+            fail("--rows16-gather %s: rows16_gather %r" % (want, json.loads(r.stdout).get("rows16_gather")))
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", flags, re.M)
+    if vendor:
+        amd = vendor.group(1) in ("AuthenticAMD", "HygonGenuine")
+        if j.get("rows16_gather") is not (not amd):
+            fail("model run on %s: default rows16_gather %r" % (vendor.group(1), j.get("rows16_gather")))
+    cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--rows16-gather", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if r.returncode == 0 or "--rows16-gather wants 0 or 1" not in r.stderr:
+        fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
+    print("--rows16-gather: reported and checked (default %r)" % j.get("rows16_gather"))
     # -d with -p 0 (decode only) or -n 0 (prefill only): the other test is left out and its
     # columns say "-" (it once failed every depth: "dsi_session_append: n is 0")
     for pn, col in ((("-p", "0", "-n", "2"), 1), (("-p", "4", "-n", "0"), 2)):

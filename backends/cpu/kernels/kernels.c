@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef DSIB_KERN_X86
 #include <cpuid.h>
 #endif
@@ -126,6 +127,33 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
  * 256 KiB — every new task restarts the hardware prefetcher's stream. */
 int32_t dsib_kern_prefetch = DSIB_PREFETCH_BYTES;
 int32_t dsib_kern_prefetch2 = DSIB_PREFETCH2_BYTES;
+int32_t dsib_kern_rows16_gather = -1;
+
+/* 1 on AMD and Hygon cores (CPUID leaf 0's vendor string), read once. */
+static int cpu_vendor_amd(void) {
+    static atomic_int amd = -1;
+    int v = atomic_load_explicit(&amd, memory_order_relaxed);
+    if (v < 0) {
+        v = 0;
+#ifdef DSIB_KERN_X86
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        char s[13] = {0};
+        if (__get_cpuid(0, &a, &b, &c, &d)) {
+            memcpy(s, &b, 4);
+            memcpy(s + 4, &d, 4);
+            memcpy(s + 8, &c, 4);
+            v = !strcmp(s, "AuthenticAMD") || !strcmp(s, "HygonGenuine");
+        }
+#endif
+        atomic_store_explicit(&amd, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+int dsib_kern_rows16_gather_on(void) {
+    const int32_t g = dsib_kern_rows16_gather;
+    return g >= 0 ? g != 0 : !cpu_vendor_amd();
+}
 
 /* dsib_ksigns64 (kernels_impl.h), from the definition of ksigns: bit 7 is the parity of the
  * seven index bits. */

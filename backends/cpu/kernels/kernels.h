@@ -283,5 +283,13 @@ extern int32_t dsib_kern_iq2_vbmi;
  * 0 = the plain ones. Same results; for tests and A/B benchmarks, set before any matmul
  * runs. */
 extern int32_t dsib_kern_kq_vbmi2;
+/* The sixteen-row tiles of the block-sum order (Q8_0, Q4_K, Q2_K on the AVX-512 VNNI path)
+ * read their rows' scale dwords with 16-lane gathers (1) or with sixteen loads and a
+ * transpose (0); -1 (default): by the CPU's vendor — loads on AMD and Hygon cores, whose
+ * gathers are slow, gathers elsewhere (simd_avx512.h dsib_rows16_dwords_avx512). Same
+ * results; for tests and A/B benchmarks (dsinfer-bench --rows16-gather), set before any
+ * matmul runs. dsib_kern_rows16_gather_on() is the choice in effect. */
+extern int32_t dsib_kern_rows16_gather;
+int dsib_kern_rows16_gather_on(void);
 
 #endif /* DSIB_CPU_KERNELS_H */

@@ -98,12 +98,13 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
 /* T tokens (1..8) over a group of 16 rows (dsib_tile16_fn): per super-block the rows' scale
- * bytes (four gathered dwords: byte g of the row's scales is byte g mod 4 of dword g / 4) and
+ * bytes (four dwords, dsib_rows16_dwords_avx512: byte g of the row's scales is byte g mod 4 of dword g / 4) and
  * (d, dmin); per 32-byte chunk h of the codes the rows' bytes transposed (lane m = row m),
  * field s of dword k giving elements 128h + 32s + 4k.. (sub-block 8h + 2s for k < 4, the
  * next for k >= 4; activation position 2s + h). */
 DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                           const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
+    const int gather = dsib_kern_rows16_gather_on();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* word pair (byte o, byte o + 1) of each dword lane, o = 0, 2 (vpshufb counts in the 16-byte lane) */
     __m512i pat[2];
@@ -117,13 +118,15 @@ DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *sb = wg + 84 * b;
         dsib_pf16_block(sb, ro, pf, 2);
-        __m512i scv[4], mnv[4];
+        __m512i scv[4], mnv[4], u[4];
+        dsib_rows16_dwords_avx512(sb, ro, ridx, gather, 15, u);
         for (int q = 0; q < 4; q++) {
-            const __m512i u = _mm512_i32gather_epi32(ridx, (const void *)(sb + 4 * q), 1);
-            scv[q] = _mm512_and_si512(u, m4);
-            mnv[q] = _mm512_and_si512(_mm512_srli_epi32(u, 4), m4);
+            scv[q] = _mm512_and_si512(u[q], m4);
+            mnv[q] = _mm512_and_si512(_mm512_srli_epi32(u[q], 4), m4);
         }
-        const __m512i h0 = _mm512_i32gather_epi32(ridx, (const void *)(sb + 80), 1);
+        __m512i hd[4]; /* (d, dmin): dword 3 of bytes 68..83 */
+        dsib_rows16_dwords_avx512(sb + 68, ro, ridx, gather, 8, hd);
+        const __m512i h0 = hd[3];
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h0));
         const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h0, 16)));
         for (int t = 0; t < T; t++) { /* M_b and its step */

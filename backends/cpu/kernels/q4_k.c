@@ -106,7 +106,7 @@ DSIB_CPU_FEATURE_FN(dsib_kern_cpu_vbmi2, "avx512vbmi2")
 
 /* ---- AVX-512 + VNNI: sixteen rows per register (lanes = rows) ----------------------------
  * Per super-block, a group of 16 rows: the (d, dmin) and scale dwords of the rows are
- * gathered and the 6-bit scales and mins unpacked in the lanes (dsib_q4k_unpack_scales'
+ * read into the lanes (dsib_rows16_dwords_avx512) and the 6-bit scales and mins unpacked in the lanes (dsib_q4k_unpack_scales'
  * operations per lane), then per token M_b of the 16 rows (one vpdpwssd per sub-block: the
  * min twice as words against the activation's two sums per 16) and its chain step. Then per
  * 64-element chunk c (qs bytes 32c..32c+32 of each row), the rows' 32 bytes are transposed
@@ -127,17 +127,16 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
  * nb super-blocks: y[t][0..M). */
 DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                           const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
+    const int gather = dsib_kern_rows16_gather_on();
     const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), m2 = _mm512_set1_epi8(0x03);
     __m512 acc[8];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *sb = wg + 144 * b;
         dsib_pf16_block(sb, ro, pf, 3);
-        /* header dwords of the 16 rows: (d, dmin), then dsib_q4k_unpack_scales' u[0..2] */
-        const __m512i h0 = _mm512_i32gather_epi32(ridx, (const void *)sb, 1);
-        const __m512i u0 = _mm512_i32gather_epi32(ridx, (const void *)(sb + 4), 1);
-        const __m512i u1 = _mm512_i32gather_epi32(ridx, (const void *)(sb + 8), 1);
-        const __m512i u2 = _mm512_i32gather_epi32(ridx, (const void *)(sb + 12), 1);
+        __m512i hd[4]; /* (d, dmin), then dsib_q4k_unpack_scales' u[0..2] */
+        dsib_rows16_dwords_avx512(sb, ro, ridx, gather, 15, hd);
+        const __m512i h0 = hd[0], u0 = hd[1], u1 = hd[2], u2 = hd[3];
         const __m512i sc_lo = _mm512_and_si512(u0, m6); /* bytes: sc 0..3 */
         const __m512i mn_lo = _mm512_and_si512(u1, m6); /* m 0..3 */
         const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(u2, m4),

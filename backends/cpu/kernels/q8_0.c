@@ -174,9 +174,12 @@ DSIB_TARGET_POP
 DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 #include "backends/cpu/kernels/simd_avx512.h"
 
-/* The f16 scales of sixteen rows' block at sb + ridx[m] → f32 lanes. */
-DSIB_AI __m512 q8_0_dw16(__m512i ridx, const uint8_t *sb) {
-    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(ridx, (const void *)sb, 1)));
+/* The f16 scales of sixteen rows' block at sb + ro[m] → f32 lanes (the low word of each
+ * row's first dword, dsib_rows16_dwords_avx512). */
+DSIB_AI __m512 q8_0_dw16(const uint8_t *sb, const int32_t *ro, __m512i ridx, int gather) {
+    __m512i d[4];
+    dsib_rows16_dwords_avx512(sb, ro, ridx, gather, 1, d);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d[0]));
 }
 
 DSIB_AI __m512i q8_0_bs_pair(__m512i a, __m512i b) { /* [a0+a2, b0+b2, a1+a3, b1+b3] per 128 */
@@ -197,6 +200,7 @@ DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 
 /* One token over a group of 16 rows (row offsets ridx / ro from wg), nb blocks: y[0..M). */
 static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                             const dsib_qrow *x, float *y, dsib_pf16 pf) {
+    const int gather = dsib_kern_rows16_gather_on();
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
@@ -226,11 +230,11 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
         const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
                                             _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
         const __m512i i0 = _mm512_shuffle_i32x4(w0, w1, 0x88); /* I_b of rows 0..15 */
-        acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(ridx, wg + 34 * b), _mm512_set1_ps(x->d[b])),
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(wg + 34 * b, ro, ridx, gather), _mm512_set1_ps(x->d[b])),
                               _mm512_cvtepi32_ps(i0), acc);
         if (!half) {
             const __m512i i1 = _mm512_shuffle_i32x4(w0, w1, 0xDD); /* I_b+1 */
-            acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(ridx, wg + 34 * (b + 1)), _mm512_set1_ps(x->d[b + 1])),
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(wg + 34 * (b + 1), ro, ridx, gather), _mm512_set1_ps(x->d[b + 1])),
                                   _mm512_cvtepi32_ps(i1), acc);
         }
     }
@@ -240,6 +244,7 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
 /* T tokens (2..8) over a group of 16 rows: y[t][0..M). */
 DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                           const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
+    const int gather = dsib_kern_rows16_gather_on();
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
     __m512 acc[8];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
@@ -263,7 +268,7 @@ DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
                 c128);
         }
         dsib_rows16_transpose_avx512(z, W);
-        const __m512 dw = q8_0_dw16(ridx, wg + 34 * b);
+        const __m512 dw = q8_0_dw16(wg + 34 * b, ro, ridx, gather);
         for (int t = 0; t < T; t++) {
             const int8_t *xq = x[t].q + 32 * b;
             /* two chains of four: one chain of eight dependent vpdpbusd per token left the

@@ -586,7 +586,40 @@ DSIB_AI __m128 dsib_kq_bs_steps(__m128 acc, __m512i Sv, __m256i Mv, __m128 dmx) 
     return _mm_fmadd_ss(dmx, f, acc);
 }
 
-/* ---- sixteen rows per register (the block-sum order's token tiles: q8_0.c, q4_k.c) ------- */
+/* ---- sixteen rows per register (the block-sum order's token tiles: q8_0.c, q4_k.c, q2_k.c) */
+
+/* Dwords k (bit k of NEED set, k < 4) of the first 16 bytes of sixteen rows' block (row m at
+ * sb + ro[m], ridx the same offsets as a vector) in the lanes: d[k] lane m = dword k of row m
+ * (q8_0.c: the scale; q4_k.c: d, dmin and the scale bytes; q2_k.c: the scale bytes, and d,
+ * dmin from bytes 68..83). With `gather` (dsib_kern_rows16_gather_on) one 16-lane gather
+ * per dword; without, sixteen 16-byte loads and a transpose: Z_i holds rows i, 4 + i, 8 + i,
+ * 12 + i in its 128-bit lanes, so two in-lane unpack steps leave lane 4j + i = row 4j + i.
+ * The same values either way. Gathers are slow on AMD cores: Zen 5, one core, from L2, loads
+ * against gathers — Q2_K one token 23.2-24.0 -> 29.7-30.7 GB/s, Q4_K four tokens 14.8-16.1
+ * -> 15.6-17.5, Q8_0 one token 27.3-31.5 -> 32.8-34.6 (docs/performance.md
+ * 4.0000000000000000000000000); on Intel the transpose's inserts and unpacks would add to the
+ * shuffle port the tiles' transposes already load, so there the gathers stay (kernels.h). */
+DSIB_AI void dsib_rows16_dwords_avx512(const uint8_t *sb, const int32_t *ro, __m512i ridx, int gather,
+                                       const int NEED, __m512i d[4]) {
+    if (gather) {
+        for (int k = 0; k < 4; k++)
+            if (NEED >> k & 1) d[k] = _mm512_i32gather_epi32(ridx, (const void *)(sb + 4 * k), 1);
+        return;
+    }
+    __m512i Z[4];
+    for (int i = 0; i < 4; i++) {
+        __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(sb + ro[i])));
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(const void *)(sb + ro[4 + i])), 1);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(const void *)(sb + ro[8 + i])), 2);
+        Z[i] = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(const void *)(sb + ro[12 + i])), 3);
+    }
+    const __m512i A = _mm512_unpacklo_epi32(Z[0], Z[1]), B = _mm512_unpackhi_epi32(Z[0], Z[1]);
+    const __m512i C = _mm512_unpacklo_epi32(Z[2], Z[3]), D = _mm512_unpackhi_epi32(Z[2], Z[3]);
+    d[0] = _mm512_unpacklo_epi64(A, C);
+    d[1] = _mm512_unpackhi_epi64(A, C);
+    d[2] = _mm512_unpacklo_epi64(B, D);
+    d[3] = _mm512_unpackhi_epi64(B, D);
+}
 
 /* z[m] = [32 bytes of row m | the same 32 bytes of row m + 8] (m < 8) → W[c] whose lane m
  * holds bytes 4c..4c+3 of row m (m < 16): an 8 × 8 dword transpose per 256-bit half, 24

@@ -1032,34 +1032,39 @@ typedef float (*blocksum_ref_fn)(const uint8_t *row, int64_t n_in, const int8_t 
 static void run_blocksum(int32_t type, int B, const int64_t *n_ins, int n_n, void (*prep)(problem *),
                          blocksum_ref_fn ref) {
     int checked = 0;
-    for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++) {
-        const dsib_kern_table *kt = dsib_kern_table_for(isa);
-        if (!kt) continue;
-        checked++;
-        for (int ni = 0; ni < n_n; ni++) {
-            problem p;
-            problem_make(&p, type, n_ins[ni], 300, 40);
-            if (prep) prep(&p);
-            int8_t *q = malloc((size_t)p.n_in);
-            float *d = malloc(sizeof(float) * (size_t)(p.n_in / B));
-            float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
-            assert_true(q && d && want && got);
-            int rounded = 0;
-            for (int64_t t = 0; t < p.n_tok; t++) {
-                ref_quantize(p.x + t * p.xs, p.n_in, B, q, d);
-                for (int64_t o = 0; o < p.n_out; o++)
-                    want[t * p.n_out + o] = ref(p.w + (size_t)o * p.rb, p.n_in, q, d, &rounded);
+    /* every ISA, and on AVX-512 VNNI both ways the sixteen-row tiles read the rows' scales
+     * (dsib_kern_rows16_gather: gathers, loads and a transpose) */
+    for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++)
+        for (int g = 0; g < (isa == DSIB_ISA_AVX512VNNI ? 2 : 1); g++) {
+            const dsib_kern_table *kt = dsib_kern_table_for(isa);
+            if (!kt) continue;
+            checked++;
+            dsib_kern_rows16_gather = isa == DSIB_ISA_AVX512VNNI ? g : -1;
+            for (int ni = 0; ni < n_n; ni++) {
+                problem p;
+                problem_make(&p, type, n_ins[ni], 300, 40);
+                if (prep) prep(&p);
+                int8_t *q = malloc((size_t)p.n_in);
+                float *d = malloc(sizeof(float) * (size_t)(p.n_in / B));
+                float *want = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
+                float *got = malloc(sizeof(float) * (size_t)(p.n_out * p.n_tok));
+                assert_true(q && d && want && got);
+                int rounded = 0;
+                for (int64_t t = 0; t < p.n_tok; t++) {
+                    ref_quantize(p.x + t * p.xs, p.n_in, B, q, d);
+                    for (int64_t o = 0; o < p.n_out; o++)
+                        want[t * p.n_out + o] = ref(p.w + (size_t)o * p.rb, p.n_in, q, d, &rounded);
+                }
+                if (prep) assert_true(rounded);
+                check_blocksum_calls(kt, &p, want, got);
+                free(q);
+                free(d);
+                free(want);
+                free(got);
+                problem_free(&p);
             }
-            if (prep) assert_true(rounded);
-            check_blocksum_calls(kt, &p, want, got);
-            free(q);
-            free(d);
-            free(want);
-            free(got);
-            problem_free(&p);
+            dsib_kern_rows16_gather = -1;
         }
-    }
     assert_true(checked > 0);
 }
 
@@ -1161,6 +1166,33 @@ static void test_q2_k_blocksum(void **state) {
     (void)state;
     static const int64_t n_ins[] = {256, 1280, 2304};
     run_blocksum(DSI_TYPE_Q2_K, 256, n_ins, 3, NULL, q2_k_ref_row);
+}
+
+/* dsib_kern_rows16_gather: -1 picks loads on AMD / Hygon cores and gathers elsewhere (the
+ * vendor read here from /proc/cpuinfo, not through the library's CPUID path), 0 and 1 force
+ * either. */
+static void test_rows16_gather_default(void **state) {
+    (void)state;
+    int amd = -1;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (amd < 0 && fgets(line, sizeof line, f))
+            if (!strncmp(line, "vendor_id", 9))
+                amd = strstr(line, "AuthenticAMD") != NULL || strstr(line, "HygonGenuine") != NULL;
+        fclose(f);
+    }
+#if !defined(__x86_64__)
+    if (amd < 0) amd = 0; /* no vendor line off x86: not AMD */
+#endif
+    if (amd < 0) skip(); /* /proc/cpuinfo without a vendor line (not Linux): nothing to compare */
+    assert_int_equal(dsib_kern_rows16_gather, -1);
+    assert_int_equal(dsib_kern_rows16_gather_on(), !amd);
+    dsib_kern_rows16_gather = 0;
+    assert_int_equal(dsib_kern_rows16_gather_on(), 0);
+    dsib_kern_rows16_gather = 1;
+    assert_int_equal(dsib_kern_rows16_gather_on(), 1);
+    dsib_kern_rows16_gather = -1;
 }
 
 /* ---- threads, flags ------------------------------------------------------------------------- */
@@ -1473,6 +1505,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_q8_0_blocksum),
         cmocka_unit_test(test_q4_k_blocksum),
         cmocka_unit_test(test_q2_k_blocksum),
+        cmocka_unit_test(test_rows16_gather_default),
         cmocka_unit_test(test_threads_invariance),
         cmocka_unit_test(test_moe_gather),
         cmocka_unit_test(test_batch),
