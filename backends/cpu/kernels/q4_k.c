@@ -213,7 +213,7 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
  * 13.2-13.7 GB/s) although faster from the caches. Per super-block and row the exact lanes of
  * dsib_kq_s_avx512 and of the mins against the sums per 16, then the chain steps of a pair of
  * super-blocks (dsib_kq_bs_pair_steps, simd_avx512.h); the scales of four super-blocks are
- * decoded at once (q4_k_quad_avx512; pairs and one super-block at a row's end). (The VBMI2 form of the lane sums,
+ * decoded at once (dsib_kq4_quad_avx512, simd_avx512.h; pairs and one super-block at a row's end). (The VBMI2 form of the lane sums,
  * DSIB_KQ_S_VB2_, measured slower here: 16.5 against 17.4 GB/s from the caches.) */
 DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -239,35 +239,6 @@ DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
         Mv = _mm256_madd_epi16(mn_, _mm256_loadu_si256((const __m256i *)(const void *)(x->s + 16 * (b)))); \
     }
 
-/* The scales, mins and (d, dmin) of the four super-blocks at blk + 144 q (q < 4), decoded
- * together: each 128-bit lane does dsib_kq4_pair_avx512's operations on one super-block's
- * bytes (the same values), s16a / s16b hold the unpacked words of super-blocks 0, 1 / 2, 3
- * in dsib_kq4_scales_pair_avx512's layout, and dm = (d, dmin) of the four in order. One
- * decode for four super-blocks instead of two: the decode was about a fifth of the one-token
- * tile's time from the caches. */
-DSIB_AI void q4_k_quad_avx512(const uint8_t *blk, __m512i *s16a, __m512i *s16b, __m256 *dm) {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(blk + 4)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 148)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 292)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 436)), 3);
-    const __m512i p1 = _mm512_shuffle_epi8(
-        v, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
-    const __m512i lo = _mm512_and_si512(
-        p1, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
-    const __m512i hn = _mm512_and_si512(
-        _mm512_srli_epi16(p1, 4),
-        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-    const __m512i p2 = _mm512_shuffle_epi8(
-        v, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
-    const __m512i hi = _mm512_srli_epi16(_mm512_and_si512(p2, _mm512_set1_epi8((char)0xC0)), 2);
-    const __m512i r = _mm512_or_si512(_mm512_or_si512(lo, hn), hi);
-    *s16a = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(r));
-    *s16b = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(r, 1));
-    int32_t h[4];
-    for (int q = 0; q < 4; q++) memcpy(&h[q], blk + 144 * q, 4);
-    *dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
-}
-
 #define Q4_K_ROW_TILE_AVX512(NAME)                                                         \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
                       float *out, const int R, const int T, const int PF) {                \
@@ -284,7 +255,7 @@ DSIB_AI void q4_k_quad_avx512(const uint8_t *blk, __m512i *s16a, __m512i *s16b, 
                 const uint8_t *blk0 = w + (size_t)r * rb + 144 * b2;                       \
                 __m512i s16, s16b;                                                         \
                 __m256 dm4;                                                                \
-                q4_k_quad_avx512(blk0, &s16, &s16b, &dm4);                                 \
+                dsib_kq4_quad_avx512(blk0, 144, &s16, &s16b, &dm4);                        \
                 const __m256 dmx4 = _mm256_mul_ps(dm4, dxx);                               \
                 {                                                                          \
                     Q4_K_LANES1_AVX512_(blk0, b2, 0, S0v, M0v)                             \

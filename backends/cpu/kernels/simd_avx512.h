@@ -185,12 +185,13 @@ DSIB_AI float dsib_ldf_(const char *p) {
  * packed 6-bit scale bytes of Q4_K (Q5_K; Q4_K until its block-sum order): the scales and (d, dmin) of a pair of
  * super-blocks b, b + 1 are decoded together, one per 128-bit lane (dsib_kq4_pair_avx512),
  * and WDECODE(blk, wv) gives the four weight vectors of one super-block; an odd last
- * super-block goes alone. Per row and pair: one scale decode and one f16 conversion where
+ * super-block goes alone; four super-blocks at a time first (dsib_kq4_quad_avx512, the same
+ * values). Per row and pair: one scale decode and one f16 conversion where
  * each super-block had its own (Emerald Rapids, one core, 2048 x 1024 from the caches, with
  * the epilogue's memory broadcasts: Q4_K one token 18.98 -> 20.78 GB/s, four tokens 7.61 ->
  * 8.55; Q5_K 18.30 -> 19.95 / 8.50 -> 9.11; docs/performance.md 4.00000000000000000000).
  * Every value and every floating-point operation of a (row, token) is the same: same bits
- * (test_cpukernels: Q4_K at 256 / 512 / 2304 columns, Q5_K at 256 / 768 / 2048, odd
+ * (test_cpukernels: Q4_K at 256 / 512 / 2304 columns, Q5_K at 256 / 768 / 1792, odd
  * super-block counts included). */
 #define DSIB_KQ4_TILE_AVX512(NAME, BLK, WDECODE, VB)                                       \
     DSIB_AI void NAME(const uint8_t *w, size_t rb, int64_t n_in, const dsib_qrow *x,       \
@@ -199,6 +200,24 @@ DSIB_AI float dsib_ldf_(const char *p) {
         const int64_t nb = n_in / 256;                                                     \
         DSIB_KQ_XBASE_();                                                                  \
         int64_t b2 = 0;                                                                    \
+        for (; b2 + 3 < nb; b2 += 4) /* four super-blocks' scales at once */               \
+            for (int r = 0; r < R; r++) {                                                  \
+                const uint8_t *blk0 = w + (size_t)r * rb + (BLK) * b2;                     \
+                __m512i s16, s16b;                                                         \
+                __m256 dm4;                                                                \
+                dsib_kq4_quad_avx512(blk0, BLK, &s16, &s16b, &dm4);                        \
+                {                                                                          \
+                    const __m128 dm = _mm256_castps256_ps128(dm4);                         \
+                    DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0, b2, 0, VB);                    \
+                    DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0 + (BLK), b2 + 1, 1, VB);        \
+                }                                                                          \
+                s16 = s16b;                                                                \
+                {                                                                          \
+                    const __m128 dm = _mm256_extractf128_ps(dm4, 1);                       \
+                    DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0 + 2 * (BLK), b2 + 2, 0, VB);    \
+                    DSIB_KQ4_SB_AVX512_(BLK, WDECODE, blk0 + 3 * (BLK), b2 + 3, 1, VB);    \
+                }                                                                          \
+            }                                                                              \
         for (; b2 + 1 < nb; b2 += 2)                                                       \
             for (int r = 0; r < R; r++) {                                                  \
                 const uint8_t *blk0 = w + (size_t)r * rb + (BLK) * b2;                     \
@@ -340,6 +359,36 @@ DSIB_AI void dsib_kq4_pair_avx512(const uint8_t *blk, size_t BLK, int two, __m51
     const __m256i hi = _mm256_srli_epi16(_mm256_and_si256(p2, _mm256_set1_epi8((char)0xC0)), 2);
     *s16 = _mm512_cvtepu8_epi16(_mm256_or_si256(_mm256_or_si256(lo, hn), hi));
     *dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
+}
+
+/* The same for the four super-blocks at blk + BLK q (q < 4): each 128-bit lane does
+ * dsib_kq4_pair_avx512's operations on one super-block's bytes (the same values), s16a / s16b
+ * hold the unpacked words of super-blocks 0, 1 / 2, 3 in its s16 layout, and dm = (d, dmin) of
+ * the four in order. One decode for four super-blocks instead of two: it was about a fifth of
+ * the Q4_K one-token tile's time from the caches (Zen 5, one core, from L2: Q4_K 33.5 -> 35.7
+ * GB/s at 4096 columns, 33.5 -> 36.7 at 1024; docs/performance.md
+ * 4.0000000000000000000000000). */
+DSIB_AI void dsib_kq4_quad_avx512(const uint8_t *blk, size_t BLK, __m512i *s16a, __m512i *s16b, __m256 *dm) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(blk + 4)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + BLK + 4)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 2 * BLK + 4)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 3 * BLK + 4)), 3);
+    const __m512i p1 = _mm512_shuffle_epi8(
+        v, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+    const __m512i lo = _mm512_and_si512(
+        p1, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
+    const __m512i hn = _mm512_and_si512(
+        _mm512_srli_epi16(p1, 4),
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m512i p2 = _mm512_shuffle_epi8(
+        v, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+    const __m512i hi = _mm512_srli_epi16(_mm512_and_si512(p2, _mm512_set1_epi8((char)0xC0)), 2);
+    const __m512i r = _mm512_or_si512(_mm512_or_si512(lo, hn), hi);
+    *s16a = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(r));
+    *s16b = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(r, 1));
+    int32_t hd[4];
+    for (int q = 0; q < 4; q++) memcpy(&hd[q], blk + BLK * (size_t)q, 4);
+    *dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)hd));
 }
 
 /* Super-block h (0, 1) of a pair from dsib_kq4_pair_avx512's s16 (activation order P =

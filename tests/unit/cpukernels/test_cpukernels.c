@@ -537,7 +537,7 @@ static const shape shapes[] = {
     {DSI_TYPE_MXFP4, {32, 160, 2080}},
     {DSI_TYPE_IQ2_XXS, {256, 768, 2304}},
     {DSI_TYPE_Q6_K, {256, 512, 1792}},
-    {DSI_TYPE_Q5_K, {256, 768, 2048}},
+    {DSI_TYPE_Q5_K, {256, 768, 1792}}, /* 1792: four super-blocks, a pair, one (DSIB_KQ4_TILE_AVX512) */
     {DSI_TYPE_Q3_K, {256, 512, 2304}},
     {DSI_TYPE_Q4_0, {32, 160, 2080}},
     {DSI_TYPE_IQ4_NL, {32, 224, 1056}},
