@@ -331,48 +331,17 @@ DSIB_AI float dsib_ldf_(const char *p) {
 /* ---- shared by the further 256-element types (q4_k.c / q5_k.c, q6_k.c / q3_k.c,
  * iq2_xxs.c / iq3_xxs.c / iq2_xs.c / iq2_s.c / iq3_s.c) ----------------------------------------- */
 
-/* The scales, mins and (d, dmin) of the super-blocks at blk and (when two) blk + BLK, laid
- * out for dsib_kq4_scales_pair_avx512: s16 holds the 16 unpacked words of the first in words
- * 0-15 and of the second in words 16-31 — in each 128-bit lane the operations of
- * dsib_q4k_scales_sse (simd_avx2.h) on that super-block's bytes, so the same values; dm =
- * (d, dmin) of the first, then of the second (zero without a second). */
-DSIB_AI void dsib_kq4_pair_avx512(const uint8_t *blk, size_t BLK, int two, __m512i *s16, __m128 *dm) {
-    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(blk + 4));
-    int32_t h0, h1 = 0;
-    memcpy(&h0, blk, 4);
-    __m256i v = _mm256_castsi128_si256(a);
-    if (two) {
-        v = _mm256_inserti128_si256(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + BLK + 4)), 1);
-        memcpy(&h1, blk + BLK, 4);
-    } else {
-        v = _mm256_inserti128_si256(v, _mm_setzero_si128(), 1);
-    }
-    const __m256i p1 = _mm256_shuffle_epi8(
-        v, _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
-    const __m256i lo = _mm256_and_si256(
-        p1, _mm256_broadcastsi128_si256(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)));
-    const __m256i hn = _mm256_and_si256(
-        _mm256_srli_epi16(p1, 4),
-        _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-    const __m256i p2 = _mm256_shuffle_epi8(
-        v, _mm256_broadcastsi128_si256(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
-    const __m256i hi = _mm256_srli_epi16(_mm256_and_si256(p2, _mm256_set1_epi8((char)0xC0)), 2);
-    *s16 = _mm512_cvtepu8_epi16(_mm256_or_si256(_mm256_or_si256(lo, hn), hi));
-    *dm = _mm_cvtph_ps(_mm_setr_epi32(h0, h1, 0, 0));
-}
-
-/* The same for the four super-blocks at blk + BLK q (q < 4): each 128-bit lane does
- * dsib_kq4_pair_avx512's operations on one super-block's bytes (the same values), s16a / s16b
- * hold the unpacked words of super-blocks 0, 1 / 2, 3 in its s16 layout, and dm = (d, dmin) of
- * the four in order. One decode for four super-blocks instead of two: it was about a fifth of
- * the Q4_K one-token tile's time from the caches (Zen 5, one core, from L2: Q4_K 33.5 -> 35.7
- * GB/s at 4096 columns, 33.5 -> 36.7 at 1024; docs/performance.md
- * 4.0000000000000000000000000). */
-DSIB_AI void dsib_kq4_quad_avx512(const uint8_t *blk, size_t BLK, __m512i *s16a, __m512i *s16b, __m256 *dm) {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(blk + 4)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + BLK + 4)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 2 * BLK + 4)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + 3 * BLK + 4)), 3);
+/* The scales, mins and (d, dmin) of the N (1, 2 or 4) super-blocks at blk + BLK q, one per
+ * 128-bit lane (lanes past N zero), laid out for dsib_kq4_scales_pair_avx512: s16a holds the
+ * 16 unpacked words of the first in words 0-15 and of the second in words 16-31, s16b those
+ * of the third and fourth — in each lane the operations of dsib_q4k_scales_sse (simd_avx2.h)
+ * on that super-block's bytes, so the same values; dm = (d, dmin) of each in order (zero past
+ * N). dsib_kq4_pair_avx512: the first two (the second when two). */
+DSIB_AI void dsib_kq4_scales_avx512(const uint8_t *blk, size_t BLK, const int N, __m512i *s16a, __m512i *s16b,
+                                    __m256 *dm) {
+    __m512i v = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)(blk + 4)));
+    for (int q = 1; q < N; q++)
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(const void *)(blk + BLK * (size_t)q + 4)), q);
     const __m512i p1 = _mm512_shuffle_epi8(
         v, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
     const __m512i lo = _mm512_and_si512(
@@ -386,9 +355,26 @@ DSIB_AI void dsib_kq4_quad_avx512(const uint8_t *blk, size_t BLK, __m512i *s16a,
     const __m512i r = _mm512_or_si512(_mm512_or_si512(lo, hn), hi);
     *s16a = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(r));
     *s16b = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(r, 1));
-    int32_t hd[4];
-    for (int q = 0; q < 4; q++) memcpy(&hd[q], blk + BLK * (size_t)q, 4);
+    int32_t hd[4] = {0, 0, 0, 0};
+    for (int q = 0; q < N; q++) memcpy(&hd[q], blk + BLK * (size_t)q, 4);
     *dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)hd));
+}
+DSIB_AI void dsib_kq4_pair_avx512(const uint8_t *blk, size_t BLK, int two, __m512i *s16, __m128 *dm) {
+    __m512i s16b;
+    __m256 dm4;
+    if (two)
+        dsib_kq4_scales_avx512(blk, BLK, 2, s16, &s16b, &dm4);
+    else
+        dsib_kq4_scales_avx512(blk, BLK, 1, s16, &s16b, &dm4);
+    *dm = _mm256_castps256_ps128(dm4);
+}
+
+/* All four: one decode for four super-blocks instead of two, which was about a fifth of
+ * the Q4_K one-token tile's time from the caches (Zen 5, one core, from L2: Q4_K 33.5 -> 35.7
+ * GB/s at 4096 columns, 33.5 -> 36.7 at 1024; docs/performance.md
+ * 4.0000000000000000000000000). */
+DSIB_AI void dsib_kq4_quad_avx512(const uint8_t *blk, size_t BLK, __m512i *s16a, __m512i *s16b, __m256 *dm) {
+    dsib_kq4_scales_avx512(blk, BLK, 4, s16a, s16b, dm);
 }
 
 /* Super-block h (0, 1) of a pair from dsib_kq4_pair_avx512's s16 (activation order P =
