@@ -105,10 +105,11 @@ DSIB_TARGET_POP
 DSIB_CPU_FEATURE_FN(dsib_kern_cpu_vbmi2, "avx512vbmi2")
 
 /* ---- AVX-512 + VNNI: sixteen rows per register (lanes = rows) ----------------------------
- * Per super-block, a group of 16 rows: the (d, dmin) and scale dwords of the rows are
- * read into the lanes (dsib_rows16_dwords_avx512) and the 6-bit scales and mins unpacked in the lanes (dsib_q4k_unpack_scales'
- * operations per lane), then per token M_b of the 16 rows (one vpdpwssd per sub-block: the
- * min twice as words against the activation's two sums per 16) and its chain step. Then per
+ * Per super-block, a group of 16 rows: the (d, dmin) and scale dwords of the rows are read
+ * into the lanes (dsib_rows16_dwords_avx512) and the 6-bit scales and mins unpacked in the
+ * lanes (dsib_q4k_unpack_scales' operations per lane), then per token M_b of the 16 rows
+ * (one vpdpwssd per sub-block: the min twice as words against the activation's two sums per
+ * 16) and its chain step. Then per
  * 64-element chunk c (qs bytes 32c..32c+32 of each row), the rows' 32 bytes are transposed
  * once into eight registers W_k (lane m = bytes 4k..4k+3 of row m; q8_0.c's transpose); the
  * low nibbles are sub-block 2c, the high ones 2c+1. Per token and sub-block, two chains of
@@ -213,8 +214,9 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
  * 13.2-13.7 GB/s) although faster from the caches. Per super-block and row the exact lanes of
  * dsib_kq_s_avx512 and of the mins against the sums per 16, then the chain steps of a pair of
  * super-blocks (dsib_kq_bs_pair_steps, simd_avx512.h); the scales of four super-blocks are
- * decoded at once (dsib_kq4_quad_avx512, simd_avx512.h; pairs and one super-block at a row's end). (The VBMI2 form of the lane sums,
- * DSIB_KQ_S_VB2_, measured slower here: 16.5 against 17.4 GB/s from the caches.) */
+ * decoded at once (dsib_kq4_quad_avx512, simd_avx512.h; a pair and one super-block at a
+ * row's end). (The VBMI2 form of the lane sums, DSIB_KQ_S_VB2_, measured slower here: 16.5
+ * against 17.4 GB/s from the caches.) */
 DSIB_AI void q4_k_wdecode_avx512(const uint8_t *blk, __m512i wv[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i q0 = _mm512_loadu_si512(blk + 16), q1 = _mm512_loadu_si512(blk + 80);
