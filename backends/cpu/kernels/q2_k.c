@@ -99,9 +99,9 @@ DSIB_TARGET_PUSH(DSIB_TGT_AVX512VNNI)
 
 /* T tokens (1..8) over a group of 16 rows (dsib_tile16_fn): per super-block the rows' scale
  * bytes (four dwords, dsib_rows16_dwords_avx512: byte g of the row's scales is byte g mod 4
- * of dword g / 4) and (d, dmin); per 32-byte chunk h of the codes the rows' bytes transposed (lane m = row m),
- * field s of dword k giving elements 128h + 32s + 4k.. (sub-block 8h + 2s for k < 4, the
- * next for k >= 4; activation position 2s + h). */
+ * of dword g / 4) and (d, dmin); per 32-byte chunk h of the codes the rows' bytes
+ * transposed (lane m = row m), field s of dword k giving elements 128h + 32s + 4k..
+ * (sub-block 8h + 2s for k < 4, the next for k >= 4; activation position 2s + h). */
 DSIB_AI void q2_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                           const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
     const int gather = dsib_kern_rows16_gather_on();
