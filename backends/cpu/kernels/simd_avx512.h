@@ -762,17 +762,17 @@ DSIB_AI void dsib_rows16_avx512(const uint8_t *w, size_t rb, int64_t nb, int64_t
 }
 
 /* The AVX-512 row function NAME of a 256-element type in the block-sum order (q4_k.c,
- * q2_k.c): one-token calls through ROW_T1 when T1_ROWS (rows one at a time: one sequential
- * stream), all others through the sixteen-row token tiles TILE(wg, ro, ridx, nb, M, x, y,
- * pf, T). */
-#define DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, ROW_T1, T1_ROWS)                               \
+ * q2_k.c): one-token calls on rows of more than T1_ABOVE columns through ROW_T1 (rows one or
+ * four at a time: one sequential stream), all others through the sixteen-row token tiles
+ * TILE(wg, ro, ridx, nb, M, x, y, pf, T). */
+#define DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, ROW_T1, T1_ABOVE)                              \
     DSIB_TILE16_T_(TILE, TILE, 1)                                                          \
     DSIB_TILE16_2TO8(TILE, TILE)                                                           \
     static void NAME(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0, int64_t o1,    \
                      const dsib_qrow *x, float *const *yp, int n) {                        \
         static const dsib_tile16_fn tiles[9] = {NULL,    TILE##1, TILE##2, TILE##3, TILE##4, \
                                                 TILE##5, TILE##6, TILE##7, TILE##8};       \
-        if ((T1_ROWS) && n == 1)                                                           \
+        if (n == 1 && n_in > (T1_ABOVE))                                                   \
             ROW_T1(w, rb, n_in, o0, o1, x, yp, 1);                                         \
         else                                                                               \
             dsib_rows16_avx512(w, rb, n_in / 256, o0, o1, x, yp, n, tiles);                \
@@ -781,9 +781,17 @@ DSIB_AI void dsib_kq_no_t1(const uint8_t *w, size_t rb, int64_t n_in, int64_t o0
                            const dsib_qrow *x, float *const *yp, int pf) {
     (void)w, (void)rb, (void)n_in, (void)o0, (void)o1, (void)x, (void)yp, (void)pf;
 }
-#define DSIB_KQ_BS_ROWS_AVX512(NAME, TILE, ROW_T1) DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, ROW_T1, 1)
+/* q4_k.c: rows of at most two super-blocks take the sixteen-row tiles on one token too. Their
+ * rows four at a time spent about as long per row (scale decode, two super-blocks' lanes, the
+ * final steps) as the rows of four super-blocks did (Zen 5, one core, Q4_K from L2: 2048 x 512
+ * 19.6-20.6 GB/s against 35 at 1024 columns); the sixteen-row tile measured 36.8 there, and
+ * from memory with two threads 8192 x 512 31.3-32.4 -> 34.0-34.9 GB/s. At 1024 columns the
+ * four-row tiles stay ahead from memory (512 x 1024, two threads: 27.2-28.4 against
+ * 22.2-23.1 GB/s through the sixteen-row tiles; docs/performance.md
+ * 4.00000000000000000000000000). */
+#define DSIB_KQ_BS_ROWS_AVX512(NAME, TILE, ROW_T1) DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, ROW_T1, 512)
 /* The same with one-token calls through the sixteen-row tiles too (q2_k.c: its super-blocks
  * are short, so the lanes' reduction per row and super-block cost more than sixteen streams). */
-#define DSIB_KQ_BS_ROWS16_AVX512(NAME, TILE) DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, dsib_kq_no_t1, 0)
+#define DSIB_KQ_BS_ROWS16_AVX512(NAME, TILE) DSIB_KQ_BS_ROWS_AVX512_(NAME, TILE, dsib_kq_no_t1, INT64_MAX)
 
 #endif

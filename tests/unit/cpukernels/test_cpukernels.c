@@ -1129,11 +1129,12 @@ static float q4_k_ref_row(const uint8_t *row, int64_t n_in, const int8_t *q, con
 
 static void test_q4_k_blocksum(void **state) {
     (void)state;
-    /* one-token calls: 1 and 4 super-blocks on the four-row tiles (at most 1024 columns), 5,
-     * 7 and 9 on rows one at a time — the AVX-512 row kernel's groups of four super-blocks,
-     * then a pair, then one (q4_k.c Q4_K_ROW_TILE_AVX512) */
-    static const int64_t n_ins[] = {256, 1024, 1280, 1792, 2304};
-    run_blocksum(DSI_TYPE_Q4_K, 256, n_ins, 5, q4_k_extreme, q4_k_ref_row);
+    /* one-token calls on AVX-512: 1 and 2 super-blocks on the sixteen-row tiles (at most 512
+     * columns, simd_avx512.h DSIB_KQ_BS_ROWS_AVX512), 3 and 4 on the four-row tiles (a pair
+     * and one, a group of four), 5, 7 and 9 on rows one at a time — the row kernel's groups of
+     * four super-blocks, then a pair, then one (q4_k.c Q4_K_ROW_TILE_AVX512) */
+    static const int64_t n_ins[] = {256, 512, 768, 1024, 1280, 1792, 2304};
+    run_blocksum(DSI_TYPE_Q4_K, 256, n_ins, 7, q4_k_extreme, q4_k_ref_row);
 }
 
 /* Q2_K's block-sum order (q2_k.c) in plain C: natural element e = 128h + 32s + l has the code
