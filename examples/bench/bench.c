@@ -84,6 +84,7 @@ typedef struct opts {
     int prefetch;        /* --prefetch N: weight prefetch distance in bytes (-1: default) */
     int prefetch2;       /* --prefetch2 N: its far (L2) level in bytes (-1: default) */
     int rows16_gather;   /* --rows16-gather 0|1: the sixteen-row tiles' scale reads (-1: default) */
+    int q8_rows8;        /* --q8-rows8 0|1: Q8_0's one-token tiles on long rows (-1: default) */
     const char *depths;    /* -d 0,4096,...: decode / prefill at context depths */
     int real_depth;        /* -d: prefill the depth for real instead of synthetic state */
     int place;
@@ -119,6 +120,8 @@ static void usage(FILE *f) {
             "  --rows16-gather 0|1  the sixteen-row tiles (Q8_0, Q4_K, Q2_K, AVX-512) read the rows'\n"
             "               scales with gathers (1) or loads and a transpose (0; default: 0 on AMD,\n"
             "               1 elsewhere) -- A/B\n"
+            "  --q8-rows8 0|1  Q8_0's one-token calls on rows of 2048+ columns (AVX-512 VNNI): tiles\n"
+            "               of eight rows (1) or sixteen (0; default: 1 on AMD, 0 elsewhere) -- A/B\n"
             "  --ops-isa N  the CPU ops' SIMD path (scalar, avx2, ...; default: the CPU's) -- A/B\n"
             "  --exact      the exact matmul path (f32 activations for every weight type;\n"
             "               DSI_CONTEXT_FLAG_EXACT_MATMUL) instead of the default one\n"
@@ -165,6 +168,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->prefetch = -1;
     o->prefetch2 = -1;
     o->rows16_gather = -1;
+    o->q8_rows8 = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -236,6 +240,14 @@ static int parse(int argc, char **argv, opts *o) {
                 return -1;
             }
             o->rows16_gather = atoi(v);
+        }
+        else if (!strcmp(a, "--q8-rows8")) {
+            NEEDV;
+            if (strcmp(v, "0") && strcmp(v, "1")) {
+                fprintf(stderr, "dsinfer-bench: --q8-rows8 wants 0 or 1\n");
+                return -1;
+            }
+            o->q8_rows8 = atoi(v);
         }
         else if (!strcmp(a, "--ops-isa") && i + 1 < argc) o->ops_isa = argv[++i];
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
@@ -383,13 +395,16 @@ static int run_kernels(const opts *o) {
         print_build_json(stdout);
         printf(", \"cpu\": \"%s\", \"isa\": \"%s\", \"path\": \"%s\", \"threads\": %d, "
                "\"mem_read_gbs\": %.3f, \"fma_peak_gflops\": %.3f, \"shape\": [%lld, %lld], "
-               "\"cold_mib\": %zu, \"prefetch_bytes\": [%d, %d], \"rows16_gather\": %s, \"kernels\": [",
+               "\"cold_mib\": %zu, \"prefetch_bytes\": [%d, %d], \"rows16_gather\": %s, \"q8_rows8\": %s, "
+               "\"kernels\": [",
                cpu, isa_name, path, o->t, l.read_gbs, l.fma_gflops, (long long)n_out,
                (long long)n_in, target >> 20, (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2,
-               dsib_kern_rows16_gather_on() ? "true" : "false");
+               dsib_kern_rows16_gather_on() ? "true" : "false", dsib_kern_q8_rows8_on() ? "true" : "false");
     } else {
-        printf("cpu: %s, kernels: %s, path: %s, threads: %d, sixteen-row tiles' scales: %s\n", cpu,
-               isa_name, path, o->t, dsib_kern_rows16_gather_on() ? "gathers" : "loads");
+        printf("cpu: %s, kernels: %s, path: %s, threads: %d, sixteen-row tiles' scales: %s, Q8_0 "
+               "one token on long rows: %s rows per tile\n",
+               cpu, isa_name, path, o->t, dsib_kern_rows16_gather_on() ? "gathers" : "loads",
+               dsib_kern_q8_rows8_on() ? "eight" : "sixteen");
         if (!o->no_limits)
             printf("memory read bandwidth: %.2f GB/s (best of 5, %zu MiB buffer)\n"
                    "FMA peak: %.1f GFLOP/s\n",
@@ -1733,10 +1748,10 @@ static int run_model(const opts *o) {
                bench_anon_huge_bytes());
         printf(", \"backend\": \"%s\", \"kernels\": \"%s\", \"matmul_path\": \"%s\", "
                "\"threads\": %d, \"weight_type\": \"%s\", \"loadavg_1min\": [%.2f, %.2f], "
-               "\"prefetch_bytes\": [%d, %d], \"rows16_gather\": %s",
+               "\"prefetch_bytes\": [%d, %d], \"rows16_gather\": %s, \"q8_rows8\": %s",
                bname, dsib_kern_isa_name(), path, o->t, main_type(&cost), load0, load1,
                (int)dsib_kern_prefetch, (int)dsib_kern_prefetch2,
-               dsib_kern_rows16_gather_on() ? "true" : "false");
+               dsib_kern_rows16_gather_on() ? "true" : "false", dsib_kern_q8_rows8_on() ? "true" : "false");
         if (o->no_limits)
             printf(", \"mem_read_gbs\": null, \"fma_peak_gflops\": null");
         else
@@ -1901,6 +1916,7 @@ int main(int argc, char **argv) {
     if (o.prefetch >= 0) dsib_kern_prefetch = o.prefetch;
     if (o.prefetch2 >= 0) dsib_kern_prefetch2 = o.prefetch2;
     if (o.rows16_gather >= 0) dsib_kern_rows16_gather = o.rows16_gather;
+    if (o.q8_rows8 >= 0) dsib_kern_q8_rows8 = o.q8_rows8;
     if (o.place) {
         if (!o.model) {
             fprintf(stderr, "dsinfer-bench: --place needs -m FILE\n");

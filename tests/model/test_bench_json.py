@@ -166,6 +166,24 @@ def main():
     if r.returncode == 0 or "--rows16-gather wants 0 or 1" not in r.stderr:
         fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
     print("--rows16-gather: reported and checked (default %r)" % j.get("rows16_gather"))
+    # --q8-rows8 likewise (Q8_0's one-token tiles on long rows: eight rows by default on AMD /
+    # Hygon, sixteen elsewhere), on a shape that takes them (2048 columns)
+    for want in ("0", "1"):
+        cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
+               "--shape", "64x2048", "--cold-mib", "8", "--q8-rows8", want, "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+        k = json.loads(r.stdout)
+        if k.get("q8_rows8") is not (want == "1") or not k["kernels"][0].get("tg_gbs", 0) > 0:
+            fail("--q8-rows8 %s: %r" % (want, r.stdout[:400]))
+    if vendor and j.get("q8_rows8") is not (vendor.group(1) in ("AuthenticAMD", "HygonGenuine")):
+        fail("model run on %s: default q8_rows8 %r" % (vendor.group(1), j.get("q8_rows8")))
+    cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--q8-rows8", "-1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if r.returncode == 0 or "--q8-rows8 wants 0 or 1" not in r.stderr:
+        fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
+    print("--q8-rows8: reported and checked (default %r)" % j.get("q8_rows8"))
     # -d with -p 0 (decode only) or -n 0 (prefill only): the other test is left out and its
     # columns say "-" (it once failed every depth: "dsi_session_append: n is 0")
     for pn, col in ((("-p", "0", "-n", "2"), 1), (("-p", "4", "-n", "0"), 2)):

@@ -128,6 +128,7 @@ dsi_status dsib_kern_check(int32_t type, int64_t n_in, int64_t n_out, size_t w_r
 int32_t dsib_kern_prefetch = DSIB_PREFETCH_BYTES;
 int32_t dsib_kern_prefetch2 = DSIB_PREFETCH2_BYTES;
 int32_t dsib_kern_rows16_gather = -1;
+int32_t dsib_kern_q8_rows8 = -1;
 
 /* 1 on AMD and Hygon cores (CPUID leaf 0's vendor string), read once. */
 static int cpu_vendor_amd(void) {
@@ -153,6 +154,11 @@ static int cpu_vendor_amd(void) {
 int dsib_kern_rows16_gather_on(void) {
     const int32_t g = dsib_kern_rows16_gather;
     return g >= 0 ? g != 0 : !cpu_vendor_amd();
+}
+
+int dsib_kern_q8_rows8_on(void) {
+    const int32_t r = dsib_kern_q8_rows8;
+    return r >= 0 ? r != 0 : cpu_vendor_amd();
 }
 
 /* dsib_ksigns64 (kernels_impl.h), from the definition of ksigns: bit 7 is the parity of the

@@ -291,5 +291,15 @@ extern int32_t dsib_kern_kq_vbmi2;
  * matmul runs. dsib_kern_rows16_gather_on() is the choice in effect. */
 extern int32_t dsib_kern_rows16_gather;
 int dsib_kern_rows16_gather_on(void);
+/* Q8_0's one-token calls on rows of at least DSIB_Q8_ROWS8_MIN_IN columns (a multiple of 128)
+ * on the AVX-512 VNNI path: 1 = tiles of eight rows, each row read 136 contiguous bytes per
+ * step (eight streams per thread), 0 = the sixteen-row tiles (sixteen streams); -1
+ * (default): by the CPU's vendor — eight rows on AMD and Hygon cores, whose prefetchers lose
+ * pace over sixteen long streams (q8_0.c q8_0_bs_token8), sixteen elsewhere. Same results;
+ * for tests and A/B benchmarks (dsinfer-bench --q8-rows8), set before any matmul runs.
+ * dsib_kern_q8_rows8_on() is the choice in effect. */
+#define DSIB_Q8_ROWS8_MIN_IN 2048
+extern int32_t dsib_kern_q8_rows8;
+int dsib_kern_q8_rows8_on(void);
 
 #endif /* DSIB_CPU_KERNELS_H */

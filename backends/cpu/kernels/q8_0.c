@@ -241,6 +241,55 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
     _mm512_mask_storeu_ps(y, (__mmask16)((1u << M) - 1), acc);
 }
 
+/* One token over a group of eight rows, nb blocks (nb a multiple of 4), for long rows on
+ * cores whose hardware prefetchers lose pace over sixteen streams (dsib_kern_q8_rows8_on):
+ * lane m reads row m & 7, blocks 4k + 2e and 4k + 2e + 1 with e = m >> 3 (ro[m] = row offset
+ * + 68e), so each row is read 136 contiguous bytes per step — eight streams instead of
+ * sixteen — and the lanes of token16 above give I of blocks 4k (lanes 0-7) and 4k + 2 (lanes
+ * 8-15) in i0, 4k + 1 and 4k + 3 in i1. Each row's four chain steps then go in block order
+ * over the eight-lane halves: the same products, the same fmaf sequence, the same bits.
+ * Zen 5, two threads, 2048 x 4096 from memory: 37.9-46.7 -> 47.0-55.0 GB/s (timing probe;
+ * docs/performance.md 4.00000000000000000000000000). Rows of M < 8 read row 0 again. */
+static void q8_0_bs_token8(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
+                           const dsib_qrow *x, float *y, dsib_pf16 pf) {
+    const int gather = dsib_kern_rows16_gather_on();
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 4) {
+        const int64_t p = b / 2; /* pairs p (lanes 0-7) and p + 1 (lanes 8-15) */
+        const __m512i xq0 = _mm512_loadu_si512(x->q + 32 * b), xq1 = _mm512_loadu_si512(x->q + 32 * b + 64);
+        const __m512i c0 = _mm512_loadu_si512(x->c + 16 * p), c1 = _mm512_loadu_si512(x->c + 16 * p + 16);
+        __m512i z[16];
+        for (int m = 0; m < 16; m++) {
+            const uint8_t *blk = wg + (size_t)ro[m] + 34 * b;
+            if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead, 0, 3);
+            if (pf.next) __builtin_prefetch(blk + pf.next, 0, 1);
+            const __m512i v = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2))),
+                _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)), 1);
+            z[m] = m < 8 ? _mm512_dpbusd_epi32(c0, _mm512_xor_si512(v, c128), xq0)
+                         : _mm512_dpbusd_epi32(c1, _mm512_xor_si512(v, c128), xq1);
+        }
+        __m512i s2[8], s4[4];
+        for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
+        for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
+        const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
+                                            _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
+        const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
+                                            _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
+        const __m512 f0 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(w0, w1, 0x88)); /* I_b | I_b+2 */
+        const __m512 f1 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(w0, w1, 0xDD)); /* I_b+1 | I_b+3 */
+        const __m512 s0 = _mm512_mul_ps(q8_0_dw16(wg + 34 * b, ro, ridx, gather), dsib_pair_ps(x->d + b, x->d + b + 2));
+        const __m512 s1 = _mm512_mul_ps(q8_0_dw16(wg + 34 * (b + 1), ro, ridx, gather),
+                                        dsib_pair_ps(x->d + b + 1, x->d + b + 3));
+        acc = _mm256_fmadd_ps(_mm512_castps512_ps256(s0), _mm512_castps512_ps256(f0), acc);
+        acc = _mm256_fmadd_ps(_mm512_castps512_ps256(s1), _mm512_castps512_ps256(f1), acc);
+        acc = _mm256_fmadd_ps(_mm512_extractf32x8_ps(s0, 1), _mm512_extractf32x8_ps(f0, 1), acc);
+        acc = _mm256_fmadd_ps(_mm512_extractf32x8_ps(s1, 1), _mm512_extractf32x8_ps(f1, 1), acc);
+    }
+    _mm256_mask_storeu_ps(y, (__mmask8)((1u << M) - 1), acc);
+}
+
 /* T tokens (2..8) over a group of 16 rows: y[t][0..M). */
 DSIB_AI void q8_0_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                           const dsib_qrow *x, float *const *y, dsib_pf16 pf, const int T) {
@@ -300,7 +349,21 @@ static void q8_0_rows_avx512(const uint8_t *w, size_t rb, int64_t n_in, int64_t 
                              const dsib_qrow *x, float *const *yp, int n) {
     static const dsib_tile16_fn tiles[9] = {NULL,          q8_0_bs_tile1, q8_0_bs_tile2, q8_0_bs_tile3, q8_0_bs_tile4,
                                             q8_0_bs_tile5, q8_0_bs_tile6, q8_0_bs_tile7, q8_0_bs_tile8};
-    dsib_rows16_avx512(w, rb, n_in / 32, o0, o1, x, yp, n, tiles);
+    const int64_t nb = n_in / 32;
+    if (n == 1 && n_in >= DSIB_Q8_ROWS8_MIN_IN && nb % 4 == 0 && dsib_kern_q8_rows8_on()) {
+        const int use = dsib_kern_prefetch > 0;
+        for (int64_t r0 = o0; r0 < o1; r0 += 8) {
+            const int M = o1 - r0 < 8 ? (int)(o1 - r0) : 8;
+            int32_t ro[16];
+            for (int m = 0; m < 16; m++) ro[m] = ((m & 7) < M ? (int32_t)((size_t)(m & 7) * rb) : 0) + 68 * (m >> 3);
+            dsib_pf16 pf;
+            pf.next = use && o1 - (r0 + 8) > 0 ? 8 * rb : 0;
+            pf.ahead = !use ? 0 : r0 == o0 ? dsib_kern_prefetch / 2 : DSIB_PF16_NEAR;
+            q8_0_bs_token8(w + (size_t)r0 * rb, ro, _mm512_loadu_si512(ro), nb, M, x, yp[0] + r0, pf);
+        }
+        return;
+    }
+    dsib_rows16_avx512(w, rb, nb, o0, o1, x, yp, n, tiles);
 }
 
 DSIB_TARGET_POP

@@ -1036,13 +1036,15 @@ static void run_blocksum(int32_t type, int B, const int64_t *n_ins, int n_n, voi
                          blocksum_ref_fn ref) {
     int checked = 0;
     /* every ISA, and on AVX-512 VNNI both ways the sixteen-row tiles read the rows' scales
-     * (dsib_kern_rows16_gather: gathers, loads and a transpose) */
+     * (dsib_kern_rows16_gather: gathers, loads and a transpose), each with Q8_0's one-token
+     * calls on long rows in tiles of sixteen rows and of eight (dsib_kern_q8_rows8) */
     for (int32_t isa = 0; isa < DSIB_ISA_COUNT; isa++)
-        for (int g = 0; g < (isa == DSIB_ISA_AVX512VNNI ? 2 : 1); g++) {
+        for (int g = 0; g < (isa == DSIB_ISA_AVX512VNNI ? 4 : 1); g++) {
             const dsib_kern_table *kt = dsib_kern_table_for(isa);
             if (!kt) continue;
             checked++;
-            dsib_kern_rows16_gather = isa == DSIB_ISA_AVX512VNNI ? g : -1;
+            dsib_kern_rows16_gather = isa == DSIB_ISA_AVX512VNNI ? (g & 1) : -1;
+            dsib_kern_q8_rows8 = isa == DSIB_ISA_AVX512VNNI ? (g >> 1) : -1;
             for (int ni = 0; ni < n_n; ni++) {
                 problem p;
                 problem_make(&p, type, n_ins[ni], 300, 40);
@@ -1067,14 +1069,18 @@ static void run_blocksum(int32_t type, int B, const int64_t *n_ins, int n_n, voi
                 problem_free(&p);
             }
             dsib_kern_rows16_gather = -1;
+            dsib_kern_q8_rows8 = -1;
         }
     assert_true(checked > 0);
 }
 
 static void test_q8_0_blocksum(void **state) {
     (void)state;
-    static const int64_t n_ins[] = {32, 544, 2080};
-    run_blocksum(DSI_TYPE_Q8_0, 32, n_ins, 3, NULL, q8_0_ref_row);
+    /* 2048 and 4224 columns (64 and 132 blocks): one token in tiles of eight rows where
+     * dsib_kern_q8_rows8 asks for them (four blocks a step; 300 rows end with four); 2080
+     * (65 blocks) stays on the sixteen-row tiles either way */
+    static const int64_t n_ins[] = {32, 544, 2048, 2080, 4224};
+    run_blocksum(DSI_TYPE_Q8_0, 32, n_ins, 5, NULL, q8_0_ref_row);
 }
 
 /* Q4_K's canonical order (q4_k.c), written here in plain C on this test's own quantised
@@ -1172,7 +1178,8 @@ static void test_q2_k_blocksum(void **state) {
     run_blocksum(DSI_TYPE_Q2_K, 256, n_ins, 3, NULL, q2_k_ref_row);
 }
 
-/* dsib_kern_rows16_gather: -1 picks loads on AMD / Hygon cores and gathers elsewhere (the
+/* dsib_kern_rows16_gather: -1 picks loads on AMD / Hygon cores and gathers elsewhere, and
+ * dsib_kern_q8_rows8 eight-row tiles there and sixteen-row ones elsewhere (the
  * vendor read here from /proc/cpuinfo where there is one, else from CPUID leaf 0 — the
  * mapping and the switch are under test, not the hardware's answer), 0 and 1 force either. */
 static void test_rows16_gather_default(void **state) {
@@ -1206,6 +1213,14 @@ static void test_rows16_gather_default(void **state) {
     dsib_kern_rows16_gather = 1;
     assert_int_equal(dsib_kern_rows16_gather_on(), 1);
     dsib_kern_rows16_gather = -1;
+    /* dsib_kern_q8_rows8: -1 picks Q8_0's eight-row one-token tiles on AMD / Hygon only */
+    assert_int_equal(dsib_kern_q8_rows8, -1);
+    assert_int_equal(dsib_kern_q8_rows8_on(), amd);
+    dsib_kern_q8_rows8 = 0;
+    assert_int_equal(dsib_kern_q8_rows8_on(), 0);
+    dsib_kern_q8_rows8 = 1;
+    assert_int_equal(dsib_kern_q8_rows8_on(), 1);
+    dsib_kern_q8_rows8 = -1;
 }
 
 /* ---- threads, flags ------------------------------------------------------------------------- */
