@@ -145,45 +145,32 @@ def main():
         if r.returncode == 0 or "--prefetch2 wants 0 .. 1048576" not in r.stderr:
             fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
     print("--prefetch2: reported and checked")
-    # --rows16-gather: forced either way it reaches the kernels' switch and the JSON; the model
-    # run's default follows the CPU's vendor (loads on AMD / Hygon, gathers elsewhere); a value
-    # other than 0 / 1 is refused
-    for want in ("0", "1"):
-        cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
-               "--shape", "256x1024", "--cold-mib", "8", "--rows16-gather", want, "--json"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
-        if json.loads(r.stdout).get("rows16_gather") is not (want == "1"):
-            fail("--rows16-gather %s: rows16_gather %r" % (want, json.loads(r.stdout).get("rows16_gather")))
+    # The kernels' vendor switches: forced either way each reaches its switch and the JSON
+    # (on a shape that takes the path it chooses); the model run's default follows the CPU's
+    # vendor; a value other than 0 / 1 is refused.
+    #   --rows16-gather: the sixteen-row tiles' scale reads (loads on AMD / Hygon, gathers
+    #   elsewhere); --q8-rows8: Q8_0's one-token tiles on rows of 2048+ columns (eight rows
+    #   on AMD / Hygon, sixteen elsewhere)
     vendor = re.search(r"^vendor_id\s*:\s*(\S+)", flags, re.M)
-    if vendor:
-        amd = vendor.group(1) in ("AuthenticAMD", "HygonGenuine")
-        if j.get("rows16_gather") is not (not amd):
-            fail("model run on %s: default rows16_gather %r" % (vendor.group(1), j.get("rows16_gather")))
-    cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--rows16-gather", "2"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if r.returncode == 0 or "--rows16-gather wants 0 or 1" not in r.stderr:
-        fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
-    print("--rows16-gather: reported and checked (default %r)" % j.get("rows16_gather"))
-    # --q8-rows8 likewise (Q8_0's one-token tiles on long rows: eight rows by default on AMD /
-    # Hygon, sixteen elsewhere), on a shape that takes them (2048 columns)
-    for want in ("0", "1"):
-        cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
-               "--shape", "64x2048", "--cold-mib", "8", "--q8-rows8", want, "--json"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
-        k = json.loads(r.stdout)
-        if k.get("q8_rows8") is not (want == "1") or not k["kernels"][0].get("tg_gbs", 0) > 0:
-            fail("--q8-rows8 %s: %r" % (want, r.stdout[:400]))
-    if vendor and j.get("q8_rows8") is not (vendor.group(1) in ("AuthenticAMD", "HygonGenuine")):
-        fail("model run on %s: default q8_rows8 %r" % (vendor.group(1), j.get("q8_rows8")))
-    cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--q8-rows8", "-1"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if r.returncode == 0 or "--q8-rows8 wants 0 or 1" not in r.stderr:
-        fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
-    print("--q8-rows8: reported and checked (default %r)" % j.get("q8_rows8"))
+    amd = vendor is not None and vendor.group(1) in ("AuthenticAMD", "HygonGenuine")
+    for flag, field, shape, on_amd, bad in (("--rows16-gather", "rows16_gather", "256x1024", False, "2"),
+                                            ("--q8-rows8", "q8_rows8", "64x2048", True, "-1")):
+        for want in ("0", "1"):
+            cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", "--type", "q8_0",
+                   "--shape", shape, "--cold-mib", "8", flag, want, "--json"]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                fail("%s exited %d: %s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
+            k = json.loads(r.stdout)
+            if k.get(field) is not (want == "1") or not k["kernels"][0].get("tg_gbs", 0) > 0:
+                fail("%s %s: %r" % (flag, want, r.stdout[:400]))
+        if vendor and j.get(field) is not (amd == on_amd):
+            fail("model run on %s: default %s %r" % (vendor.group(1), field, j.get(field)))
+        cmd = [exe, "--kernels", "-t", "1", "-r", "1", "--no-limits", flag, bad]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or ("%s wants 0 or 1" % flag) not in r.stderr:
+            fail("%s: exit %d, stderr %r" % (" ".join(cmd), r.returncode, r.stderr[-500:]))
+        print("%s: reported and checked (default %r)" % (flag, j.get(field)))
     # -d with -p 0 (decode only) or -n 0 (prefill only): the other test is left out and its
     # columns say "-" (it once failed every depth: "dsi_session_append: n is 0")
     for pn, col in ((("-p", "0", "-n", "2"), 1), (("-p", "4", "-n", "0"), 2)):

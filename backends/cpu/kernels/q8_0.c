@@ -189,6 +189,21 @@ DSIB_AI __m512i q8_0_bs_quad(__m512i a, __m512i b) { /* 4 rows' 4-lane sums per 
     return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
+/* The block sums of sixteen lanes' block pairs: z[m] = 16 dpbusd lanes of lane m's two blocks
+ * (eight each) -> i0 lane m = the first block's sum, i1 lane m = the second's. */
+DSIB_AI void q8_0_bs_sums16(const __m512i z[16], __m512i *i0, __m512i *i1) {
+    __m512i s2[8], s4[4];
+    for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
+    for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
+    /* s4[k] = [first block: lanes 4k.., half 0 | half 1 | second block: half 0 | half 1] */
+    const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
+                                        _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
+    const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
+                                        _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
+    *i0 = _mm512_shuffle_i32x4(w0, w1, 0x88);
+    *i1 = _mm512_shuffle_i32x4(w0, w1, 0xDD);
+}
+
 /* Prefetch (dsib_pf16, simd_avx512.h): each row's blocks in the next group as they are read
  * here measured better than spreading the next group's bytes evenly over this group's steps
  * (one core, 2048 × 1024 from memory: one token 13.6 → 14.5 GB/s, four tokens 11.0 → 12.4,
@@ -221,19 +236,11 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
                                                         _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)), 1);
             z[m] = _mm512_dpbusd_epi32(c, _mm512_xor_si512(v, c128), xq);
         }
-        __m512i s2[8], s4[4];
-        for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
-        for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
-        /* s4[k] = [b: rows 4k.., half 0 | half 1 | b+1: half 0 | half 1] */
-        const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
-                                            _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
-        const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
-                                            _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
-        const __m512i i0 = _mm512_shuffle_i32x4(w0, w1, 0x88); /* I_b of rows 0..15 */
+        __m512i i0, i1;
+        q8_0_bs_sums16(z, &i0, &i1); /* I_b, I_b+1 of rows 0..15 */
         acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(wg + 34 * b, ro, ridx, gather), _mm512_set1_ps(x->d[b])),
                               _mm512_cvtepi32_ps(i0), acc);
         if (!half) {
-            const __m512i i1 = _mm512_shuffle_i32x4(w0, w1, 0xDD); /* I_b+1 */
             acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(wg + 34 * (b + 1), ro, ridx, gather), _mm512_set1_ps(x->d[b + 1])),
                                   _mm512_cvtepi32_ps(i1), acc);
         }
@@ -270,15 +277,10 @@ static void q8_0_bs_token8(const uint8_t *wg, const int32_t *ro, __m512i ridx, i
             z[m] = m < 8 ? _mm512_dpbusd_epi32(c0, _mm512_xor_si512(v, c128), xq0)
                          : _mm512_dpbusd_epi32(c1, _mm512_xor_si512(v, c128), xq1);
         }
-        __m512i s2[8], s4[4];
-        for (int k = 0; k < 8; k++) s2[k] = q8_0_bs_pair(z[2 * k], z[2 * k + 1]);
-        for (int k = 0; k < 4; k++) s4[k] = q8_0_bs_quad(s2[2 * k], s2[2 * k + 1]);
-        const __m512i w0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[0], s4[1], 0x88),
-                                            _mm512_shuffle_i32x4(s4[0], s4[1], 0xDD));
-        const __m512i w1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s4[2], s4[3], 0x88),
-                                            _mm512_shuffle_i32x4(s4[2], s4[3], 0xDD));
-        const __m512 f0 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(w0, w1, 0x88)); /* I_b | I_b+2 */
-        const __m512 f1 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(w0, w1, 0xDD)); /* I_b+1 | I_b+3 */
+        __m512i i0, i1;
+        q8_0_bs_sums16(z, &i0, &i1);
+        const __m512 f0 = _mm512_cvtepi32_ps(i0); /* I_b | I_b+2 */
+        const __m512 f1 = _mm512_cvtepi32_ps(i1); /* I_b+1 | I_b+3 */
         const __m512 s0 = _mm512_mul_ps(q8_0_dw16(wg + 34 * b, ro, ridx, gather), dsib_pair_ps(x->d + b, x->d + b + 2));
         const __m512 s1 = _mm512_mul_ps(q8_0_dw16(wg + 34 * (b + 1), ro, ridx, gather),
                                         dsib_pair_ps(x->d + b + 1, x->d + b + 3));
