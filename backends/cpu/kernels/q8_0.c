@@ -255,8 +255,10 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
  * sixteen — and the lanes of token16 above give I of blocks 4k (lanes 0-7) and 4k + 2 (lanes
  * 8-15) in i0, 4k + 1 and 4k + 3 in i1. Each row's four chain steps then go in block order
  * over the eight-lane halves: the same products, the same fmaf sequence, the same bits.
- * Zen 5, two threads, 2048 x 4096 from memory: 37.9-46.7 -> 47.0-55.0 GB/s (timing probe;
- * docs/performance.md 4.00000000000000000000000000). Rows of M < 8 read row 0 again. */
+ * Zen 5, two threads, from memory, six alternated rounds: 2048 x 4096 41.8-44.1 -> 45.4-49.1
+ * GB/s, 4096 x 2048 45.0-51.9 -> 50.4-55.9; at 1024 columns sixteen rows are one stream
+ * already and a timing probe of this tile lost there (docs/performance.md
+ * 4.00000000000000000000000000). Rows of M < 8 read row 0 again. */
 static void q8_0_bs_token8(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                            const dsib_qrow *x, float *y, dsib_pf16 pf) {
     const int gather = dsib_kern_rows16_gather_on();
