@@ -212,11 +212,23 @@ DSIB_AI void q8_0_bs_sums16(const __m512i z[16], __m512i *i0, __m512i *i1) {
  * DSIB_PF16_NEAR ahead to L1 (kernels_impl.h, the two levels): two threads from memory, one
  * token 25.0-26.2 -> 27.2-28.2 GB/s, four 22.3 -> 24.1, eight 18.5 -> 19.1 (Emerald Rapids). */
 
+/* One lane of the one-token tiles: the 16 dpbusd lanes of the block pair at blk (its first
+ * block only when half) against the activation pair xq with its lane corrections c (the
+ * codes read as unsigned, + 128: c = −128 · the activation sums), prefetching per pf. */
+DSIB_AI __m512i q8_0_bs_lane(const uint8_t *blk, dsib_pf16 pf, int half, __m512i c, __m512i xq) {
+    if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead, 0, 3);
+    if (pf.next) __builtin_prefetch(blk + pf.next, 0, 1);
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
+    const __m512i v = half ? _mm512_zextsi256_si512(lo)
+                           : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                                _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)), 1);
+    return _mm512_dpbusd_epi32(c, _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)), xq);
+}
+
 /* One token over a group of 16 rows (row offsets ridx / ro from wg), nb blocks: y[0..M). */
 static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                             const dsib_qrow *x, float *y, dsib_pf16 pf) {
     const int gather = dsib_kern_rows16_gather_on();
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         const int half = b + 1 == nb;
@@ -226,16 +238,7 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
         const __m512i c = half ? _mm512_maskz_loadu_epi32(0x00FF, x->c + 16 * p)
                                : _mm512_loadu_si512(x->c + 16 * p);
         __m512i z[16];
-        for (int m = 0; m < 16; m++) {
-            const uint8_t *blk = wg + (size_t)ro[m] + 34 * b;
-            if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead, 0, 3);
-            if (pf.next) __builtin_prefetch(blk + pf.next, 0, 1);
-            const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2));
-            const __m512i v = half ? _mm512_zextsi256_si512(lo)
-                                   : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-                                                        _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)), 1);
-            z[m] = _mm512_dpbusd_epi32(c, _mm512_xor_si512(v, c128), xq);
-        }
+        for (int m = 0; m < 16; m++) z[m] = q8_0_bs_lane(wg + (size_t)ro[m] + 34 * b, pf, half, c, xq);
         __m512i i0, i1;
         q8_0_bs_sums16(z, &i0, &i1); /* I_b, I_b+1 of rows 0..15 */
         acc = _mm512_fmadd_ps(_mm512_mul_ps(q8_0_dw16(wg + 34 * b, ro, ridx, gather), _mm512_set1_ps(x->d[b])),
@@ -262,23 +265,14 @@ static void q8_0_bs_token16(const uint8_t *wg, const int32_t *ro, __m512i ridx, 
 static void q8_0_bs_token8(const uint8_t *wg, const int32_t *ro, __m512i ridx, int64_t nb, int M,
                            const dsib_qrow *x, float *y, dsib_pf16 pf) {
     const int gather = dsib_kern_rows16_gather_on();
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b += 4) {
         const int64_t p = b / 2; /* pairs p (lanes 0-7) and p + 1 (lanes 8-15) */
         const __m512i xq0 = _mm512_loadu_si512(x->q + 32 * b), xq1 = _mm512_loadu_si512(x->q + 32 * b + 64);
         const __m512i c0 = _mm512_loadu_si512(x->c + 16 * p), c1 = _mm512_loadu_si512(x->c + 16 * p + 16);
         __m512i z[16];
-        for (int m = 0; m < 16; m++) {
-            const uint8_t *blk = wg + (size_t)ro[m] + 34 * b;
-            if (pf.ahead > 0) __builtin_prefetch(blk + pf.ahead, 0, 3);
-            if (pf.next) __builtin_prefetch(blk + pf.next, 0, 1);
-            const __m512i v = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk + 2))),
-                _mm256_loadu_si256((const __m256i *)(const void *)(blk + 36)), 1);
-            z[m] = m < 8 ? _mm512_dpbusd_epi32(c0, _mm512_xor_si512(v, c128), xq0)
-                         : _mm512_dpbusd_epi32(c1, _mm512_xor_si512(v, c128), xq1);
-        }
+        for (int m = 0; m < 16; m++)
+            z[m] = q8_0_bs_lane(wg + (size_t)ro[m] + 34 * b, pf, 0, m < 8 ? c0 : c1, m < 8 ? xq0 : xq1);
         __m512i i0, i1;
         q8_0_bs_sums16(z, &i0, &i1);
         const __m512 f0 = _mm512_cvtepi32_ps(i0); /* I_b | I_b+2 */
