@@ -209,10 +209,10 @@ DSIB_AI void q4_k_bs_tile(const uint8_t *wg, const int32_t *ro, __m512i ridx, in
 /* One token, rows one at a time (R = 1; four at a time on rows of at most
  * DSIB_T1_ROWS_MAX_IN_AVX512 columns, DSIB_QTILE_FN_T1; rows of at most 512 columns take
  * the sixteen-row tiles above, simd_avx512.h DSIB_KQ_BS_ROWS_AVX512): the decode path. The
- * weights then stream from memory in order, as one sequential read the hardware prefetchers follow; the
- * sixteen-row groups above read sixteen short streams at once, which measured 12 % slower
- * from memory on one token (Emerald Rapids, one core, 2048 × 1024: 11.8-12.5 against
- * 13.2-13.7 GB/s) although faster from the caches. Per super-block and row the exact lanes of
+ * weights then stream from memory in order, as one sequential read the hardware prefetchers
+ * follow; the sixteen-row groups above read sixteen short streams at once, which measured
+ * 12 % slower from memory on one token (Emerald Rapids, one core, 2048 × 1024: 11.8-12.5
+ * against 13.2-13.7 GB/s) although faster from the caches. Per super-block and row the exact lanes of
  * dsib_kq_s_avx512 and of the mins against the sums per 16, then the chain steps of a pair of
  * super-blocks (dsib_kq_bs_pair_steps, simd_avx512.h); the scales of four super-blocks are
  * decoded at once (dsib_kq4_quad_avx512, simd_avx512.h; a pair and one super-block at a
