@@ -85,7 +85,7 @@ struct dsib_threadpool {
     dsib_pool_alloc alloc;
     atomic_int stats_on;
     atomic_ullong st_jobs, st_inline, st_tasks, st_helper_tasks, st_wait_ns, st_pickup_ns,
-        st_pickups, st_sleeps;
+        st_pickups, st_sleeps, st_caller_ns, st_caller_task_ns, st_worker_task_ns;
 };
 
 static uint64_t pool_now_ns(void) {
@@ -146,6 +146,9 @@ void dsib_threadpool_stats_enable(dsib_threadpool *p, int on) {
     atomic_store(&p->st_pickup_ns, 0);
     atomic_store(&p->st_pickups, 0);
     atomic_store(&p->st_sleeps, 0);
+    atomic_store(&p->st_caller_ns, 0);
+    atomic_store(&p->st_caller_task_ns, 0);
+    atomic_store(&p->st_worker_task_ns, 0);
     atomic_store(&p->stats_on, on ? 1 : 0);
 }
 
@@ -160,6 +163,9 @@ void dsib_threadpool_stats_get(dsib_threadpool *p, dsib_pool_stats *out) {
     out->pickup_ns = atomic_load(&p->st_pickup_ns);
     out->pickups = atomic_load(&p->st_pickups);
     out->sleeps = atomic_load(&p->st_sleeps);
+    out->caller_ns = atomic_load(&p->st_caller_ns);
+    out->caller_task_ns = atomic_load(&p->st_caller_task_ns);
+    out->worker_task_ns = atomic_load(&p->st_worker_task_ns);
 }
 
 /* An open job with unclaimed tasks, or NULL (pool mutex held). */
@@ -220,8 +226,12 @@ static void *worker_main(void *arg) {
                 STAT_ADD(p, st_pickup_ns, pool_now_ns() - j->t_submit);
                 STAT_ADD(p, st_pickups, 1);
             }
+            const uint64_t t_run = j->t_submit ? pool_now_ns() : 0;
             int64_t ran = job_run(j, slot);
-            if (j->t_submit) STAT_ADD(p, st_helper_tasks, ran);
+            if (j->t_submit) {
+                STAT_ADD(p, st_helper_tasks, ran);
+                STAT_ADD(p, st_worker_task_ns, pool_now_ns() - t_run);
+            }
             /* j is not touched after this: its submitter may return at once */
             atomic_fetch_sub_explicit(&j->refs, 1, memory_order_seq_cst);
             if (atomic_load_explicit(&p->done_waiters, memory_order_seq_cst) > 0) {
@@ -348,8 +358,15 @@ void dsib_threadpool_dealloc(dsib_threadpool *p, void *ptr) {
 void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, void *arg) {
     if (n_tasks <= 0 || !fn) return;
     if (!p || p->n_workers == 0 || n_tasks == 1) {
-        if (p && atomic_load_explicit(&p->stats_on, memory_order_relaxed)) STAT_ADD(p, st_inline, 1);
+        const int st_in = p && atomic_load_explicit(&p->stats_on, memory_order_relaxed);
+        const uint64_t t_in = st_in ? pool_now_ns() : 0;
         for (int64_t t = 0; t < n_tasks; t++) fn(arg, t, 0);
+        if (st_in) {
+            const uint64_t dt = pool_now_ns() - t_in;
+            STAT_ADD(p, st_inline, 1);
+            STAT_ADD(p, st_caller_ns, dt);
+            STAT_ADD(p, st_caller_task_ns, dt);
+        }
         return;
     }
     const int stats = atomic_load_explicit(&p->stats_on, memory_order_relaxed);
@@ -380,6 +397,7 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     /* after the unlock: a spinning worker that sees it then finds the mutex free */
     atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
 
+    const uint64_t t_run = stats ? pool_now_ns() : 0;
     job_run(&j, 0);
     const uint64_t t_own = stats ? pool_now_ns() : 0;
 
@@ -422,8 +440,11 @@ void dsib_parallel_for(dsib_threadpool *p, int64_t n_tasks, dsib_task_fn fn, voi
     }
     pthread_mutex_unlock(&p->mu);
     if (stats) {
-        STAT_ADD(p, st_wait_ns, pool_now_ns() - t_own);
+        const uint64_t t_end = pool_now_ns();
+        STAT_ADD(p, st_wait_ns, t_end - t_own);
         STAT_ADD(p, st_jobs, 1);
         STAT_ADD(p, st_tasks, n_tasks);
+        STAT_ADD(p, st_caller_ns, t_end - j.t_submit);
+        STAT_ADD(p, st_caller_task_ns, t_own - t_run);
     }
 }

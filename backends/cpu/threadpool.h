@@ -77,9 +77,16 @@ void dsib_parallel_for(dsib_threadpool *pool, int64_t n_tasks, dsib_task_fn fn, 
  *   pickup_ns     time from a submission to the first helper starting on it (summed over
  *                 the jobs a helper joined: `pickups`)
  *   sleeps        times a worker went to sleep on the condition variable (each costs a
- *                 wake-up later) */
+ *                 wake-up later)
+ *   caller_ns     time submitters spent inside dsib_parallel_for (inline jobs included)
+ *   caller_task_ns  of that, running tasks (their own and the helpers' left-overs, inline
+ *                 jobs' tasks too); the rest is the submission, the barrier and its wake-ups
+ *   worker_task_ns  time the workers spent running tasks, summed over the workers
+ * With one submitting thread, (wall − caller_ns) is its time outside the pool (the serial
+ * code between jobs) and (n_workers · wall − worker_task_ns) the workers' idle time. */
 typedef struct dsib_pool_stats {
     uint64_t jobs, inline_jobs, tasks, helper_tasks, wait_ns, pickup_ns, pickups, sleeps;
+    uint64_t caller_ns, caller_task_ns, worker_task_ns;
 } dsib_pool_stats;
 
 /* Enables (1) or disables (0) the statistics and resets them. [thread-safe] */

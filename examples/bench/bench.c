@@ -747,6 +747,7 @@ typedef struct test_prof {
     dsii_prof ops;           /* lib/arch step profile of the timed repetitions */
     dsib_pool_stats pool;    /* the CPU instance's pool over the same repetitions */
     int have_pool;
+    int pool_workers;        /* the pool's worker threads (threads − 1) */
     double wall_s;           /* wall time of the timed repetitions */
     double tokens;           /* tokens they evaluated */
 } test_prof;
@@ -778,6 +779,10 @@ static void prof_stop(dsi_model *model, dsi_context *ctx, test_prof *tp) {
         tp->pool.pickup_ns += st.pickup_ns;
         tp->pool.pickups += st.pickups;
         tp->pool.sleeps += st.sleeps;
+        tp->pool.caller_ns += st.caller_ns;
+        tp->pool.caller_task_ns += st.caller_task_ns;
+        tp->pool.worker_task_ns += st.worker_task_ns;
+        tp->pool_workers = dsib_threadpool_n_threads(p) - 1;
         tp->have_pool = 1;
     }
 }
@@ -785,6 +790,27 @@ static void prof_stop(dsi_model *model, dsi_context *ctx, test_prof *tp) {
 static int prof_cmp(const void *a, const void *b) {
     const dsii_prof_entry *x = a, *y = b;
     return x->ns < y->ns ? 1 : x->ns > y->ns ? -1 : 0;
+}
+
+/* The threads' time over the timed repetitions, as shares of their wall time: the calling
+ * thread running tasks, inside the pool without a task (submission, barrier, wake-ups), and
+ * outside the pool (the serial code between jobs: the ops that run on the caller, the
+ * steps' and the API's own code); each worker running tasks (the rest is idle). */
+typedef struct pool_split {
+    double caller_tasks, caller_wait, caller_serial, worker_tasks;
+} pool_split;
+
+static pool_split pool_split_of(const test_prof *tp) {
+    pool_split s = {0, 0, 0, 0};
+    const double wall_ns = tp->wall_s * 1e9;
+    if (!tp->have_pool || wall_ns <= 0) return s;
+    const dsib_pool_stats *ps = &tp->pool;
+    s.caller_tasks = (double)ps->caller_task_ns / wall_ns;
+    s.caller_wait = (double)(ps->caller_ns - ps->caller_task_ns) / wall_ns;
+    s.caller_serial = 1.0 - (double)ps->caller_ns / wall_ns;
+    if (s.caller_serial < 0) s.caller_serial = 0;
+    s.worker_tasks = tp->pool_workers > 0 ? (double)ps->worker_task_ns / wall_ns / tp->pool_workers : 0;
+    return s;
 }
 
 /* Prints (or writes as JSON) the profile of one test: per token, the ops sorted by time,
@@ -798,6 +824,7 @@ static void prof_report(const char *test, test_prof *tp, int json, int first) {
     for (uint32_t i = 0; i < p->n; i++) ops_us += p->e[i].ns * 1e-3 / tok;
     const double step_us = p->step_ns * 1e-3 / tok;
     const dsib_pool_stats *ps = &tp->pool;
+    const pool_split sp = pool_split_of(tp);
     if (json) {
         printf("%s\"%s\": {\"tokens\": %.0f, \"wall_us_per_token\": %.2f, \"step_us_per_token\": %.2f, "
                "\"ops_us_per_token\": %.2f, \"steps\": %llu, \"ops\": [",
@@ -812,11 +839,15 @@ static void prof_report(const char *test, test_prof *tp, int json, int first) {
             printf(", \"pool\": {\"jobs_per_token\": %.2f, \"inline_per_token\": %.2f, "
                    "\"tasks_per_job\": %.2f, \"helper_task_share\": %.4f, "
                    "\"barrier_wait_us_per_token\": %.2f, \"pickup_us_per_job\": %.3f, "
-                   "\"sleeps_per_token\": %.3f}",
+                   "\"sleeps_per_token\": %.3f, \"workers\": %d, \"caller_task_share\": %.4f, "
+                   "\"caller_wait_share\": %.4f, \"caller_serial_share\": %.4f, "
+                   "\"worker_task_share\": %.4f}",
                    ps->jobs / tok, ps->inline_jobs / tok,
                    ps->jobs ? (double)ps->tasks / ps->jobs : 0.0,
                    ps->tasks ? (double)ps->helper_tasks / ps->tasks : 0.0, ps->wait_ns * 1e-3 / tok,
-                   ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
+                   ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok,
+                   tp->pool_workers, sp.caller_tasks, sp.caller_wait, sp.caller_serial,
+                   sp.worker_tasks);
         printf("}");
         return;
     }
@@ -849,6 +880,13 @@ static void prof_report(const char *test, test_prof *tp, int json, int first) {
                ps->tasks ? 100.0 * ps->helper_tasks / ps->tasks : 0.0, ps->inline_jobs / tok,
                ps->wait_ns * 1e-3 / tok, 100.0 * ps->wait_ns * 1e-3 / tok / wall_us,
                ps->pickups ? ps->pickup_ns * 1e-3 / ps->pickups : 0.0, ps->sleeps / tok);
+    if (tp->have_pool && tp->pool_workers > 0)
+        printf("threads' time (shares of the wall time): the calling thread ran tasks %.1f%%, "
+               "waited in the pool %.1f%% (submissions, barriers), ran serial code outside the "
+               "pool %.1f%%; the %s ran tasks %.1f%% (idle %.1f%%)\n",
+               100.0 * sp.caller_tasks, 100.0 * sp.caller_wait, 100.0 * sp.caller_serial,
+               tp->pool_workers == 1 ? "worker" : "workers, each on average",
+               100.0 * sp.worker_tasks, 100.0 * (1.0 - sp.worker_tasks));
 }
 
 /* ---- --sessions: the serving frontier --------------------------------------------------- */

@@ -46,6 +46,32 @@ def attn_flops_per_token_v4(n_prompt):
     return rows * H * HD * 4 / n_prompt
 
 
+def check_pool_split(access, name, prof):
+    """The threads' time split of one test's profile (2 threads: one worker): shares of the
+    wall time in [0, 1]; the caller's three add up to 1 (its time outside the pool is what
+    is left); its time waiting in the pool holds the barrier waits; the worker's task share
+    is non-zero exactly when it ran tasks."""
+    pool, wall = prof.get("pool"), prof["wall_us_per_token"]
+    keys = ("caller_task_share", "caller_wait_share", "caller_serial_share", "worker_task_share")
+    if not isinstance(pool, dict) or pool.get("workers") != 1 or \
+            any(not isinstance(pool.get(k), (int, float)) for k in keys):
+        fail("%s: %s pool figures %r" % (access, name, pool))
+    for k in keys:
+        if not 0.0 <= pool[k] <= 1.0 + 1e-4:
+            fail("%s: %s %s = %r outside [0, 1]" % (access, name, k, pool[k]))
+    total = pool["caller_task_share"] + pool["caller_wait_share"] + pool["caller_serial_share"]
+    if pool["caller_serial_share"] > 0 and abs(total - 1.0) > 2e-4:
+        fail("%s: %s the caller's shares add up to %.5f" % (access, name, total))
+    if not pool["caller_task_share"] > 0:
+        fail("%s: %s the caller ran no tasks: %r" % (access, name, pool))
+    if pool["caller_wait_share"] * wall < pool["barrier_wait_us_per_token"] - 0.01:
+        fail("%s: %s waiting in the pool %.3f us/token < its barrier waits %.3f"
+             % (access, name, pool["caller_wait_share"] * wall, pool["barrier_wait_us_per_token"]))
+    if (pool["worker_task_share"] > 0) != (pool["helper_task_share"] > 0):
+        fail("%s: %s worker task share %r against helper task share %r"
+             % (access, name, pool["worker_task_share"], pool["helper_task_share"]))
+
+
 def main():
     if len(sys.argv) != 2:
         fail("usage: test_bench_json.py DSINFER_BENCH")
@@ -71,6 +97,7 @@ def main():
             # the V4 forward pass names its attention op "attention" (V4.1: "attn_sink")
             if not any(o["name"] == "attention" and o["us_per_token"] > 0 for o in ops):
                 fail("%s: %s profile has no attention time" % (access, name))
+            check_pool_split(access, name, j["profile"][name])
         d, p = j["decode"], j["prefill"]
         if not d["bytes_per_token"] > 0 or not d["effective_gbs"] > 0:
             fail("%s: decode figures %r" % (access, d))
