@@ -33,6 +33,25 @@ struct dsib_buffer {
 /* A CPU stream: ops run at once on the calling thread (and the instance's pool); the stream
  * holds the workspace its ops use (sized from the desc at creation) and the first failure
  * since the last sync. */
+/* rope_tail's tables, remembered on the stream (ops.c): the §3.9 frequencies of the last
+ * two RoPE parameter sets and the cos / sin rows of the last four (parameters, position)
+ * pairs. A decode step rotates every layer's q, kv and output at the same position with
+ * one of two parameter sets, which recomputed 32 pow and 32 cos / sin in double per call;
+ * the remembered values are the same numbers. valid = 0: empty (the stream is zeroed at
+ * creation). */
+#define DSIB_CPU_ROPE_MAX_HALF 256
+typedef struct dsib_cpu_rope_freqs {
+    int32_t valid;
+    dsib_rope key;
+    double f[DSIB_CPU_ROPE_MAX_HALF];
+} dsib_cpu_rope_freqs;
+typedef struct dsib_cpu_rope_row {
+    int32_t valid;
+    dsib_rope key;
+    int64_t pos;
+    float cs[DSIB_CPU_ROPE_MAX_HALF], sn[DSIB_CPU_ROPE_MAX_HALF];
+} dsib_cpu_rope_row;
+
 struct dsib_stream {
     dsib_instance *inst;
     dsib_stream_desc desc;
@@ -40,6 +59,9 @@ struct dsib_stream {
     size_t ws_size;
     void *ws_raw;
     dsi_status status;
+    dsib_cpu_rope_freqs rope_f[2];
+    dsib_cpu_rope_row rope_r[4];
+    uint32_t rope_f_next, rope_r_next; /* the next entry replaced (round robin) */
 };
 
 /* CPU work completes when its op returns: events are always complete. */

@@ -316,24 +316,60 @@ dsi_status dsib_cpu_state_check_packed(const dsib_state *st, uint32_t width) {
 
 /* ---- positions --------------------------------------------------------------------------- */
 
+/* The §3.9 frequencies of `rope` (dsib_rope_freqs), from the stream's memory when it holds
+ * them (cpu_impl.h dsib_cpu_rope_freqs). */
+static const double *rope_freqs_of(dsib_stream *strm, const dsib_rope *rope) {
+    for (int k = 0; k < 2; k++)
+        if (strm->rope_f[k].valid && memcmp(&strm->rope_f[k].key, rope, sizeof *rope) == 0)
+            return strm->rope_f[k].f;
+    dsib_cpu_rope_freqs *e = &strm->rope_f[strm->rope_f_next++ % 2];
+    e->valid = 0;
+    dsib_rope_freqs(rope, e->f);
+    e->key = *rope;
+    e->valid = 1;
+    return e->f;
+}
+
+/* cos / sin (as f32) of pos · f[i], i < n_rot / 2, from the stream's memory when it holds
+ * them for these parameters and this position. */
+static const dsib_cpu_rope_row *rope_row_of(dsib_stream *strm, const dsib_rope *rope,
+                                            const double *f, int64_t pos) {
+    for (int k = 0; k < 4; k++) {
+        const dsib_cpu_rope_row *e = &strm->rope_r[k];
+        if (e->valid && e->pos == pos && memcmp(&e->key, rope, sizeof *rope) == 0) return e;
+    }
+    dsib_cpu_rope_row *e = &strm->rope_r[strm->rope_r_next++ % 4];
+    e->valid = 0;
+    const int32_t half = rope->n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double th = (double)pos * f[i];
+        e->cs[i] = (float)cos(th);
+        e->sn[i] = (float)sin(th);
+    }
+    e->key = *rope;
+    e->pos = pos;
+    e->valid = 1;
+    return e;
+}
+
 static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t n,
                                uint32_t heads, uint32_t head_dim, dsib_view rows,
                                int32_t pos_delta, const dsib_rope *rope, int32_t inverse) {
-    double f[256];
-    if (!rope || rope->n_rot <= 0 || rope->n_rot > 512 || (uint32_t)rope->n_rot > head_dim ||
-        (rope->n_rot & 1) || dsib_cpu_rows_check(rows, n, 0) != DSI_OK)
+    if (!rope || rope->n_rot <= 0 || rope->n_rot > 2 * DSIB_CPU_ROPE_MAX_HALF ||
+        (uint32_t)rope->n_rot > head_dim || (rope->n_rot & 1) ||
+        dsib_cpu_rows_check(rows, n, 0) != DSI_OK)
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    dsib_rope_freqs(rope, f);
+    const double *f = rope_freqs_of(strm, rope);
     int32_t half = rope->n_rot / 2;
-    float cs[256], sn[256];
+    float sn_inv[DSIB_CPU_ROPE_MAX_HALF];
     float *p = dsib_cpu_f32(x);
     for (uint32_t t = 0; t < n; t++) {
         int64_t q = (int64_t)dsib_cpu_row(rows, t)[DSIB_ROW_POS] + pos_delta;
-        double pos = (double)(q > 0 ? q : 0);
-        for (int32_t i = 0; i < half; i++) {
-            double th = pos * f[i];
-            cs[i] = (float)cos(th);
-            sn[i] = inverse ? -(float)sin(th) : (float)sin(th);
+        const dsib_cpu_rope_row *e = rope_row_of(strm, rope, f, q > 0 ? q : 0);
+        const float *cs = e->cs, *sn = e->sn;
+        if (inverse) { /* −(float)sin: negating the rounded value is exact */
+            for (int32_t i = 0; i < half; i++) sn_inv[i] = -e->sn[i];
+            sn = sn_inv;
         }
         for (uint32_t h = 0; h < heads; h++) {
             float *v = p + (size_t)t * ldx + (size_t)h * head_dim + (head_dim - rope->n_rot);

@@ -483,6 +483,72 @@ static void test_hadamard_rope(void **state) {
     unwrap(v);
 }
 
+/* rope_tail remembers its frequencies and cos / sin rows on the stream (two parameter sets,
+ * four (parameters, position) pairs): an interleaved sequence of calls — two parameter sets
+ * that differ in one field each time, positions that repeat, more pairs than it holds,
+ * inverse and forward, one and several rows — gives on the long-lived stream the bits of a
+ * fresh stream per call (which holds nothing), and each result is the independent rotation
+ * to 1e-5. */
+static void test_rope_memo(void **state) {
+    (void)state;
+    enum { N = 128, T = 3 };
+    dsib_rope ra = {10000.0f, 1.0f, 4096.0f, 32.0f, 1.0f, 64};
+    dsib_rope rb = {160000.0f, 16.0f, 4096.0f, 32.0f, 1.0f, 64};
+    dsib_rope rc = rb, rd = rb;
+    rc.yarn_beta_slow = 2.0f; /* rb but for one field: another table */
+    rd.n_rot = 32;
+    const dsib_rope *rs[] = {&ra, &rb, &ra, &rc, &rb, &rd, &ra, &rb, &rc, &ra, &rd, &rb};
+    const int32_t pos[] = {5, 5, 5, 5, 6, 5, 9, 7, 5, 5, 6, 5};
+    const int32_t nrow[] = {1, 1, 3, 1, 2, 1, 1, 1, 3, 1, 1, 1};
+    dsib_stream_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.max_rows = 64;
+    d.max_width = 1024;
+    dsib_error err;
+    for (int k = 0; k < (int)(sizeof pos / sizeof pos[0]); k++)
+        for (int inv = 0; inv < 2; inv++) {
+            float x[T * N], y[T * N], z[T * N];
+            for (int i = 0; i < T * N; i++) x[i] = frand();
+            memcpy(y, x, sizeof x);
+            memcpy(z, x, sizeof x);
+            dsib_view vy = wrap(y, sizeof y), vz = wrap(z, sizeof z);
+            dsib_stream *fresh = NULL;
+            assert_int_equal(be->stream_create(inst, &d, &fresh, &err), DSI_OK);
+            assert_int_equal(ops->rope_tail(strm, vy, N, (uint32_t)nrow[k], 1, N, rows_at(pos[k], (uint32_t)nrow[k]),
+                                            0, rs[k], inv),
+                             DSI_OK);
+            assert_int_equal(ops->rope_tail(fresh, vz, N, (uint32_t)nrow[k], 1, N, rows_at(pos[k], (uint32_t)nrow[k]),
+                                            0, rs[k], inv),
+                             DSI_OK);
+            be->stream_destroy(fresh);
+            unwrap(vy);
+            unwrap(vz);
+            assert_memory_equal(y, z, sizeof y);
+            /* the last pair against the spec's angle (§3.9, dsib_rope_freqs' formula) */
+            const int n_rot = rs[k]->n_rot, i = n_rot / 2 - 1;
+            double f = pow((double)rs[k]->freq_base, -2.0 * i / n_rot);
+            if (rs[k]->yarn_factor > 1.0f) {
+                const double two_pi = 6.283185307179586476925286766559;
+                const double lnb = 2.0 * log((double)rs[k]->freq_base);
+                double lo = floor(n_rot * log(rs[k]->yarn_orig_ctx / (rs[k]->yarn_beta_fast * two_pi)) / lnb);
+                double hi = ceil(n_rot * log(rs[k]->yarn_orig_ctx / (rs[k]->yarn_beta_slow * two_pi)) / lnb);
+                if (lo < 0) lo = 0;
+                if (hi > n_rot - 1) hi = n_rot - 1;
+                if (hi == lo) hi += 0.001;
+                double ramp = (i - lo) / (hi - lo);
+                ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+                f = f / rs[k]->yarn_factor * ramp + f * (1.0 - ramp);
+            }
+            for (int t = 0; t < nrow[k]; t++) {
+                const double th = (double)(pos[k] + t) * f, c = cos(th), sn = inv ? -sin(th) : sin(th);
+                const float *a = x + t * N + N - 2, *b = y + t * N + N - 2;
+                assert_true(fabs(b[0] - (a[0] * c - a[1] * sn)) < 1e-5);
+                assert_true(fabs(b[1] - (a[0] * sn + a[1] * c)) < 1e-5);
+            }
+        }
+}
+
 /* ---- mHC Sinkhorn (§3.3) ----------------------------------------------------------------- */
 
 static void test_hc_mix(void **state) {
@@ -979,6 +1045,7 @@ int main(void) {
         cmocka_unit_test(test_fake_quant_e2m1),
         cmocka_unit_test(test_fake_quant_simd),
         cmocka_unit_test(test_hadamard_rope),
+        cmocka_unit_test(test_rope_memo),
         cmocka_unit_test(test_hc_mix),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_compress_pool_overlap),
