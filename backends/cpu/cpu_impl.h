@@ -34,22 +34,26 @@ struct dsib_buffer {
  * holds the workspace its ops use (sized from the desc at creation) and the first failure
  * since the last sync. */
 /* rope_tail's tables, remembered on the stream (ops.c): the §3.9 frequencies of the last
- * two RoPE parameter sets and the cos / sin rows of the last four (parameters, position)
- * pairs. A decode step rotates every layer's q, kv and output at the same position with
- * one of two parameter sets, which recomputed 32 pow and 32 cos / sin in double per call;
- * the remembered values are the same numbers. valid = 0: empty (the stream is zeroed at
- * creation). */
+ * two RoPE parameter sets, and cos / sin rows of (parameter set, position) pairs in
+ * DSIB_CPU_ROPE_ROWS entries, direct-mapped by the position and the set. A decode step
+ * rotates every layer's q, kv and output at the same position (one per sequence of a batch)
+ * with one of two parameter sets, which recomputed 32 pow and 32 cos / sin in double per
+ * call; the remembered values are the same numbers. Calls of more than DSIB_CPU_ROPE_ROWS_N
+ * rows (prefill) and rotations of more than 2 · DSIB_CPU_ROPE_ROW_HALF dimensions compute
+ * their rows without them. valid = 0: empty (the stream is zeroed at creation). */
 #define DSIB_CPU_ROPE_MAX_HALF 256
+#define DSIB_CPU_ROPE_ROW_HALF 64
+#define DSIB_CPU_ROPE_ROWS 32
+#define DSIB_CPU_ROPE_ROWS_N 16
 typedef struct dsib_cpu_rope_freqs {
     int32_t valid;
     dsib_rope key;
     double f[DSIB_CPU_ROPE_MAX_HALF];
 } dsib_cpu_rope_freqs;
 typedef struct dsib_cpu_rope_row {
-    int32_t valid;
-    dsib_rope key;
+    int32_t valid, set; /* set: the rope_f entry whose frequencies it holds */
     int64_t pos;
-    float cs[DSIB_CPU_ROPE_MAX_HALF], sn[DSIB_CPU_ROPE_MAX_HALF];
+    float cs[DSIB_CPU_ROPE_ROW_HALF], sn[DSIB_CPU_ROPE_ROW_HALF];
 } dsib_cpu_rope_row;
 
 struct dsib_stream {
@@ -60,8 +64,8 @@ struct dsib_stream {
     void *ws_raw;
     dsi_status status;
     dsib_cpu_rope_freqs rope_f[2];
-    dsib_cpu_rope_row rope_r[4];
-    uint32_t rope_f_next, rope_r_next; /* the next entry replaced (round robin) */
+    dsib_cpu_rope_row rope_r[DSIB_CPU_ROPE_ROWS];
+    uint32_t rope_f_next; /* the rope_f entry replaced next (round robin) */
 };
 
 /* CPU work completes when its op returns: events are always complete. */

@@ -317,36 +317,43 @@ dsi_status dsib_cpu_state_check_packed(const dsib_state *st, uint32_t width) {
 /* ---- positions --------------------------------------------------------------------------- */
 
 /* The §3.9 frequencies of `rope` (dsib_rope_freqs), from the stream's memory when it holds
- * them (cpu_impl.h dsib_cpu_rope_freqs). */
-static const double *rope_freqs_of(dsib_stream *strm, const dsib_rope *rope) {
+ * them (cpu_impl.h dsib_cpu_rope_freqs); *set: their entry. Replacing an entry empties the
+ * cos / sin rows made from it. */
+static const double *rope_freqs_of(dsib_stream *strm, const dsib_rope *rope, int *set) {
     for (int k = 0; k < 2; k++)
-        if (strm->rope_f[k].valid && memcmp(&strm->rope_f[k].key, rope, sizeof *rope) == 0)
+        if (strm->rope_f[k].valid && memcmp(&strm->rope_f[k].key, rope, sizeof *rope) == 0) {
+            *set = k;
             return strm->rope_f[k].f;
-    dsib_cpu_rope_freqs *e = &strm->rope_f[strm->rope_f_next++ % 2];
-    e->valid = 0;
+        }
+    const int k = (int)(strm->rope_f_next++ % 2);
+    dsib_cpu_rope_freqs *e = &strm->rope_f[k];
+    for (int r = 0; r < DSIB_CPU_ROPE_ROWS; r++)
+        if (strm->rope_r[r].set == k) strm->rope_r[r].valid = 0;
     dsib_rope_freqs(rope, e->f);
     e->key = *rope;
     e->valid = 1;
+    *set = k;
     return e->f;
 }
 
-/* cos / sin (as f32) of pos · f[i], i < n_rot / 2, from the stream's memory when it holds
- * them for these parameters and this position. */
-static const dsib_cpu_rope_row *rope_row_of(dsib_stream *strm, const dsib_rope *rope,
-                                            const double *f, int64_t pos) {
-    for (int k = 0; k < 4; k++) {
-        const dsib_cpu_rope_row *e = &strm->rope_r[k];
-        if (e->valid && e->pos == pos && memcmp(&e->key, rope, sizeof *rope) == 0) return e;
-    }
-    dsib_cpu_rope_row *e = &strm->rope_r[strm->rope_r_next++ % 4];
-    e->valid = 0;
-    const int32_t half = rope->n_rot / 2;
+/* cos / sin (as f32) of pos · f[i], i < half, into cs / sn. */
+static void rope_row_make(const double *f, int32_t half, int64_t pos, float *cs, float *sn) {
     for (int32_t i = 0; i < half; i++) {
         double th = (double)pos * f[i];
-        e->cs[i] = (float)cos(th);
-        e->sn[i] = (float)sin(th);
+        cs[i] = (float)cos(th);
+        sn[i] = (float)sin(th);
     }
-    e->key = *rope;
+}
+
+/* The same from the stream's memory (half <= DSIB_CPU_ROPE_ROW_HALF): entry (pos, set),
+ * direct-mapped. */
+static const dsib_cpu_rope_row *rope_row_of(dsib_stream *strm, int set, const double *f,
+                                            int32_t half, int64_t pos) {
+    dsib_cpu_rope_row *e =
+        &strm->rope_r[(uint64_t)(pos % (DSIB_CPU_ROPE_ROWS / 2)) * 2 + (uint64_t)set];
+    if (e->valid && e->set == set && e->pos == pos) return e;
+    rope_row_make(f, half, pos, e->cs, e->sn);
+    e->set = set;
     e->pos = pos;
     e->valid = 1;
     return e;
@@ -359,17 +366,25 @@ static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uin
         (uint32_t)rope->n_rot > head_dim || (rope->n_rot & 1) ||
         dsib_cpu_rows_check(rows, n, 0) != DSI_OK)
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
-    const double *f = rope_freqs_of(strm, rope);
+    int set;
+    const double *f = rope_freqs_of(strm, rope, &set);
     int32_t half = rope->n_rot / 2;
-    float sn_inv[DSIB_CPU_ROPE_MAX_HALF];
+    const int memo = half <= DSIB_CPU_ROPE_ROW_HALF && n <= DSIB_CPU_ROPE_ROWS_N;
+    float cs_own[DSIB_CPU_ROPE_MAX_HALF], sn_own[DSIB_CPU_ROPE_MAX_HALF];
     float *p = dsib_cpu_f32(x);
     for (uint32_t t = 0; t < n; t++) {
         int64_t q = (int64_t)dsib_cpu_row(rows, t)[DSIB_ROW_POS] + pos_delta;
-        const dsib_cpu_rope_row *e = rope_row_of(strm, rope, f, q > 0 ? q : 0);
-        const float *cs = e->cs, *sn = e->sn;
+        const float *cs = cs_own, *sn = sn_own;
+        if (memo) {
+            const dsib_cpu_rope_row *e = rope_row_of(strm, set, f, half, q > 0 ? q : 0);
+            cs = e->cs;
+            sn = e->sn;
+        } else {
+            rope_row_make(f, half, q > 0 ? q : 0, cs_own, sn_own);
+        }
         if (inverse) { /* −(float)sin: negating the rounded value is exact */
-            for (int32_t i = 0; i < half; i++) sn_inv[i] = -e->sn[i];
-            sn = sn_inv;
+            for (int32_t i = 0; i < half; i++) sn_own[i] = -sn[i];
+            sn = sn_own;
         }
         for (uint32_t h = 0; h < heads; h++) {
             float *v = p + (size_t)t * ldx + (size_t)h * head_dim + (head_dim - rope->n_rot);

@@ -483,23 +483,27 @@ static void test_hadamard_rope(void **state) {
     unwrap(v);
 }
 
-/* rope_tail remembers its frequencies and cos / sin rows on the stream (two parameter sets,
- * four (parameters, position) pairs): an interleaved sequence of calls — two parameter sets
- * that differ in one field each time, positions that repeat, more pairs than it holds,
- * inverse and forward, one and several rows — gives on the long-lived stream the bits of a
- * fresh stream per call (which holds nothing), and each result is the independent rotation
- * to 1e-5. */
+/* rope_tail remembers its frequencies and cos / sin rows on the stream (two parameter sets;
+ * rows direct-mapped by position and set, bypassed for calls of more than 16 rows and for
+ * rotations of more than 128 dimensions): an interleaved sequence of calls — parameter
+ * sets that differ in one field, three of them in turn (each new one evicting the oldest
+ * set's rows), positions that repeat and positions that share an entry (5, 21), inverse and
+ * forward, one to seventeen rows, 32 to 160 rotated dimensions — gives on the long-lived
+ * stream the bits of a fresh stream per call (which holds nothing), and each result is the
+ * independent rotation to 1e-5. */
 static void test_rope_memo(void **state) {
     (void)state;
-    enum { N = 128, T = 3 };
+    enum { N = 192, T = 17 };
     dsib_rope ra = {10000.0f, 1.0f, 4096.0f, 32.0f, 1.0f, 64};
     dsib_rope rb = {160000.0f, 16.0f, 4096.0f, 32.0f, 1.0f, 64};
-    dsib_rope rc = rb, rd = rb;
+    dsib_rope rc = rb, rd = rb, re = ra;
     rc.yarn_beta_slow = 2.0f; /* rb but for one field: another table */
     rd.n_rot = 32;
-    const dsib_rope *rs[] = {&ra, &rb, &ra, &rc, &rb, &rd, &ra, &rb, &rc, &ra, &rd, &rb};
-    const int32_t pos[] = {5, 5, 5, 5, 6, 5, 9, 7, 5, 5, 6, 5};
-    const int32_t nrow[] = {1, 1, 3, 1, 2, 1, 1, 1, 3, 1, 1, 1};
+    re.n_rot = 160;
+    const dsib_rope *rs[] = {&ra, &rb, &ra, &rc, &rb, &rd, &ra, &rb, &rc, &ra, &rd, &rb,
+                             &ra, &ra, &ra, &re, &re, &ra, &rb, &ra};
+    const int32_t pos[] = {5, 5, 5, 5, 6, 5, 9, 7, 5, 5, 6, 5, 21, 5, 21, 5, 5, 3, 5, 5};
+    const int32_t nrow[] = {1, 1, 3, 1, 2, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1, 2, 17, 16, 1};
     dsib_stream_desc d;
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
