@@ -1971,14 +1971,17 @@ static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_v
 
 int dsib_cpu_moe_split;
 
-/* The routed experts' element-wise steps between and after the matmuls, split over the
- * pool: rows of a task go through the same scalar code as on one thread, so the results do
- * not depend on the split. On one thread they took about 4 % of a 512-token prefill on
- * bench-v41 (expf over 6 × 512 products per token and layer) while the other core waited;
- * split, the routed experts' pp512 time fell 2657 -> 2379 µs per token (medians of five
- * alternated runs, two threads, Emerald Rapids; docs/performance.md 4.0000000000000000000).
- * Steps below MOE_INLINE_ELEMS (decode: 6 × 512) stay inline, without a pool hand-off. */
-enum { MOE_ROWS_PER_TASK = 64, MOE_INLINE_ELEMS = 1 << 15 };
+/* The routed experts' element-wise steps between and after the matmuls (the SwiGLU and
+ * routing weight of every selected slot, then each token's sum over its slots), split over
+ * the pool in tasks of MOE_POST_CHUNK elements: each element goes through the same scalar
+ * code, and each output element's sum in slot order, whatever the split — so the results do
+ * not depend on it. A decode step's 6 × 512 stays one task on the caller; before, every
+ * step below 2^15 elements did, which left the second core idle through the 8-session
+ * step's 48 × 512 (bench-v41-q8, 8 sessions, Zen 5, seven alternated rounds: faster in six,
+ * by −0.4 to +11 %, docs/performance.md 4.000000000000000000000000000); on one
+ * thread these steps took about 4 % of a 512-token prefill on bench-v41 while the other
+ * core waited (section 4.0000000000000000000). */
+enum { MOE_POST_CHUNK = 4096 };
 typedef struct moe_post_job {
     float *G;
     const float *U, *wt, *Y;
@@ -1988,44 +1991,48 @@ typedef struct moe_post_job {
     float limit;
 } moe_post_job;
 
-/* G = swiglu(G, U) · wt, slot rows [task · 64, +64) */
+/* G = swiglu(G, U) · wt over the flat elements [task · chunk, +chunk) of the ns × F slot
+ * rows */
 static void moe_act_task(void *arg, int64_t task, int32_t slot) {
     (void)slot;
     const moe_post_job *j = arg;
-    const int64_t s1 = (task + 1) * MOE_ROWS_PER_TASK < j->ns ? (task + 1) * MOE_ROWS_PER_TASK : j->ns;
-    for (int64_t s = task * MOE_ROWS_PER_TASK; s < s1; s++) {
+    const int64_t total = j->ns * j->F, e0 = task * MOE_POST_CHUNK;
+    const int64_t e1 = e0 + MOE_POST_CHUNK < total ? e0 + MOE_POST_CHUNK : total;
+    for (int64_t e = e0; e < e1;) {
+        const int64_t s = e / j->F, i0 = e - s * j->F;
+        const int64_t i1 = e1 - s * j->F < j->F ? e1 - s * j->F : j->F;
         float *gs = j->G + s * j->F;
-        swiglu_row(gs, j->U + s * j->F, gs, (uint32_t)j->F, j->limit);
-        for (int64_t i = 0; i < j->F; i++) gs[i] *= j->wt[s];
+        swiglu_row(gs + i0, j->U + s * j->F + i0, gs + i0, (uint32_t)(i1 - i0), j->limit);
+        for (int64_t i = i0; i < i1; i++) gs[i] *= j->wt[s];
+        e = s * j->F + i1;
     }
 }
 
-/* y[t] = Σ_kk Y[t·k + kk] in slot order, tokens [task · 64, +64) */
+/* y[t] = Σ_kk Y[t·k + kk] in slot order, over the flat elements [task · chunk, +chunk) of
+ * the n × D outputs */
 static void moe_sum_task(void *arg, int64_t task, int32_t slot) {
     (void)slot;
     const moe_post_job *j = arg;
-    const int64_t t1 = (task + 1) * MOE_ROWS_PER_TASK < j->n ? (task + 1) * MOE_ROWS_PER_TASK : j->n;
-    for (int64_t t = task * MOE_ROWS_PER_TASK; t < t1; t++) {
+    const int64_t total = j->n * j->D, e0 = task * MOE_POST_CHUNK;
+    const int64_t e1 = e0 + MOE_POST_CHUNK < total ? e0 + MOE_POST_CHUNK : total;
+    for (int64_t e = e0; e < e1;) {
+        const int64_t t = e / j->D, i0 = e - t * j->D;
+        const int64_t i1 = e1 - t * j->D < j->D ? e1 - t * j->D : j->D;
         float *o = j->y + t * (int64_t)j->ldy;
         const float *r0 = j->Y + t * (int64_t)j->k * j->D;
-        memcpy(o, r0, sizeof(float) * (size_t)j->D);
+        memcpy(o + i0, r0 + i0, sizeof(float) * (size_t)(i1 - i0));
         for (uint32_t kk = 1; kk < j->k; kk++) {
             const float *r = r0 + (int64_t)kk * j->D;
-            for (int64_t i = 0; i < j->D; i++) o[i] += r[i];
+            for (int64_t i = i0; i < i1; i++) o[i] += r[i];
         }
+        e = t * j->D + i1;
     }
 }
 
-/* fn over n rows of `elems` floats each: in the pool when there is enough work to split
- * (dsib_parallel_for itself runs inline without workers or with one task) */
-static void moe_post_run(dsib_threadpool *pool, int64_t n, int64_t elems, dsib_task_fn fn,
-                         moe_post_job *j) {
-    const int64_t tasks = (n + MOE_ROWS_PER_TASK - 1) / MOE_ROWS_PER_TASK;
-    if (n * elems < MOE_INLINE_ELEMS) {
-        for (int64_t t = 0; t < tasks; t++) fn(j, t, 0);
-        return;
-    }
-    dsib_parallel_for(pool, tasks, fn, j);
+/* fn over `elems` elements in tasks of MOE_POST_CHUNK (dsib_parallel_for runs one task, or
+ * any number without workers, on the caller) */
+static void moe_post_run(dsib_threadpool *pool, int64_t elems, dsib_task_fn fn, moe_post_job *j) {
+    dsib_parallel_for(pool, (elems + MOE_POST_CHUNK - 1) / MOE_POST_CHUNK, fn, j);
 }
 
 static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view sel,
@@ -2108,7 +2115,7 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     }
     if (st != DSI_OK) goto done;
     moe_post_job pj = {G, U, wt, Y, dsib_cpu_f32(y), F, D, (int64_t)ns, (int64_t)n, k, ldy, limit};
-    moe_post_run(inst->pool, (int64_t)ns, F, moe_act_task, &pj);
+    moe_post_run(inst->pool, (int64_t)ns * F, moe_act_task, &pj);
     /* down projection: slot-ordered input rows = yr (the slot itself) */
     m.type = w2->type;
     m.w_base = dsib_cpu_wptr(w2);
@@ -2123,7 +2130,7 @@ static dsi_status op_moe_experts(dsib_stream *strm, dsib_view x, uint32_t ldx, d
     m.y_stride = D;
     st = dsib_matmul_moe(inst->pool, &m, msg, sizeof msg);
     if (st != DSI_OK) goto done;
-    moe_post_run(inst->pool, (int64_t)n, (int64_t)k * D, moe_sum_task, &pj);
+    moe_post_run(inst->pool, (int64_t)n * D, moe_sum_task, &pj);
 done:
     return dsib_cpu_ret(strm, st);
 }
