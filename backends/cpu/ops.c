@@ -36,6 +36,12 @@
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
+/* Rows of the row-wise ops (norms, SwiGLU, state stores, mHC, fake-quant, …) go over the pool
+ * only when there are enough of them to pay for the hand-off (prefill, batched steps of 8+
+ * sequences); a decoded token runs on the caller. Rows are independent: the split never
+ * changes a result. */
+#define OPS_PAR_ROWS 8
+
 /* ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of eight lanes. */
 static inline float tree8(const float l[8]) {
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
@@ -195,26 +201,42 @@ static dsi_status op_get_rows(dsib_stream *strm, const dsib_weight *table, dsib_
     return DSI_OK;
 }
 
+typedef struct rms_job {
+    const float *xs;
+    float *ys;
+    const dsib_weight *w;
+    uint32_t ldx, ldy, width;
+    float eps;
+} rms_job;
+
+static void rms_norm_task(void *arg, int64_t r, int32_t slot) {
+    (void)slot;
+    const rms_job *j = arg;
+    const dsib_weight *w = j->w;
+    const uint32_t width = j->width;
+    const float *wf = w && w->type == DSI_TYPE_F32 ? (const float *)(const void *)dsib_cpu_wptr(w) : NULL;
+    const float *a = j->xs + (size_t)r * j->ldx;
+    float *b = j->ys + (size_t)r * j->ldy;
+    /* dot_fixed's lanes: a serial sum was one dependent add per element (D of them) */
+    float ss = dot_fixed(a, a, width);
+    float sc = 1.0f / sqrtf(ss / (float)width + j->eps);
+    if (wf)
+        for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * wf[i];
+    else if (w)
+        for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * dsib_cpu_weight_f32(w, i);
+    else
+        for (uint32_t i = 0; i < width; i++) b[i] = a[i] * sc;
+}
+
 static dsi_status op_rms_norm(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view y,
                               uint32_t ldy, uint32_t rows, uint32_t width, const dsib_weight *w,
                               float eps) {
     (void)strm;
-    const float *xs = dsib_cpu_f32(x);
-    float *ys = dsib_cpu_f32(y);
-    const float *wf = w && w->type == DSI_TYPE_F32 ? (const float *)(const void *)dsib_cpu_wptr(w) : NULL;
-    for (uint32_t r = 0; r < rows; r++) {
-        const float *a = xs + (size_t)r * ldx;
-        float *b = ys + (size_t)r * ldy;
-        /* dot_fixed's lanes: a serial sum was one dependent add per element (D of them) */
-        float ss = dot_fixed(a, a, width);
-        float sc = 1.0f / sqrtf(ss / (float)width + eps);
-        if (wf)
-            for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * wf[i];
-        else if (w)
-            for (uint32_t i = 0; i < width; i++) b[i] = (a[i] * sc) * dsib_cpu_weight_f32(w, i);
-        else
-            for (uint32_t i = 0; i < width; i++) b[i] = a[i] * sc;
-    }
+    rms_job j = {dsib_cpu_f32(x), dsib_cpu_f32(y), w, ldx, ldy, width, eps};
+    if (rows >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, rows, rms_norm_task, &j);
+    else
+        for (uint32_t r = 0; r < rows; r++) rms_norm_task(&j, r, 0);
     return DSI_OK;
 }
 
@@ -359,6 +381,46 @@ static const dsib_cpu_rope_row *rope_row_of(dsib_stream *strm, int set, const do
     return e;
 }
 
+/* Row t of rope_tail: its heads' last n_rot dimensions rotated by cs / sn (sn negated for
+ * the inverse rotation: −(float)sin, exact). */
+static void rope_rotate_row(float *row, uint32_t heads, uint32_t head_dim, int32_t n_rot,
+                            const float *cs, const float *sn, int32_t inverse) {
+    const int32_t half = n_rot / 2;
+    float sn_inv[DSIB_CPU_ROPE_MAX_HALF];
+    if (inverse) {
+        for (int32_t i = 0; i < half; i++) sn_inv[i] = -sn[i];
+        sn = sn_inv;
+    }
+    for (uint32_t h = 0; h < heads; h++) {
+        float *v = row + (size_t)h * head_dim + (head_dim - (uint32_t)n_rot);
+        for (int32_t i = 0; i < half; i++) {
+            float x0 = v[2 * i], x1 = v[2 * i + 1];
+            v[2 * i] = x0 * cs[i] - x1 * sn[i];
+            v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        }
+    }
+}
+
+/* Calls of more rows than the stream remembers (prefill): each row makes its own cos / sin
+ * row, so the rows go over the pool. */
+typedef struct rope_job {
+    float *p;
+    const double *f;
+    dsib_view rows;
+    uint32_t ldx, heads, head_dim;
+    int32_t pos_delta, n_rot, inverse;
+} rope_job;
+
+static void rope_row_task(void *arg, int64_t tt, int32_t slot) {
+    (void)slot;
+    const rope_job *j = arg;
+    const uint32_t t = (uint32_t)tt;
+    float cs[DSIB_CPU_ROPE_MAX_HALF], sn[DSIB_CPU_ROPE_MAX_HALF];
+    int64_t q = (int64_t)dsib_cpu_row(j->rows, t)[DSIB_ROW_POS] + j->pos_delta;
+    rope_row_make(j->f, j->n_rot / 2, q > 0 ? q : 0, cs, sn);
+    rope_rotate_row(j->p + (size_t)t * j->ldx, j->heads, j->head_dim, j->n_rot, cs, sn, j->inverse);
+}
+
 static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t n,
                                uint32_t heads, uint32_t head_dim, dsib_view rows,
                                int32_t pos_delta, const dsib_rope *rope, int32_t inverse) {
@@ -368,34 +430,59 @@ static dsi_status op_rope_tail(dsib_stream *strm, dsib_view x, uint32_t ldx, uin
         return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     int set;
     const double *f = rope_freqs_of(strm, rope, &set);
-    int32_t half = rope->n_rot / 2;
-    const int memo = half <= DSIB_CPU_ROPE_ROW_HALF && n <= DSIB_CPU_ROPE_ROWS_N;
-    float cs_own[DSIB_CPU_ROPE_MAX_HALF], sn_own[DSIB_CPU_ROPE_MAX_HALF];
+    const int32_t half = rope->n_rot / 2;
     float *p = dsib_cpu_f32(x);
+    if (half > DSIB_CPU_ROPE_ROW_HALF || n > DSIB_CPU_ROPE_ROWS_N) {
+        rope_job j = {p, f, rows, ldx, heads, head_dim, pos_delta, rope->n_rot, inverse};
+        if (n >= OPS_PAR_ROWS)
+            dsib_parallel_for(strm->inst->pool, n, rope_row_task, &j);
+        else
+            for (uint32_t t = 0; t < n; t++) rope_row_task(&j, t, 0);
+        return DSI_OK;
+    }
     for (uint32_t t = 0; t < n; t++) {
         int64_t q = (int64_t)dsib_cpu_row(rows, t)[DSIB_ROW_POS] + pos_delta;
-        const float *cs = cs_own, *sn = sn_own;
-        if (memo) {
-            const dsib_cpu_rope_row *e = rope_row_of(strm, set, f, half, q > 0 ? q : 0);
-            cs = e->cs;
-            sn = e->sn;
-        } else {
-            rope_row_make(f, half, q > 0 ? q : 0, cs_own, sn_own);
-        }
-        if (inverse) { /* −(float)sin: negating the rounded value is exact */
-            for (int32_t i = 0; i < half; i++) sn_own[i] = -sn[i];
-            sn = sn_own;
-        }
-        for (uint32_t h = 0; h < heads; h++) {
-            float *v = p + (size_t)t * ldx + (size_t)h * head_dim + (head_dim - rope->n_rot);
-            for (int32_t i = 0; i < half; i++) {
-                float x0 = v[2 * i], x1 = v[2 * i + 1];
-                v[2 * i] = x0 * cs[i] - x1 * sn[i];
-                v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
-            }
-        }
+        const dsib_cpu_rope_row *e = rope_row_of(strm, set, f, half, q > 0 ? q : 0);
+        rope_rotate_row(p + (size_t)t * ldx, heads, head_dim, rope->n_rot, e->cs, e->sn, inverse);
     }
     return DSI_OK;
+}
+
+/* One row of store_rows: rows write distinct state rows (a ring row a later row of the same
+ * sequence takes is skipped; sequences have slots of their own), so they run in any order
+ * and on any thread. */
+typedef struct store_job {
+    const float *s;
+    uint32_t lds;
+    dsib_view rows;
+    const dsib_state *dst;
+    uint32_t width, ratio;
+    int ring;
+} store_job;
+
+static void store_row_task(void *arg, int64_t tt, int32_t slot) {
+    (void)slot;
+    const store_job *j = arg;
+    const uint32_t t = (uint32_t)tt;
+    const dsib_state *dst = j->dst;
+    const int32_t *r = dsib_cpu_row(j->rows, t);
+    int64_t p = r[DSIB_ROW_POS];
+    uint64_t row;
+    if (j->ring) {
+        int64_t last = dsib_cpu_row(j->rows, (uint32_t)r[DSIB_ROW_FIRST])[DSIB_ROW_POS] +
+                       r[DSIB_ROW_COUNT] - 1;
+        if (p <= last - (int64_t)dst->rows) return; /* a later row takes its ring row */
+        row = (uint64_t)p % dst->rows;
+    } else {
+        if ((p + 1) % j->ratio != 0) return;
+        row = (uint64_t)((p + 1) / j->ratio - 1);
+    }
+    if (dst->format == DSIB_STATE_F32)
+        memcpy(dsib_cpu_state_row(dst, (uint32_t)r[DSIB_ROW_SLOT], row), j->s + (size_t)t * j->lds,
+               (size_t)j->width * sizeof(float));
+    else /* packed: exact for rows on the grid (fake-quant output), statepack.h */
+        (void)dsii_sp_pack_row(dst->format, dst->ld, dst->qcols, dst->block, j->s + (size_t)t * j->lds,
+                               dsib_cpu_state_bytes(dst, (uint32_t)r[DSIB_ROW_SLOT], row));
 }
 
 static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, uint32_t n,
@@ -415,27 +502,11 @@ static dsi_status op_store_rows(dsib_stream *strm, dsib_view src, uint32_t lds, 
         if ((p + 1) % ratio == 0 && (uint64_t)((p + 1) / ratio - 1) >= dst->rows)
             return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
     }
-    for (uint32_t t = 0; t < n; t++) {
-        const int32_t *r = dsib_cpu_row(rows, t);
-        int64_t p = r[DSIB_ROW_POS];
-        uint64_t row;
-        if (ring) {
-            int64_t last = dsib_cpu_row(rows, (uint32_t)r[DSIB_ROW_FIRST])[DSIB_ROW_POS] +
-                           r[DSIB_ROW_COUNT] - 1;
-            if (p <= last - (int64_t)dst->rows) continue; /* a later row takes its ring row */
-            row = (uint64_t)p % dst->rows;
-        } else {
-            if ((p + 1) % ratio != 0) continue;
-            row = (uint64_t)((p + 1) / ratio - 1);
-        }
-        if (dst->format == DSIB_STATE_F32)
-            memcpy(dsib_cpu_state_row(dst, (uint32_t)r[DSIB_ROW_SLOT], row), s + (size_t)t * lds,
-                   (size_t)width * sizeof(float));
-        else /* packed: exact for rows on the grid (fake-quant output), statepack.h */
-            (void)dsii_sp_pack_row(dst->format, dst->ld, dst->qcols, dst->block,
-                                   s + (size_t)t * lds,
-                                   dsib_cpu_state_bytes(dst, (uint32_t)r[DSIB_ROW_SLOT], row));
-    }
+    store_job j = {s, lds, rows, dst, width, ratio, ring};
+    if (n >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, n, store_row_task, &j);
+    else
+        for (uint32_t t = 0; t < n; t++) store_row_task(&j, t, 0);
     return DSI_OK;
 }
 
@@ -491,9 +562,6 @@ static void fq_block_scalar(float *v, uint32_t block, int32_t recipe, int round)
 
 static int32_t ops_isa_now(void);
 
-/* Rows of the elementwise ops go over the pool only when there are enough of them to pay
- * for the barrier (prefill); a decoded token runs on the caller. */
-#define OPS_PAR_ROWS 8
 
 static dsi_status op_hadamard(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                               uint32_t chunks, uint32_t size) {
@@ -1958,14 +2026,28 @@ static void swiglu_row(const float *g, const float *u, float *y, uint32_t w, flo
     }
 }
 
+typedef struct swiglu_job {
+    const float *g, *u;
+    float *y;
+    uint32_t ldg, ldu, ldy, width;
+    float limit;
+} swiglu_job;
+
+static void swiglu_task(void *arg, int64_t r, int32_t slot) {
+    (void)slot;
+    const swiglu_job *j = arg;
+    swiglu_row(j->g + (size_t)r * j->ldg, j->u + (size_t)r * j->ldu, j->y + (size_t)r * j->ldy,
+               j->width, j->limit);
+}
+
 static dsi_status op_swiglu(dsib_stream *strm, dsib_view g, uint32_t ldg, dsib_view u,
                             uint32_t ldu, dsib_view y, uint32_t ldy, uint32_t rows,
                             uint32_t width, float limit) {
-    (void)strm;
-    const float *pg = dsib_cpu_f32(g), *pu = dsib_cpu_f32(u);
-    float *py = dsib_cpu_f32(y);
-    for (uint32_t r = 0; r < rows; r++)
-        swiglu_row(pg + (size_t)r * ldg, pu + (size_t)r * ldu, py + (size_t)r * ldy, width, limit);
+    swiglu_job j = {dsib_cpu_f32(g), dsib_cpu_f32(u), dsib_cpu_f32(y), ldg, ldu, ldy, width, limit};
+    if (rows >= OPS_PAR_ROWS)
+        dsib_parallel_for(strm->inst->pool, rows, swiglu_task, &j);
+    else
+        for (uint32_t r = 0; r < rows; r++) swiglu_task(&j, r, 0);
     return DSI_OK;
 }
 
