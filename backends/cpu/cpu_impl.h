@@ -30,9 +30,6 @@ struct dsib_buffer {
     int32_t owned;               /* 1: allocated by buffer_alloc (freed with it) */
 };
 
-/* A CPU stream: ops run at once on the calling thread (and the instance's pool); the stream
- * holds the workspace its ops use (sized from the desc at creation) and the first failure
- * since the last sync. */
 /* rope_tail's tables, remembered on the stream (ops.c): the §3.9 frequencies of the last
  * two RoPE parameter sets, and cos / sin rows of (parameter set, position) pairs in
  * DSIB_CPU_ROPE_ROWS entries, direct-mapped by the position and the set. A decode step
@@ -56,6 +53,9 @@ typedef struct dsib_cpu_rope_row {
     float cs[DSIB_CPU_ROPE_ROW_HALF], sn[DSIB_CPU_ROPE_ROW_HALF];
 } dsib_cpu_rope_row;
 
+/* A CPU stream: ops run at once on the calling thread (and the instance's pool); the stream
+ * holds the workspace its ops use (sized from the desc at creation) and the first failure
+ * since the last sync. */
 struct dsib_stream {
     dsib_instance *inst;
     dsib_stream_desc desc;

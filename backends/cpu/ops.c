@@ -562,7 +562,6 @@ static void fq_block_scalar(float *v, uint32_t block, int32_t recipe, int round)
 
 static int32_t ops_isa_now(void);
 
-
 static dsi_status op_hadamard(dsib_stream *strm, dsib_view x, uint32_t ldx, uint32_t rows,
                               uint32_t chunks, uint32_t size) {
     if (size == 0 || (size & (size - 1))) return dsib_cpu_ret(strm, DSI_ERR_INVALID_ARGUMENT);
