@@ -228,7 +228,7 @@ static void *worker_main(void *arg) {
             }
             const uint64_t t_run = j->t_submit ? pool_now_ns() : 0;
             int64_t ran = job_run(j, slot);
-            if (j->t_submit) {
+            if (j->t_submit && ran > 0) { /* a job it found all claimed is not task time */
                 STAT_ADD(p, st_helper_tasks, ran);
                 STAT_ADD(p, st_worker_task_ns, pool_now_ns() - t_run);
             }

@@ -81,7 +81,8 @@ void dsib_parallel_for(dsib_threadpool *pool, int64_t n_tasks, dsib_task_fn fn, 
  *   caller_ns     time submitters spent inside dsib_parallel_for (inline jobs included)
  *   caller_task_ns  of that, running tasks (their own and the helpers' left-overs, inline
  *                 jobs' tasks too); the rest is the submission, the barrier and its wake-ups
- *   worker_task_ns  time the workers spent running tasks, summed over the workers
+ *   worker_task_ns  time the workers spent running tasks, summed over the workers (their
+ *                 visits to jobs whose tasks were all claimed already count as idle)
  * With one submitting thread, (wall − caller_ns) is its time outside the pool (the serial
  * code between jobs) and (n_workers · wall − worker_task_ns) the workers' idle time. */
 typedef struct dsib_pool_stats {

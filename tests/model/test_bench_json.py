@@ -50,7 +50,7 @@ def check_pool_split(access, name, prof):
     """The threads' time split of one test's profile (2 threads: one worker): shares of the
     wall time in [0, 1]; the caller's three add up to 1 (its time outside the pool is what
     is left); its time waiting in the pool holds the barrier waits; the worker's task share
-    is non-zero exactly when it ran tasks."""
+    is zero when it ran no tasks, and non-zero when it ran a fair part of them."""
     pool, wall = prof.get("pool"), prof["wall_us_per_token"]
     keys = ("caller_task_share", "caller_wait_share", "caller_serial_share", "worker_task_share")
     if not isinstance(pool, dict) or pool.get("workers") != 1 or \
@@ -67,7 +67,10 @@ def check_pool_split(access, name, prof):
     if pool["caller_wait_share"] * wall < pool["barrier_wait_us_per_token"] - 0.01:
         fail("%s: %s waiting in the pool %.3f us/token < its barrier waits %.3f"
              % (access, name, pool["caller_wait_share"] * wall, pool["barrier_wait_us_per_token"]))
-    if (pool["worker_task_share"] > 0) != (pool["helper_task_share"] > 0):
+    # no task time without tasks (a worker's visit to a job it found all claimed is idle
+    # time); and a worker that ran a twentieth of the tasks spent time on them
+    if (pool["worker_task_share"] > 0 and pool["helper_task_share"] == 0) or \
+            (pool["helper_task_share"] > 0.05 and not pool["worker_task_share"] > 0):
         fail("%s: %s worker task share %r against helper task share %r"
              % (access, name, pool["worker_task_share"], pool["helper_task_share"]))
 
