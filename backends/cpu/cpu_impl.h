@@ -48,8 +48,8 @@ typedef struct dsib_cpu_rope_freqs {
     double f[DSIB_CPU_ROPE_MAX_HALF];
 } dsib_cpu_rope_freqs;
 typedef struct dsib_cpu_rope_row {
-    int32_t valid, set; /* set: the rope_f entry whose frequencies it holds */
-    int64_t pos;
+    int32_t valid;
+    int64_t pos; /* entry r holds rope_f[r % 2]'s rows */
     float cs[DSIB_CPU_ROPE_ROW_HALF], sn[DSIB_CPU_ROPE_ROW_HALF];
 } dsib_cpu_rope_row;
 

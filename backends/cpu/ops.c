@@ -231,7 +231,6 @@ static void rms_norm_task(void *arg, int64_t r, int32_t slot) {
 static dsi_status op_rms_norm(dsib_stream *strm, dsib_view x, uint32_t ldx, dsib_view y,
                               uint32_t ldy, uint32_t rows, uint32_t width, const dsib_weight *w,
                               float eps) {
-    (void)strm;
     rms_job j = {dsib_cpu_f32(x), dsib_cpu_f32(y), w, ldx, ldy, width, eps};
     if (rows >= OPS_PAR_ROWS)
         dsib_parallel_for(strm->inst->pool, rows, rms_norm_task, &j);
@@ -349,8 +348,7 @@ static const double *rope_freqs_of(dsib_stream *strm, const dsib_rope *rope, int
         }
     const int k = (int)(strm->rope_f_next++ % 2);
     dsib_cpu_rope_freqs *e = &strm->rope_f[k];
-    for (int r = 0; r < DSIB_CPU_ROPE_ROWS; r++)
-        if (strm->rope_r[r].set == k) strm->rope_r[r].valid = 0;
+    for (int r = k; r < DSIB_CPU_ROPE_ROWS; r += 2) strm->rope_r[r].valid = 0; /* set k's rows */
     dsib_rope_freqs(rope, e->f);
     e->key = *rope;
     e->valid = 1;
@@ -367,15 +365,14 @@ static void rope_row_make(const double *f, int32_t half, int64_t pos, float *cs,
     }
 }
 
-/* The same from the stream's memory (half <= DSIB_CPU_ROPE_ROW_HALF): entry (pos, set),
- * direct-mapped. */
+/* The same from the stream's memory (half <= DSIB_CPU_ROPE_ROW_HALF): direct-mapped, set
+ * `set`'s rows at the entries of its parity. */
 static const dsib_cpu_rope_row *rope_row_of(dsib_stream *strm, int set, const double *f,
                                             int32_t half, int64_t pos) {
     dsib_cpu_rope_row *e =
         &strm->rope_r[(uint64_t)(pos % (DSIB_CPU_ROPE_ROWS / 2)) * 2 + (uint64_t)set];
-    if (e->valid && e->set == set && e->pos == pos) return e;
+    if (e->valid && e->pos == pos) return e;
     rope_row_make(f, half, pos, e->cs, e->sn);
-    e->set = set;
     e->pos = pos;
     e->valid = 1;
     return e;
